@@ -1,0 +1,808 @@
+//! Turns a pipeline file into a validated [`Pipeline`], or into the full list
+//! of what is wrong with it. Nothing here does I/O beyond reading the file,
+//! so `logbus validate` in CI checks exactly what `logbus run` would refuse.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use logbus_plugin_api::{
+    BuildContext, CheckOptions, OptionError, Plugin, Registry, StageKind, closest, parse_options,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::diagnostic::Diagnostic;
+use crate::yaml::{self, Node, NodeKind, Pos};
+
+/// Suffix of the output that carries a stage's failed events (`on_error: route`).
+pub const ERRORS_SUFFIX: &str = ".errors";
+
+/// Keys every stage may have besides its plugin's options.
+const COMMON_KEYS: [&str; 2] = ["inputs", "on_error"];
+
+/// `settings:` — engine-wide knobs.
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Capacity of every stage-to-stage channel, in events.
+    #[serde(default = "default_channel_capacity")]
+    pub channel_capacity: usize,
+}
+
+fn default_channel_capacity() -> usize {
+    4096
+}
+
+/// Largest channel capacity accepted (events).
+pub const MAX_CHANNEL_CAPACITY: usize = 16 * 1024 * 1024;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            channel_capacity: default_channel_capacity(),
+        }
+    }
+}
+
+impl CheckOptions for Settings {
+    fn check(&self) -> Vec<OptionError> {
+        if self.channel_capacity == 0 || self.channel_capacity > MAX_CHANNEL_CAPACITY {
+            return vec![OptionError::at(
+                &["channel_capacity"],
+                format!(
+                    "must be between 1 and {MAX_CHANNEL_CAPACITY} events, got {}",
+                    self.channel_capacity
+                ),
+            )];
+        }
+        Vec::new()
+    }
+}
+
+/// What a parser, transform or formatter does with an event it cannot process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// Count it as errored, log at a bounded rate, go on.
+    #[default]
+    Drop,
+    /// Stop the stage; the pipeline drains and exits non-zero.
+    Fail,
+    /// Send it, with the error attached, to `<id>.errors`.
+    Route,
+}
+
+#[derive(Clone)]
+pub struct StageSpec {
+    pub id: String,
+    pub pos: Pos,
+    pub kind: StageKind,
+    pub plugin_name: String,
+    pub plugin: Arc<dyn Plugin>,
+    /// Output names this stage reads: a stage id, or `<id>.errors`.
+    pub inputs: Vec<String>,
+    pub on_error: OnError,
+    pub options: Value,
+}
+
+/// A pipeline that passed validation.
+#[derive(Clone)]
+pub struct Pipeline {
+    pub path: PathBuf,
+    pub base_dir: PathBuf,
+    pub settings: Settings,
+    pub stages: Vec<StageSpec>,
+}
+
+impl Pipeline {
+    pub fn stage(&self, id: &str) -> Option<&StageSpec> {
+        self.stages.iter().find(|s| s.id == id)
+    }
+
+    /// The stages reading the output `name` (`id` or `id.errors`).
+    pub fn readers_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a StageSpec> + 'a {
+        self.stages
+            .iter()
+            .filter(move |s| s.inputs.iter().any(|i| i == name))
+    }
+
+    /// The worst-case number of events in flight: each non-source stage has
+    /// one input channel, and an event is counted against a channel until
+    /// the consumer has forwarded or committed it.
+    pub fn inflight_bound(&self) -> InflightBound {
+        let channels = self
+            .stages
+            .iter()
+            .filter(|s| s.kind != StageKind::Source)
+            .count();
+        InflightBound {
+            channels,
+            channel_capacity: self.settings.channel_capacity,
+            events: channels * self.settings.channel_capacity,
+        }
+    }
+
+    pub fn build_context(&self, stage: &StageSpec) -> BuildContext {
+        BuildContext {
+            stage_id: stage.id.clone(),
+            base_dir: self.base_dir.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct InflightBound {
+    pub channels: usize,
+    pub channel_capacity: usize,
+    pub events: usize,
+}
+
+/// The outcome of validation: a pipeline when there is no error, and every
+/// diagnostic (warnings included) either way.
+pub struct Loaded {
+    pub pipeline: Option<Pipeline>,
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Loaded {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read pipeline file {}: {source}", path.display())]
+pub struct UnreadableFile {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Reads and validates a pipeline file, expanding variables from the process environment.
+pub fn load_file(path: &Path, registry: &Registry) -> Result<Loaded, UnreadableFile> {
+    let text = std::fs::read_to_string(path).map_err(|source| UnreadableFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(load_str(&text, path, registry, &|k| std::env::var(k).ok()))
+}
+
+/// Validates pipeline text. `path` is used for relative paths and messages only.
+pub fn load_str(
+    text: &str,
+    path: &Path,
+    registry: &Registry,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Loaded {
+    let mut cx = Checker {
+        registry,
+        env,
+        diags: Vec::new(),
+        base_dir: path
+            .parent()
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from(".")),
+    };
+    let pipeline = cx.check(text, path);
+    let mut diagnostics = cx.diags;
+    diagnostics.sort_by_key(|d| (d.line.unwrap_or(0), d.col.unwrap_or(0)));
+    let pipeline = pipeline.filter(|_| !diagnostics.iter().any(Diagnostic::is_error));
+    Loaded {
+        pipeline,
+        diagnostics,
+    }
+}
+
+struct Checker<'a> {
+    registry: &'a Registry,
+    env: &'a dyn Fn(&str) -> Option<String>,
+    diags: Vec<Diagnostic>,
+    base_dir: PathBuf,
+}
+
+/// A stage as read, before the graph checks.
+struct RawStage {
+    id: String,
+    pos: Pos,
+    kind: Option<StageKind>,
+    plugin_name: String,
+    plugin: Option<Arc<dyn Plugin>>,
+    inputs: Vec<(String, Pos)>,
+    has_inputs_key: bool,
+    on_error: OnError,
+    options: Value,
+}
+
+impl Checker<'_> {
+    fn push(&mut self, d: Diagnostic) {
+        self.diags.push(d);
+    }
+
+    fn check(&mut self, text: &str, path: &Path) -> Option<Pipeline> {
+        let mut root = match yaml::parse(text) {
+            Ok(Some(root)) => root,
+            Ok(None) => {
+                self.push(
+                    Diagnostic::error(
+                        "empty-file",
+                        "the pipeline file is empty; it needs a `stages:` map",
+                    )
+                    .at(Pos { line: 1, col: 1 }),
+                );
+                return None;
+            }
+            Err(e) => {
+                self.push(
+                    Diagnostic::error("yaml-syntax", format!("invalid YAML: {}", e.message))
+                        .at(e.pos),
+                );
+                return None;
+            }
+        };
+        let mut env_errors = Vec::new();
+        root.expand_env(self.env, &mut env_errors);
+        for e in env_errors {
+            self.push(Diagnostic::error("env-var", e.message).at(e.pos));
+        }
+        if root.entries().is_none() {
+            self.push(
+                Diagnostic::error(
+                    "not-a-map",
+                    "the top level must be a map with `stages:` (and optionally `settings:`)",
+                )
+                .at(root.pos),
+            );
+            return None;
+        }
+
+        for (key, _) in root.entries().unwrap_or_default() {
+            let name = key.as_str().unwrap_or("");
+            if !matches!(name, "settings" | "stages") {
+                let mut msg = format!("unknown top-level key `{name}`");
+                if let Some(best) = closest(name, &["settings", "stages"]) {
+                    msg.push_str(&format!("; did you mean `{best}`?"));
+                }
+                self.push(Diagnostic::error("unknown-key", msg).at(key.pos));
+            }
+        }
+
+        let settings = self.check_settings(root.get("settings"));
+        let Some(stages_node) = root.get("stages") else {
+            self.push(Diagnostic::error("no-stages", "missing `stages:` map").at(root.pos));
+            return None;
+        };
+        let stages = self.read_stages(stages_node);
+        self.check_graph(&stages);
+
+        let stages = stages
+            .into_iter()
+            .map(|s| {
+                Some(StageSpec {
+                    id: s.id,
+                    pos: s.pos,
+                    kind: s.kind?,
+                    plugin_name: s.plugin_name,
+                    plugin: s.plugin?,
+                    inputs: s.inputs.into_iter().map(|(i, _)| i).collect(),
+                    on_error: s.on_error,
+                    options: s.options,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Pipeline {
+            path: path.to_path_buf(),
+            base_dir: self.base_dir.clone(),
+            settings: settings?,
+            stages,
+        })
+    }
+
+    fn check_settings(&mut self, node: Option<&Node>) -> Option<Settings> {
+        let Some(node) = node else {
+            return Some(Settings::default());
+        };
+        if matches!(node.kind, NodeKind::Scalar { .. }) && node.to_json().is_null() {
+            return Some(Settings::default());
+        }
+        let schema = schemars::schema_for!(Settings).to_value();
+        let errors = match parse_options::<Settings>(&node.to_json(), &schema) {
+            Ok(s) => {
+                let errors = s.check();
+                if errors.is_empty() {
+                    return Some(s);
+                }
+                errors
+            }
+            Err(errors) => errors,
+        };
+        for e in errors {
+            self.push(
+                Diagnostic::error("settings", format!("settings: {}", e.message))
+                    .at(node.pos_of(&e.path)),
+            );
+        }
+        None
+    }
+
+    fn read_stages(&mut self, node: &Node) -> Vec<RawStage> {
+        let Some(entries) = node.entries() else {
+            self.push(
+                Diagnostic::error("not-a-map", "`stages` must be a map from stage id to stage")
+                    .at(node.pos),
+            );
+            return Vec::new();
+        };
+        if entries.is_empty() {
+            self.push(Diagnostic::error("no-stages", "`stages` is empty").at(node.pos));
+        }
+        let mut first_seen: HashMap<String, Pos> = HashMap::new();
+        let mut stages = Vec::new();
+        for (key, value) in entries {
+            let id = key.as_str().unwrap_or("").to_string();
+            if let Some(first) = first_seen.get(&id) {
+                self.push(
+                    Diagnostic::error(
+                        "duplicate-id",
+                        format!(
+                            "duplicate stage id `{id}` (first defined at line {})",
+                            first.line
+                        ),
+                    )
+                    .stage(&id)
+                    .at(key.pos),
+                );
+                continue;
+            }
+            first_seen.insert(id.clone(), key.pos);
+            if let Some(problem) = id_problem(&id) {
+                self.push(Diagnostic::error("bad-id", problem).stage(&id).at(key.pos));
+            }
+            if let Some(stage) = self.read_stage(&id, key.pos, value) {
+                stages.push(stage);
+            }
+        }
+        stages
+    }
+
+    fn read_stage(&mut self, id: &str, pos: Pos, node: &Node) -> Option<RawStage> {
+        let Some(entries) = node.entries() else {
+            self.push(
+                Diagnostic::error(
+                    "not-a-map",
+                    "a stage must be a map, e.g. `{ sink: stdout, inputs: [parse] }`",
+                )
+                .stage(id)
+                .at(node.pos),
+            );
+            return None;
+        };
+        let plugin_keys: Vec<(&Node, &Node, StageKind)> = entries
+            .iter()
+            .filter_map(|(k, v)| Some((k, v, StageKind::from_key(k.as_str()?)?)))
+            .collect();
+        let (kind, plugin_name, plugin) = match plugin_keys.as_slice() {
+            [] => {
+                self.push(
+                    Diagnostic::error(
+                        "no-plugin",
+                        "no plugin key; add exactly one of `source`, `parser`, `transform`, `formatter`, `sink`",
+                    )
+                    .stage(id)
+                    .at(pos),
+                );
+                (None, String::new(), None)
+            }
+            [(key, value, kind)] => {
+                let name = match &value.kind {
+                    NodeKind::Scalar { text, .. } if !text.is_empty() => text.clone(),
+                    _ => {
+                        self.push(
+                            Diagnostic::error(
+                                "bad-plugin",
+                                format!("`{}` must name a plugin", kind.key()),
+                            )
+                            .stage(id)
+                            .at(value.pos),
+                        );
+                        String::new()
+                    }
+                };
+                let plugin = if name.is_empty() {
+                    None
+                } else {
+                    self.find_plugin(id, *kind, &name, key.pos)
+                };
+                (Some(*kind), name, plugin)
+            }
+            [first, second, ..] => {
+                self.push(
+                    Diagnostic::error(
+                        "two-plugins",
+                        format!(
+                            "a stage has exactly one plugin key, found `{}` and `{}`",
+                            first.2.key(),
+                            second.2.key()
+                        ),
+                    )
+                    .stage(id)
+                    .at(second.0.pos),
+                );
+                (None, String::new(), None)
+            }
+        };
+
+        let mut inputs = Vec::new();
+        let mut has_inputs_key = false;
+        if let Some((key, value)) = node.entry("inputs") {
+            has_inputs_key = true;
+            match &value.kind {
+                NodeKind::Seq(items) => {
+                    for item in items {
+                        match item.as_str() {
+                            Some(name) if !name.is_empty() => {
+                                inputs.push((name.to_string(), item.pos))
+                            }
+                            _ => self.push(
+                                Diagnostic::error("bad-input", "each input must be a stage id")
+                                    .stage(id)
+                                    .at(item.pos),
+                            ),
+                        }
+                    }
+                }
+                NodeKind::Scalar { text, .. } if !text.is_empty() => {
+                    inputs.push((text.clone(), value.pos))
+                }
+                _ => self.push(
+                    Diagnostic::error("bad-input", "`inputs` must be a list of stage ids")
+                        .stage(id)
+                        .at(key.pos),
+                ),
+            }
+        }
+
+        let mut on_error = OnError::default();
+        if let Some((key, value)) = node.entry("on_error") {
+            match value.as_str() {
+                Some("drop") => on_error = OnError::Drop,
+                Some("fail") => on_error = OnError::Fail,
+                Some("route") => on_error = OnError::Route,
+                other => self.push(
+                    Diagnostic::error(
+                        "bad-option",
+                        format!(
+                            "`on_error` must be `drop`, `fail` or `route`, got `{}`",
+                            other.unwrap_or("?")
+                        ),
+                    )
+                    .stage(id)
+                    .at(value.pos),
+                ),
+            }
+            if kind.is_some_and(|k| !k.is_processor()) {
+                self.push(
+                    Diagnostic::error(
+                        "bad-option",
+                        "`on_error` applies to parsers, transforms and formatters only",
+                    )
+                    .stage(id)
+                    .at(key.pos),
+                );
+            }
+        }
+
+        // Everything else belongs to the plugin.
+        let mut options = serde_json::Map::new();
+        for (k, v) in entries {
+            let key = k.as_str().unwrap_or("");
+            if StageKind::from_key(key).is_some() || COMMON_KEYS.contains(&key) {
+                continue;
+            }
+            options.insert(key.to_string(), v.to_json());
+        }
+        let options = Value::Object(options);
+        if let Some(plugin) = &plugin {
+            let bcx = BuildContext {
+                stage_id: id.to_string(),
+                base_dir: self.base_dir.clone(),
+            };
+            for e in plugin.check(&options, &bcx) {
+                let at = if e.path.is_empty() {
+                    pos
+                } else {
+                    node.pos_of(&e.path)
+                };
+                let what = if e.path.is_empty() {
+                    String::new()
+                } else {
+                    format!("option `{}`: ", e.path.join("."))
+                };
+                self.push(
+                    Diagnostic::error("bad-option", format!("{what}{}", e.message))
+                        .stage(id)
+                        .at(at),
+                );
+            }
+        }
+
+        Some(RawStage {
+            id: id.to_string(),
+            pos,
+            kind,
+            plugin_name,
+            plugin,
+            inputs,
+            has_inputs_key,
+            on_error,
+            options,
+        })
+    }
+
+    fn find_plugin(
+        &mut self,
+        id: &str,
+        kind: StageKind,
+        name: &str,
+        pos: Pos,
+    ) -> Option<Arc<dyn Plugin>> {
+        if let Some(p) = self.registry.get(kind, name) {
+            return Some(p.clone());
+        }
+        let message = if let Some(feature) = self.registry.absent_feature(kind, name) {
+            format!("{kind} `{name}` is not in this build; rebuild with cargo feature `{feature}`")
+        } else {
+            let names = self.registry.names(kind);
+            let mut msg = format!("unknown {kind} plugin `{name}`");
+            if let Some(best) = closest(name, &names) {
+                msg.push_str(&format!("; did you mean `{best}`?"));
+            }
+            let other_kinds: Vec<&str> = StageKind::ALL
+                .into_iter()
+                .filter(|k| *k != kind && self.registry.get(*k, name).is_some())
+                .map(StageKind::key)
+                .collect();
+            if !other_kinds.is_empty() {
+                msg.push_str(&format!(
+                    " (`{name}` exists as a {})",
+                    other_kinds.join(", ")
+                ));
+            }
+            msg.push_str(&format!(
+                "; {kind} plugins in this build: {}",
+                names.join(", ")
+            ));
+            msg
+        };
+        self.push(
+            Diagnostic::error("unknown-plugin", message)
+                .stage(id)
+                .at(pos),
+        );
+        None
+    }
+
+    fn check_graph(&mut self, stages: &[RawStage]) {
+        let by_id: BTreeMap<&str, &RawStage> = stages.iter().map(|s| (s.id.as_str(), s)).collect();
+        let ids: Vec<&str> = by_id.keys().copied().collect();
+        // Flow edges: upstream id -> downstream id.
+        let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+
+        for s in stages {
+            let is_source = s.kind == Some(StageKind::Source);
+            if is_source && !s.inputs.is_empty() {
+                self.push(
+                    Diagnostic::error(
+                        "source-with-inputs",
+                        "a source reads no other stage; remove `inputs`",
+                    )
+                    .stage(&s.id)
+                    .at(s.inputs[0].1),
+                );
+            }
+            if !is_source && s.kind.is_some() && s.inputs.is_empty() {
+                let hint = if s.has_inputs_key {
+                    "`inputs` is empty"
+                } else {
+                    "no `inputs`"
+                };
+                self.push(
+                    Diagnostic::error(
+                        "no-inputs",
+                        format!(
+                            "{hint}; a {} needs at least one input stage",
+                            s.kind.map_or("stage", StageKind::key)
+                        ),
+                    )
+                    .stage(&s.id)
+                    .at(s.pos),
+                );
+            }
+            let mut seen = HashSet::new();
+            for (input, pos) in &s.inputs {
+                if !seen.insert(input.as_str()) {
+                    self.push(
+                        Diagnostic::error(
+                            "duplicate-input",
+                            format!("input `{input}` is listed twice"),
+                        )
+                        .stage(&s.id)
+                        .at(*pos),
+                    );
+                    continue;
+                }
+                let (upstream_id, errors_output) = match input.strip_suffix(ERRORS_SUFFIX) {
+                    Some(base) if by_id.contains_key(base) => (base, true),
+                    _ => (input.as_str(), false),
+                };
+                let Some(upstream) = by_id.get(upstream_id) else {
+                    let mut msg = format!("input `{input}` names no stage");
+                    if let Some(best) = closest(input, &ids) {
+                        msg.push_str(&format!("; did you mean `{best}`?"));
+                    }
+                    self.push(
+                        Diagnostic::error("unknown-input", msg)
+                            .stage(&s.id)
+                            .at(*pos),
+                    );
+                    continue;
+                };
+                if upstream.kind == Some(StageKind::Sink) {
+                    self.push(
+                        Diagnostic::error(
+                            "sink-as-input",
+                            format!("`{upstream_id}` is a sink; sinks have no output to read"),
+                        )
+                        .stage(&s.id)
+                        .at(*pos),
+                    );
+                    continue;
+                }
+                if errors_output && upstream.on_error != OnError::Route {
+                    self.push(
+                        Diagnostic::error(
+                            "no-error-output",
+                            format!("`{input}` exists only when stage `{upstream_id}` has `on_error: route`"),
+                        )
+                        .stage(&s.id)
+                        .at(*pos),
+                    );
+                    continue;
+                }
+                edges.entry(upstream_id).or_default().push(s.id.as_str());
+            }
+        }
+
+        let in_cycle = self.report_cycles(&ids, &edges, &by_id);
+
+        // Stages whose output can never reach a sink.
+        let mut reaches_sink: HashSet<&str> = stages
+            .iter()
+            .filter(|s| s.kind == Some(StageKind::Sink))
+            .map(|s| s.id.as_str())
+            .collect();
+        loop {
+            let before = reaches_sink.len();
+            for (up, downs) in &edges {
+                if downs.iter().any(|d| reaches_sink.contains(d)) {
+                    reaches_sink.insert(up);
+                }
+            }
+            if reaches_sink.len() == before {
+                break;
+            }
+        }
+        for s in stages {
+            if s.kind.is_some()
+                && !reaches_sink.contains(s.id.as_str())
+                && !in_cycle.contains(s.id.as_str())
+            {
+                self.push(
+                    Diagnostic::warning(
+                        "no-sink",
+                        "output reaches no sink; its events would be discarded",
+                    )
+                    .stage(&s.id)
+                    .at(s.pos),
+                );
+            }
+            if s.on_error == OnError::Route {
+                let name = format!("{}{ERRORS_SUFFIX}", s.id);
+                if !stages
+                    .iter()
+                    .any(|r| r.inputs.iter().any(|(i, _)| *i == name))
+                {
+                    self.push(
+                        Diagnostic::warning(
+                            "unread-errors",
+                            format!("`on_error: route` but no stage reads `{name}`; failed events would be discarded"),
+                        )
+                        .stage(&s.id)
+                        .at(s.pos),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Reports each cycle once, as `a -> b -> a` in the direction events flow.
+    fn report_cycles<'s>(
+        &mut self,
+        ids: &[&'s str],
+        edges: &BTreeMap<&'s str, Vec<&'s str>>,
+        by_id: &BTreeMap<&'s str, &RawStage>,
+    ) -> HashSet<&'s str> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Mark {
+            New,
+            Open,
+            Done,
+        }
+        let mut marks: HashMap<&str, Mark> = ids.iter().map(|i| (*i, Mark::New)).collect();
+        let mut cycles: Vec<Vec<&str>> = Vec::new();
+        for &start in ids {
+            if marks[start] != Mark::New {
+                continue;
+            }
+            // Iterative DFS: (node, next edge index); `path` mirrors the open nodes.
+            let mut stack: Vec<(&str, usize)> = vec![(start, 0)];
+            marks.insert(start, Mark::Open);
+            while let Some((node, next)) = stack.last_mut() {
+                let downs = edges.get(*node).map(Vec::as_slice).unwrap_or_default();
+                if *next < downs.len() {
+                    let d = downs[*next];
+                    *next += 1;
+                    match marks[d] {
+                        Mark::New => {
+                            marks.insert(d, Mark::Open);
+                            stack.push((d, 0));
+                        }
+                        Mark::Open => {
+                            let from = stack
+                                .iter()
+                                .position(|(n, _)| *n == d)
+                                .expect("open node is on the stack");
+                            let mut cycle: Vec<&str> =
+                                stack[from..].iter().map(|(n, _)| *n).collect();
+                            cycle.push(d);
+                            cycles.push(cycle);
+                        }
+                        Mark::Done => {}
+                    }
+                } else {
+                    marks.insert(*node, Mark::Done);
+                    stack.pop();
+                }
+            }
+        }
+        let mut in_cycle = HashSet::new();
+        for cycle in cycles {
+            in_cycle.extend(cycle.iter().copied());
+            let first = cycle[0];
+            let pos = by_id.get(first).map(|s| s.pos).unwrap_or_default();
+            self.push(
+                Diagnostic::error("cycle", format!("cycle: {}", cycle.join(" -> ")))
+                    .stage(first)
+                    .at(pos),
+            );
+        }
+        in_cycle
+    }
+}
+
+/// Stage ids become metric labels, file names and `<id>.errors` outputs.
+fn id_problem(id: &str) -> Option<String> {
+    if id.is_empty() {
+        return Some("stage id is empty".into());
+    }
+    if !id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Some(format!(
+            "stage id `{id}` may contain only letters, digits, `_` and `-`"
+        ));
+    }
+    None
+}

@@ -1,0 +1,83 @@
+//! Renders a validated pipeline as Graphviz DOT or as a plain-text tree, for
+//! `logbus graph` and for reviewers reading a change to a pipeline.
+
+use std::fmt::Write;
+
+use logbus_plugin_api::StageKind;
+
+use crate::config::{ERRORS_SUFFIX, Pipeline};
+
+pub fn to_dot(p: &Pipeline) -> String {
+    let mut out =
+        String::from("digraph logbus {\n  rankdir=LR;\n  node [fontname=\"monospace\"];\n");
+    for s in &p.stages {
+        let shape = match s.kind {
+            StageKind::Source => "invhouse",
+            StageKind::Sink => "house",
+            _ => "box",
+        };
+        let _ = writeln!(
+            out,
+            "  \"{}\" [shape={shape}, label=\"{}\\n{} {}\"];",
+            s.id, s.id, s.kind, s.plugin_name
+        );
+    }
+    for s in &p.stages {
+        for input in &s.inputs {
+            match input.strip_suffix(ERRORS_SUFFIX) {
+                Some(base) if p.stage(base).is_some() => {
+                    let _ = writeln!(
+                        out,
+                        "  \"{base}\" -> \"{}\" [style=dashed, label=\"errors\"];",
+                        s.id
+                    );
+                }
+                _ => {
+                    let _ = writeln!(out, "  \"{input}\" -> \"{}\";", s.id);
+                }
+            }
+        }
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// One line per path from each source, indented by depth; a stage reached
+/// twice (fan-in) is printed in full once and referenced after that.
+pub fn to_text(p: &Pipeline) -> String {
+    let mut out = String::new();
+    let mut printed = std::collections::HashSet::new();
+    for s in p.stages.iter().filter(|s| s.kind == StageKind::Source) {
+        walk(p, &s.id, "", 0, &mut printed, &mut out);
+    }
+    out
+}
+
+fn walk(
+    p: &Pipeline,
+    id: &str,
+    via: &str,
+    depth: usize,
+    printed: &mut std::collections::HashSet<String>,
+    out: &mut String,
+) {
+    let Some(s) = p.stage(id) else { return };
+    let indent = "  ".repeat(depth);
+    let arrow = if depth == 0 { "" } else { "└─ " };
+    if !printed.insert(id.to_string()) {
+        let _ = writeln!(out, "{indent}{arrow}{via}{id} (see above)");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{indent}{arrow}{via}{id} [{} {}]",
+        s.kind, s.plugin_name
+    );
+    let errors = format!("{id}{ERRORS_SUFFIX}");
+    for reader in p.readers_of(id) {
+        walk(p, &reader.id, "", depth + 1, printed, out);
+    }
+    for reader in p.readers_of(&errors) {
+        walk(p, &reader.id, "(errors) ", depth + 1, printed, out);
+    }
+}

@@ -1,0 +1,17 @@
+//! The LogBus engine: reads a pipeline file, validates it without doing any
+//! I/O, and runs it as a DAG of stage tasks joined by bounded channels.
+//!
+//! This crate never names a concrete plugin; plugins arrive through the
+//! [`Registry`](logbus_plugin_api::Registry) the caller fills.
+
+pub mod config;
+pub mod diagnostic;
+pub mod graph;
+pub mod report;
+pub mod runtime;
+pub mod yaml;
+
+pub use config::{Loaded, OnError, Pipeline, Settings, StageSpec, load_file, load_str};
+pub use diagnostic::{Diagnostic, Severity};
+pub use report::RunReport;
+pub use runtime::{RunningPipeline, start};

@@ -1,0 +1,148 @@
+//! The reconciliation at exit: every event a source emitted is committed,
+//! discarded on purpose, or errored, and anything else is `lost` — which must
+//! be zero. Printed on stderr and written as JSON by `--stats-json`.
+
+use std::fmt;
+use std::time::Duration;
+
+use logbus_plugin_api::{StageCounts, StageKind};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StageReport {
+    pub id: String,
+    pub kind: StageKind,
+    #[serde(flatten)]
+    pub counts: StageCounts,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChannelReport {
+    /// The stage this channel feeds.
+    pub stage: String,
+    pub capacity: usize,
+    pub max_occupancy: usize,
+    pub sent: u64,
+    pub received: u64,
+    pub abandoned: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StageFailure {
+    pub stage: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Totals {
+    /// Events sent by sources.
+    pub emitted: u64,
+    /// Events written by sinks.
+    pub committed: u64,
+    pub discarded: u64,
+    pub errored: u64,
+    /// Events made by splitting stages (one input, several outputs).
+    pub created: u64,
+    /// Events that vanished: the sum of every stage's and channel's
+    /// imbalance. For a linear pipeline without splits this is
+    /// `emitted - committed - discarded - errored`.
+    pub lost: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub totals: Totals,
+    pub stages: Vec<StageReport>,
+    pub channels: Vec<ChannelReport>,
+    pub failures: Vec<StageFailure>,
+    pub elapsed_seconds: f64,
+    /// Peak resident memory of the process, when the OS reports it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl RunReport {
+    pub fn new(
+        stages: Vec<StageReport>,
+        channels: Vec<ChannelReport>,
+        failures: Vec<StageFailure>,
+        elapsed: Duration,
+    ) -> Self {
+        let mut t = Totals::default();
+        for s in &stages {
+            let c = &s.counts;
+            match s.kind {
+                StageKind::Source => t.emitted += c.events_out,
+                StageKind::Sink => t.committed += c.events_out,
+                _ => {}
+            }
+            t.discarded += c.discarded;
+            t.errored += c.errored;
+            t.created += c.created;
+            if s.kind != StageKind::Source {
+                t.lost += c.unaccounted();
+            }
+        }
+        for ch in &channels {
+            t.lost += ch.sent as i64 - ch.received as i64;
+        }
+        RunReport {
+            totals: t,
+            stages,
+            channels,
+            failures,
+            elapsed_seconds: elapsed.as_secs_f64(),
+            peak_rss_bytes: peak_rss_bytes(),
+        }
+    }
+
+    /// Clean means no stage failed and nothing was lost.
+    pub fn is_clean(&self) -> bool {
+        self.failures.is_empty() && self.totals.lost == 0
+    }
+}
+
+impl fmt::Display for RunReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.totals;
+        writeln!(
+            f,
+            "logbus: emitted={} committed={} discarded={} errored={} created={} lost={} in {:.3}s",
+            t.emitted, t.committed, t.discarded, t.errored, t.created, t.lost, self.elapsed_seconds
+        )?;
+        writeln!(
+            f,
+            "  {:<20} {:<9} {:>12} {:>12} {:>10} {:>10} {:>10}",
+            "stage", "kind", "in", "out", "discarded", "errored", "routed"
+        )?;
+        for s in &self.stages {
+            let c = &s.counts;
+            writeln!(
+                f,
+                "  {:<20} {:<9} {:>12} {:>12} {:>10} {:>10} {:>10}",
+                s.id, s.kind, c.events_in, c.events_out, c.discarded, c.errored, c.routed
+            )?;
+        }
+        if let Some(rss) = self.peak_rss_bytes {
+            writeln!(f, "  peak RSS {:.1} MiB", rss as f64 / (1024.0 * 1024.0))?;
+        }
+        for failure in &self.failures {
+            writeln!(f, "  FAILED stage `{}`: {}", failure.stage, failure.message)?;
+        }
+        if t.lost != 0 {
+            writeln!(
+                f,
+                "  RECONCILIATION FAILED: {} events unaccounted for",
+                t.lost
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// VmHWM from /proc/self/status (Linux); `None` elsewhere.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,444 @@
+//! A YAML tree that remembers where every node came from.
+//!
+//! Serde-based YAML loaders forget positions once a value is built, but
+//! `logbus validate` must point at the line and column of each bad option,
+//! unknown input or duplicate id. So the file is read into this tree (from
+//! yaml-rust2's event stream), checked with positions, and only then turned
+//! into JSON values for the plugins' typed option structs.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde_json::{Number, Value};
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+/// A 1-based line and column in the pipeline file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, serde::Serialize)]
+pub struct Pos {
+    pub line: usize,
+    pub col: usize,
+}
+
+impl fmt::Display for Pos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.col)
+    }
+}
+
+impl From<Marker> for Pos {
+    fn from(m: Marker) -> Self {
+        Pos {
+            line: m.line(),
+            col: m.col() + 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeKind {
+    /// `plain` scalars are typed by the YAML 1.2 core schema (`3` is a
+    /// number); quoted and block scalars are always strings.
+    Scalar {
+        text: String,
+        plain: bool,
+    },
+    Seq(Vec<Node>),
+    /// Entries in file order; duplicate keys are kept so they can be reported.
+    Map(Vec<(Node, Node)>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub kind: NodeKind,
+    pub pos: Pos,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct YamlError {
+    pub message: String,
+    pub pos: Pos,
+}
+
+/// Parses one YAML document. An empty file gives `None`.
+pub fn parse(text: &str) -> Result<Option<Node>, YamlError> {
+    let mut builder = Builder::default();
+    let mut parser = Parser::new_from_str(text);
+    parser.load(&mut builder, false).map_err(|e| YamlError {
+        message: e.info().to_string(),
+        pos: (*e.marker()).into(),
+    })?;
+    if let Some(err) = builder.error {
+        return Err(err);
+    }
+    Ok(builder.root)
+}
+
+#[derive(Default)]
+struct Builder {
+    stack: Vec<(Node, usize)>,
+    /// Key waiting for its value, per open mapping (parallel to `stack`).
+    pending_keys: Vec<Option<Node>>,
+    anchors: HashMap<usize, Node>,
+    root: Option<Node>,
+    error: Option<YamlError>,
+}
+
+impl Builder {
+    fn push_value(&mut self, node: Node, anchor: usize) {
+        if anchor > 0 {
+            self.anchors.insert(anchor, node.clone());
+        }
+        let Some((parent, _)) = self.stack.last_mut() else {
+            self.root = Some(node);
+            return;
+        };
+        match &mut parent.kind {
+            NodeKind::Seq(items) => items.push(node),
+            NodeKind::Map(entries) => {
+                let pending = self.pending_keys.last_mut().expect("parallel stacks");
+                match pending.take() {
+                    None => *pending = Some(node),
+                    Some(key) => entries.push((key, node)),
+                }
+            }
+            NodeKind::Scalar { .. } => unreachable!("scalars are never open"),
+        }
+    }
+
+    fn close(&mut self) {
+        if let Some((node, anchor)) = self.stack.pop() {
+            self.pending_keys.pop();
+            self.push_value(node, anchor);
+        }
+    }
+}
+
+impl MarkedEventReceiver for Builder {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        let pos = Pos::from(mark);
+        match ev {
+            Event::Scalar(text, style, anchor, tag) => {
+                let forced_string = tag.as_ref().is_some_and(|t| t.suffix == "str");
+                let plain = style == TScalarStyle::Plain && !forced_string;
+                self.push_value(
+                    Node {
+                        kind: NodeKind::Scalar { text, plain },
+                        pos,
+                    },
+                    anchor,
+                );
+            }
+            Event::SequenceStart(anchor, _) => {
+                self.stack.push((
+                    Node {
+                        kind: NodeKind::Seq(Vec::new()),
+                        pos,
+                    },
+                    anchor,
+                ));
+                self.pending_keys.push(None);
+            }
+            Event::MappingStart(anchor, _) => {
+                self.stack.push((
+                    Node {
+                        kind: NodeKind::Map(Vec::new()),
+                        pos,
+                    },
+                    anchor,
+                ));
+                self.pending_keys.push(None);
+            }
+            Event::SequenceEnd | Event::MappingEnd => self.close(),
+            Event::Alias(id) => match self.anchors.get(&id).cloned() {
+                Some(mut node) => {
+                    node.pos = pos;
+                    self.push_value(node, 0);
+                }
+                None => {
+                    self.error.get_or_insert(YamlError {
+                        message: "alias refers to an unknown anchor".into(),
+                        pos,
+                    });
+                }
+            },
+            _ => {}
+        }
+    }
+}
+
+impl Node {
+    pub fn as_str(&self) -> Option<&str> {
+        match &self.kind {
+            NodeKind::Scalar { text, .. } => Some(text),
+            _ => None,
+        }
+    }
+
+    pub fn entries(&self) -> Option<&[(Node, Node)]> {
+        match &self.kind {
+            NodeKind::Map(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The first entry with this key.
+    pub fn entry(&self, key: &str) -> Option<&(Node, Node)> {
+        self.entries()?
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(key))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Node> {
+        self.entry(key).map(|(_, v)| v)
+    }
+
+    /// Position of the option at `path` below this node: the key's position
+    /// for a map entry, the item's for a list index; the deepest node found
+    /// when the path runs out (a missing option points at its parent).
+    pub fn pos_of(&self, path: &[String]) -> Pos {
+        let mut node = self;
+        let mut pos = self.pos;
+        for seg in path {
+            match &node.kind {
+                NodeKind::Map(_) => match node.entry(seg) {
+                    Some((k, v)) => {
+                        pos = k.pos;
+                        node = v;
+                    }
+                    None => return pos,
+                },
+                NodeKind::Seq(items) => {
+                    match seg.parse::<usize>().ok().and_then(|i| items.get(i)) {
+                        Some(item) => {
+                            pos = item.pos;
+                            node = item;
+                        }
+                        None => return pos,
+                    }
+                }
+                NodeKind::Scalar { .. } => return pos,
+            }
+        }
+        pos
+    }
+
+    /// Expands `${VAR}` and `${VAR:-default}` in every scalar value (map
+    /// keys are left alone), collecting an error per unset variable.
+    pub fn expand_env(
+        &mut self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        errors: &mut Vec<YamlError>,
+    ) {
+        match &mut self.kind {
+            NodeKind::Scalar { text, .. } => {
+                if text.contains('$') {
+                    match expand_vars(text, lookup) {
+                        Ok(expanded) => *text = expanded,
+                        Err(message) => errors.push(YamlError {
+                            message,
+                            pos: self.pos,
+                        }),
+                    }
+                }
+            }
+            NodeKind::Seq(items) => items.iter_mut().for_each(|n| n.expand_env(lookup, errors)),
+            NodeKind::Map(entries) => entries
+                .iter_mut()
+                .for_each(|(_, v)| v.expand_env(lookup, errors)),
+        }
+    }
+
+    /// Converts to JSON, typing plain scalars by the YAML 1.2 core schema.
+    /// Later duplicate keys win (duplicates are reported by the validator).
+    pub fn to_json(&self) -> Value {
+        match &self.kind {
+            NodeKind::Scalar { text, plain: true } => resolve_plain(text),
+            NodeKind::Scalar { text, plain: false } => Value::String(text.clone()),
+            NodeKind::Seq(items) => Value::Array(items.iter().map(Node::to_json).collect()),
+            NodeKind::Map(entries) => Value::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (key_text(k), v.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+fn key_text(key: &Node) -> String {
+    match &key.kind {
+        NodeKind::Scalar { text, .. } => text.clone(),
+        _ => key.to_json().to_string(),
+    }
+}
+
+/// `$$` is a literal `$`; `${NAME}` must be set; `${NAME:-default}` falls back
+/// when NAME is unset or empty.
+pub fn expand_vars(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let Some(end) = body.find('}') else {
+                return Err(format!("unterminated `${{` in `{text}`"));
+            };
+            let expr = &body[..end];
+            let (name, default) = match expr.split_once(":-") {
+                Some((n, d)) => (n, Some(d)),
+                None => (expr, None),
+            };
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("`${{{expr}}}` is not a valid variable reference"));
+            }
+            match (
+                lookup(name).filter(|v| !v.is_empty() || default.is_none()),
+                default,
+            ) {
+                (Some(v), _) => out.push_str(&v),
+                (None, Some(d)) => out.push_str(d),
+                (None, None) => {
+                    return Err(format!(
+                        "environment variable `{name}` is not set (use `${{{name}:-default}}` for a fallback)"
+                    ));
+                }
+            }
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn resolve_plain(text: &str) -> Value {
+    match text {
+        "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
+        "true" | "True" | "TRUE" => return Value::Bool(true),
+        "false" | "False" | "FALSE" => return Value::Bool(false),
+        _ => {}
+    }
+    let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let negative = text.starts_with('-');
+    let radix = if let Some(h) = unsigned.strip_prefix("0x") {
+        Some((h, 16))
+    } else {
+        unsigned.strip_prefix("0o").map(|o| (o, 8))
+    };
+    if let Some((digits, radix)) = radix {
+        if let Ok(v) = i64::from_str_radix(digits, radix) {
+            return Value::Number(Number::from(if negative { -v } else { v }));
+        }
+    }
+    if !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit()) {
+        if let Ok(v) = text.parse::<i64>() {
+            return Value::Number(v.into());
+        }
+        if let Ok(v) = text.parse::<u64>() {
+            return Value::Number(v.into());
+        }
+    }
+    let looks_float = unsigned
+        .bytes()
+        .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
+        && unsigned.bytes().any(|b| b.is_ascii_digit());
+    if looks_float {
+        if let Some(n) = text.parse::<f64>().ok().and_then(Number::from_f64) {
+            return Value::Number(n);
+        }
+    }
+    Value::String(text.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn positions_of_keys_and_items() {
+        let doc = parse("a:\n  b: 1\n  c: [x, y]\n").unwrap().unwrap();
+        assert_eq!(
+            doc.pos_of(&["a".into(), "b".into()]),
+            Pos { line: 2, col: 3 }
+        );
+        assert_eq!(
+            doc.pos_of(&["a".into(), "c".into(), "1".into()]),
+            Pos { line: 3, col: 10 }
+        );
+        // A missing key points at its parent key.
+        assert_eq!(
+            doc.pos_of(&["a".into(), "zz".into()]),
+            Pos { line: 1, col: 1 }
+        );
+    }
+
+    #[test]
+    fn core_schema_typing() {
+        let doc = parse("a: 1\nb: '1'\nc: true\nd: ~\ne: 1.5\nf: 0x10\ng: hello\nh: -3\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            doc.to_json(),
+            json!({"a": 1, "b": "1", "c": true, "d": null, "e": 1.5, "f": 16, "g": "hello", "h": -3})
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_kept_for_reporting() {
+        let doc = parse("a: 1\na: 2\n").unwrap().unwrap();
+        assert_eq!(doc.entries().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn anchors_and_aliases() {
+        let doc = parse("x: &v {k: 1}\ny: *v\n").unwrap().unwrap();
+        assert_eq!(doc.to_json(), json!({"x": {"k": 1}, "y": {"k": 1}}));
+    }
+
+    #[test]
+    fn syntax_error_has_position() {
+        let err = parse("a: [1, 2\nb: 3\n").unwrap_err();
+        assert!(err.pos.line >= 1, "{err:?}");
+    }
+
+    #[test]
+    fn env_expansion() {
+        let env = |k: &str| match k {
+            "SET" => Some("v".to_string()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        };
+        assert_eq!(expand_vars("a${SET}b", &env).unwrap(), "avb");
+        assert_eq!(expand_vars("${UNSET:-d}", &env).unwrap(), "d");
+        assert_eq!(expand_vars("${EMPTY:-d}", &env).unwrap(), "d");
+        assert_eq!(expand_vars("${EMPTY}", &env).unwrap(), "");
+        assert_eq!(expand_vars("$$HOME $x", &env).unwrap(), "$HOME $x");
+        assert!(
+            expand_vars("${UNSET}", &env)
+                .unwrap_err()
+                .contains("`UNSET` is not set")
+        );
+        assert!(expand_vars("${OPEN", &env).is_err());
+        assert!(expand_vars("${a b}", &env).is_err());
+    }
+
+    #[test]
+    fn expanded_plain_scalar_is_typed_after_expansion() {
+        let mut doc = parse("cap: ${CAP:-64}\nq: '${CAP:-64}'\n")
+            .unwrap()
+            .unwrap();
+        let mut errors = Vec::new();
+        doc.expand_env(&|_| None, &mut errors);
+        assert!(errors.is_empty());
+        assert_eq!(doc.to_json(), json!({"cap": 64, "q": "64"}));
+    }
+}

@@ -1,0 +1,34 @@
+//! Which plugins this binary carries. The only file that knows the list of
+//! plugin crates and the cargo feature of each plugin; a plugin left out of
+//! the build stays known so that an error can name the feature to add.
+
+use logbus_plugin_api::{Registry, StageKind};
+
+/// Every plugin LogBus has, with the feature that compiles it in.
+pub const CATALOG: &[(StageKind, &str, &str)] = &[
+    (StageKind::Source, "stdin", "source-stdin"),
+    (StageKind::Source, "file", "source-file"),
+    (StageKind::Source, "generator", "source-generator"),
+    (StageKind::Parser, "lines", "parser-lines"),
+    (StageKind::Parser, "json", "parser-json"),
+    (StageKind::Transform, "stamp", "transform-stamp"),
+    (StageKind::Transform, "filter", "transform-filter"),
+    (StageKind::Transform, "fields", "transform-fields"),
+    (StageKind::Formatter, "json", "formatter-json"),
+    (StageKind::Sink, "stdout", "sink-stdout"),
+    (StageKind::Sink, "file", "sink-file"),
+    (StageKind::Sink, "blackhole", "sink-blackhole"),
+];
+
+/// The registry of this build: compiled-in plugins, plus the rest of the
+/// catalog marked absent.
+pub fn registry() -> Registry {
+    let mut registry = Registry::new();
+    logbus_io::register(&mut registry);
+    logbus_text::register(&mut registry);
+    logbus_transform::register(&mut registry);
+    for (kind, name, feature) in CATALOG {
+        registry.add_absent(*kind, name, feature);
+    }
+    registry
+}

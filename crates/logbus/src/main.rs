@@ -1,0 +1,302 @@
+//! The `logbus` command: the edge where configuration, signals and exit
+//! codes meet the engine. Everything with logic lives in the libraries.
+
+mod catalog;
+mod plugins_cmd;
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use logbus_core::{Diagnostic, Loaded, Severity, graph, load_file};
+use logbus_plugin_api::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "logbus",
+    version,
+    about = "YAML-defined log and event pipelines with backpressure by construction"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum GraphFormat {
+    Dot,
+    Text,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a pipeline without running it. Exit 0 valid, 1 invalid, 2 unreadable.
+    Validate {
+        file: PathBuf,
+        /// Treat warnings as errors.
+        #[arg(long)]
+        deny_warnings: bool,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
+    /// Validate, then run a pipeline until its sources end or SIGINT/SIGTERM.
+    Run {
+        file: PathBuf,
+        /// Write the reconciliation summary as JSON to this file at exit.
+        #[arg(long)]
+        stats_json: Option<PathBuf>,
+        /// Worker threads (default: one per CPU core).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// Print the pipeline's DAG.
+    Graph {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value_t = GraphFormat::Text)]
+        format: GraphFormat,
+    },
+    /// List the plugins compiled into this binary, with their options.
+    Plugins {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match dispatch(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("logbus: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LOGBUS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_target(false).init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    let registry = catalog::registry();
+    match command {
+        Command::Validate {
+            file,
+            deny_warnings,
+            format,
+        } => {
+            let Some(loaded) = load_or_report(&file, &registry) else {
+                return Ok(ExitCode::from(2));
+            };
+            Ok(validate(&file, &loaded, deny_warnings, format))
+        }
+        Command::Run {
+            file,
+            stats_json,
+            threads,
+        } => {
+            let Some(loaded) = load_or_report(&file, &registry) else {
+                return Ok(ExitCode::from(2));
+            };
+            print_diagnostics(&file, &loaded.diagnostics);
+            let Some(pipeline) = loaded.pipeline else {
+                eprintln!("logbus: {} is invalid; nothing was started", file.display());
+                return Ok(ExitCode::from(1));
+            };
+            run(pipeline, stats_json.as_deref(), threads)
+        }
+        Command::Graph { file, format } => {
+            let Some(loaded) = load_or_report(&file, &registry) else {
+                return Ok(ExitCode::from(2));
+            };
+            print_diagnostics(&file, &loaded.diagnostics);
+            let Some(pipeline) = loaded.pipeline else {
+                return Ok(ExitCode::from(1));
+            };
+            let out = match format {
+                GraphFormat::Dot => graph::to_dot(&pipeline),
+                GraphFormat::Text => graph::to_text(&pipeline),
+            };
+            emit(&out);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugins { format } => {
+            plugins_cmd::print(&registry, format == OutputFormat::Json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn load_or_report(file: &Path, registry: &logbus_plugin_api::Registry) -> Option<Loaded> {
+    match load_file(file, registry) {
+        Ok(loaded) => Some(loaded),
+        Err(e) => {
+            eprintln!("logbus: error: {e}");
+            None
+        }
+    }
+}
+
+fn print_diagnostics(file: &Path, diagnostics: &[Diagnostic]) {
+    let name = file.display().to_string();
+    for d in diagnostics {
+        eprintln!("{}", d.display(&name));
+    }
+}
+
+fn validate(file: &Path, loaded: &Loaded, deny_warnings: bool, format: OutputFormat) -> ExitCode {
+    let failing = |d: &Diagnostic| d.severity == Severity::Error || deny_warnings;
+    let valid = !loaded.diagnostics.iter().any(failing);
+    let bound = loaded.pipeline.as_ref().map(|p| p.inflight_bound());
+    if format == OutputFormat::Json {
+        let out = serde_json::json!({
+            "file": file.display().to_string(),
+            "valid": valid,
+            "errors": loaded.diagnostics.iter().filter(|d| failing(d)).count(),
+            "warnings": loaded.diagnostics.iter().filter(|d| d.severity == Severity::Warning).count(),
+            "diagnostics": loaded.diagnostics,
+            "inflight_bound": bound,
+            "stages": loaded.pipeline.as_ref().map(|p| p.stages.len()),
+        });
+        emit(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&out).expect("serialisable")
+        ));
+    } else {
+        let name = file.display().to_string();
+        let mut text = String::new();
+        for d in &loaded.diagnostics {
+            text.push_str(&format!("{}\n", d.display(&name)));
+        }
+        let errors = loaded.diagnostics.iter().filter(|d| failing(d)).count();
+        match (&loaded.pipeline, bound) {
+            (Some(p), Some(b)) if valid => text.push_str(&format!(
+                "{name}: valid: {} stages; worst-case in-flight: {} events ({} channels x {} events)\n",
+                p.stages.len(),
+                b.events,
+                b.channels,
+                b.channel_capacity
+            )),
+            _ => text.push_str(&format!("{name}: invalid: {errors} error(s)\n")),
+        }
+        emit(&text);
+    }
+    if valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn run(
+    pipeline: logbus_core::Pipeline,
+    stats_json: Option<&Path>,
+    threads: Option<usize>,
+) -> anyhow::Result<ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all().thread_name("logbus-worker");
+    if let Some(n) = threads {
+        builder.worker_threads(n.max(1));
+    }
+    let runtime = builder.build().context("starting the runtime")?;
+    let report = runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        spawn_signal_handler(shutdown.clone());
+        let bound = pipeline.inflight_bound();
+        tracing::info!(
+            stages = pipeline.stages.len(),
+            inflight_bound = bound.events,
+            "starting {}",
+            pipeline.path.display()
+        );
+        match logbus_core::start(&pipeline, shutdown) {
+            Ok(running) => Ok(running.wait().await),
+            Err(errors) => Err(errors),
+        }
+    });
+    let report = match report {
+        Ok(r) => r,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("logbus: error: {e}");
+            }
+            return Ok(ExitCode::from(1));
+        }
+    };
+    // Stages may have left reader threads blocked on input; do not wait for them.
+    runtime.shutdown_background();
+    eprint!("{report}");
+    if let Some(path) = stats_json {
+        let json = serde_json::to_vec_pretty(&report).expect("serialisable");
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let _ = std::io::stderr().flush();
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// First SIGINT/SIGTERM: stop the sources and drain. Second: exit now.
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::warn!(
+                "cannot install signal handlers; SIGINT/SIGTERM will kill without draining"
+            );
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!(
+            "shutdown requested: stopping sources and draining (signal again to exit at once)"
+        );
+        shutdown.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        eprintln!("logbus: second signal, exiting without draining");
+        std::process::exit(130);
+    });
+}
+
+/// Writes to stdout; a closed pipe (`logbus plugins | head`) is not an error.
+pub(crate) fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}

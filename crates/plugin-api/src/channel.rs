@@ -1,0 +1,359 @@
+//! Bounded stage-to-stage channel whose capacity is counted in events, not
+//! in batches, so that the in-flight bound promised by the config is a sum of
+//! capacities no matter how sources batch.
+//!
+//! A batch takes one permit per event when it is sent. The permits return to
+//! the channel only when the consumer drops the [`InputBatch`], i.e. after it
+//! has forwarded or committed those events. An event that a stage is working
+//! on is therefore still counted against the channel it arrived on, and the
+//! number of events anywhere between two sources and sinks never exceeds the
+//! sum of the capacities of the channels in between.
+//!
+//! # Disconnection
+//! The receiver sees the end of the stream when every sender has been dropped
+//! (fan-in closes on the last upstream). A sender whose receiver is gone gets
+//! its events back in [`SendError`], never loses them silently.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::event::Event;
+
+/// Counters of one channel, readable while the pipeline runs.
+#[derive(Debug)]
+pub struct ChannelStats {
+    capacity: usize,
+    max_occupancy: AtomicUsize,
+    sent: AtomicU64,
+    received: AtomicU64,
+    abandoned: AtomicU64,
+}
+
+impl ChannelStats {
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Highest occupancy seen, in events.
+    pub fn max_occupancy(&self) -> usize {
+        self.max_occupancy.load(Ordering::Relaxed)
+    }
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+    /// Events still queued when the receiver was dropped.
+    pub fn abandoned(&self) -> u64 {
+        self.abandoned.load(Ordering::Relaxed)
+    }
+}
+
+struct Shared {
+    permits: Semaphore,
+    stats: ChannelStats,
+}
+
+impl Shared {
+    fn occupancy(&self) -> usize {
+        self.stats
+            .capacity
+            .saturating_sub(self.permits.available_permits())
+    }
+}
+
+/// The events came back because the receiving stage has stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("downstream stopped; {} events were not delivered", .0.len())]
+pub struct SendError(pub Vec<Event>);
+
+/// Creates a channel holding at most `capacity` events (queued plus in the
+/// consumer's hands). `capacity` must be at least 1.
+pub fn channel(capacity: usize) -> (Sender, Receiver) {
+    assert!(capacity >= 1, "channel capacity must be at least 1");
+    assert!(capacity <= u32::MAX as usize, "channel capacity too large");
+    let shared = Arc::new(Shared {
+        permits: Semaphore::new(capacity),
+        stats: ChannelStats {
+            capacity,
+            max_occupancy: AtomicUsize::new(0),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
+        },
+    });
+    let (tx, rx) = mpsc::unbounded_channel();
+    (
+        Sender {
+            tx,
+            shared: shared.clone(),
+        },
+        Receiver { rx, shared },
+    )
+}
+
+/// Sending half; clone it for fan-in.
+#[derive(Clone)]
+pub struct Sender {
+    tx: mpsc::UnboundedSender<Vec<Event>>,
+    shared: Arc<Shared>,
+}
+
+impl Sender {
+    /// Sends a batch, waiting while the channel is full. A batch larger than
+    /// the capacity is sent in capacity-sized pieces, in order.
+    pub async fn send(&self, mut batch: Vec<Event>) -> Result<(), SendError> {
+        let capacity = self.shared.stats.capacity;
+        while !batch.is_empty() {
+            let chunk = if batch.len() <= capacity {
+                std::mem::take(&mut batch)
+            } else {
+                let rest = batch.split_off(capacity);
+                std::mem::replace(&mut batch, rest)
+            };
+            let n = chunk.len();
+            let Ok(permit) = self.shared.permits.acquire_many(n as u32).await else {
+                return Err(SendError(rejoin(chunk, batch)));
+            };
+            permit.forget();
+            self.shared
+                .stats
+                .max_occupancy
+                .fetch_max(self.shared.occupancy(), Ordering::Relaxed);
+            if let Err(mpsc::error::SendError(chunk)) = self.tx.send(chunk) {
+                return Err(SendError(rejoin(chunk, batch)));
+            }
+            self.shared
+                .stats
+                .sent
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Sends without waiting, or gives the batch back when it does not fit now.
+    pub fn try_send(&self, batch: Vec<Event>) -> Result<(), TrySendError> {
+        let n = batch.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if n > self.shared.stats.capacity {
+            return Err(TrySendError::Full(batch));
+        }
+        match self.shared.permits.try_acquire_many(n as u32) {
+            Ok(permit) => permit.forget(),
+            Err(tokio::sync::TryAcquireError::NoPermits) => return Err(TrySendError::Full(batch)),
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(TrySendError::Closed(batch)),
+        }
+        self.shared
+            .stats
+            .max_occupancy
+            .fetch_max(self.shared.occupancy(), Ordering::Relaxed);
+        self.tx.send(batch).map_err(|e| TrySendError::Closed(e.0))?;
+        self.shared
+            .stats
+            .sent
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn stats(&self) -> ChannelHandle {
+        ChannelHandle(self.shared.clone())
+    }
+}
+
+fn rejoin(mut first: Vec<Event>, rest: Vec<Event>) -> Vec<Event> {
+    first.extend(rest);
+    first
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrySendError {
+    #[error("channel is full")]
+    Full(Vec<Event>),
+    #[error("channel is closed")]
+    Closed(Vec<Event>),
+}
+
+/// A read-only view of a channel for metrics and tests.
+#[derive(Clone)]
+pub struct ChannelHandle(Arc<Shared>);
+
+impl ChannelHandle {
+    /// Events queued or in the consumer's hands right now.
+    pub fn occupancy(&self) -> usize {
+        self.0.occupancy()
+    }
+    pub fn stats(&self) -> &ChannelStats {
+        &self.0.stats
+    }
+}
+
+/// Receiving half, owned by the consuming stage.
+pub struct Receiver {
+    rx: mpsc::UnboundedReceiver<Vec<Event>>,
+    shared: Arc<Shared>,
+}
+
+impl Receiver {
+    /// The next batch, or `None` once every sender is gone and the queue is empty.
+    pub async fn recv(&mut self) -> Option<InputBatch> {
+        let events = self.rx.recv().await?;
+        Some(self.accept(events))
+    }
+
+    /// The next batch if one is queued now.
+    pub fn try_recv(&mut self) -> Option<InputBatch> {
+        let events = self.rx.try_recv().ok()?;
+        Some(self.accept(events))
+    }
+
+    fn accept(&self, events: Vec<Event>) -> InputBatch {
+        self.shared
+            .stats
+            .received
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        InputBatch {
+            permits: events.len(),
+            events,
+            shared: self.shared.clone(),
+        }
+    }
+
+    pub fn handle(&self) -> ChannelHandle {
+        ChannelHandle(self.shared.clone())
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.shared.permits.close();
+        self.rx.close();
+        while let Ok(batch) = self.rx.try_recv() {
+            self.shared
+                .stats
+                .abandoned
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A received batch. Its events stay counted against the channel until this
+/// value is dropped; take the events with [`InputBatch::take`] and drop the
+/// batch once they are forwarded or committed.
+pub struct InputBatch {
+    events: Vec<Event>,
+    permits: usize,
+    shared: Arc<Shared>,
+}
+
+impl InputBatch {
+    pub fn len(&self) -> usize {
+        self.permits
+    }
+    pub fn is_empty(&self) -> bool {
+        self.permits == 0
+    }
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+    /// Moves the events out; the permits stay held until `self` is dropped.
+    pub fn take(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+}
+
+impl Drop for InputBatch {
+    fn drop(&mut self) {
+        self.shared.permits.add_permits(self.permits);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Meta;
+
+    fn events(n: usize) -> Vec<Event> {
+        (0..n)
+            .map(|i| {
+                Event::raw(
+                    i.to_string(),
+                    Meta {
+                        source: "t".into(),
+                        ingest_ns: 0,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn capacity_counts_events_and_held_batches() {
+        let (tx, mut rx) = channel(4);
+        tx.send(events(3)).await.unwrap();
+        assert!(matches!(tx.try_send(events(2)), Err(TrySendError::Full(_))));
+        let batch = rx.recv().await.unwrap();
+        assert_eq!(batch.len(), 3);
+        // Still held by the consumer: the channel stays full for 2 events.
+        assert!(matches!(tx.try_send(events(2)), Err(TrySendError::Full(_))));
+        drop(batch);
+        tx.try_send(events(2)).unwrap();
+        assert_eq!(tx.stats().stats().max_occupancy(), 3);
+    }
+
+    #[tokio::test]
+    async fn oversized_batch_is_split_in_order() {
+        let (tx, mut rx) = channel(2);
+        let sender = tokio::spawn(async move { tx.send(events(5)).await });
+        let mut seen = Vec::new();
+        while let Some(mut b) = rx.recv().await {
+            assert!(b.len() <= 2);
+            seen.extend(b.take().into_iter().map(|e| e.as_raw().unwrap().clone()));
+        }
+        sender.await.unwrap().unwrap();
+        let expected: Vec<_> = (0..5).map(|i| bytes::Bytes::from(i.to_string())).collect();
+        assert_eq!(seen, expected);
+    }
+
+    #[tokio::test]
+    async fn send_to_a_dropped_receiver_returns_the_events() {
+        let (tx, rx) = channel(2);
+        drop(rx);
+        let err = tx.send(events(3)).await.unwrap_err();
+        assert_eq!(err.0.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn blocked_sender_wakes_with_events_when_receiver_drops() {
+        let (tx, mut rx) = channel(1);
+        tx.send(events(1)).await.unwrap();
+        let held = rx.recv().await.unwrap();
+        let blocked = tokio::spawn(async move { tx.send(events(1)).await });
+        tokio::task::yield_now().await;
+        drop(held);
+        drop(rx);
+        // Either delivered before the drop (then abandoned) or returned: never both, never neither.
+        match blocked.await.unwrap() {
+            Ok(()) => {}
+            Err(e) => assert_eq!(e.0.len(), 1),
+        }
+    }
+
+    #[tokio::test]
+    async fn fan_in_closes_after_last_sender() {
+        let (tx, mut rx) = channel(8);
+        let tx2 = tx.clone();
+        tx.send(events(1)).await.unwrap();
+        drop(tx);
+        tx2.send(events(1)).await.unwrap();
+        drop(tx2);
+        let mut total = 0;
+        while let Some(b) = rx.recv().await {
+            total += b.len();
+        }
+        assert_eq!(total, 2);
+    }
+}

@@ -1,0 +1,28 @@
+//! The contract between the LogBus engine and its plugins.
+//!
+//! Plugin crates depend on this crate only, never on the engine, so a plugin
+//! cannot reach around the wiring: it receives events, produces events, and
+//! the engine owns the channels between them.
+
+pub mod channel;
+pub mod event;
+pub mod metrics;
+pub mod output;
+pub mod plugin;
+pub mod registry;
+
+pub use async_trait::async_trait;
+pub use bytes::Bytes;
+pub use channel::{ChannelHandle, InputBatch, Receiver, SendError, Sender, channel};
+pub use event::{Event, EventData, FieldPath, Fields, Meta, Payload, now_ns};
+pub use metrics::{StageCounts, StageMetrics};
+pub use output::{Output, OutputRole};
+pub use plugin::{
+    BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, Plugin, Processor, Sink,
+    SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin, Verdict,
+    closest, parse_options,
+};
+pub use registry::Registry;
+pub use schemars;
+pub use serde_json;
+pub use tokio_util::sync::CancellationToken;

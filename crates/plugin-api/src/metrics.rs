@@ -1,0 +1,71 @@
+//! Per-stage counters. They are the single source of truth for the exit
+//! summary, `--stats-json` and (later) the metrics endpoint, so those can
+//! never disagree.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+#[derive(Debug, Default)]
+pub struct StageMetrics {
+    events_in: AtomicU64,
+    events_out: AtomicU64,
+    discarded: AtomicU64,
+    errored: AtomicU64,
+    routed: AtomicU64,
+    created: AtomicU64,
+}
+
+/// A point-in-time copy of [`StageMetrics`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StageCounts {
+    /// Events received from the stage's input channel.
+    pub events_in: u64,
+    /// Events sent downstream (sources: emitted; sinks: committed).
+    pub events_out: u64,
+    /// Events removed on purpose (a filter said no).
+    pub discarded: u64,
+    /// Events that ended in an error (`on_error: drop`/`fail`, or a failed stage).
+    pub errored: u64,
+    /// Events sent to the stage's `<id>.errors` output.
+    pub routed: u64,
+    /// Events a stage made beyond those it received (one input line split in three: 2).
+    pub created: u64,
+}
+
+impl StageCounts {
+    /// Events that entered the stage and are accounted for nowhere.
+    /// Zero for every stage after a clean drain; sources have no input.
+    pub fn unaccounted(&self) -> i64 {
+        (self.events_in + self.created) as i64
+            - (self.events_out + self.discarded + self.errored + self.routed) as i64
+    }
+}
+
+macro_rules! counter {
+    ($add:ident, $field:ident) => {
+        pub fn $add(&self, n: u64) {
+            self.$field.fetch_add(n, Ordering::Relaxed);
+        }
+    };
+}
+
+impl StageMetrics {
+    counter!(add_in, events_in);
+    counter!(add_out, events_out);
+    counter!(add_discarded, discarded);
+    counter!(add_errored, errored);
+    counter!(add_routed, routed);
+    counter!(add_created, created);
+
+    pub fn snapshot(&self) -> StageCounts {
+        StageCounts {
+            events_in: self.events_in.load(Ordering::Relaxed),
+            events_out: self.events_out.load(Ordering::Relaxed),
+            discarded: self.discarded.load(Ordering::Relaxed),
+            errored: self.errored.load(Ordering::Relaxed),
+            routed: self.routed.load(Ordering::Relaxed),
+            created: self.created.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! The traits a plugin implements and the context the engine hands it.
+//!
+//! A plugin never creates its own channels: the engine gives a source its
+//! [`Output`], a sink its input [`Receiver`], and runs processors (parsers,
+//! transforms, formatters) itself, so backpressure, counting and error
+//! routing are the same for every plugin.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::channel::Receiver;
+use crate::event::Event;
+use crate::metrics::StageMetrics;
+use crate::output::Output;
+
+/// The five kinds of stage; the config key that names the plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StageKind {
+    Source,
+    Parser,
+    Transform,
+    Formatter,
+    Sink,
+}
+
+impl StageKind {
+    pub const ALL: [StageKind; 5] = [
+        StageKind::Source,
+        StageKind::Parser,
+        StageKind::Transform,
+        StageKind::Formatter,
+        StageKind::Sink,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            StageKind::Source => "source",
+            StageKind::Parser => "parser",
+            StageKind::Transform => "transform",
+            StageKind::Formatter => "formatter",
+            StageKind::Sink => "sink",
+        }
+    }
+
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.key() == key)
+    }
+
+    /// Parsers, transforms and formatters: one event in, zero or more out.
+    pub fn is_processor(self) -> bool {
+        matches!(
+            self,
+            StageKind::Parser | StageKind::Transform | StageKind::Formatter
+        )
+    }
+}
+
+impl fmt::Display for StageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// A stage failed at run time.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("downstream stopped before the stage finished")]
+    OutputClosed,
+    #[error("{0}")]
+    Other(String),
+}
+
+impl StageError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        StageError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<crate::channel::SendError> for StageError {
+    fn from(_: crate::channel::SendError) -> Self {
+        StageError::OutputClosed
+    }
+}
+
+/// One event could not be processed. Handled by the stage's `on_error`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct EventError(pub String);
+
+impl EventError {
+    pub fn new(message: impl Into<String>) -> Self {
+        EventError(message.into())
+    }
+}
+
+/// What a processor did with one event.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Forward the (possibly modified) event.
+    Keep,
+    /// Drop it on purpose (counted as discarded).
+    Discard,
+    /// Forward these events instead (zero or more; a split).
+    Replace(Vec<Event>),
+}
+
+/// Parsers, transforms and formatters. Runs synchronously on a batch at a
+/// time inside the engine's stage loop.
+///
+/// On error, leave the event as received: with `on_error: route` it is
+/// forwarded, with the error attached, to `<id>.errors`.
+pub trait Processor: Send + 'static {
+    fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError>;
+
+    /// Called once after the input has ended; may emit held-back events.
+    fn finish(&mut self) -> Vec<Event> {
+        Vec::new()
+    }
+}
+
+/// What a source gets from the engine.
+pub struct SourceContext {
+    pub id: Arc<str>,
+    pub output: Output,
+    /// Cancelled on SIGINT/SIGTERM or when another stage fails: stop reading,
+    /// send what was already read, return.
+    pub shutdown: CancellationToken,
+}
+
+#[async_trait]
+pub trait Source: Send + 'static {
+    /// Reads until end of input or shutdown. Everything read must be sent
+    /// before returning.
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError>;
+}
+
+/// What a sink gets from the engine.
+pub struct SinkContext {
+    pub id: Arc<str>,
+    pub input: Receiver,
+    pub metrics: Arc<StageMetrics>,
+}
+
+impl SinkContext {
+    /// Records `n` events as durably handed to the destination.
+    pub fn committed(&self, n: usize) {
+        self.metrics.add_out(n as u64);
+    }
+}
+
+#[async_trait]
+pub trait Sink: Send + 'static {
+    /// Consumes the input until it ends. Call [`SinkContext::committed`] for
+    /// every event written, and drop each input batch only after its events
+    /// are written: that is what keeps the in-flight bound.
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError>;
+}
+
+/// A built stage, ready to be wired.
+pub enum Built {
+    Source(Box<dyn Source>),
+    Processor(Box<dyn Processor>),
+    Sink(Box<dyn Sink>),
+}
+
+/// Where the plugin is being built.
+#[derive(Debug, Clone)]
+pub struct BuildContext {
+    pub stage_id: String,
+    /// Directory of the pipeline file; relative paths resolve against it.
+    pub base_dir: PathBuf,
+}
+
+impl BuildContext {
+    pub fn resolve(&self, path: &std::path::Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+}
+
+/// An option is wrong. `path` leads from the stage to the offending option
+/// (`["set", "level"]`); empty means the stage as a whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    pub path: Vec<String>,
+    pub message: String,
+}
+
+impl OptionError {
+    pub fn at(path: &[&str], message: impl Into<String>) -> Self {
+        OptionError {
+            path: path.iter().map(|s| s.to_string()).collect(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A plugin factory, as the registry holds it.
+pub trait Plugin: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn kind(&self) -> StageKind;
+    fn description(&self) -> &'static str;
+    /// JSON Schema of the options, generated from the typed option struct.
+    fn options_schema(&self) -> Value;
+    /// Checks options without doing any I/O.
+    fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError>;
+    fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>>;
+}
+
+/// Range and cross-field checks beyond what the types say.
+pub trait CheckOptions {
+    fn check(&self) -> Vec<OptionError> {
+        Vec::new()
+    }
+}
+
+/// Implement this with a typed option struct and wrap it in [`Typed`] to get
+/// a [`Plugin`]: unknown keys, types, required options and ranges are then
+/// checked the same way for every plugin.
+pub trait TypedPlugin: Send + Sync + 'static {
+    type Options: DeserializeOwned + schemars::JsonSchema + CheckOptions;
+    const NAME: &'static str;
+    const KIND: StageKind;
+    const DESCRIPTION: &'static str;
+
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError>;
+}
+
+/// Adapter from [`TypedPlugin`] to [`Plugin`].
+pub struct Typed<T>(pub T);
+
+impl<T: TypedPlugin> Plugin for Typed<T> {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+    fn kind(&self) -> StageKind {
+        T::KIND
+    }
+    fn description(&self) -> &'static str {
+        T::DESCRIPTION
+    }
+    fn options_schema(&self) -> Value {
+        schemars::schema_for!(T::Options).to_value()
+    }
+    fn check(&self, options: &Value, _cx: &BuildContext) -> Vec<OptionError> {
+        match parse_options::<T::Options>(options, &self.options_schema()) {
+            Ok(opts) => opts.check(),
+            Err(errors) => errors,
+        }
+    }
+    fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>> {
+        let opts = parse_options::<T::Options>(options, &self.options_schema())?;
+        let errors = opts.check();
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        self.0.build(opts, cx).map_err(|e| vec![e])
+    }
+}
+
+/// Deserializes options, reporting every unknown top-level key (with the
+/// closest known one) and then the first type error, each with its path.
+pub fn parse_options<T: DeserializeOwned>(
+    options: &Value,
+    schema: &Value,
+) -> Result<T, Vec<OptionError>> {
+    let mut errors = Vec::new();
+    let mut cleaned = options.clone();
+    if let (Some(map), Some(known)) = (
+        cleaned.as_object_mut(),
+        schema.get("properties").and_then(Value::as_object),
+    ) {
+        let unknown: Vec<String> = map
+            .keys()
+            .filter(|k| !known.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in unknown {
+            map.shift_remove(&key);
+            let names: Vec<&str> = known.keys().map(String::as_str).collect();
+            let mut msg = format!("unknown option `{key}`");
+            if let Some(best) = closest(&key, &names) {
+                msg.push_str(&format!("; did you mean `{best}`?"));
+            }
+            if names.is_empty() {
+                msg.push_str(" (this plugin takes no options)");
+            } else {
+                msg.push_str(&format!(" (options: {})", names.join(", ")));
+            }
+            errors.push(OptionError {
+                path: vec![key],
+                message: msg,
+            });
+        }
+    }
+    match serde_path_to_error::deserialize::<_, T>(&cleaned) {
+        Ok(v) if errors.is_empty() => Ok(v),
+        Ok(_) => Err(errors),
+        Err(e) => {
+            let path: Vec<String> = e
+                .path()
+                .iter()
+                .filter_map(|seg| match seg {
+                    serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                    serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                    _ => None,
+                })
+                .collect();
+            errors.push(OptionError {
+                path,
+                message: e.into_inner().to_string(),
+            });
+            Err(errors)
+        }
+    }
+}
+
+/// The candidate closest to `word`, if it is close enough to be a likely typo.
+pub fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (strsim::damerau_levenshtein(word, c), *c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 3))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Stateless processors can be plain closures.
+impl<F> Processor for F
+where
+    F: FnMut(&mut Event) -> Result<Verdict, EventError> + Send + 'static,
+{
+    fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
+        self(event)
+    }
+}
+
+/// Options of a plugin that takes none.
+#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoOptions {}
+
+impl CheckOptions for NoOptions {}

@@ -1,0 +1,40 @@
+//! `sink: blackhole`: counts and discards. The sink for load tests and for
+//! measuring everything upstream of a real destination.
+
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, OptionError, Sink, SinkContext, StageError, StageKind,
+    TypedPlugin, async_trait,
+};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BlackholeOptions {}
+
+impl CheckOptions for BlackholeOptions {}
+
+pub struct BlackholeSink;
+
+impl TypedPlugin for BlackholeSink {
+    type Options = BlackholeOptions;
+    const NAME: &'static str = "blackhole";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "Counts events as committed and discards them.";
+
+    fn build(&self, _options: BlackholeOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Sink(Box::new(Blackhole)))
+    }
+}
+
+struct Blackhole;
+
+#[async_trait]
+impl Sink for Blackhole {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        while let Some(batch) = cx.input.recv().await {
+            cx.metrics.add_in(batch.len() as u64);
+            cx.committed(batch.len());
+        }
+        Ok(())
+    }
+}

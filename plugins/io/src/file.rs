@@ -1,0 +1,161 @@
+//! `source: file` (read one file to EOF) and `sink: file` (append lines).
+//! Tailing, globs and rotation belong to a later file-tail plugin.
+
+use std::fs::{File, OpenOptions};
+use std::io::BufWriter;
+use std::path::PathBuf;
+
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, OptionError, Sink, SinkContext, Source, SourceContext,
+    StageError, StageKind, TypedPlugin, async_trait,
+};
+use serde::Deserialize;
+
+use crate::line_reader::{LineReaderOptions, run_line_source};
+use crate::stdio::{check_max_line, default_max_line};
+use crate::writer_sink::run_writer;
+
+/// Options of `source: file`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileSourceOptions {
+    /// File to read; relative paths resolve against the pipeline file's directory.
+    pub path: PathBuf,
+    /// Lines longer than this many bytes are split into pieces.
+    #[serde(default = "default_max_line")]
+    pub max_line_bytes: usize,
+}
+
+impl CheckOptions for FileSourceOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = check_max_line(self.max_line_bytes);
+        if self.path.as_os_str().is_empty() {
+            errors.push(OptionError::at(&["path"], "must not be empty"));
+        }
+        errors
+    }
+}
+
+pub struct FileSource;
+
+impl TypedPlugin for FileSource {
+    type Options = FileSourceOptions;
+    const NAME: &'static str = "file";
+    const KIND: StageKind = StageKind::Source;
+    const DESCRIPTION: &'static str = "Reads one file from the start to EOF, one event per line.";
+
+    fn build(&self, options: FileSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Source(Box::new(FileReader {
+            path: cx.resolve(&options.path),
+            max_line_bytes: options.max_line_bytes,
+        })))
+    }
+}
+
+struct FileReader {
+    path: PathBuf,
+    max_line_bytes: usize,
+}
+
+#[async_trait]
+impl Source for FileReader {
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
+        let what = self.path.display().to_string();
+        let file =
+            File::open(&self.path).map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        let opts = LineReaderOptions {
+            max_line_bytes: self.max_line_bytes,
+        };
+        run_line_source(file, what, opts, cx).await
+    }
+}
+
+/// Options of `sink: file`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileSinkOptions {
+    /// File to write; relative paths resolve against the pipeline file's directory.
+    pub path: PathBuf,
+    /// Append to an existing file (true) or truncate it first (false).
+    #[serde(default = "yes")]
+    pub append: bool,
+    /// Create missing parent directories.
+    #[serde(default)]
+    pub create_dirs: bool,
+    /// fsync after every write, so committed means on disk.
+    #[serde(default)]
+    pub sync: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl CheckOptions for FileSinkOptions {
+    fn check(&self) -> Vec<OptionError> {
+        if self.path.as_os_str().is_empty() {
+            return vec![OptionError::at(&["path"], "must not be empty")];
+        }
+        Vec::new()
+    }
+}
+
+pub struct FileSink;
+
+impl TypedPlugin for FileSink {
+    type Options = FileSinkOptions;
+    const NAME: &'static str = "file";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str =
+        "Appends each event as a line to a file: raw events as they are, parsed events as JSON.";
+
+    fn build(&self, options: FileSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Sink(Box::new(FileWriter {
+            path: cx.resolve(&options.path),
+            options,
+        })))
+    }
+}
+
+struct FileWriter {
+    path: PathBuf,
+    options: FileSinkOptions,
+}
+
+#[async_trait]
+impl Sink for FileWriter {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        let what = self.path.display().to_string();
+        if self.options.create_dirs {
+            if let Some(parent) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    StageError::io(format!("creating directory {}", parent.display()), e)
+                })?;
+            }
+        }
+        let mut open = OpenOptions::new();
+        open.create(true);
+        if self.options.append {
+            open.append(true);
+        } else {
+            open.write(true).truncate(true);
+        }
+        let file = open
+            .open(&self.path)
+            .map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        let sync = self.options.sync;
+        run_writer(
+            BufWriter::with_capacity(0, file),
+            &what,
+            move |w: &mut BufWriter<File>| {
+                if sync {
+                    w.get_ref().sync_data()
+                } else {
+                    Ok(())
+                }
+            },
+            cx,
+        )
+        .await
+    }
+}

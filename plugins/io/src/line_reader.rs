@@ -1,0 +1,147 @@
+//! Frames a byte stream into line events on a dedicated thread, so blocking
+//! reads (stdin, regular files) never stall the async workers.
+//!
+//! The thread reads a chunk, cuts it into lines that share the chunk's
+//! buffer (no per-line copy), and hands the batch to the async side through a
+//! one-slot channel. When the pipeline is full the async side stops taking
+//! batches, the hand-off fills, and the thread stops reading: backpressure
+//! reaches the file descriptor.
+//!
+//! # Clean shutdown
+//! On shutdown the async side raises a stop flag and keeps accepting batches
+//! until the thread has seen it (it checks before every read) or no data has
+//! come for the grace period — a read blocked on an idle terminal holds no
+//! data. Every line read before that point is emitted.
+
+use std::io::Read;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use logbus_plugin_api::{Event, Meta, SourceContext, StageError, now_ns};
+use tokio::sync::mpsc;
+
+/// Read size; also the bound on data a source holds beyond its output channel.
+pub const READ_CHUNK: usize = 128 * 1024;
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
+
+pub struct LineReaderOptions {
+    /// Longer lines are cut into pieces of this size (and a warning is logged).
+    pub max_line_bytes: usize,
+}
+
+enum Chunk {
+    Lines(Vec<Event>),
+    Failed(std::io::Error),
+}
+
+/// Reads `reader` to EOF (or shutdown), sending one event per line.
+pub async fn run_line_source<R: Read + Send + 'static>(
+    reader: R,
+    what: String,
+    opts: LineReaderOptions,
+    cx: SourceContext,
+) -> Result<(), StageError> {
+    let (tx, mut rx) = mpsc::channel::<Chunk>(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let source: Arc<str> = cx.id.clone();
+    let thread_stop = stop.clone();
+    let max_line = opts.max_line_bytes.max(1);
+    let thread_what = what.clone();
+    std::thread::Builder::new()
+        .name(format!("logbus-read-{}", cx.id))
+        .spawn(move || read_lines(reader, &thread_what, max_line, source, &tx, &thread_stop))
+        .map_err(|e| StageError::io("cannot start reader thread", e))?;
+
+    loop {
+        tokio::select! {
+            biased;
+            chunk = rx.recv() => match chunk {
+                Some(Chunk::Lines(events)) => cx.output.send(events).await?,
+                Some(Chunk::Failed(e)) => return Err(StageError::io(format!("reading {what}"), e)),
+                None => return Ok(()),
+            },
+            _ = cx.shutdown.cancelled() => break,
+        }
+    }
+    stop.store(true, Ordering::Release);
+    loop {
+        match tokio::time::timeout(SHUTDOWN_GRACE, rx.recv()).await {
+            Ok(Some(Chunk::Lines(events))) => cx.output.send(events).await?,
+            Ok(Some(Chunk::Failed(_))) | Ok(None) | Err(_) => return Ok(()),
+        }
+    }
+}
+
+fn read_lines<R: Read>(
+    mut reader: R,
+    what: &str,
+    max_line: usize,
+    source: Arc<str>,
+    tx: &mpsc::Sender<Chunk>,
+    stop: &AtomicBool,
+) {
+    let mut scratch = vec![0u8; READ_CHUNK];
+    let mut pending = BytesMut::with_capacity(READ_CHUNK);
+    let mut warned_long = false;
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let n = match reader.read(&mut scratch) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                let _ = tx.blocking_send(Chunk::Failed(e));
+                return;
+            }
+        };
+        let meta = Meta {
+            source: source.clone(),
+            ingest_ns: now_ns(),
+        };
+        let mut events = Vec::new();
+        if n == 0 {
+            if !pending.is_empty() {
+                // A last line without a newline is still a line.
+                events.push(Event::raw(pending.split().freeze(), meta));
+                let _ = tx.blocking_send(Chunk::Lines(events));
+            }
+            return;
+        }
+        pending.extend_from_slice(&scratch[..n]);
+        if let Some(last) = memchr::memrchr(b'\n', &pending) {
+            let complete = pending.split_to(last + 1).freeze();
+            let mut start = 0;
+            for nl in memchr::memchr_iter(b'\n', &complete) {
+                let mut line = complete.slice(start..nl);
+                start = nl + 1;
+                while line.len() > max_line {
+                    warn_long(&mut warned_long, what, max_line);
+                    events.push(Event::raw(line.split_to(max_line), meta.clone()));
+                }
+                events.push(Event::raw(line, meta.clone()));
+            }
+        }
+        while pending.len() > max_line {
+            warn_long(&mut warned_long, what, max_line);
+            events.push(Event::raw(
+                pending.split_to(max_line).freeze(),
+                meta.clone(),
+            ));
+        }
+        if !events.is_empty() && tx.blocking_send(Chunk::Lines(events)).is_err() {
+            return;
+        }
+    }
+}
+
+fn warn_long(warned: &mut bool, what: &str, max: usize) {
+    if !*warned {
+        *warned = true;
+        tracing::warn!(
+            "{what}: a line is longer than max_line_bytes ({max}); it is split into pieces (further occurrences not logged)"
+        );
+    }
+}

@@ -1,0 +1,94 @@
+//! `source: stdin` and `sink: stdout`: the shell-pipeline end points.
+
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, OptionError, Sink, SinkContext, Source, SourceContext,
+    StageError, StageKind, TypedPlugin, async_trait,
+};
+use serde::Deserialize;
+
+use crate::line_reader::{LineReaderOptions, run_line_source};
+use crate::writer_sink::run_writer;
+
+/// Options of `source: stdin`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StdinOptions {
+    /// Lines longer than this many bytes are split into pieces.
+    #[serde(default = "default_max_line")]
+    pub max_line_bytes: usize,
+}
+
+pub(crate) fn default_max_line() -> usize {
+    1024 * 1024
+}
+
+impl CheckOptions for StdinOptions {
+    fn check(&self) -> Vec<OptionError> {
+        check_max_line(self.max_line_bytes)
+    }
+}
+
+pub(crate) fn check_max_line(n: usize) -> Vec<OptionError> {
+    if n == 0 {
+        vec![OptionError::at(&["max_line_bytes"], "must be at least 1")]
+    } else {
+        Vec::new()
+    }
+}
+
+pub struct StdinSource;
+
+impl TypedPlugin for StdinSource {
+    type Options = StdinOptions;
+    const NAME: &'static str = "stdin";
+    const KIND: StageKind = StageKind::Source;
+    const DESCRIPTION: &'static str =
+        "Reads standard input to EOF, one event per line (raw bytes, newline removed).";
+
+    fn build(&self, options: StdinOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Source(Box::new(Stdin { options })))
+    }
+}
+
+struct Stdin {
+    options: StdinOptions,
+}
+
+#[async_trait]
+impl Source for Stdin {
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
+        let opts = LineReaderOptions {
+            max_line_bytes: self.options.max_line_bytes,
+        };
+        run_line_source(std::io::stdin(), "standard input".into(), opts, cx).await
+    }
+}
+
+/// Options of `sink: stdout`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutOptions {}
+
+impl CheckOptions for StdoutOptions {}
+
+pub struct StdoutSink;
+
+impl TypedPlugin for StdoutSink {
+    type Options = StdoutOptions;
+    const NAME: &'static str = "stdout";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "Writes each event as a line to standard output: raw events as they are, parsed events as JSON.";
+
+    fn build(&self, _options: StdoutOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Sink(Box::new(Stdout)))
+    }
+}
+
+struct Stdout;
+
+#[async_trait]
+impl Sink for Stdout {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        run_writer(std::io::stdout(), "standard output", |_| Ok(()), cx).await
+    }
+}

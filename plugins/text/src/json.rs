@@ -1,0 +1,221 @@
+//! `parser: json` (a raw line holding a JSON object becomes fields) and
+//! `formatter: json` (fields become one compact JSON line).
+
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
+    StageKind, TypedPlugin, Verdict,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Options of `parser: json`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonParserOptions {
+    /// Wrap a JSON value that is not an object as `{"<wrap_field>": value}`
+    /// instead of treating it as an error.
+    #[serde(default)]
+    pub wrap_field: Option<String>,
+}
+
+impl CheckOptions for JsonParserOptions {
+    fn check(&self) -> Vec<OptionError> {
+        match &self.wrap_field {
+            Some(f) if f.is_empty() => vec![OptionError::at(&["wrap_field"], "must not be empty")],
+            _ => Vec::new(),
+        }
+    }
+}
+
+pub struct JsonParser;
+
+impl TypedPlugin for JsonParser {
+    type Options = JsonParserOptions;
+    const NAME: &'static str = "json";
+    const KIND: StageKind = StageKind::Parser;
+    const DESCRIPTION: &'static str = "Parses a raw line as a JSON object into fields. A line that is not JSON, or not an object, is an error for `on_error`.";
+
+    fn build(&self, options: JsonParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Processor(Box::new(ParseJson(options))))
+    }
+}
+
+struct ParseJson(JsonParserOptions);
+
+impl Processor for ParseJson {
+    fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
+        let Payload::Raw(bytes) = event.payload() else {
+            return Err(EventError::new(
+                "the json parser needs a raw event; this one is already parsed",
+            ));
+        };
+        let fields = match &self.0.wrap_field {
+            None => serde_json::from_slice::<Fields>(bytes).map_err(|e| describe(&e))?,
+            Some(wrap) => match serde_json::from_slice::<Value>(bytes).map_err(|e| describe(&e))? {
+                Value::Object(map) => map,
+                other => {
+                    let mut map = Fields::new();
+                    map.insert(wrap.clone(), other);
+                    map
+                }
+            },
+        };
+        *event.payload_mut() = Payload::Fields(fields);
+        Ok(Verdict::Keep)
+    }
+}
+
+fn describe(e: &serde_json::Error) -> EventError {
+    let what = match e.classify() {
+        serde_json::error::Category::Data => "not a JSON object",
+        serde_json::error::Category::Eof => "truncated JSON",
+        _ => "invalid JSON",
+    };
+    EventError::new(format!("{what}: {e}"))
+}
+
+/// Options of `formatter: json`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonFormatterOptions {
+    /// Add `_source` (the emitting source stage id) to each object.
+    #[serde(default)]
+    pub include_source: bool,
+}
+
+impl CheckOptions for JsonFormatterOptions {}
+
+pub struct JsonFormatter;
+
+impl TypedPlugin for JsonFormatter {
+    type Options = JsonFormatterOptions;
+    const NAME: &'static str = "json";
+    const KIND: StageKind = StageKind::Formatter;
+    const DESCRIPTION: &'static str = "Serialises parsed fields as one compact JSON object per event (raw bytes out). A raw event is an error.";
+
+    fn build(
+        &self,
+        options: JsonFormatterOptions,
+        _cx: &BuildContext,
+    ) -> Result<Built, OptionError> {
+        Ok(Built::Processor(Box::new(FormatJson {
+            options,
+            scratch: Vec::with_capacity(4096),
+        })))
+    }
+}
+
+struct FormatJson {
+    options: JsonFormatterOptions,
+    scratch: Vec<u8>,
+}
+
+impl Processor for FormatJson {
+    fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
+        let Payload::Fields(fields) = event.payload() else {
+            return Err(EventError::new(
+                "the json formatter needs a parsed event; this one is raw",
+            ));
+        };
+        self.scratch.clear();
+        if self.options.include_source {
+            let mut with = fields.clone();
+            with.insert(
+                "_source".into(),
+                Value::String(event.meta().source.to_string()),
+            );
+            serde_json::to_writer(&mut self.scratch, &with)
+        } else {
+            serde_json::to_writer(&mut self.scratch, fields)
+        }
+        .map_err(|e| EventError::new(format!("cannot serialise: {e}")))?;
+        *event.payload_mut() = Payload::Raw(self.scratch.as_slice().to_vec().into());
+        Ok(Verdict::Keep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::Meta;
+    use serde_json::json;
+
+    fn raw(s: &str) -> Event {
+        Event::raw(
+            s.to_string(),
+            Meta {
+                source: "src".into(),
+                ingest_ns: 0,
+            },
+        )
+    }
+
+    #[test]
+    fn parse_then_format_round_trips_and_keeps_order() {
+        let mut e = raw(r#"{"z":1,"a":{"b":[1,2]},"m":"x"}"#);
+        ParseJson(JsonParserOptions { wrap_field: None })
+            .process(&mut e)
+            .unwrap();
+        assert_eq!(
+            Value::Object(e.as_fields().unwrap().clone()),
+            json!({"z":1,"a":{"b":[1,2]},"m":"x"})
+        );
+        let mut f = FormatJson {
+            options: JsonFormatterOptions {
+                include_source: false,
+            },
+            scratch: vec![],
+        };
+        f.process(&mut e).unwrap();
+        assert_eq!(
+            &e.as_raw().unwrap()[..],
+            br#"{"z":1,"a":{"b":[1,2]},"m":"x"}"#
+        );
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        let mut p = ParseJson(JsonParserOptions { wrap_field: None });
+        let err = p.process(&mut raw("not json")).unwrap_err();
+        assert!(err.0.starts_with("invalid JSON"), "{err}");
+        let err = p.process(&mut raw("[1,2]")).unwrap_err();
+        assert!(err.0.starts_with("not a JSON object"), "{err}");
+        let err = p.process(&mut raw(r#"{"a":"#)).unwrap_err();
+        assert!(err.0.starts_with("truncated JSON"), "{err}");
+        // The failed event is left as it was, for routing.
+        let mut e = raw("oops");
+        p.process(&mut e).unwrap_err();
+        assert_eq!(&e.as_raw().unwrap()[..], b"oops");
+    }
+
+    #[test]
+    fn wrap_field_accepts_scalars() {
+        let mut e = raw("42");
+        ParseJson(JsonParserOptions {
+            wrap_field: Some("value".into()),
+        })
+        .process(&mut e)
+        .unwrap();
+        assert_eq!(
+            Value::Object(e.as_fields().unwrap().clone()),
+            json!({"value": 42})
+        );
+    }
+
+    #[test]
+    fn formatter_rejects_raw_and_can_add_source() {
+        let mut f = FormatJson {
+            options: JsonFormatterOptions {
+                include_source: true,
+            },
+            scratch: vec![],
+        };
+        assert!(f.process(&mut raw("x")).is_err());
+        let mut e = raw(r#"{"a":1}"#);
+        ParseJson(JsonParserOptions { wrap_field: None })
+            .process(&mut e)
+            .unwrap();
+        f.process(&mut e).unwrap();
+        assert_eq!(&e.as_raw().unwrap()[..], br#"{"a":1,"_source":"src"}"#);
+    }
+}

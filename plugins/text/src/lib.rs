@@ -1,0 +1,20 @@
+//! Text codecs: turn raw lines into structured events and back. JSON
+//! (de)serialisation is where a log pipeline spends its time, so these
+//! stages work on one event at a time with no intermediate copies.
+
+#[allow(unused_imports)]
+use logbus_plugin_api::{Registry, Typed};
+
+pub mod json;
+pub mod lines;
+
+/// Adds every plugin of this crate that the enabled features include.
+pub fn register(registry: &mut Registry) {
+    #[cfg(feature = "parser-lines")]
+    registry.add(Typed(lines::LinesParser));
+    #[cfg(feature = "parser-json")]
+    registry.add(Typed(json::JsonParser));
+    #[cfg(feature = "formatter-json")]
+    registry.add(Typed(json::JsonFormatter));
+    let _ = registry;
+}

@@ -1,0 +1,41 @@
+//! Native transforms for the common cases: adding a timestamp, keeping the
+//! events that match a condition, and reshaping fields. The long tail is
+//! the JS transform's job; these stay small and fast.
+
+#[allow(unused_imports)]
+use logbus_plugin_api::{Registry, Typed};
+
+#[cfg(feature = "transform-fields")]
+pub mod fields;
+#[cfg(feature = "transform-filter")]
+pub mod filter;
+#[cfg(feature = "transform-stamp")]
+pub mod stamp;
+
+/// Adds every plugin of this crate that the enabled features include.
+pub fn register(registry: &mut Registry) {
+    #[cfg(feature = "transform-stamp")]
+    registry.add(Typed(stamp::StampTransform));
+    #[cfg(feature = "transform-filter")]
+    registry.add(Typed(filter::FilterTransform));
+    #[cfg(feature = "transform-fields")]
+    registry.add(Typed(fields::FieldsTransform));
+    let _ = registry;
+}
+
+/// The error for a transform that met an unparsed event.
+#[allow(dead_code)]
+fn needs_fields(plugin: &str) -> logbus_plugin_api::EventError {
+    logbus_plugin_api::EventError::new(format!(
+        "the {plugin} transform needs a parsed event; add a parser (e.g. `parser: json`) before it"
+    ))
+}
+
+/// Parses a field path option, turning a bad path into an option error at `at`.
+#[allow(dead_code)]
+fn field_path(
+    text: &str,
+    at: &[&str],
+) -> Result<logbus_plugin_api::FieldPath, logbus_plugin_api::OptionError> {
+    logbus_plugin_api::FieldPath::parse(text).map_err(|e| logbus_plugin_api::OptionError::at(at, e))
+}

@@ -1,0 +1,163 @@
+//! `transform: stamp`: writes the time the source read the event (or the
+//! time the stamp stage saw it) into a field.
+
+use chrono::{DateTime, SecondsFormat};
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, OptionError, Processor,
+    StageKind, TypedPlugin, Verdict, now_ns,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{field_path, needs_fields};
+
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StampFormat {
+    /// `2026-11-30T05:00:00.123456Z`
+    Rfc3339,
+    UnixS,
+    UnixMs,
+    UnixUs,
+    UnixNs,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StampTime {
+    /// When the source read the event.
+    Ingest,
+    /// When this stage processes it.
+    Now,
+}
+
+/// Options of `transform: stamp`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StampOptions {
+    /// Field to write (dotted path for nested fields).
+    #[serde(default = "default_field")]
+    pub field: String,
+    #[serde(default = "default_format")]
+    pub format: StampFormat,
+    #[serde(default = "default_time")]
+    pub time: StampTime,
+}
+
+fn default_field() -> String {
+    "ingest_ts".into()
+}
+fn default_format() -> StampFormat {
+    StampFormat::Rfc3339
+}
+fn default_time() -> StampTime {
+    StampTime::Ingest
+}
+
+impl CheckOptions for StampOptions {
+    fn check(&self) -> Vec<OptionError> {
+        field_path(&self.field, &["field"])
+            .err()
+            .into_iter()
+            .collect()
+    }
+}
+
+pub struct StampTransform;
+
+impl TypedPlugin for StampTransform {
+    type Options = StampOptions;
+    const NAME: &'static str = "stamp";
+    const KIND: StageKind = StageKind::Transform;
+    const DESCRIPTION: &'static str =
+        "Adds a timestamp field: the ingest time (default) or the processing time.";
+
+    fn build(&self, options: StampOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Processor(Box::new(Stamp {
+            field: field_path(&options.field, &["field"])?,
+            format: options.format,
+            time: options.time,
+        })))
+    }
+}
+
+struct Stamp {
+    field: FieldPath,
+    format: StampFormat,
+    time: StampTime,
+}
+
+pub fn format_ns(ns: u64, format: StampFormat) -> Value {
+    match format {
+        StampFormat::Rfc3339 => Value::String(
+            DateTime::from_timestamp_nanos(ns as i64).to_rfc3339_opts(SecondsFormat::Micros, true),
+        ),
+        StampFormat::UnixS => Value::from(ns / 1_000_000_000),
+        StampFormat::UnixMs => Value::from(ns / 1_000_000),
+        StampFormat::UnixUs => Value::from(ns / 1_000),
+        StampFormat::UnixNs => Value::from(ns),
+    }
+}
+
+impl Processor for Stamp {
+    fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
+        let ns = match self.time {
+            StampTime::Ingest => event.meta().ingest_ns,
+            StampTime::Now => now_ns(),
+        };
+        let value = format_ns(ns, self.format);
+        let fields = event.fields_mut().ok_or_else(|| needs_fields("stamp"))?;
+        self.field.set(fields, value);
+        Ok(Verdict::Keep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::{Fields, Meta};
+    use serde_json::json;
+
+    #[test]
+    fn formats() {
+        let ns = 1_764_478_800_123_456_789u64;
+        assert_eq!(
+            format_ns(ns, StampFormat::Rfc3339),
+            json!("2025-11-30T05:00:00.123456Z")
+        );
+        assert_eq!(
+            format_ns(ns, StampFormat::UnixMs),
+            json!(1_764_478_800_123u64)
+        );
+        assert_eq!(format_ns(ns, StampFormat::UnixS), json!(1_764_478_800u64));
+    }
+
+    #[test]
+    fn stamps_ingest_time_into_nested_field() {
+        let mut s = Stamp {
+            field: FieldPath::parse("t.in").unwrap(),
+            format: StampFormat::UnixNs,
+            time: StampTime::Ingest,
+        };
+        let mut e = Event::fields(
+            Fields::new(),
+            Meta {
+                source: "s".into(),
+                ingest_ns: 42,
+            },
+        );
+        s.process(&mut e).unwrap();
+        assert_eq!(
+            Value::Object(e.as_fields().unwrap().clone()),
+            json!({"t": {"in": 42}})
+        );
+        let mut raw = Event::raw(
+            "x",
+            Meta {
+                source: "s".into(),
+                ingest_ns: 42,
+            },
+        );
+        assert!(s.process(&mut raw).is_err());
+    }
+}
