@@ -1,1 +1,206 @@
-fn main() {}
+//! Developer tasks, run as `cargo xtask <task>`. Kept to a few
+//! dependencies so it builds in seconds.
+//!
+//! - `corpus [--lines N] [--out PATH]`: the fixed benchmark corpus, ~1 KiB JSON
+//!   lines from a seeded generator, printed with its SHA-256.
+//! - `bench [--reps N] [--repeat K] [--pipeline FILE]`: builds the release
+//!   binary, feeds the corpus (repeated K times) on stdin from a file, so no
+//!   feeder competes for CPU, and reports events/s and peak RSS per run and
+//!   the median.
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use sha2::{Digest, Sha256};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(task) = args.first() else {
+        bail!("usage: cargo xtask <corpus|bench> [options]");
+    };
+    let opt = |name: &str| -> Option<String> {
+        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+    };
+    let root = project_root();
+    match task.as_str() {
+        "corpus" => {
+            let lines: usize = opt("--lines").map_or(Ok(100_000), |v| v.parse())?;
+            let out = opt("--out").map_or_else(|| root.join("target/bench/corpus.ndjson"), PathBuf::from);
+            let sha = write_corpus(&out, lines)?;
+            println!("{} lines -> {} sha256 {sha}", lines, out.display());
+        }
+        "bench" => {
+            let reps: usize = opt("--reps").map_or(Ok(5), |v| v.parse())?;
+            let repeat: usize = opt("--repeat").map_or(Ok(10), |v| v.parse())?;
+            let pipeline = opt("--pipeline").map_or_else(|| root.join("pipelines/reference.yml"), PathBuf::from);
+            bench(&root, &pipeline, reps, repeat)?;
+        }
+        other => bail!("unknown task `{other}`; tasks: corpus, bench"),
+    }
+    Ok(())
+}
+
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// SplitMix64: a tiny seeded generator, so the corpus is the same everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+/// One ~1 KiB JSON object per line.
+pub fn corpus_line(rng: &mut Rng, seq: usize) -> String {
+    const LEVELS: &[&str] = &["debug", "info", "info", "info", "warn", "error"];
+    const SERVICES: &[&str] = &["checkout", "search", "auth", "billing", "inventory"];
+    const PATHS: &[&str] = &["/api/v1/orders", "/api/v1/search", "/login", "/api/v1/cart", "/healthz"];
+    let mut line = String::with_capacity(1100);
+    let _ = write!(
+        line,
+        r#"{{"seq":{seq},"ts":"2026-11-30T05:{:02}:{:02}.{:06}Z","level":"{}","service":"{}","host":"node-{:03}","path":"{}","status":{},"latency_ms":{}.{:03},"user":{{"id":"u{}","plan":"{}"}},"debug_id":"{:016x}","tags":["edge","{}"],"msg":""#,
+        (seq / 60) % 60,
+        seq % 60,
+        rng.next() % 1_000_000,
+        rng.pick(LEVELS),
+        rng.pick(SERVICES),
+        rng.next() % 200,
+        rng.pick(PATHS),
+        [200, 200, 200, 201, 404, 500][(rng.next() % 6) as usize],
+        rng.next() % 900,
+        rng.next() % 1000,
+        rng.next() % 100_000,
+        rng.pick(&["free", "pro", "enterprise"]),
+        rng.next(),
+        rng.pick(&["blue", "green"]),
+    );
+    const WORDS: &[&str] = &["request", "served", "cache", "miss", "upstream", "retry", "ok", "slow", "user", "token"];
+    while line.len() < 1000 {
+        line.push_str(rng.pick(WORDS));
+        line.push(' ');
+    }
+    line.push_str(r#""}"#);
+    line
+}
+
+fn write_corpus(out: &Path, lines: usize) -> anyhow::Result<String> {
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut rng = Rng(0x10_6B05);
+    let mut hash = Sha256::new();
+    let mut file = std::io::BufWriter::new(std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?);
+    for seq in 0..lines {
+        let mut line = corpus_line(&mut rng, seq);
+        line.push('\n');
+        hash.update(line.as_bytes());
+        file.write_all(line.as_bytes())?;
+    }
+    file.flush()?;
+    Ok(format!("{:x}", hash.finalize()))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn bench(root: &Path, pipeline: &Path, reps: usize, repeat: usize) -> anyhow::Result<()> {
+    let target = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "logbus"])
+        .current_dir(root)
+        .status()?;
+    if !status.success() {
+        bail!("release build failed");
+    }
+    let binary = target.join("release/logbus");
+    let bench_dir = target.join("bench");
+    let corpus = bench_dir.join("corpus.ndjson");
+    let sha = write_corpus(&corpus, 100_000)?;
+    // The input file: the corpus repeated, read by the engine from the page cache.
+    let input = bench_dir.join(format!("input-x{repeat}.ndjson"));
+    {
+        let body = std::fs::read(&corpus)?;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&input)?);
+        for _ in 0..repeat {
+            f.write_all(&body)?;
+        }
+        f.flush()?;
+    }
+    let bytes = std::fs::metadata(&input)?.len();
+    println!("corpus sha256 {sha}; input {} events, {:.1} MiB; pipeline {}", 100_000 * repeat, bytes as f64 / 1048576.0, pipeline.display());
+    let mut rates = Vec::new();
+    let mut rss = Vec::new();
+    for rep in 0..reps {
+        let stats = bench_dir.join(format!("stats-{rep}.json"));
+        let started = Instant::now();
+        let out = Command::new(&binary)
+            .arg("run")
+            .arg(pipeline)
+            .arg("--stats-json")
+            .arg(&stats)
+            .env("LOGBUS_LOG", "warn")
+            .stdin(std::fs::File::open(&input)?)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()?;
+        let secs = started.elapsed().as_secs_f64();
+        if !out.status.success() {
+            bail!("run {rep} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats)?)?;
+        let committed = v["totals"]["committed"].as_u64().unwrap_or(0);
+        let lost = v["totals"]["lost"].as_i64().unwrap_or(-1);
+        if committed != (100_000 * repeat) as u64 || lost != 0 {
+            bail!("run {rep} did not reconcile: committed {committed}, lost {lost}");
+        }
+        let peak = v["peak_rss_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0;
+        let rate = committed as f64 / secs;
+        println!("run {rep}: {committed} events in {secs:.3}s = {rate:.0} events/s, {:.1} MiB/s, peak RSS {peak:.1} MiB", bytes as f64 / secs / 1048576.0);
+        rates.push(rate);
+        rss.push(peak);
+    }
+    let m = median(rates.clone());
+    println!(
+        "median {m:.0} events/s (min {:.0}, max {:.0}) over {reps} runs; peak RSS median {:.1} MiB, max {:.1} MiB",
+        rates.iter().copied().fold(f64::INFINITY, f64::min),
+        rates.iter().copied().fold(0.0, f64::max),
+        median(rss.clone()),
+        rss.iter().copied().fold(0.0, f64::max)
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corpus_lines_are_about_one_kib_of_valid_json_and_deterministic() {
+        let mut a = Rng(1);
+        let mut b = Rng(1);
+        for seq in 0..200 {
+            let line = corpus_line(&mut a, seq);
+            assert_eq!(line, corpus_line(&mut b, seq));
+            assert!((1000..1100).contains(&line.len()), "{}", line.len());
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(v["seq"], seq);
+        }
+    }
+}

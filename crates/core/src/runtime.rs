@@ -255,9 +255,14 @@ async fn guard(fut: impl Future<Output = Result<(), StageError>>) -> Result<(), 
     }
 }
 
-/// After a failure: keep the input flowing so upstreams can finish, and
-/// count every event that arrives as errored.
+/// After a failure: the events the stage held (received, never forwarded or
+/// committed) are errored; then keep the input flowing so upstreams can
+/// finish, counting every event that still arrives as errored.
 async fn drain_as_errored(input: &mut Receiver, metrics: &StageMetrics) {
+    let held = metrics.snapshot().unaccounted();
+    if held > 0 {
+        metrics.add_errored(held as u64);
+    }
     while let Some(batch) = input.recv().await {
         metrics.add_in(batch.len() as u64);
         metrics.add_errored(batch.len() as u64);

@@ -232,10 +232,16 @@ impl Node {
         errors: &mut Vec<YamlError>,
     ) {
         match &mut self.kind {
-            NodeKind::Scalar { text, .. } => {
+            NodeKind::Scalar { text, plain } => {
                 if text.contains('$') {
+                    // `"${N}"` alone is typed by its value, so a number can
+                    // come from the environment in a flow map, where `{` forces quotes.
+                    let whole = text.starts_with("${") && text.find('}') == Some(text.len() - 1);
                     match expand_vars(text, lookup) {
-                        Ok(expanded) => *text = expanded,
+                        Ok(expanded) => {
+                            *text = expanded;
+                            *plain |= whole;
+                        }
                         Err(message) => errors.push(YamlError {
                             message,
                             pos: self.pos,
@@ -333,10 +339,8 @@ fn resolve_plain(text: &str) -> Value {
     } else {
         unsigned.strip_prefix("0o").map(|o| (o, 8))
     };
-    if let Some((digits, radix)) = radix {
-        if let Ok(v) = i64::from_str_radix(digits, radix) {
-            return Value::Number(Number::from(if negative { -v } else { v }));
-        }
+    if let Some(v) = radix.and_then(|(digits, radix)| i64::from_str_radix(digits, radix).ok()) {
+        return Value::Number(Number::from(if negative { -v } else { v }));
     }
     if !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit()) {
         if let Ok(v) = text.parse::<i64>() {
@@ -350,10 +354,11 @@ fn resolve_plain(text: &str) -> Value {
         .bytes()
         .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'-' | b'+'))
         && unsigned.bytes().any(|b| b.is_ascii_digit());
-    if looks_float {
-        if let Some(n) = text.parse::<f64>().ok().and_then(Number::from_f64) {
-            return Value::Number(n);
-        }
+    if let Some(n) = looks_float
+        .then(|| text.parse::<f64>().ok().and_then(Number::from_f64))
+        .flatten()
+    {
+        return Value::Number(n);
     }
     Value::String(text.to_owned())
 }

@@ -1,7 +1,7 @@
 //! The `logbus` command: the edge where configuration, signals and exit
 //! codes meet the engine. Everything with logic lives in the libraries.
 
-mod catalog;
+use logbus::catalog;
 mod plugins_cmd;
 
 use std::io::{IsTerminal, Write};

@@ -126,12 +126,11 @@ struct FileWriter {
 impl Sink for FileWriter {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
         let what = self.path.display().to_string();
-        if self.options.create_dirs {
-            if let Some(parent) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(|e| {
-                    StageError::io(format!("creating directory {}", parent.display()), e)
-                })?;
-            }
+        let parent = self.path.parent().filter(|p| !p.as_os_str().is_empty());
+        if let (true, Some(parent)) = (self.options.create_dirs, parent) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StageError::io(format!("creating directory {}", parent.display()), e)
+            })?;
         }
         let mut open = OpenOptions::new();
         open.create(true);

@@ -56,13 +56,15 @@ pub async fn run_line_source<R: Read + Send + 'static>(
 
     loop {
         tokio::select! {
+            // Shutdown first: with input always ready, a fair pick could
+            // keep reading for a long time after the signal.
             biased;
+            _ = cx.shutdown.cancelled() => break,
             chunk = rx.recv() => match chunk {
                 Some(Chunk::Lines(events)) => cx.output.send(events).await?,
                 Some(Chunk::Failed(e)) => return Err(StageError::io(format!("reading {what}"), e)),
                 None => return Ok(()),
             },
-            _ = cx.shutdown.cancelled() => break,
         }
     }
     stop.store(true, Ordering::Release);

@@ -1,0 +1,8 @@
+//! Integration tests of the engine with the plugins of this build: the
+//! validator's every error, the runtime's backpressure, fan-in/fan-out,
+//! error routing, shutdown, and the `logbus` command itself.
+
+mod cli;
+mod runtime;
+mod support;
+mod validate;

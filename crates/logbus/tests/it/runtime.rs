@@ -1,0 +1,321 @@
+//! The runtime's promises: backpressure without loss, exact fan-in and
+//! fan-out, `on_error` handling, failure draining, and long chains.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use logbus_core::{RunReport, start};
+use logbus_plugin_api::CancellationToken;
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use crate::support::{TestPlugins, seqs, valid};
+
+/// Spins (yielding to the runtime) until `cond` holds; fails after `limit`.
+/// Waiting for a condition is not a timing assertion: only a hang fails it.
+async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn run(text: &str, plugins: &TestPlugins) -> RunReport {
+    let p = valid(text, &plugins.registry());
+    let running = start(&p, CancellationToken::new()).unwrap_or_else(|e| panic!("{e:?}"));
+    running.wait().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_sink_stalls_the_source_and_loses_nothing() {
+    const N: u64 = 20_000;
+    const CAP: usize = 64;
+    let gate = Arc::new(Semaphore::new(0));
+    let plugins = TestPlugins {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    };
+    let p = valid(
+        &format!(
+            "settings: {{ channel_capacity: {CAP} }}\nstages:\n  gen: {{ source: generator, count: {N}, batch_size: 16 }}\n  lines: {{ parser: lines, inputs: [gen] }}\n  json: {{ parser: json, inputs: [lines] }}\n  out: {{ sink: gated, inputs: [json] }}\n"
+        ),
+        &plugins.registry(),
+    );
+    let running = start(&p, CancellationToken::new()).unwrap();
+    let channels: Vec<_> = running.channels.iter().map(|(_, c)| c.clone()).collect();
+    // With the sink closed, every channel fills up and the source must stop.
+    wait_until("every channel to fill", Duration::from_secs(30), || {
+        channels.iter().all(|c| c.occupancy() == CAP)
+    })
+    .await;
+    let source = running.metrics("gen").unwrap().clone();
+    let stalled_at = source.snapshot().events_out;
+    for _ in 0..1000 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        source.snapshot().events_out,
+        stalled_at,
+        "the source kept emitting into full channels"
+    );
+    // Bound: three channels of CAP, plus the one batch the source is blocked sending.
+    assert!(
+        stalled_at <= (3 * CAP + 16) as u64,
+        "emitted {stalled_at} while stalled"
+    );
+    assert!(stalled_at < N);
+
+    gate.add_permits(1_000_000);
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.emitted, N);
+    assert_eq!(report.totals.committed, N);
+    for ch in &report.channels {
+        assert!(
+            ch.max_occupancy <= CAP,
+            "channel into `{}` held {} > {CAP}",
+            ch.stage,
+            ch.max_occupancy
+        );
+    }
+    assert_eq!(
+        seqs(&plugins.events("out")),
+        (0..N).collect::<Vec<_>>(),
+        "every event arrives intact, in order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_in_and_fan_out_deliver_exact_counts_and_content() {
+    let plugins = TestPlugins::default();
+    let report = run(
+        "settings: { channel_capacity: 100 }\nstages:
+  a: { source: generator, count: 3000, template: '{\"seq\":{{seq}},\"from\":\"a\"}' }
+  b: { source: generator, count: 2000, template: '{\"seq\":{{seq}},\"from\":\"b\"}' }
+  json: { parser: json, inputs: [a, b] }
+  tag: { transform: fields, inputs: [json], set: { tagged: true } }
+  left: { sink: collect, inputs: [tag] }
+  right: { sink: collect, inputs: [tag] }
+  raw: { sink: collect, inputs: [json] }
+",
+        &plugins,
+    )
+    .await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.emitted, 5000);
+    assert_eq!(report.totals.committed, 15000);
+    for sink in ["left", "right", "raw"] {
+        let events = plugins.events(sink);
+        assert_eq!(events.len(), 5000, "{sink}");
+        for from in ["a", "b"] {
+            let mut s: Vec<u64> = events
+                .iter()
+                .filter(|e| e.as_fields().unwrap()["from"] == from)
+                .map(|e| e.as_fields().unwrap()["seq"].as_u64().unwrap())
+                .collect();
+            // Per source, order is kept through fan-in.
+            let expected: Vec<u64> = (0..if from == "a" { 3000 } else { 2000 }).collect();
+            assert_eq!(s, expected, "{sink} from {from}");
+            s.clear();
+        }
+    }
+    // A stage that mutates after fan-out gets its own copy: `raw` never saw the tag.
+    assert!(
+        plugins
+            .events("raw")
+            .iter()
+            .all(|e| e.as_fields().unwrap().get("tagged").is_none())
+    );
+    assert!(
+        plugins
+            .events("left")
+            .iter()
+            .all(|e| e.as_fields().unwrap()["tagged"] == json!(true))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_json_is_dropped_and_counted() {
+    let plugins = TestPlugins::default();
+    let report = run(
+        "stages:
+  a: { source: generator, count: 300, template: 'x{{seq}}' }
+  b: { source: generator, count: 600, template: '{\"seq\":{{seq}}}' }
+  json: { parser: json, inputs: [a, b], on_error: drop }
+  out: { sink: collect, inputs: [json] }
+",
+        &plugins,
+    )
+    .await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.emitted, 900);
+    assert_eq!(report.totals.errored, 300);
+    assert_eq!(report.totals.committed, 600);
+    assert_eq!(report.totals.lost, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_json_is_routed_with_the_error_attached() {
+    let plugins = TestPlugins::default();
+    let report = run(
+        "stages:
+  a: { source: generator, count: 300, template: 'x{{seq}}' }
+  b: { source: generator, count: 600, template: '{\"seq\":{{seq}}}' }
+  json: { parser: json, inputs: [a, b], on_error: route }
+  out: { sink: collect, inputs: [json] }
+  bad: { sink: collect, inputs: [json.errors] }
+",
+        &plugins,
+    )
+    .await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!((report.totals.committed, report.totals.errored), (900, 0));
+    let json = report.stages.iter().find(|s| s.id == "json").unwrap();
+    assert_eq!(json.counts.routed, 300);
+    let bad = plugins.events("bad");
+    assert_eq!(bad.len(), 300);
+    let mut texts: Vec<String> = bad
+        .iter()
+        .map(|e| {
+            e.as_fields().unwrap()["message"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    texts.sort_by_key(|t| t[1..].parse::<u32>().unwrap());
+    assert_eq!(texts, (0..300).map(|i| format!("x{i}")).collect::<Vec<_>>());
+    let err = &bad[0].as_fields().unwrap()["_error"];
+    assert_eq!(err["stage"], "json");
+    assert!(
+        err["message"].as_str().unwrap().starts_with("invalid JSON"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_json_with_fail_stops_the_stage_and_drains() {
+    let plugins = TestPlugins::default();
+    let report = run(
+        "settings: { channel_capacity: 16 }\nstages:
+  good: { source: generator, count: 100000, template: '{\"seq\":{{seq}}}' }
+  bad: { source: generator, count: 1, template: 'not json' }
+  json: { parser: json, inputs: [good, bad], on_error: fail }
+  out: { sink: collect, inputs: [json] }
+",
+        &plugins,
+    )
+    .await;
+    assert_eq!(report.failures.len(), 1, "{report}");
+    assert_eq!(report.failures[0].stage, "json");
+    assert!(
+        report.failures[0].message.contains("on_error: fail"),
+        "{report}"
+    );
+    // Nothing vanished: what was not committed is counted as errored.
+    assert_eq!(report.totals.lost, 0, "{report}");
+    assert_eq!(
+        report.totals.emitted,
+        report.totals.committed + report.totals.errored
+    );
+    assert!(!report.is_clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_stage_is_a_reported_failure_not_a_crash() {
+    let plugins = TestPlugins::default();
+    let report = run(
+        "settings: { channel_capacity: 8 }\nstages:
+  gen: { source: generator, count: 5000, template: '{\"seq\":{{seq}}}', batch_size: 4 }
+  json: { parser: json, inputs: [gen] }
+  cursed: { transform: panic_on_seq_7, inputs: [json] }
+  out: { sink: collect, inputs: [cursed] }
+",
+        &plugins,
+    )
+    .await;
+    assert_eq!(report.failures.len(), 1, "{report}");
+    assert_eq!(report.failures[0].stage, "cursed");
+    assert!(
+        report.failures[0].message.contains("seq 7 is cursed"),
+        "{report}"
+    );
+    assert_eq!(report.totals.lost, 0, "{report}");
+    assert_eq!(
+        report.totals.emitted,
+        report.totals.committed + report.totals.errored
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_cannot_open_its_file_fails_and_the_rest_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = TestPlugins::default();
+    let report = run(
+        &format!(
+            "stages:\n  gen: {{ source: generator, count: 10000 }}\n  out: {{ sink: file, inputs: [gen], path: {}/missing/dir/out.log }}\n  ok: {{ sink: collect, inputs: [gen] }}\n",
+            dir.path().display()
+        ),
+        &plugins,
+    )
+    .await;
+    assert_eq!(report.failures.len(), 1, "{report}");
+    assert_eq!(report.failures[0].stage, "out");
+    assert!(report.failures[0].message.contains("opening"), "{report}");
+    assert_eq!(report.totals.lost, 0, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_stages_in_a_chain() {
+    let mut text = String::from(
+        "settings: { channel_capacity: 256 }\nstages:\n  gen: { source: generator, count: 20000 }\n  json: { parser: json, inputs: [gen] }\n",
+    );
+    let mut prev = "json".to_string();
+    for i in 0..47 {
+        text.push_str(&format!(
+            "  t{i}: {{ transform: fields, inputs: [{prev}], set: {{ f{i}: {i} }} }}\n"
+        ));
+        prev = format!("t{i}");
+    }
+    text.push_str(&format!("  out: {{ sink: collect, inputs: [{prev}] }}\n"));
+    let plugins = TestPlugins::default();
+    let p = valid(&text, &plugins.registry());
+    assert_eq!(p.stages.len(), 50);
+    let running = start(&p, CancellationToken::new()).unwrap();
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.committed, 20000);
+    for stage in &report.stages[1..] {
+        assert_eq!(
+            stage.counts.events_in, 20000,
+            "stage {} passed a different count",
+            stage.id
+        );
+    }
+    let events = plugins.events("out");
+    assert_eq!(seqs(&events), (0..20000).collect::<Vec<_>>());
+    let last = events.last().unwrap().as_fields().unwrap();
+    assert!((0..47).all(|i| last[&format!("f{i}")] == json!(i)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_an_endless_source_and_drains_everything() {
+    let plugins = TestPlugins::default();
+    let p = valid(
+        "settings: { channel_capacity: 64 }\nstages:\n  gen: { source: generator }\n  json: { parser: json, inputs: [gen] }\n  out: { sink: collect, inputs: [json] }\n",
+        &plugins.registry(),
+    );
+    let running = start(&p, CancellationToken::new()).unwrap();
+    let out = running.metrics("out").unwrap().clone();
+    wait_until("some events to arrive", Duration::from_secs(30), || {
+        out.snapshot().events_out > 10_000
+    })
+    .await;
+    running.shutdown();
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.emitted, report.totals.committed);
+    let n = report.totals.committed;
+    assert_eq!(seqs(&plugins.events("out")), (0..n).collect::<Vec<_>>());
+}

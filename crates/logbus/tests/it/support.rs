@@ -1,0 +1,155 @@
+//! Test plugins (a collecting sink, a gated sink, a panicking transform) and
+//! helpers to load pipelines from text.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use logbus_core::{Loaded, Pipeline, load_str};
+use logbus_plugin_api::{
+    BuildContext, Built, Event, EventError, NoOptions, OptionError, Registry, Sink, SinkContext,
+    StageError, StageKind, Typed, TypedPlugin, Verdict, async_trait,
+};
+use tokio::sync::Semaphore;
+
+pub type Store = Arc<Mutex<HashMap<String, Vec<Event>>>>;
+
+/// `sink: collect` keeps every event, by stage id. `sink: gated` does the
+/// same but takes one permit from the gate per batch before committing it.
+#[derive(Clone, Default)]
+pub struct TestPlugins {
+    pub store: Store,
+    pub gate: Option<Arc<Semaphore>>,
+}
+
+struct CollectPlugin(TestPlugins);
+struct GatedPlugin(TestPlugins);
+struct PanicPlugin;
+
+struct CollectSink {
+    id: String,
+    store: Store,
+    gate: Option<Arc<Semaphore>>,
+}
+
+#[async_trait]
+impl Sink for CollectSink {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        while let Some(mut batch) = cx.input.recv().await {
+            cx.metrics.add_in(batch.len() as u64);
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.expect("gate open").forget();
+            }
+            let n = batch.len();
+            let events = batch.take();
+            self.store
+                .lock()
+                .unwrap()
+                .entry(self.id.clone())
+                .or_default()
+                .extend(events);
+            drop(batch);
+            cx.committed(n);
+        }
+        Ok(())
+    }
+}
+
+impl TypedPlugin for CollectPlugin {
+    type Options = NoOptions;
+    const NAME: &'static str = "collect";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "test: keeps events in memory";
+    fn build(&self, _o: NoOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Sink(Box::new(CollectSink {
+            id: cx.stage_id.clone(),
+            store: self.0.store.clone(),
+            gate: None,
+        })))
+    }
+}
+
+impl TypedPlugin for GatedPlugin {
+    type Options = NoOptions;
+    const NAME: &'static str = "gated";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "test: keeps events, one batch per gate permit";
+    fn build(&self, _o: NoOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Sink(Box::new(CollectSink {
+            id: cx.stage_id.clone(),
+            store: self.0.store.clone(),
+            gate: self.0.gate.clone(),
+        })))
+    }
+}
+
+impl TypedPlugin for PanicPlugin {
+    type Options = NoOptions;
+    const NAME: &'static str = "panic_on_seq_7";
+    const KIND: StageKind = StageKind::Transform;
+    const DESCRIPTION: &'static str = "test: panics on the event whose seq is 7";
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Processor(Box::new(
+            |e: &mut Event| -> Result<Verdict, EventError> {
+                if e.as_fields()
+                    .and_then(|f| f.get("seq"))
+                    .and_then(|v| v.as_u64())
+                    == Some(7)
+                {
+                    panic!("seq 7 is cursed");
+                }
+                Ok(Verdict::Keep)
+            },
+        )))
+    }
+}
+
+impl TestPlugins {
+    pub fn registry(&self) -> Registry {
+        let mut r = logbus::catalog::registry();
+        r.add(Typed(CollectPlugin(self.clone())));
+        r.add(Typed(GatedPlugin(self.clone())));
+        r.add(Typed(PanicPlugin));
+        r
+    }
+
+    pub fn events(&self, stage: &str) -> Vec<Event> {
+        self.store
+            .lock()
+            .unwrap()
+            .get(stage)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+pub fn load(text: &str) -> Loaded {
+    load_with(text, &logbus::catalog::registry())
+}
+
+pub fn load_with(text: &str, registry: &Registry) -> Loaded {
+    load_str(text, Path::new("test.yml"), registry, &|k| match k {
+        "LOGBUS_TEST_SET" => Some("42".to_string()),
+        _ => None,
+    })
+}
+
+pub fn valid(text: &str, registry: &Registry) -> Pipeline {
+    let loaded = load_with(text, registry);
+    let errors: Vec<String> = loaded
+        .diagnostics
+        .iter()
+        .map(|d| d.display("test.yml").to_string())
+        .collect();
+    loaded
+        .pipeline
+        .unwrap_or_else(|| panic!("pipeline should be valid: {errors:#?}"))
+}
+
+/// The events' `seq` fields, in order.
+pub fn seqs(events: &[Event]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|e| e.as_fields().expect("parsed")["seq"].as_u64().expect("seq"))
+        .collect()
+}

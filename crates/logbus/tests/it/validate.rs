@@ -1,0 +1,405 @@
+//! Every validation error, with its message and its position in the file.
+
+use logbus_core::{Diagnostic, Severity};
+use logbus_plugin_api::{Registry, StageKind};
+
+use crate::support::{load, load_with};
+
+fn diags(text: &str) -> Vec<Diagnostic> {
+    load(text).diagnostics
+}
+
+/// The single diagnostic with `code`; fails if there is none or several.
+fn one(text: &str, code: &str) -> Diagnostic {
+    let all = diags(text);
+    let found: Vec<&Diagnostic> = all.iter().filter(|d| d.code == code).collect();
+    assert_eq!(found.len(), 1, "expected one `{code}` in {all:#?}");
+    found[0].clone()
+}
+
+fn at(d: &Diagnostic) -> (usize, usize) {
+    (d.line.expect("line"), d.col.expect("col"))
+}
+
+const OK: &str = "\
+stages:
+  read:  { source: stdin }
+  lines: { parser: lines, inputs: [read] }
+  json:  { parser: json, inputs: [lines] }
+  fmt:   { formatter: json, inputs: [json] }
+  out:   { sink: file, inputs: [fmt], path: out.ndjson }
+";
+
+#[test]
+fn the_issue_example_is_valid_and_has_a_bound() {
+    let loaded = load(OK);
+    assert!(loaded.diagnostics.is_empty(), "{:#?}", loaded.diagnostics);
+    let p = loaded.pipeline.unwrap();
+    let b = p.inflight_bound();
+    assert_eq!(
+        (b.channels, b.channel_capacity, b.events),
+        (4, 4096, 4 * 4096)
+    );
+}
+
+#[test]
+fn yaml_syntax_error_points_at_the_line() {
+    let d = one("stages:\n  a: { source: stdin\n  b: 1\n", "yaml-syntax");
+    assert!(d.message.starts_with("invalid YAML"), "{}", d.message);
+    assert!(d.line.unwrap() >= 2, "{d:?}");
+}
+
+#[test]
+fn unknown_plugin_lists_this_builds_plugins_and_suggests() {
+    let d = one(
+        "stages:\n  a: { source: stdn }\n  o: { sink: stdout, inputs: [a] }\n",
+        "unknown-plugin",
+    );
+    assert_eq!(at(&d), (2, 8));
+    assert_eq!(d.stage.as_deref(), Some("a"));
+    assert!(
+        d.message
+            .contains("unknown source plugin `stdn`; did you mean `stdin`?"),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message.contains("generator"),
+        "lists the build's sources: {}",
+        d.message
+    );
+}
+
+#[test]
+fn plugin_of_another_kind_is_named() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  j: { transform: json, inputs: [a] }\n  o: { sink: stdout, inputs: [j] }\n",
+        "unknown-plugin",
+    );
+    assert!(
+        d.message.contains("exists as a parser, formatter"),
+        "{}",
+        d.message
+    );
+}
+
+#[test]
+fn plugin_missing_from_this_build_names_the_feature() {
+    let mut registry = Registry::new();
+    registry.add_absent(StageKind::Sink, "kafka", "sink-kafka");
+    let loaded = load_with("stages:\n  o: { sink: kafka, inputs: [x] }\n", &registry);
+    let d = loaded
+        .diagnostics
+        .iter()
+        .find(|d| d.code == "unknown-plugin")
+        .expect("reported");
+    assert_eq!(
+        d.message,
+        "sink `kafka` is not in this build; rebuild with cargo feature `sink-kafka`"
+    );
+}
+
+#[test]
+fn unknown_option_suggests_the_closest() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  o:\n    sink: file\n    inputs: [a]\n    path: x\n    apend: true\n",
+        "bad-option",
+    );
+    assert_eq!(at(&d), (7, 5));
+    assert_eq!(d.stage.as_deref(), Some("o"));
+    assert!(
+        d.message
+            .contains("unknown option `apend`; did you mean `append`?"),
+        "{}",
+        d.message
+    );
+}
+
+#[test]
+fn every_unknown_option_is_reported_not_just_the_first() {
+    let all = diags(
+        "stages:\n  a: { source: stdin, foo: 1, bar: 2 }\n  o: { sink: stdout, inputs: [a] }\n",
+    );
+    assert_eq!(
+        all.iter().filter(|d| d.code == "bad-option").count(),
+        2,
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn wrong_option_type_points_at_the_option() {
+    let d = one(
+        "stages:\n  a: { source: generator, count: lots }\n  o: { sink: stdout, inputs: [a] }\n",
+        "bad-option",
+    );
+    assert_eq!(at(&d), (2, 27));
+    assert!(d.message.contains("option `count`"), "{}", d.message);
+    assert!(d.message.contains("invalid type"), "{}", d.message);
+}
+
+#[test]
+fn missing_required_option_points_at_the_stage() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  o: { sink: file, inputs: [a] }\n",
+        "bad-option",
+    );
+    assert_eq!(at(&d), (3, 3));
+    assert!(d.message.contains("missing field `path`"), "{}", d.message);
+}
+
+#[test]
+fn out_of_range_values_are_rejected() {
+    let d = one(
+        "stages:\n  a: { source: generator, batch_size: 0 }\n  o: { sink: stdout, inputs: [a] }\n",
+        "bad-option",
+    );
+    assert!(
+        d.message.contains("batch_size") && d.message.contains("between 1 and 65536"),
+        "{}",
+        d.message
+    );
+    assert_eq!(at(&d), (2, 27));
+    let s = one(
+        "settings:\n  channel_capacity: 0\nstages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a] }\n",
+        "settings",
+    );
+    assert_eq!(at(&s), (2, 3));
+    assert!(s.message.contains("must be between 1 and"), "{}", s.message);
+}
+
+#[test]
+fn unknown_settings_key_is_reported() {
+    let d = one(
+        "settings:\n  chanel_capacity: 8\nstages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a] }\n",
+        "settings",
+    );
+    assert_eq!(at(&d), (2, 3));
+    assert!(
+        d.message.contains("did you mean `channel_capacity`"),
+        "{}",
+        d.message
+    );
+}
+
+#[test]
+fn unknown_input_suggests_the_closest_id() {
+    let d = one(
+        "stages:\n  reader: { source: stdin }\n  o: { sink: stdout, inputs: [raeder] }\n",
+        "unknown-input",
+    );
+    assert_eq!(at(&d), (3, 31));
+    assert_eq!(
+        d.message,
+        "input `raeder` names no stage; did you mean `reader`?"
+    );
+}
+
+#[test]
+fn source_with_inputs() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  b: { source: stdin, inputs: [a] }\n  o: { sink: stdout, inputs: [a, b] }\n",
+        "source-with-inputs",
+    );
+    assert_eq!(d.stage.as_deref(), Some("b"));
+    assert_eq!(at(&d), (3, 32));
+}
+
+#[test]
+fn non_source_without_inputs() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  p: { parser: json }\n  o: { sink: stdout, inputs: [a] }\n",
+        "no-inputs",
+    );
+    assert_eq!((d.stage.as_deref(), at(&d)), (Some("p"), (3, 3)));
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [] }\n",
+        "no-inputs",
+    );
+    assert!(d.message.starts_with("`inputs` is empty"), "{}", d.message);
+}
+
+#[test]
+fn sink_used_as_input() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a] }\n  p: { parser: json, inputs: [o] }\n  q: { sink: stdout, inputs: [p] }\n",
+        "sink-as-input",
+    );
+    assert_eq!((d.stage.as_deref(), at(&d)), (Some("p"), (4, 31)));
+}
+
+#[test]
+fn stage_without_or_with_two_plugin_keys() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  p: { inputs: [a] }\n  o: { sink: stdout, inputs: [a] }\n",
+        "no-plugin",
+    );
+    assert_eq!((d.stage.as_deref(), at(&d)), (Some("p"), (3, 3)));
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  p: { parser: json, transform: stamp, inputs: [a] }\n  o: { sink: stdout, inputs: [p] }\n",
+        "two-plugins",
+    );
+    assert!(
+        d.message.contains("found `parser` and `transform`"),
+        "{}",
+        d.message
+    );
+    assert_eq!(at(&d), (3, 22));
+}
+
+#[test]
+fn duplicate_stage_ids() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a] }\n",
+        "duplicate-id",
+    );
+    assert_eq!(at(&d), (3, 3));
+    assert_eq!(
+        d.message,
+        "duplicate stage id `a` (first defined at line 2)"
+    );
+}
+
+fn cycle_messages(text: &str) -> Vec<String> {
+    diags(text)
+        .into_iter()
+        .filter(|d| d.code == "cycle")
+        .map(|d| d.message)
+        .collect()
+}
+
+#[test]
+fn cycles_of_length_one_two_and_three() {
+    let one_cycle = "stages:\n  s: { source: stdin }\n  a: { transform: stamp, inputs: [s, a] }\n  o: { sink: stdout, inputs: [a] }\n";
+    assert_eq!(cycle_messages(one_cycle), ["cycle: a -> a"]);
+    let two = "stages:\n  s: { source: stdin }\n  a: { transform: stamp, inputs: [s, b] }\n  b: { transform: stamp, inputs: [a] }\n  o: { sink: stdout, inputs: [b] }\n";
+    assert_eq!(cycle_messages(two), ["cycle: a -> b -> a"]);
+    let three = "stages:\n  s: { source: stdin }\n  a: { transform: stamp, inputs: [s, c] }\n  b: { transform: stamp, inputs: [a] }\n  c: { transform: stamp, inputs: [b] }\n  o: { sink: stdout, inputs: [c] }\n";
+    assert_eq!(cycle_messages(three), ["cycle: a -> b -> c -> a"]);
+    // The cycle error points at the first stage of the cycle.
+    let d = one(three, "cycle");
+    assert_eq!((d.stage.as_deref(), at(&d)), (Some("a"), (3, 3)));
+}
+
+#[test]
+fn output_reaching_no_sink_is_a_warning() {
+    let all = diags(
+        "stages:\n  a: { source: stdin }\n  p: { parser: json, inputs: [a] }\n  dead: { transform: stamp, inputs: [p] }\n  o: { sink: stdout, inputs: [p] }\n",
+    );
+    let w: Vec<&Diagnostic> = all.iter().filter(|d| d.code == "no-sink").collect();
+    assert_eq!(w.len(), 1, "{all:#?}");
+    assert_eq!(w[0].severity, Severity::Warning);
+    assert_eq!(w[0].stage.as_deref(), Some("dead"));
+    // A warning alone leaves the pipeline runnable.
+    assert!(load("stages:\n  a: { source: stdin }\n  dead: { parser: json, inputs: [a] }\n  o: { sink: stdout, inputs: [a] }\n").pipeline.is_some());
+}
+
+#[test]
+fn env_vars_expand_before_validation() {
+    // A reference that is the whole value is typed by what it expands to.
+    let p = load("settings:\n  channel_capacity: ${LOGBUS_TEST_SET}\nstages:\n  a: { source: generator, count: '${UNSET_X:-5}' }\n  o: { sink: stdout, inputs: [a] }\n").pipeline.unwrap();
+    assert_eq!(p.settings.channel_capacity, 42);
+    assert_eq!(p.stages[0].options["count"], 5);
+    // Part of a value stays text: a type error, reported at the option.
+    let d = one(
+        "stages:\n  a: { source: generator, count: 'x${UNSET_X:-5}' }\n  o: { sink: stdout, inputs: [a] }\n",
+        "bad-option",
+    );
+    assert_eq!(at(&d), (2, 27));
+    let d = one(
+        "stages:\n  a: { source: file, path: '${NOPE}' }\n  o: { sink: stdout, inputs: [a] }\n",
+        "env-var",
+    );
+    assert_eq!(at(&d), (2, 28));
+    assert!(d.message.contains("`NOPE` is not set"), "{}", d.message);
+}
+
+#[test]
+fn on_error_rules() {
+    let d = one(
+        "stages:\n  a: { source: stdin, on_error: drop }\n  o: { sink: stdout, inputs: [a] }\n",
+        "bad-option",
+    );
+    assert!(
+        d.message
+            .contains("parsers, transforms and formatters only"),
+        "{}",
+        d.message
+    );
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  p: { parser: json, inputs: [a], on_error: explode }\n  o: { sink: stdout, inputs: [p] }\n",
+        "bad-option",
+    );
+    assert!(
+        d.message.contains("`drop`, `fail` or `route`"),
+        "{}",
+        d.message
+    );
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  p: { parser: json, inputs: [a] }\n  o: { sink: stdout, inputs: [p] }\n  e: { sink: stdout, inputs: [p.errors] }\n",
+        "no-error-output",
+    );
+    assert_eq!(at(&d), (5, 31));
+    let w = one(
+        "stages:\n  a: { source: stdin }\n  p: { parser: json, inputs: [a], on_error: route }\n  o: { sink: stdout, inputs: [p] }\n",
+        "unread-errors",
+    );
+    assert_eq!(w.severity, Severity::Warning);
+}
+
+#[test]
+fn errors_are_all_reported_together() {
+    let all = diags(
+        "stages:\n  a: { source: stdn }\n  b: { parser: json, inputs: [zz] }\n  c: { sink: file, inputs: [b] }\n  c: { sink: stdout, inputs: [b] }\n",
+    );
+    let codes: Vec<&str> = all
+        .iter()
+        .filter(|d| d.is_error())
+        .map(|d| d.code)
+        .collect();
+    for code in [
+        "unknown-plugin",
+        "unknown-input",
+        "bad-option",
+        "duplicate-id",
+    ] {
+        assert!(codes.contains(&code), "{code} missing from {codes:?}");
+    }
+    // Sorted by position.
+    let lines: Vec<usize> = all.iter().map(|d| d.line.unwrap_or(0)).collect();
+    assert!(lines.windows(2).all(|w| w[0] <= w[1]), "{lines:?}");
+}
+
+#[test]
+fn structural_errors_of_the_file() {
+    assert_eq!(diags("").first().map(|d| d.code), Some("empty-file"));
+    assert_eq!(
+        diags("- a\n- b\n").first().map(|d| d.code),
+        Some("not-a-map")
+    );
+    assert_eq!(
+        diags("settings: {}\n").first().map(|d| d.code),
+        Some("no-stages")
+    );
+    let d = one(
+        "stags: {}\nstages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a] }\n",
+        "unknown-key",
+    );
+    assert!(d.message.contains("did you mean `stages`"), "{}", d.message);
+    let d = one("stages:\n  a: stdin\n", "not-a-map");
+    assert_eq!(d.stage.as_deref(), Some("a"));
+    let d = one(
+        "stages:\n  a.b: { source: stdin }\n  o: { sink: stdout, inputs: [a.b] }\n",
+        "bad-id",
+    );
+    assert!(d.message.contains("only letters, digits"), "{}", d.message);
+}
+
+#[test]
+fn duplicate_input_in_one_list() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a, a] }\n",
+        "duplicate-input",
+    );
+    assert_eq!(at(&d), (3, 34));
+}
