@@ -23,20 +23,25 @@ fn main() -> anyhow::Result<()> {
         bail!("usage: cargo xtask <corpus|bench> [options]");
     };
     let opt = |name: &str| -> Option<String> {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
     };
     let root = project_root();
     match task.as_str() {
         "corpus" => {
             let lines: usize = opt("--lines").map_or(Ok(100_000), |v| v.parse())?;
-            let out = opt("--out").map_or_else(|| root.join("target/bench/corpus.ndjson"), PathBuf::from);
+            let out =
+                opt("--out").map_or_else(|| root.join("target/bench/corpus.ndjson"), PathBuf::from);
             let sha = write_corpus(&out, lines)?;
             println!("{} lines -> {} sha256 {sha}", lines, out.display());
         }
         "bench" => {
             let reps: usize = opt("--reps").map_or(Ok(5), |v| v.parse())?;
             let repeat: usize = opt("--repeat").map_or(Ok(10), |v| v.parse())?;
-            let pipeline = opt("--pipeline").map_or_else(|| root.join("pipelines/reference.yml"), PathBuf::from);
+            let pipeline = opt("--pipeline")
+                .map_or_else(|| root.join("pipelines/reference.yml"), PathBuf::from);
             bench(&root, &pipeline, reps, repeat)?;
         }
         other => bail!("unknown task `{other}`; tasks: corpus, bench"),
@@ -45,7 +50,10 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn project_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 /// SplitMix64: a tiny seeded generator, so the corpus is the same everywhere.
@@ -65,10 +73,16 @@ impl Rng {
 }
 
 /// One ~1 KiB JSON object per line.
-pub fn corpus_line(rng: &mut Rng, seq: usize) -> String {
+fn corpus_line(rng: &mut Rng, seq: usize) -> String {
     const LEVELS: &[&str] = &["debug", "info", "info", "info", "warn", "error"];
     const SERVICES: &[&str] = &["checkout", "search", "auth", "billing", "inventory"];
-    const PATHS: &[&str] = &["/api/v1/orders", "/api/v1/search", "/login", "/api/v1/cart", "/healthz"];
+    const PATHS: &[&str] = &[
+        "/api/v1/orders",
+        "/api/v1/search",
+        "/login",
+        "/api/v1/cart",
+        "/healthz",
+    ];
     let mut line = String::with_capacity(1100);
     let _ = write!(
         line,
@@ -88,7 +102,9 @@ pub fn corpus_line(rng: &mut Rng, seq: usize) -> String {
         rng.next(),
         rng.pick(&["blue", "green"]),
     );
-    const WORDS: &[&str] = &["request", "served", "cache", "miss", "upstream", "retry", "ok", "slow", "user", "token"];
+    const WORDS: &[&str] = &[
+        "request", "served", "cache", "miss", "upstream", "retry", "ok", "slow", "user", "token",
+    ];
     while line.len() < 1000 {
         line.push_str(rng.pick(WORDS));
         line.push(' ');
@@ -103,7 +119,9 @@ fn write_corpus(out: &Path, lines: usize) -> anyhow::Result<String> {
     }
     let mut rng = Rng(0x10_6B05);
     let mut hash = Sha256::new();
-    let mut file = std::io::BufWriter::new(std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?);
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
+    );
     for seq in 0..lines {
         let mut line = corpus_line(&mut rng, seq);
         line.push('\n');
@@ -117,11 +135,16 @@ fn write_corpus(out: &Path, lines: usize) -> anyhow::Result<String> {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn bench(root: &Path, pipeline: &Path, reps: usize, repeat: usize) -> anyhow::Result<()> {
-    let target = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
+    let target =
+        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
     let status = Command::new(env!("CARGO"))
         .args(["build", "--release", "-p", "logbus"])
         .current_dir(root)
@@ -144,7 +167,12 @@ fn bench(root: &Path, pipeline: &Path, reps: usize, repeat: usize) -> anyhow::Re
         f.flush()?;
     }
     let bytes = std::fs::metadata(&input)?.len();
-    println!("corpus sha256 {sha}; input {} events, {:.1} MiB; pipeline {}", 100_000 * repeat, bytes as f64 / 1048576.0, pipeline.display());
+    println!(
+        "corpus sha256 {sha}; input {} events, {:.1} MiB; pipeline {}",
+        100_000 * repeat,
+        bytes as f64 / 1048576.0,
+        pipeline.display()
+    );
     let mut rates = Vec::new();
     let mut rss = Vec::new();
     for rep in 0..reps {
@@ -172,7 +200,10 @@ fn bench(root: &Path, pipeline: &Path, reps: usize, repeat: usize) -> anyhow::Re
         }
         let peak = v["peak_rss_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0;
         let rate = committed as f64 / secs;
-        println!("run {rep}: {committed} events in {secs:.3}s = {rate:.0} events/s, {:.1} MiB/s, peak RSS {peak:.1} MiB", bytes as f64 / secs / 1048576.0);
+        println!(
+            "run {rep}: {committed} events in {secs:.3}s = {rate:.0} events/s, {:.1} MiB/s, peak RSS {peak:.1} MiB",
+            bytes as f64 / secs / 1048576.0
+        );
         rates.push(rate);
         rss.push(peak);
     }

@@ -438,12 +438,13 @@ mod tests {
 
     #[test]
     fn expanded_plain_scalar_is_typed_after_expansion() {
-        let mut doc = parse("cap: ${CAP:-64}\nq: '${CAP:-64}'\n")
+        let mut doc = parse("cap: ${CAP:-64}\nq: '${CAP:-64}'\nr: 'n${CAP:-64}'\n")
             .unwrap()
             .unwrap();
         let mut errors = Vec::new();
         doc.expand_env(&|_| None, &mut errors);
         assert!(errors.is_empty());
-        assert_eq!(doc.to_json(), json!({"cap": 64, "q": "64"}));
+        // A whole-value reference is typed by its value even when quoted; a partial one stays text.
+        assert_eq!(doc.to_json(), json!({"cap": 64, "q": 64, "r": "n64"}));
     }
 }
