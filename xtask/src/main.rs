@@ -3,10 +3,10 @@
 //!
 //! - `corpus [--lines N] [--out PATH]`: the fixed benchmark corpus, ~1 KiB JSON
 //!   lines from a seeded generator, printed with its SHA-256.
-//! - `bench [--reps N] [--repeat K] [--pipeline FILE]`: builds the release
-//!   binary, feeds the corpus (repeated K times) on stdin from a file, so no
-//!   feeder competes for CPU, and reports events/s and peak RSS per run and
-//!   the median.
+//! - `bench [--reps N] [--repeat K] [--pipeline FILE] [--compare label=BIN]...`:
+//!   builds the release binary, feeds the corpus (repeated K times) on stdin
+//!   from a file, so no feeder competes for CPU, and reports events/s and peak
+//!   RSS per run and the median. Compared binaries run alternately with it.
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -42,7 +42,20 @@ fn main() -> anyhow::Result<()> {
             let repeat: usize = opt("--repeat").map_or(Ok(10), |v| v.parse())?;
             let pipeline = opt("--pipeline")
                 .map_or_else(|| root.join("pipelines/reference.yml"), PathBuf::from);
-            bench(&root, &pipeline, reps, repeat)?;
+            // `--compare label=PATH` (repeatable): other binaries, run
+            // alternately with this build so noise hits every variant alike.
+            let compare: Vec<(String, PathBuf)> = args
+                .windows(2)
+                .filter(|w| w[0] == "--compare")
+                .map(|w| match w[1].split_once('=') {
+                    Some((label, path)) => Ok((label.to_string(), PathBuf::from(path))),
+                    None => Err(anyhow::anyhow!(
+                        "--compare takes label=PATH, got `{}`",
+                        w[1]
+                    )),
+                })
+                .collect::<anyhow::Result<_>>()?;
+            bench(&root, &pipeline, reps, repeat, compare)?;
         }
         other => bail!("unknown task `{other}`; tasks: corpus, bench"),
     }
@@ -142,7 +155,59 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn bench(root: &Path, pipeline: &Path, reps: usize, repeat: usize) -> anyhow::Result<()> {
+struct RunResult {
+    rate: f64,
+    rss_mib: f64,
+}
+
+fn run_once(
+    binary: &Path,
+    pipeline: &Path,
+    input: &Path,
+    stats: &Path,
+    expected: u64,
+) -> anyhow::Result<RunResult> {
+    let started = Instant::now();
+    let out = Command::new(binary)
+        .arg("run")
+        .arg(pipeline)
+        .arg("--stats-json")
+        .arg(stats)
+        .env("LOGBUS_LOG", "warn")
+        .stdin(std::fs::File::open(input)?)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()?;
+    let secs = started.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            binary.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(stats)?)?;
+    let committed = v["totals"]["committed"].as_u64().unwrap_or(0);
+    let lost = v["totals"]["lost"].as_i64().unwrap_or(-1);
+    if committed != expected || lost != 0 {
+        bail!(
+            "{} did not reconcile: committed {committed} of {expected}, lost {lost}",
+            binary.display()
+        );
+    }
+    Ok(RunResult {
+        rate: committed as f64 / secs,
+        rss_mib: v["peak_rss_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
+    })
+}
+
+fn bench(
+    root: &Path,
+    pipeline: &Path,
+    reps: usize,
+    repeat: usize,
+    compare: Vec<(String, PathBuf)>,
+) -> anyhow::Result<()> {
     let target =
         std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
     let status = Command::new(env!("CARGO"))
@@ -152,7 +217,8 @@ fn bench(root: &Path, pipeline: &Path, reps: usize, repeat: usize) -> anyhow::Re
     if !status.success() {
         bail!("release build failed");
     }
-    let binary = target.join("release/logbus");
+    let mut variants = vec![("this build".to_string(), target.join("release/logbus"))];
+    variants.extend(compare);
     let bench_dir = target.join("bench");
     let corpus = bench_dir.join("corpus.ndjson");
     let sha = write_corpus(&corpus, 100_000)?;
@@ -167,54 +233,44 @@ fn bench(root: &Path, pipeline: &Path, reps: usize, repeat: usize) -> anyhow::Re
         f.flush()?;
     }
     let bytes = std::fs::metadata(&input)?.len();
+    let expected = (100_000 * repeat) as u64;
     println!(
-        "corpus sha256 {sha}; input {} events, {:.1} MiB; pipeline {}",
-        100_000 * repeat,
+        "corpus sha256 {sha}; input {expected} events, {:.1} MiB; pipeline {}",
         bytes as f64 / 1048576.0,
         pipeline.display()
     );
-    let mut rates = Vec::new();
-    let mut rss = Vec::new();
+    let mut results: Vec<Vec<RunResult>> = variants.iter().map(|_| Vec::new()).collect();
     for rep in 0..reps {
-        let stats = bench_dir.join(format!("stats-{rep}.json"));
-        let started = Instant::now();
-        let out = Command::new(&binary)
-            .arg("run")
-            .arg(pipeline)
-            .arg("--stats-json")
-            .arg(&stats)
-            .env("LOGBUS_LOG", "warn")
-            .stdin(std::fs::File::open(&input)?)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()?;
-        let secs = started.elapsed().as_secs_f64();
-        if !out.status.success() {
-            bail!("run {rep} failed: {}", String::from_utf8_lossy(&out.stderr));
+        for (i, (label, binary)) in variants.iter().enumerate() {
+            let r = run_once(
+                binary,
+                pipeline,
+                &input,
+                &bench_dir.join("stats.json"),
+                expected,
+            )?;
+            println!(
+                "rep {rep} {label}: {:.0} events/s, {:.1} MiB/s, peak RSS {:.1} MiB",
+                r.rate,
+                r.rate * bytes as f64 / expected as f64 / 1048576.0,
+                r.rss_mib
+            );
+            results[i].push(r);
         }
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats)?)?;
-        let committed = v["totals"]["committed"].as_u64().unwrap_or(0);
-        let lost = v["totals"]["lost"].as_i64().unwrap_or(-1);
-        if committed != (100_000 * repeat) as u64 || lost != 0 {
-            bail!("run {rep} did not reconcile: committed {committed}, lost {lost}");
-        }
-        let peak = v["peak_rss_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0;
-        let rate = committed as f64 / secs;
-        println!(
-            "run {rep}: {committed} events in {secs:.3}s = {rate:.0} events/s, {:.1} MiB/s, peak RSS {peak:.1} MiB",
-            bytes as f64 / secs / 1048576.0
-        );
-        rates.push(rate);
-        rss.push(peak);
     }
-    let m = median(rates.clone());
-    println!(
-        "median {m:.0} events/s (min {:.0}, max {:.0}) over {reps} runs; peak RSS median {:.1} MiB, max {:.1} MiB",
-        rates.iter().copied().fold(f64::INFINITY, f64::min),
-        rates.iter().copied().fold(0.0, f64::max),
-        median(rss.clone()),
-        rss.iter().copied().fold(0.0, f64::max)
-    );
+    let base = median(results[0].iter().map(|r| r.rate).collect());
+    for ((label, _), rs) in variants.iter().zip(&results) {
+        let rates: Vec<f64> = rs.iter().map(|r| r.rate).collect();
+        let m = median(rates.clone());
+        println!(
+            "{label}: median {m:.0} events/s (min {:.0}, max {:.0}; {:.2}x this build) over {reps} runs; peak RSS median {:.1} MiB, max {:.1} MiB",
+            rates.iter().copied().fold(f64::INFINITY, f64::min),
+            rates.iter().copied().fold(0.0, f64::max),
+            m / base,
+            median(rs.iter().map(|r| r.rss_mib).collect()),
+            rs.iter().map(|r| r.rss_mib).fold(0.0, f64::max)
+        );
+    }
     Ok(())
 }
 

@@ -13,6 +13,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use logbus_core::{Diagnostic, Loaded, Severity, graph, load_file};
 use logbus_plugin_api::CancellationToken;
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "logbus",
