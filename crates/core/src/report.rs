@@ -111,14 +111,14 @@ impl fmt::Display for RunReport {
         )?;
         writeln!(
             f,
-            "  {:<20} {:<9} {:>12} {:>12} {:>10} {:>10} {:>10}",
+            "  {:<20} {:<10} {:>12} {:>12} {:>10} {:>10} {:>10}",
             "stage", "kind", "in", "out", "discarded", "errored", "routed"
         )?;
         for s in &self.stages {
             let c = &s.counts;
             writeln!(
                 f,
-                "  {:<20} {:<9} {:>12} {:>12} {:>10} {:>10} {:>10}",
+                "  {:<20} {:<10} {:>12} {:>12} {:>10} {:>10} {:>10}",
                 s.id, s.kind, c.events_in, c.events_out, c.discarded, c.errored, c.routed
             )?;
         }

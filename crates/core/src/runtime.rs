@@ -328,6 +328,7 @@ impl ProcessorStage {
                 )));
             }
         }
+        self.warn.flush(&self.id);
         let tail = self.processor.finish();
         self.metrics.add_created(tail.len() as u64);
         self.output.send(tail).await?;
@@ -395,6 +396,19 @@ impl WarnLimiter {
             tracing::warn!(stage, "dropped an event: {error}");
         } else {
             self.suppressed += 1;
+        }
+    }
+
+    /// Logs how many were kept quiet, if any (at a window's end and at exit).
+    fn flush(&mut self, stage: &str) {
+        if self.suppressed > 0 {
+            tracing::warn!(
+                stage,
+                suppressed = self.suppressed,
+                "{} more dropped events were not logged",
+                self.suppressed
+            );
+            self.suppressed = 0;
         }
     }
 }

@@ -72,7 +72,11 @@ fn describe(e: &sonic_rs::Error) -> EventError {
         Category::Eof => "truncated JSON",
         _ => "invalid JSON",
     };
-    EventError::new(format!("{what}: {e}"))
+    // sonic-rs appends a multi-line excerpt of the input; the first line
+    // (what and where) is what belongs in a log line or an `_error` field.
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    EventError::new(format!("{what}: {first}"))
 }
 
 /// Options of `formatter: json`.
@@ -183,6 +187,8 @@ mod tests {
         let mut p = ParseJson(JsonParserOptions { wrap_field: None });
         let err = p.process(&mut raw("not json")).unwrap_err();
         assert!(err.0.starts_with("invalid JSON"), "{err}");
+        assert!(err.0.contains("line 1 column"), "{err}");
+        assert!(!err.0.contains('\n'), "one line: {err:?}");
         let err = p.process(&mut raw("[1,2]")).unwrap_err();
         assert!(err.0.starts_with("not a JSON object"), "{err}");
         let err = p.process(&mut raw(r#"{"a":"#)).unwrap_err();

@@ -308,3 +308,82 @@ fn stdin_to_stdout() {
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(stdout(&o), "{\"a\":1}\n{\"b\":2}\n");
 }
+
+/// Every pipeline shipped in `pipelines/` and `examples/` validates with no
+/// warning and runs to a clean reconciliation.
+#[test]
+fn shipped_pipelines_validate_and_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut checked = 0;
+    for dir in ["pipelines", "examples"] {
+        let mut files: Vec<_> = std::fs::read_dir(root.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        for file in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "yml"))
+        {
+            let o = logbus()
+                .args(["validate", "--deny-warnings"])
+                .arg(file)
+                .output()
+                .unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{}: {}",
+                file.display(),
+                stdout(&o)
+            );
+            // Run a copy in a scratch directory, next to copies of the sample inputs.
+            let scratch = tempfile::tempdir().unwrap();
+            for f in &files {
+                std::fs::copy(f, scratch.path().join(f.file_name().unwrap())).unwrap();
+            }
+            std::fs::copy(
+                root.join("examples/sample.ndjson"),
+                scratch.path().join("sample.ndjson"),
+            )
+            .unwrap();
+            let copy = scratch.path().join(file.file_name().unwrap());
+            let stats = scratch.path().join("stats.json");
+            let mut child = logbus()
+                .arg("run")
+                .arg(&copy)
+                .arg("--stats-json")
+                .arg(&stats)
+                .env("DEMO_COUNT", "2000")
+                .env("FANOUT_COUNT", "2000")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(b"{\"seq\":1,\"debug_id\":\"x\"}\n{\"seq\":2}\n")
+                .unwrap();
+            let o = child.wait_with_output().unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{}: {}",
+                file.display(),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+            assert_eq!(v["totals"]["lost"], 0, "{}", file.display());
+            assert!(
+                v["totals"]["committed"].as_u64().unwrap() > 0,
+                "{} committed nothing",
+                file.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5, "only {checked} pipelines found");
+}

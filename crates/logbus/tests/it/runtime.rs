@@ -319,3 +319,53 @@ async fn shutdown_stops_an_endless_source_and_drains_everything() {
     let n = report.totals.committed;
     assert_eq!(seqs(&plugins.events("out")), (0..n).collect::<Vec<_>>());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_reading_source_stops_reading_when_the_pipeline_is_full() {
+    // The file source shares its reader with stdin: when the output channel
+    // is full, the reader thread blocks and reads nothing more.
+    const CAP: usize = 128;
+    let dir = tempfile::tempdir().unwrap();
+    let lines: u64 = 200_000;
+    let text: String = (0..lines).map(|i| format!("{{\"seq\":{i}}}\n")).collect();
+    std::fs::write(dir.path().join("in.ndjson"), text).unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let plugins = TestPlugins {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    };
+    let p = valid(
+        &format!(
+            "settings: {{ channel_capacity: {CAP} }}\nstages:\n  read: {{ source: file, path: {}/in.ndjson }}\n  json: {{ parser: json, inputs: [read] }}\n  out: {{ sink: gated, inputs: [json] }}\n",
+            dir.path().display()
+        ),
+        &plugins.registry(),
+    );
+    let running = start(&p, CancellationToken::new()).unwrap();
+    let channels: Vec<_> = running.channels.iter().map(|(_, c)| c.clone()).collect();
+    wait_until("the channels to fill", Duration::from_secs(30), || {
+        channels.iter().all(|c| c.occupancy() == CAP)
+    })
+    .await;
+    let read = running.metrics("read").unwrap().clone();
+    let stalled_at = read.snapshot().events_out;
+    for _ in 0..1000 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(read.snapshot().events_out, stalled_at);
+    // Two channels, plus what the reader holds: one batch being sent, one in
+    // the hand-off slot, one read chunk (128 KiB of ~13-byte lines).
+    let per_chunk = 128 * 1024 / 12;
+    assert!(
+        stalled_at <= (2 * CAP) as u64 + 3 * per_chunk,
+        "emitted {stalled_at}"
+    );
+    assert!(
+        stalled_at < lines / 2,
+        "the source read on while the sink was stalled"
+    );
+    gate.add_permits(1_000_000);
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(seqs(&plugins.events("out")), (0..lines).collect::<Vec<_>>());
+}
