@@ -275,6 +275,7 @@ impl Checker<'_> {
         };
         let stages = self.read_stages(stages_node);
         self.check_graph(&stages);
+        self.check_plugin_limits(&stages);
 
         let stages = stages
             .into_iter()
@@ -722,6 +723,35 @@ impl Checker<'_> {
                         .at(s.pos),
                     );
                 }
+            }
+        }
+    }
+
+    fn check_plugin_limits(&mut self, stages: &[RawStage]) {
+        for s in stages {
+            let (Some(plugin), Some(kind)) = (&s.plugin, s.kind) else {
+                continue;
+            };
+            let Some(max) = plugin.max_per_pipeline() else {
+                continue;
+            };
+            let same: Vec<&RawStage> = stages
+                .iter()
+                .filter(|o| o.kind == Some(kind) && o.plugin_name == s.plugin_name)
+                .collect();
+            let position = same.iter().position(|o| o.id == s.id).unwrap_or(0);
+            if position >= max {
+                self.push(
+                    Diagnostic::error(
+                        "plugin-limit",
+                        format!(
+                            "{kind} `{}` may be used by at most {max} stage(s) per pipeline; `{}` already does",
+                            s.plugin_name, same[0].id
+                        ),
+                    )
+                    .stage(&s.id)
+                    .at(s.pos),
+                );
             }
         }
     }

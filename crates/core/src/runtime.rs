@@ -125,15 +125,23 @@ pub fn start(
         stages.push((spec.id.clone(), spec.kind, metrics.clone()));
         let output = Output::new(outputs_to(&spec.id), metrics.clone(), OutputRole::Main);
         let span = tracing::info_span!("stage", id = %spec.id);
+        let stop = shutdown.clone();
         match built {
             Built::Source(source) => {
+                let spec_id = id.clone();
                 let cx = SourceContext {
                     id,
                     output,
                     shutdown: shutdown.clone(),
                 };
                 tasks.spawn(tracing::Instrument::instrument(
-                    async move { (index, guard(source.run(cx)).await) },
+                    async move {
+                        let result = guard(source.run(cx)).await;
+                        if let Err(message) = &result {
+                            fail_fast(&spec_id, message, &stop);
+                        }
+                        (index, result)
+                    },
                     span,
                 ));
             }
@@ -160,7 +168,8 @@ pub fn start(
                             warn: WarnLimiter::default(),
                         };
                         let result = guard(stage.run()).await;
-                        if result.is_err() {
+                        if let Err(message) = &result {
+                            fail_fast(&stage.id, message, &stop);
                             drain_as_errored(&mut stage.input, &stage.metrics).await;
                         }
                         (index, result)
@@ -176,7 +185,8 @@ pub fn start(
                     async move {
                         let mut cx = SinkContext { id, input, metrics };
                         let result = guard(sink.run(&mut cx)).await;
-                        if result.is_err() {
+                        if let Err(message) = &result {
+                            fail_fast(&cx.id, message, &stop);
                             drain_as_errored(&mut cx.input, &cx.metrics).await;
                         }
                         (index, result)
@@ -192,18 +202,15 @@ pub fn start(
     let ids: Vec<String> = pipeline.stages.iter().map(|s| s.id.clone()).collect();
     let report_stages = stages.clone();
     let report_channels = channels.clone();
-    let stop = shutdown.clone();
     let done = tokio::spawn(async move {
         let mut failures = Vec::new();
         while let Some(joined) = tasks.join_next().await {
             let (index, result) = joined.expect("stage tasks catch their own panics");
             if let Err(message) = result {
-                tracing::error!(stage = %ids[index], "stage failed: {message}; stopping sources and draining");
                 failures.push(StageFailure {
                     stage: ids[index].clone(),
                     message,
                 });
-                stop.cancel();
             }
         }
         RunReport::new(
@@ -237,6 +244,16 @@ pub fn start(
         shutdown,
         done,
     })
+}
+
+/// A stage failed: say so now and stop the sources, so the pipeline drains
+/// and ends instead of feeding a stage that can no longer deliver.
+fn fail_fast(stage: &str, message: &str, stop: &CancellationToken) {
+    tracing::error!(
+        stage,
+        "stage failed: {message}; stopping sources and draining"
+    );
+    stop.cancel();
 }
 
 /// Turns a panic inside a plugin into a stage failure.

@@ -34,11 +34,14 @@ fn type_of(schema: &Value, prop: &Value) -> String {
             .iter()
             .map(|v| {
                 let v = resolve(schema, v);
-                v.get("const")
-                    .or_else(|| v.get("enum").and_then(|e| e.get(0)))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| type_of(schema, v))
+                if let Some(c) = v.get("const").and_then(Value::as_str) {
+                    c.to_owned()
+                } else if let Some(values) = v.get("enum").and_then(Value::as_array) {
+                    let names: Vec<&str> = values.iter().filter_map(Value::as_str).collect();
+                    names.join(" | ")
+                } else {
+                    type_of(schema, v)
+                }
             })
             .collect();
         return names.join(" | ");

@@ -64,7 +64,7 @@ impl StageKind {
 
 impl fmt::Display for StageKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.key())
+        f.pad(self.key())
     }
 }
 
@@ -221,6 +221,11 @@ pub trait Plugin: Send + Sync + 'static {
     fn description(&self) -> &'static str;
     /// JSON Schema of the options, generated from the typed option struct.
     fn options_schema(&self) -> Value;
+    /// How many stages of one pipeline may use this plugin (`Some(1)` for a
+    /// process-wide resource such as standard input); `None` for no limit.
+    fn max_per_pipeline(&self) -> Option<usize> {
+        None
+    }
     /// Checks options without doing any I/O.
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError>;
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>>;
@@ -241,6 +246,8 @@ pub trait TypedPlugin: Send + Sync + 'static {
     const NAME: &'static str;
     const KIND: StageKind;
     const DESCRIPTION: &'static str;
+    /// See [`Plugin::max_per_pipeline`].
+    const MAX_PER_PIPELINE: Option<usize> = None;
 
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError>;
 }
@@ -260,6 +267,9 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
     }
     fn options_schema(&self) -> Value {
         schemars::schema_for!(T::Options).to_value()
+    }
+    fn max_per_pipeline(&self) -> Option<usize> {
+        T::MAX_PER_PIPELINE
     }
     fn check(&self, options: &Value, _cx: &BuildContext) -> Vec<OptionError> {
         match parse_options::<T::Options>(options, &self.options_schema()) {

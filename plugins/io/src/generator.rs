@@ -182,3 +182,81 @@ mod tests {
         assert_eq!(&buf[..], br#"{"a":7,"b":"{{x}}","t":9}"#);
     }
 }
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+    use logbus_plugin_api::{CancellationToken, Output, OutputRole, StageMetrics, channel};
+
+    fn generator(count: u64, rate: u64) -> Box<Generator> {
+        let options = GeneratorOptions {
+            count,
+            rate,
+            template: "{{seq}}".into(),
+            batch_size: 64,
+        };
+        Box::new(Generator {
+            template: Template::parse(&options.template),
+            options,
+        })
+    }
+
+    async fn run(gen_: Box<Generator>, shutdown: CancellationToken) -> Vec<String> {
+        let (tx, mut rx) = channel(1_000_000);
+        let cx = SourceContext {
+            id: "gen".into(),
+            output: Output::new(
+                vec![tx],
+                Arc::new(StageMetrics::default()),
+                OutputRole::Main,
+            ),
+            shutdown,
+        };
+        let task = tokio::spawn(gen_.run(cx));
+        let mut seen = Vec::new();
+        while let Some(mut batch) = rx.recv().await {
+            seen.extend(
+                batch
+                    .take()
+                    .iter()
+                    .map(|e| String::from_utf8_lossy(e.as_raw().unwrap()).into_owned()),
+            );
+        }
+        task.await.unwrap().unwrap();
+        seen
+    }
+
+    /// On tokio's paused clock the schedule is exact: 50 events at 100/s take 0.5 s.
+    #[tokio::test(start_paused = true)]
+    async fn rate_spreads_events_over_time() {
+        let started = tokio::time::Instant::now();
+        let seen = run(generator(50, 100), CancellationToken::new()).await;
+        let took = started.elapsed();
+        assert_eq!(seen, (0..50).map(|i| i.to_string()).collect::<Vec<_>>());
+        assert!(
+            took >= Duration::from_millis(480) && took <= Duration::from_millis(520),
+            "took {took:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn count_is_exact_without_a_rate() {
+        let seen = run(generator(1000, 0), CancellationToken::new()).await;
+        assert_eq!(seen.len(), 1000);
+        assert_eq!(seen.last().map(String::as_str), Some("999"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn endless_generator_stops_on_shutdown() {
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            stop.cancel();
+        });
+        let seen = run(generator(0, 1000), shutdown).await;
+        // About one second's worth at 1000/s, in order, and then it stopped.
+        assert!((950..=1050).contains(&seen.len()), "{}", seen.len());
+        assert!(seen.iter().enumerate().all(|(i, s)| *s == i.to_string()));
+    }
+}

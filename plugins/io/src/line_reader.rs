@@ -89,6 +89,17 @@ fn read_lines<R: Read>(
     let mut warned_long = false;
     loop {
         if stop.load(Ordering::Acquire) {
+            // Bytes already read belong to an event, even without their newline.
+            if !pending.is_empty() {
+                let meta = Meta {
+                    source: source.clone(),
+                    ingest_ns: now_ns(),
+                };
+                let _ = tx.blocking_send(Chunk::Lines(vec![Event::raw(
+                    pending.split().freeze(),
+                    meta,
+                )]));
+            }
             return;
         }
         let n = match reader.read(&mut scratch) {

@@ -44,6 +44,8 @@ impl TypedPlugin for StdinSource {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str =
         "Reads standard input to EOF, one event per line (raw bytes, newline removed).";
+    // Two readers of one stdin would split the lines between them arbitrarily.
+    const MAX_PER_PIPELINE: Option<usize> = Some(1);
 
     fn build(&self, options: StdinOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Source(Box::new(Stdin { options })))

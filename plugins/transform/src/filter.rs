@@ -18,11 +18,11 @@ use crate::{field_path, needs_fields};
 pub struct FilterOptions {
     /// Field to test (dotted path for nested fields).
     pub field: String,
-    /// Keep when the field equals this value (numbers compare by value: 1 == 1.0).
-    #[serde(default)]
+    /// Keep when the field equals this value (numbers compare by value: 1 == 1.0; `null` matches a null field).
+    #[serde(default, deserialize_with = "present")]
     pub equals: Option<Value>,
     /// Keep when the field is missing or differs from this value.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub not_equals: Option<Value>,
     /// Keep when the field equals one of these values.
     #[serde(default, rename = "in")]
@@ -39,15 +39,23 @@ pub struct FilterOptions {
     /// Keep when the numeric field is greater than this.
     #[serde(default)]
     pub gt: Option<f64>,
+    /// Keep when the numeric field is greater than or equal to this.
     #[serde(default)]
     pub gte: Option<f64>,
+    /// Keep when the numeric field is less than this.
     #[serde(default)]
     pub lt: Option<f64>,
+    /// Keep when the numeric field is less than or equal to this.
     #[serde(default)]
     pub lte: Option<f64>,
     /// Keep the events that do *not* match.
     #[serde(default)]
     pub invert: bool,
+}
+
+/// An option that is present is `Some`, even when its value is `null`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 #[derive(Debug)]
@@ -124,6 +132,12 @@ impl CheckOptions for FilterOptions {
             .err()
             .into_iter()
             .collect();
+        if self.one_of.as_ref().is_some_and(Vec::is_empty) {
+            errors.push(OptionError::at(
+                &["in"],
+                "the list is empty, so nothing would ever match",
+            ));
+        }
         errors.extend(self.op().err());
         errors
     }

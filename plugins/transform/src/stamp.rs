@@ -6,12 +6,12 @@ use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, EventError, FieldPath, OptionError, Processor,
     StageKind, TypedPlugin, Verdict, now_ns,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{field_path, needs_fields};
 
-#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StampFormat {
     /// `2026-11-30T05:00:00.123456Z`
@@ -22,7 +22,7 @@ pub enum StampFormat {
     UnixNs,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StampTime {
     /// When the source read the event.
@@ -38,8 +38,11 @@ pub struct StampOptions {
     /// Field to write (dotted path for nested fields).
     #[serde(default = "default_field")]
     pub field: String,
+    /// How to write the time: an RFC 3339 string (UTC, microseconds) or an
+    /// integer count of seconds, milliseconds, microseconds or nanoseconds since the Unix epoch.
     #[serde(default = "default_format")]
     pub format: StampFormat,
+    /// Which time: when the source read the event, or when this stage runs.
     #[serde(default = "default_time")]
     pub time: StampTime,
 }

@@ -369,3 +369,24 @@ async fn a_line_reading_source_stops_reading_when_the_pipeline_is_full() {
     assert!(report.is_clean(), "{report}");
     assert_eq!(seqs(&plugins.events("out")), (0..lines).collect::<Vec<_>>());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sink_stops_an_endless_source() {
+    let plugins = TestPlugins::default();
+    let p = valid(
+        "stages:\n  gen: { source: generator }\n  out: { sink: file, inputs: [gen], path: /dev/full }\n",
+        &plugins.registry(),
+    );
+    let running = start(&p, CancellationToken::new()).unwrap();
+    // Without the failure stopping the sources this never ends.
+    let report = tokio::time::timeout(Duration::from_secs(60), running.wait())
+        .await
+        .expect("the pipeline ended after its sink failed");
+    assert_eq!(report.failures.len(), 1, "{report}");
+    assert_eq!(report.failures[0].stage, "out");
+    assert!(
+        report.failures[0].message.contains("writing /dev/full"),
+        "{report}"
+    );
+    assert_eq!(report.totals.lost, 0, "{report}");
+}

@@ -403,3 +403,23 @@ fn duplicate_input_in_one_list() {
     );
     assert_eq!(at(&d), (3, 34));
 }
+
+#[test]
+fn stdin_can_be_read_by_one_stage_only() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  b: { source: stdin }\n  o: { sink: stdout, inputs: [a, b] }\n",
+        "plugin-limit",
+    );
+    assert_eq!((d.stage.as_deref(), at(&d)), (Some("b"), (3, 3)));
+    assert!(d.message.contains("at most 1 stage(s)"), "{}", d.message);
+}
+
+#[test]
+fn filter_with_an_empty_in_list_is_rejected() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  j: { parser: json, inputs: [a] }\n  f: { transform: filter, inputs: [j], field: x, in: [] }\n  o: { sink: stdout, inputs: [f] }\n",
+        "bad-option",
+    );
+    assert!(d.message.contains("option `in`"), "{}", d.message);
+    assert_eq!(at(&d), (4, 50));
+}
