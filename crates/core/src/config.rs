@@ -259,9 +259,9 @@ impl Checker<'_> {
 
         for (key, _) in root.entries().unwrap_or_default() {
             let name = key.as_str().unwrap_or("");
-            if !matches!(name, "settings" | "stages") {
+            if !matches!(name, "settings" | "stages" | "tests") {
                 let mut msg = format!("unknown top-level key `{name}`");
-                if let Some(best) = closest(name, &["settings", "stages"]) {
+                if let Some(best) = closest(name, &["settings", "stages", "tests"]) {
                     msg.push_str(&format!("; did you mean `{best}`?"));
                 }
                 self.push(Diagnostic::error("unknown-key", msg).at(key.pos));

@@ -3,6 +3,7 @@
 
 use logbus::catalog;
 mod plugins_cmd;
+mod test_cmd;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -43,6 +44,12 @@ enum OutputFormat {
     Json,
 }
 
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum TestFormat {
+    Text,
+    Junit,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum GraphFormat {
     Dot,
@@ -75,6 +82,15 @@ enum Command {
         file: PathBuf,
         #[arg(long, value_enum, default_value_t = GraphFormat::Text)]
         format: GraphFormat,
+    },
+    /// Run a pipeline's unit tests (`tests:` in FILE and FILE's `.test.yml`).
+    /// Exit 0 when all pass, 1 on a failure or an invalid file, 2 unreadable.
+    Test {
+        file: PathBuf,
+        /// Run only the tests with these names.
+        names: Vec<String>,
+        #[arg(long, value_enum, default_value_t = TestFormat::Text)]
+        format: TestFormat,
     },
     /// List the plugins compiled into this binary, with their options.
     Plugins {
@@ -150,6 +166,21 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             };
             emit(&out);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Test {
+            file,
+            names,
+            format,
+        } => {
+            let Some(loaded) = load_or_report(&file, &registry) else {
+                return Ok(ExitCode::from(2));
+            };
+            print_diagnostics(&file, &loaded.diagnostics);
+            let Some(pipeline) = loaded.pipeline else {
+                eprintln!("logbus: {} is invalid; no test was run", file.display());
+                return Ok(ExitCode::from(1));
+            };
+            test_cmd::run(&file, &pipeline, &names, format == TestFormat::Junit)
         }
         Command::Plugins { format } => {
             plugins_cmd::print(&registry, format == OutputFormat::Json)?;

@@ -325,10 +325,20 @@ fn shipped_pipelines_validate_and_run() {
             .map(|e| e.unwrap().path())
             .collect();
         files.sort();
-        for file in files
-            .iter()
-            .filter(|f| f.extension().is_some_and(|e| e == "yml"))
-        {
+        for file in files.iter().filter(|f| {
+            let name = f.file_name().unwrap().to_string_lossy();
+            name.ends_with(".yml") && !name.ends_with(".test.yml")
+        }) {
+            // Every shipped pipeline has unit tests, and they pass.
+            let o = logbus().arg("test").arg(file).output().unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{}: {}{}",
+                file.display(),
+                stdout(&o),
+                String::from_utf8_lossy(&o.stderr)
+            );
             let o = logbus()
                 .args(["validate", "--deny-warnings"])
                 .arg(file)
@@ -390,4 +400,120 @@ fn shipped_pipelines_validate_and_run() {
         }
     }
     assert!(checked >= 5, "only {checked} pipelines found");
+}
+
+const TESTED: &str = "stages:
+  read: { source: stdin }
+  json: { parser: json, inputs: [read], on_error: route }
+  keep: { transform: filter, inputs: [json], field: level, not_equals: debug }
+  fmt: { formatter: json, inputs: [keep] }
+  out: { sink: stdout, inputs: [fmt] }
+  bad: { sink: stdout, inputs: [json.errors] }
+tests:
+  - name: keeps info
+    input: { stage: read, lines: ['{\"level\":\"info\"}', '{\"level\":\"debug\"}'] }
+    output: keep
+    expect: { events: [{ level: info }] }
+  - name: wrong on purpose
+    input: { stage: keep, events: [{ level: info, n: 1 }] }
+    output: fmt
+    expect: { events: ['{\"level\":\"info\",\"n\":2}'] }
+";
+
+#[test]
+fn pipeline_tests_pass_fail_with_a_diff_and_report_junit() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "p.yml", TESTED);
+    let o = logbus().arg("test").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let text = stdout(&o);
+    assert!(text.contains("test keeps info ... ok"), "{text}");
+    assert!(text.contains("test wrong on purpose ... FAILED"), "{text}");
+    assert!(
+        text.contains("-  \"{\\\"level\\\":\\\"info\\\",\\\"n\\\":2}\""),
+        "the diff shows expected: {text}"
+    );
+    assert!(
+        text.contains("+  \"{\\\"level\\\":\\\"info\\\",\\\"n\\\":1}\""),
+        "the diff shows actual: {text}"
+    );
+    assert!(text.ends_with("1 passed, 1 failed\n"), "{text}");
+
+    let o = logbus()
+        .args(["test"])
+        .arg(&p)
+        .arg("keeps info")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).ends_with("1 passed, 0 failed\n"));
+
+    let o = logbus()
+        .args(["test", "--format", "junit"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let xml = stdout(&o);
+    assert!(xml.starts_with("<?xml"), "{xml}");
+    assert!(
+        xml.contains("tests=\"2\"") && xml.contains("failures=\"1\""),
+        "{xml}"
+    );
+    assert!(xml.contains("<testcase name=\"wrong on purpose\""), "{xml}");
+
+    let o = logbus()
+        .args(["test"])
+        .arg(&p)
+        .arg("nope")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no test named `nope`"));
+}
+
+#[test]
+fn pipeline_test_definitions_are_checked_with_positions() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "p.yml", VALID);
+    write(
+        dir.path(),
+        "p.test.yml",
+        "tests:\n  - name: t\n    input: { stage: read, lines: [x] }\n    output: json\n    expect: { cuont: 1 }\n",
+    );
+    let o = logbus().arg("test").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("p.test.yml:5:15: invalid test: unknown field `cuont`"),
+        "{err}"
+    );
+
+    write(
+        dir.path(),
+        "p.test.yml",
+        "tests:\n  - name: t\n    input: { stage: nowhere, lines: [x] }\n    output: json\n",
+    );
+    let o = logbus().arg("test").arg(&p).output().unwrap();
+    assert!(
+        stdout(&o).contains("input stage `nowhere` is not in the pipeline"),
+        "{}",
+        stdout(&o)
+    );
+
+    write(
+        dir.path(),
+        "p.test.yml",
+        "tests:\n  - name: t\n    input: { stage: read, lines: [x] }\n    output: out\n",
+    );
+    let o = logbus().arg("test").arg(&p).output().unwrap();
+    assert!(
+        stdout(&o).contains("is a sink, which has no output"),
+        "{}",
+        stdout(&o)
+    );
+
+    std::fs::remove_file(dir.path().join("p.test.yml")).unwrap();
+    let o = logbus().arg("test").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no tests in"));
 }

@@ -1,0 +1,94 @@
+//! `logbus test`: runs a pipeline's unit tests and reports them for people
+//! (one line per test, expected/actual and a diff on failure) or for CI
+//! (JUnit XML).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use logbus_core::Pipeline;
+use logbus_pipeline_test::{Outcome, TestCase, junit, load_tests, run_test};
+
+pub fn run(
+    file: &Path,
+    pipeline: &Pipeline,
+    names: &[String],
+    as_junit: bool,
+) -> anyhow::Result<ExitCode> {
+    let tests = match load_tests(file) {
+        Ok(t) => t,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("logbus: {e}");
+            }
+            return Ok(ExitCode::from(1));
+        }
+    };
+    for name in names {
+        if !tests.iter().any(|t| &t.name == name) {
+            let known: Vec<&str> = tests.iter().map(|t| t.name.as_str()).collect();
+            eprintln!(
+                "logbus: no test named `{name}` (tests: {})",
+                known.join(", ")
+            );
+            return Ok(ExitCode::from(1));
+        }
+    }
+    let selected: Vec<&TestCase> = tests
+        .iter()
+        .filter(|t| names.is_empty() || names.contains(&t.name))
+        .collect();
+    if selected.is_empty() {
+        eprintln!(
+            "logbus: no tests in {} or {}",
+            file.display(),
+            logbus_pipeline_test::companion(file).display()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for test in &selected {
+        let outcome = runtime.block_on(run_test(pipeline, test));
+        if !as_junit {
+            match &outcome.failure {
+                None => crate::emit(&format!("test {} ... ok\n", outcome.name)),
+                Some(why) => crate::emit(&format!(
+                    "test {} ... FAILED ({}:{})\n{}\n",
+                    outcome.name,
+                    test.file.display(),
+                    test.pos.line,
+                    indent(why)
+                )),
+            }
+        }
+        outcomes.push(outcome);
+    }
+    let failed = outcomes.iter().filter(|o| !o.passed()).count();
+    if as_junit {
+        crate::emit(&junit::report(&[(
+            file.display().to_string(),
+            outcomes.clone(),
+        )]));
+    } else {
+        crate::emit(&format!(
+            "{} passed, {failed} failed\n",
+            outcomes.len() - failed
+        ));
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
