@@ -27,6 +27,7 @@ const COMMON_KEYS: [&str; 2] = ["inputs", "on_error"];
 pub struct Settings {
     /// Capacity of every stage-to-stage channel, in events.
     #[serde(default = "default_channel_capacity")]
+    #[schemars(range(min = 1, max = 16777216))]
     pub channel_capacity: usize,
 }
 

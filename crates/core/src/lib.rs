@@ -9,6 +9,7 @@ pub mod diagnostic;
 pub mod graph;
 pub mod report;
 pub mod runtime;
+pub mod schema;
 pub mod yaml;
 
 pub use config::{Loaded, OnError, Pipeline, Settings, StageSpec, load_file, load_str};

@@ -92,6 +92,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = TestFormat::Text)]
         format: TestFormat,
     },
+    /// Print the JSON Schema of a pipeline file for this build's plugins
+    /// (for editor completion; see docs/editor.md).
+    Schema,
     /// List the plugins compiled into this binary, with their options.
     Plugins {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
@@ -181,6 +184,11 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(1));
             };
             test_cmd::run(&file, &pipeline, &names, format == TestFormat::Junit)
+        }
+        Command::Schema => {
+            let schema = logbus_core::schema::pipeline_schema(&registry);
+            emit(&format!("{}\n", serde_json::to_string_pretty(&schema)?));
+            Ok(ExitCode::SUCCESS)
         }
         Command::Plugins { format } => {
             plugins_cmd::print(&registry, format == OutputFormat::Json)?;

@@ -23,6 +23,7 @@ pub struct FileSourceOptions {
     pub path: PathBuf,
     /// Lines longer than this many bytes are split into pieces.
     #[serde(default = "default_max_line")]
+    #[schemars(range(min = 1))]
     pub max_line_bytes: usize,
 }
 

@@ -21,6 +21,7 @@ pub struct GeneratorOptions {
     pub count: u64,
     /// Events per second; 0 means as fast as the pipeline accepts.
     #[serde(default)]
+    #[schemars(range(max = 10000000))]
     pub rate: u64,
     /// Line template. `{{seq}}` is the event's sequence number (from 0),
     /// `{{ts}}` the emit time in nanoseconds since the Unix epoch.
@@ -28,6 +29,7 @@ pub struct GeneratorOptions {
     pub template: String,
     /// Events per batch when not rate-limited.
     #[serde(default = "default_batch")]
+    #[schemars(range(min = 1, max = 65536))]
     pub batch_size: usize,
 }
 

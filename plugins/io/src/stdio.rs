@@ -15,6 +15,7 @@ use crate::writer_sink::run_writer;
 pub struct StdinOptions {
     /// Lines longer than this many bytes are split into pieces.
     #[serde(default = "default_max_line")]
+    #[schemars(range(min = 1))]
     pub max_line_bytes: usize,
 }
 

@@ -26,6 +26,7 @@ pub struct FilterOptions {
     pub not_equals: Option<Value>,
     /// Keep when the field equals one of these values.
     #[serde(default, rename = "in")]
+    #[schemars(length(min = 1))]
     pub one_of: Option<Vec<Value>>,
     /// Keep when the string field contains this text, or the array field contains this string.
     #[serde(default)]

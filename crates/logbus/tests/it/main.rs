@@ -4,5 +4,6 @@
 
 mod cli;
 mod runtime;
+mod schema;
 mod support;
 mod validate;

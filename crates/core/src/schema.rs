@@ -1,0 +1,135 @@
+//! The JSON Schema of a whole pipeline file, assembled from the schema of
+//! every plugin in the registry — the same typed option structs the
+//! validator deserialises into, so the two cannot drift. Editors use it for
+//! completion and checking as you type; `logbus validate` stays the
+//! authority (the schema cannot see the graph: inputs, cycles, sinks).
+
+use logbus_plugin_api::{Registry, StageKind};
+use serde_json::{Map, Value, json};
+
+use crate::config::Settings;
+
+/// Prefixes every `#/$defs/X` reference inside `value` with `prefix`.
+fn rebase_refs(value: &mut Value, prefix: &str) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(r)) = map.get_mut("$ref") {
+                if let Some(name) = r.strip_prefix("#/$defs/") {
+                    *r = format!("#/$defs/{prefix}{name}");
+                }
+            }
+            map.values_mut().for_each(|v| rebase_refs(v, prefix));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rebase_refs(v, prefix)),
+        _ => {}
+    }
+}
+
+/// Moves a schema's `$defs` into `defs` under `prefix`, returning the rest.
+fn hoist(mut schema: Value, prefix: &str, defs: &mut Map<String, Value>) -> Map<String, Value> {
+    rebase_refs(&mut schema, prefix);
+    let mut map = match schema {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    if let Some(Value::Object(own)) = map.remove("$defs") {
+        for (name, def) in own {
+            defs.insert(format!("{prefix}{name}"), def);
+        }
+    }
+    map.remove("$schema");
+    map.remove("title");
+    map
+}
+
+/// The schema of a pipeline file for the plugins in `registry`.
+pub fn pipeline_schema(registry: &Registry) -> Value {
+    let mut defs = Map::new();
+    let settings = hoist(
+        schemars::schema_for!(Settings).to_value(),
+        "settings-",
+        &mut defs,
+    );
+
+    let mut variants = Vec::new();
+    for plugin in registry.plugins() {
+        let kind = plugin.kind();
+        let name = format!("{}-{}", kind.key(), plugin.name());
+        let mut stage = hoist(plugin.options_schema(), &format!("{name}-"), &mut defs);
+        let mut props = match stage.remove("properties") {
+            Some(Value::Object(p)) => p,
+            _ => Map::new(),
+        };
+        let mut required: Vec<Value> = match stage.remove("required") {
+            Some(Value::Array(r)) => r,
+            _ => Vec::new(),
+        };
+        props.insert(
+            kind.key().into(),
+            json!({ "const": plugin.name(), "description": plugin.description() }),
+        );
+        required.push(json!(kind.key()));
+        if kind != StageKind::Source {
+            props.insert(
+                "inputs".into(),
+                json!({
+                    "description": "Stages whose output this stage reads (`<id>.errors` for a stage's failed events).",
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "minItems": 1
+                }),
+            );
+            required.push(json!("inputs"));
+        }
+        if kind.is_processor() {
+            props.insert(
+                "on_error".into(),
+                json!({
+                    "description": "What to do with an event this stage cannot process.",
+                    "enum": ["drop", "fail", "route"],
+                    "default": "drop"
+                }),
+            );
+        }
+        let mut variant = Map::new();
+        variant.insert("type".into(), json!("object"));
+        variant.insert(
+            "description".into(),
+            json!(format!(
+                "{kind} `{}`: {}",
+                plugin.name(),
+                plugin.description()
+            )),
+        );
+        variant.insert("properties".into(), Value::Object(props));
+        variant.insert("required".into(), Value::Array(required));
+        variant.insert("additionalProperties".into(), json!(false));
+        defs.insert(name.clone(), Value::Object(variant));
+        variants.push(json!({ "$ref": format!("#/$defs/{name}") }));
+    }
+    defs.insert("stage".into(), json!({ "oneOf": variants }));
+
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "LogBus pipeline",
+        "description": "A LogBus pipeline file. `logbus validate` checks what a schema cannot: inputs, cycles, sinks.",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["stages"],
+        "properties": {
+            "settings": Value::Object(settings),
+            "stages": {
+                "description": "Stage id -> stage. Ids: letters, digits, `_` and `-`.",
+                "type": "object",
+                "minProperties": 1,
+                "propertyNames": { "pattern": "^[A-Za-z0-9_-]+$" },
+                "additionalProperties": { "$ref": "#/$defs/stage" }
+            },
+            "tests": {
+                "description": "Unit tests run by `logbus test` (see docs/testing-pipelines.md).",
+                "type": "array"
+            }
+        },
+        "$defs": Value::Object(defs)
+    })
+}
