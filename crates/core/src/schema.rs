@@ -13,10 +13,10 @@ use crate::config::Settings;
 fn rebase_refs(value: &mut Value, prefix: &str) {
     match value {
         Value::Object(map) => {
-            if let Some(Value::String(r)) = map.get_mut("$ref") {
-                if let Some(name) = r.strip_prefix("#/$defs/") {
-                    *r = format!("#/$defs/{prefix}{name}");
-                }
+            if let Some(Value::String(r)) = map.get_mut("$ref")
+                && let Some(name) = r.strip_prefix("#/$defs/")
+            {
+                *r = format!("#/$defs/{prefix}{name}");
             }
             map.values_mut().for_each(|v| rebase_refs(v, prefix));
         }
