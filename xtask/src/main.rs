@@ -7,6 +7,10 @@
 //!   builds the release binary, feeds the corpus (repeated K times) on stdin
 //!   from a file, so no feeder competes for CPU, and reports events/s and peak
 //!   RSS per run and the median. Compared binaries run alternately with it.
+//! - `dist [--profile minimal|default|full] [--plugins a,b]`: a static,
+//!   LTO-optimised binary with chosen plugins in `target/dist/`, a manifest,
+//!   and its size, start-up time and idle RSS.
+//! - `check-features`: every plugin feature builds alone.
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -17,10 +21,12 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
+mod dist;
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
-        bail!("usage: cargo xtask <corpus|bench> [options]");
+        bail!("usage: cargo xtask <corpus|bench|dist|check-features> [options]");
     };
     let opt = |name: &str| -> Option<String> {
         args.iter()
@@ -57,7 +63,13 @@ fn main() -> anyhow::Result<()> {
                 .collect::<anyhow::Result<_>>()?;
             bench(&root, &pipeline, reps, repeat, compare)?;
         }
-        other => bail!("unknown task `{other}`; tasks: corpus, bench"),
+        "dist" => {
+            let profile = opt("--profile").unwrap_or_else(|| "default".into());
+            let plugins = opt("--plugins");
+            dist::dist(&root, &profile, plugins.as_deref())?;
+        }
+        "check-features" => dist::check_features(&root)?,
+        other => bail!("unknown task `{other}`; tasks: corpus, bench, dist, check-features"),
     }
     Ok(())
 }
