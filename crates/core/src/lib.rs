@@ -15,4 +15,4 @@ pub mod yaml;
 pub use config::{Loaded, OnError, Pipeline, Settings, StageSpec, load_file, load_str};
 pub use diagnostic::{Diagnostic, Severity};
 pub use report::RunReport;
-pub use runtime::{RunningPipeline, start};
+pub use runtime::{ReloadError, ReloadSummary, Reloader, RunningPipeline, start};

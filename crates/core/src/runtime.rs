@@ -2,6 +2,11 @@
 //! channels, so a slow sink stalls its upstream stage by stage until the
 //! sources stop reading. Nothing here knows any concrete plugin.
 //!
+//! A supervisor task owns the wiring. It hears about every stage task that
+//! ends, and applies reloads: a reload swaps only the stages whose config
+//! changed, adds and removes stages, and rewires outputs in place, so the
+//! channels and in-flight events of unchanged stages are never touched.
+//!
 //! # Clean shutdown
 //! Cancelling the shutdown token stops the sources only. Every other stage
 //! ends when its input ends, i.e. after it has processed everything its
@@ -12,21 +17,22 @@
 //! and keeps reading the failed stage's input, counting those events as
 //! errored, so its upstreams can drain and the summary still adds up.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use logbus_plugin_api::{
-    Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Output, OutputRole,
-    Payload, Processor, Receiver, Sender, SinkContext, SourceContext, StageError, StageKind,
-    StageMetrics, Verdict, channel,
+    Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt, Output,
+    OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink, SinkContext, Source,
+    SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, channel,
 };
 use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::config::{ERRORS_SUFFIX, OnError, Pipeline};
+use crate::config::{ERRORS_SUFFIX, OnError, Pipeline, StageSpec};
 use crate::report::{ChannelReport, RunReport, StageFailure, StageReport};
 
 /// A stage could not be built from its validated options.
@@ -37,12 +43,75 @@ pub struct BuildError {
     pub message: String,
 }
 
+/// Why a reload was refused. The running pipeline is untouched.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Build(Vec<BuildError>),
+    #[error("`settings` changed; settings apply at start, so restart to change them")]
+    SettingsChanged,
+    #[error("stage `{0}` changed kind; give the new stage another id, or restart")]
+    KindChanged(String),
+    #[error("the pipeline is shutting down")]
+    Stopped,
+}
+
+/// What a reload did, by stage id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReloadSummary {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Rebuilt with new options; their input channel and queued events stay.
+    pub changed: Vec<String>,
+    /// Same stage, different readers of its output.
+    pub rewired: Vec<String>,
+    pub unchanged: usize,
+}
+
+impl std::fmt::Display for ReloadSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "added [{}], removed [{}], changed [{}], rewired [{}], {} unchanged",
+            self.added.join(", "),
+            self.removed.join(", "),
+            self.changed.join(", "),
+            self.rewired.join(", "),
+            self.unchanged
+        )
+    }
+}
+
+enum Command {
+    Reload(
+        Box<Pipeline>,
+        oneshot::Sender<Result<ReloadSummary, ReloadError>>,
+    ),
+}
+
+/// Sends reloads to a running pipeline; clonable, usable from a signal handler.
+#[derive(Clone)]
+pub struct Reloader(mpsc::UnboundedSender<Command>);
+
+impl Reloader {
+    /// Applies `pipeline` (already validated) to the running one.
+    pub async fn reload(&self, pipeline: Pipeline) -> Result<ReloadSummary, ReloadError> {
+        let (tx, rx) = oneshot::channel();
+        self.0
+            .send(Command::Reload(Box::new(pipeline), tx))
+            .map_err(|_| ReloadError::Stopped)?;
+        rx.await.map_err(|_| ReloadError::Stopped)?
+    }
+}
+
 /// Live view of a started pipeline, for tests and monitoring.
 pub struct RunningPipeline {
+    /// The stages as started (a reload adds to the final report, not here).
     pub stages: Vec<(String, StageKind, Arc<StageMetrics>)>,
-    /// Input channel of each non-source stage, by stage id.
+    /// Input channel of each non-source stage, by stage id, as started.
     pub channels: Vec<(String, ChannelHandle)>,
     shutdown: CancellationToken,
+    reloader: Reloader,
     done: tokio::task::JoinHandle<RunReport>,
 }
 
@@ -63,26 +132,35 @@ impl RunningPipeline {
         self.channels.iter().find(|(s, _)| s == id).map(|(_, c)| c)
     }
 
+    pub fn reloader(&self) -> Reloader {
+        self.reloader.clone()
+    }
+
+    /// See [`Reloader::reload`].
+    pub async fn reload(&self, pipeline: Pipeline) -> Result<ReloadSummary, ReloadError> {
+        self.reloader.reload(pipeline).await
+    }
+
     /// Waits until every stage has finished.
     pub async fn wait(self) -> RunReport {
         self.done.await.expect("the supervisor task does not panic")
     }
 }
 
-/// Builds every stage and starts the pipeline. Must be called inside a
-/// tokio runtime. `shutdown` stops the sources when cancelled.
-pub fn start(
+fn build_all<'a>(
     pipeline: &Pipeline,
-    shutdown: CancellationToken,
-) -> Result<RunningPipeline, Vec<BuildError>> {
-    let mut built = Vec::new();
+    specs: impl Iterator<Item = &'a StageSpec>,
+) -> Result<HashMap<String, Built>, Vec<BuildError>> {
+    let mut built = HashMap::new();
     let mut errors = Vec::new();
-    for spec in &pipeline.stages {
+    for spec in specs {
         match spec
             .plugin
             .build(&spec.options, &pipeline.build_context(spec))
         {
-            Ok(b) => built.push(b),
+            Ok(b) => {
+                built.insert(spec.id.clone(), b);
+            }
             Err(errs) => errors.extend(errs.into_iter().map(|e| BuildError {
                 stage: spec.id.clone(),
                 message: if e.path.is_empty() {
@@ -93,128 +171,421 @@ pub fn start(
             })),
         }
     }
-    if !errors.is_empty() {
-        return Err(errors);
+    if errors.is_empty() {
+        Ok(built)
+    } else {
+        Err(errors)
     }
+}
 
-    let capacity = pipeline.settings.channel_capacity;
-    let mut senders: HashMap<&str, Sender> = HashMap::new();
-    let mut receivers: HashMap<&str, Receiver> = HashMap::new();
-    let mut channels = Vec::new();
-    for spec in &pipeline.stages {
-        if spec.kind != StageKind::Source {
-            let (tx, rx) = channel(capacity);
-            channels.push((spec.id.clone(), rx.handle()));
-            senders.insert(&spec.id, tx);
-            receivers.insert(&spec.id, rx);
-        }
-    }
-    let outputs_to = |name: &str| -> Vec<Sender> {
-        pipeline
-            .readers_of(name)
-            .map(|reader| senders[reader.id.as_str()].clone())
-            .collect()
+/// Builds every stage and starts the pipeline. Must be called inside a
+/// tokio runtime. `shutdown` stops the sources when cancelled.
+pub fn start(
+    pipeline: &Pipeline,
+    shutdown: CancellationToken,
+) -> Result<RunningPipeline, Vec<BuildError>> {
+    let mut built = build_all(pipeline, pipeline.stages.iter())?;
+    let mut sup = Supervisor {
+        shutdown: shutdown.clone(),
+        running: pipeline.clone(),
+        live: HashMap::new(),
+        all_stages: Vec::new(),
+        all_channels: Vec::new(),
+        tasks: JoinSet::new(),
+        task_stage: HashMap::new(),
+        next_task: 0,
+        failures: Vec::new(),
+        started: Instant::now(),
     };
+    // Channels first, so every output can be wired before any stage runs.
+    let mut receivers = sup.open_channels(pipeline.stages.iter());
+    sup.rewire(pipeline);
+    for spec in &pipeline.stages {
+        let b = built.remove(&spec.id).expect("every stage was built");
+        sup.spawn(spec, b, receivers.remove(&spec.id));
+    }
+    // From here on only the stages hold senders: a channel closes when its
+    // last upstream ends.
+    drop(receivers);
+    let stages = sup.all_stages.clone();
+    let channels = sup.all_channels.clone();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let done = tokio::spawn(sup.run(rx));
+    Ok(RunningPipeline {
+        stages,
+        channels,
+        shutdown,
+        reloader: Reloader(tx),
+        done,
+    })
+}
 
-    let started = Instant::now();
-    let mut tasks = JoinSet::new();
-    let mut stages = Vec::new();
-    for (index, (spec, built)) in pipeline.stages.iter().zip(built).enumerate() {
-        let id: Arc<str> = spec.id.as_str().into();
-        let metrics = Arc::new(StageMetrics::default());
-        stages.push((spec.id.clone(), spec.kind, metrics.clone()));
-        let output = Output::new(outputs_to(&spec.id), metrics.clone(), OutputRole::Main);
-        let span = tracing::info_span!("stage", id = %spec.id);
-        let stop = shutdown.clone();
-        match built {
-            Built::Source(source) => {
-                let spec_id = id.clone();
-                let cx = SourceContext {
-                    id,
-                    output,
-                    shutdown: shutdown.clone(),
-                };
-                tasks.spawn(tracing::Instrument::instrument(
-                    async move {
-                        let result = guard(source.run(cx)).await;
-                        if let Err(message) = &result {
-                            fail_fast(&spec_id, message, &stop);
-                        }
-                        (index, result)
-                    },
-                    span,
-                ));
+/// How the supervisor reaches into a running stage.
+enum Control {
+    Source {
+        stop: CancellationToken,
+    },
+    Processor {
+        swap: mpsc::UnboundedSender<(Box<dyn Processor>, OnError)>,
+    },
+    Sink {
+        interrupt: Arc<Interrupt>,
+        swap: mpsc::UnboundedSender<Box<dyn Sink>>,
+    },
+}
+
+struct Live {
+    /// The task running the stage now (a changed source gets a new one).
+    task: u64,
+    metrics: Arc<StageMetrics>,
+    /// The stage's input channel, without keeping it open.
+    input: Option<WeakSender>,
+    main: OutputTargets,
+    errors: OutputTargets,
+    control: Option<Control>,
+}
+
+struct Supervisor {
+    shutdown: CancellationToken,
+    /// The configuration being run.
+    running: Pipeline,
+    live: HashMap<String, Live>,
+    /// Every stage and channel that ever ran, for the final report.
+    all_stages: Vec<(String, StageKind, Arc<StageMetrics>)>,
+    all_channels: Vec<(String, ChannelHandle)>,
+    tasks: JoinSet<(u64, Result<(), String>)>,
+    task_stage: HashMap<u64, String>,
+    next_task: u64,
+    failures: Vec<StageFailure>,
+    started: Instant,
+}
+
+/// Opened channels waiting for their stage: the receiver, and a strong
+/// sender that keeps the channel open until the wiring holds its own.
+type Opened = HashMap<String, (Receiver, Sender)>;
+
+impl Supervisor {
+    fn open_channels<'a>(&mut self, specs: impl Iterator<Item = &'a StageSpec>) -> Opened {
+        let capacity = self.running.settings.channel_capacity;
+        let mut opened = HashMap::new();
+        for spec in specs {
+            let metrics = Arc::new(StageMetrics::default());
+            self.all_stages
+                .push((spec.id.clone(), spec.kind, metrics.clone()));
+            let mut input = None;
+            if spec.kind != StageKind::Source {
+                let (tx, rx) = channel(capacity);
+                self.all_channels.push((spec.id.clone(), rx.handle()));
+                input = Some(tx.downgrade());
+                opened.insert(spec.id.clone(), (rx, tx));
             }
+            self.live.insert(
+                spec.id.clone(),
+                Live {
+                    task: u64::MAX,
+                    metrics,
+                    input,
+                    main: OutputTargets::default(),
+                    errors: OutputTargets::default(),
+                    control: None,
+                },
+            );
+        }
+        opened
+    }
+
+    /// Points every live stage's outputs at the readers `pipeline` gives
+    /// them. Returns the stages whose set of readers changed.
+    fn rewire(&mut self, pipeline: &Pipeline) -> Vec<String> {
+        let readers = |name: &str| -> BTreeSet<String> {
+            pipeline.readers_of(name).map(|r| r.id.clone()).collect()
+        };
+        let senders = |live: &HashMap<String, Live>, ids: &BTreeSet<String>| -> Vec<Sender> {
+            ids.iter()
+                .filter_map(|id| live.get(id)?.input.as_ref()?.upgrade())
+                .collect()
+        };
+        let mut changed = Vec::new();
+        for spec in &pipeline.stages {
+            let errors_name = format!("{}{ERRORS_SUFFIX}", spec.id);
+            let (main_ids, error_ids) = (readers(&spec.id), readers(&errors_name));
+            let before = (
+                self.running
+                    .readers_of(&spec.id)
+                    .map(|r| r.id.clone())
+                    .collect::<BTreeSet<_>>(),
+                self.running
+                    .readers_of(&errors_name)
+                    .map(|r| r.id.clone())
+                    .collect::<BTreeSet<_>>(),
+            );
+            if before != (main_ids.clone(), error_ids.clone()) {
+                changed.push(spec.id.clone());
+            }
+            let main = senders(&self.live, &main_ids);
+            let errors = senders(&self.live, &error_ids);
+            if let Some(live) = self.live.get(&spec.id) {
+                live.main.set(main);
+                live.errors.set(errors);
+            }
+        }
+        changed
+    }
+
+    fn spawn_task(
+        &mut self,
+        id: &str,
+        fut: impl Future<Output = Result<(), String>> + Send + 'static,
+    ) -> u64 {
+        let task = self.next_task;
+        self.next_task += 1;
+        self.task_stage.insert(task, id.to_string());
+        let span = tracing::info_span!("stage", id = %id);
+        self.tasks.spawn(tracing::Instrument::instrument(
+            async move { (task, fut.await) },
+            span,
+        ));
+        if let Some(live) = self.live.get_mut(id) {
+            live.task = task;
+        }
+        task
+    }
+
+    /// Starts a built stage; non-sources take their opened channel.
+    fn spawn(&mut self, spec: &StageSpec, built: Built, opened: Option<(Receiver, Sender)>) {
+        let live = self.live.get(&spec.id).expect("opened before spawned");
+        let (metrics, main, errors) =
+            (live.metrics.clone(), live.main.clone(), live.errors.clone());
+        let id: Arc<str> = spec.id.as_str().into();
+        let global = self.shutdown.clone();
+        let control = match built {
+            Built::Source(source) => Control::Source {
+                stop: self.spawn_source(id, source, metrics, main),
+            },
             Built::Processor(processor) => {
-                let errors = Output::new(
-                    outputs_to(&format!("{}{ERRORS_SUFFIX}", spec.id)),
-                    metrics.clone(),
-                    OutputRole::Errors,
-                );
-                let input = receivers
-                    .remove(spec.id.as_str())
-                    .expect("non-source has a channel");
-                let on_error = spec.on_error;
-                tasks.spawn(tracing::Instrument::instrument(
-                    async move {
-                        let mut stage = ProcessorStage {
-                            id,
-                            processor,
-                            input,
-                            output,
-                            errors,
-                            on_error,
-                            metrics,
-                            warn: WarnLimiter::default(),
-                        };
-                        let result = guard(stage.run()).await;
-                        if let Err(message) = &result {
-                            fail_fast(&stage.id, message, &stop);
-                            drain_as_errored(&mut stage.input, &stage.metrics).await;
-                        }
-                        (index, result)
-                    },
-                    span,
-                ));
+                let (input, _keep_open) = opened.expect("a processor has a channel");
+                let (swap_tx, swap_rx) = mpsc::unbounded_channel();
+                let mut stage = ProcessorStage {
+                    id: id.clone(),
+                    processor,
+                    input,
+                    output: Output::with_targets(main, metrics.clone(), OutputRole::Main),
+                    errors: Output::with_targets(errors, metrics.clone(), OutputRole::Errors),
+                    on_error: spec.on_error,
+                    metrics,
+                    warn: WarnLimiter::default(),
+                    swaps: swap_rx,
+                };
+                self.spawn_task(&spec.id, async move {
+                    let result = guard(stage.run()).await;
+                    if let Err(message) = &result {
+                        fail_fast(&stage.id, message, &global);
+                        drain_as_errored(&mut stage.input, &stage.metrics).await;
+                    }
+                    result
+                });
+                Control::Processor { swap: swap_tx }
             }
             Built::Sink(sink) => {
-                let input = receivers
-                    .remove(spec.id.as_str())
-                    .expect("non-source has a channel");
-                tasks.spawn(tracing::Instrument::instrument(
-                    async move {
-                        let mut cx = SinkContext { id, input, metrics };
+                let (mut input, _keep_open) = opened.expect("a sink has a channel");
+                let interrupt = input.interruptible();
+                let (swap_tx, mut swap_rx) = mpsc::unbounded_channel::<Box<dyn Sink>>();
+                let raised = interrupt.clone();
+                self.spawn_task(&spec.id, async move {
+                    let mut cx = SinkContext { id, input, metrics };
+                    let mut sink = sink;
+                    loop {
                         let result = guard(sink.run(&mut cx)).await;
                         if let Err(message) = &result {
-                            fail_fast(&cx.id, message, &stop);
+                            fail_fast(&cx.id, message, &global);
+                            raised.clear();
                             drain_as_errored(&mut cx.input, &cx.metrics).await;
+                            return result;
                         }
-                        (index, result)
-                    },
-                    span,
-                ));
+                        if !raised.is_raised() {
+                            return result;
+                        }
+                        // Interrupted for a reload: the new sink takes over
+                        // the same input, with its queued events.
+                        raised.clear();
+                        match swap_rx.recv().await {
+                            Some(next) => sink = next,
+                            None => return result,
+                        }
+                    }
+                });
+                Control::Sink {
+                    interrupt,
+                    swap: swap_tx,
+                }
             }
+        };
+        if let Some(live) = self.live.get_mut(&spec.id) {
+            live.control = Some(control);
         }
     }
-    // Only the stages hold senders now: a channel closes when its last upstream ends.
-    drop(senders);
 
-    let ids: Vec<String> = pipeline.stages.iter().map(|s| s.id.clone()).collect();
-    let report_stages = stages.clone();
-    let report_channels = channels.clone();
-    let done = tokio::spawn(async move {
-        let mut failures = Vec::new();
-        while let Some(joined) = tasks.join_next().await {
-            let (index, result) = joined.expect("stage tasks catch their own panics");
-            if let Err(message) = result {
-                failures.push(StageFailure {
-                    stage: ids[index].clone(),
-                    message,
-                });
+    fn spawn_source(
+        &mut self,
+        id: Arc<str>,
+        source: Box<dyn Source>,
+        metrics: Arc<StageMetrics>,
+        targets: OutputTargets,
+    ) -> CancellationToken {
+        let stop = self.shutdown.child_token();
+        let cx = SourceContext {
+            id: id.clone(),
+            output: Output::with_targets(targets, metrics, OutputRole::Main),
+            shutdown: stop.clone(),
+        };
+        let global = self.shutdown.clone();
+        let name = id.clone();
+        self.spawn_task(&name, async move {
+            let result = guard(source.run(cx)).await;
+            if let Err(message) = &result {
+                fail_fast(&id, message, &global);
+            }
+            result
+        });
+        stop
+    }
+
+    fn reload(&mut self, new: Pipeline) -> Result<ReloadSummary, ReloadError> {
+        if self.shutdown.is_cancelled() {
+            return Err(ReloadError::Stopped);
+        }
+        if serde_json::to_value(&new.settings).ok()
+            != serde_json::to_value(&self.running.settings).ok()
+        {
+            return Err(ReloadError::SettingsChanged);
+        }
+        let mut summary = ReloadSummary::default();
+        let mut to_build = Vec::new();
+        for spec in &new.stages {
+            match self.running.stage(&spec.id) {
+                None => {
+                    summary.added.push(spec.id.clone());
+                    to_build.push(spec);
+                }
+                Some(old) if old.kind != spec.kind => {
+                    return Err(ReloadError::KindChanged(spec.id.clone()));
+                }
+                Some(old)
+                    if old.plugin_name != spec.plugin_name
+                        || old.options != spec.options
+                        || old.on_error != spec.on_error =>
+                {
+                    summary.changed.push(spec.id.clone());
+                    to_build.push(spec);
+                }
+                Some(_) => {}
+            }
+        }
+        for old in &self.running.stages {
+            if new.stage(&old.id).is_none() {
+                summary.removed.push(old.id.clone());
+            }
+        }
+        // Build everything first: a plugin that cannot be built leaves the
+        // running pipeline exactly as it was.
+        let mut built = build_all(&new, to_build.into_iter()).map_err(ReloadError::Build)?;
+
+        let added: Vec<StageSpec> = new
+            .stages
+            .iter()
+            .filter(|s| summary.added.contains(&s.id))
+            .cloned()
+            .collect();
+        let mut opened = self.open_channels(added.iter());
+        let rewired = self.rewire(&new);
+        summary.rewired = rewired
+            .into_iter()
+            .filter(|id| !summary.added.contains(id))
+            .collect();
+
+        // Removed stages stop receiving (rewire left them out), drain what
+        // they hold to their old readers, and end. Sources are told to stop.
+        for id in &summary.removed {
+            if let Some(live) = self.live.remove(id)
+                && let Some(Control::Source { stop }) = live.control
+            {
+                stop.cancel();
+            }
+        }
+        for id in summary.changed.clone() {
+            let spec = new.stage(&id).expect("changed stages exist").clone();
+            let b = built.remove(&id).expect("changed stages were built");
+            // A stage that already ended (its input closed) has nothing to swap.
+            let Some(live) = self.live.get_mut(&id) else {
+                continue;
+            };
+            match (live.control.take(), b) {
+                (Some(Control::Source { stop }), Built::Source(source)) => {
+                    stop.cancel();
+                    let (metrics, main) = (live.metrics.clone(), live.main.clone());
+                    let stop = self.spawn_source(id.as_str().into(), source, metrics, main);
+                    self.live.get_mut(&id).expect("live").control = Some(Control::Source { stop });
+                }
+                (Some(Control::Processor { swap }), Built::Processor(p)) => {
+                    let _ = swap.send((p, spec.on_error));
+                    live.control = Some(Control::Processor { swap });
+                }
+                (Some(Control::Sink { interrupt, swap }), Built::Sink(s)) => {
+                    let _ = swap.send(s);
+                    interrupt.raise();
+                    live.control = Some(Control::Sink { interrupt, swap });
+                }
+                (control, _) => {
+                    live.control = control;
+                    tracing::warn!(stage = %id, "reload: stage kind mismatch; left as it was");
+                }
+            }
+        }
+        for spec in &added {
+            let b = built.remove(&spec.id).expect("added stages were built");
+            let channel = opened.remove(&spec.id);
+            self.spawn(spec, b, channel);
+        }
+        drop(opened);
+        summary.unchanged = new.stages.len() - summary.added.len() - summary.changed.len();
+        self.running = new;
+        Ok(summary)
+    }
+
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) -> RunReport {
+        loop {
+            tokio::select! {
+                joined = self.tasks.join_next() => {
+                    let Some(joined) = joined else { break };
+                    let (task, result) = joined.expect("stage tasks catch their own panics");
+                    let stage = self.task_stage.remove(&task).unwrap_or_default();
+                    // A stage that is over lets go of its readers' channels, so
+                    // they end once their other upstreams do. (A source replaced
+                    // by a reload ended too, but its successor uses the outputs.)
+                    if self.live.get(&stage).is_some_and(|l| l.task == task)
+                        && let Some(live) = self.live.remove(&stage)
+                    {
+                        live.main.set(Vec::new());
+                        live.errors.set(Vec::new());
+                    }
+                    if let Err(message) = result {
+                        self.failures.push(StageFailure { stage, message });
+                    }
+                }
+                Some(command) = commands.recv() => match command {
+                    Command::Reload(pipeline, reply) => {
+                        let result = self.reload(*pipeline);
+                        match &result {
+                            Ok(summary) => tracing::info!("reloaded: {summary}"),
+                            Err(e) => tracing::warn!("reload refused, pipeline unchanged: {e}"),
+                        }
+                        let _ = reply.send(result);
+                    }
+                },
             }
         }
         RunReport::new(
-            report_stages
+            self.all_stages
                 .iter()
                 .map(|(id, kind, m)| StageReport {
                     id: id.clone(),
@@ -222,7 +593,7 @@ pub fn start(
                     counts: m.snapshot(),
                 })
                 .collect(),
-            report_channels
+            self.all_channels
                 .iter()
                 .map(|(id, c)| ChannelReport {
                     stage: id.clone(),
@@ -233,17 +604,10 @@ pub fn start(
                     abandoned: c.stats().abandoned(),
                 })
                 .collect(),
-            failures,
-            started.elapsed(),
+            self.failures,
+            self.started.elapsed(),
         )
-    });
-
-    Ok(RunningPipeline {
-        stages,
-        channels,
-        shutdown,
-        done,
-    })
+    }
 }
 
 /// A stage failed: say so now and stop the sources, so the pipeline drains
@@ -295,11 +659,43 @@ struct ProcessorStage {
     on_error: OnError,
     metrics: Arc<StageMetrics>,
     warn: WarnLimiter,
+    /// A reload's replacement processor and `on_error`.
+    swaps: mpsc::UnboundedReceiver<(Box<dyn Processor>, OnError)>,
 }
 
 impl ProcessorStage {
     async fn run(&mut self) -> Result<(), StageError> {
-        while let Some(mut batch) = self.input.recv().await {
+        loop {
+            tokio::select! {
+                biased;
+                Some((processor, on_error)) = self.swaps.recv() => {
+                    // Between batches: the old instance hands over what it holds.
+                    self.finish().await?;
+                    self.processor = processor;
+                    self.on_error = on_error;
+                }
+                batch = self.input.recv() => match batch {
+                    Some(batch) => self.process(batch).await?,
+                    None => break,
+                },
+            }
+        }
+        self.warn.flush(&self.id);
+        self.finish().await
+    }
+
+    async fn finish(&mut self) -> Result<(), StageError> {
+        let tail = self.processor.finish();
+        self.metrics.add_created(tail.len() as u64);
+        self.output.send(tail).await?;
+        Ok(())
+    }
+
+    async fn process(
+        &mut self,
+        mut batch: logbus_plugin_api::InputBatch,
+    ) -> Result<(), StageError> {
+        {
             let events = batch.take();
             let n = events.len();
             self.metrics.add_in(n as u64);
@@ -345,10 +741,6 @@ impl ProcessorStage {
                 )));
             }
         }
-        self.warn.flush(&self.id);
-        let tail = self.processor.finish();
-        self.metrics.add_created(tail.len() as u64);
-        self.output.send(tail).await?;
         Ok(())
     }
 }

@@ -280,7 +280,10 @@ fn run(
             pipeline.path.display()
         );
         match logbus_core::start(&pipeline, shutdown) {
-            Ok(running) => Ok(running.wait().await),
+            Ok(running) => {
+                spawn_reload_handler(pipeline.path.clone(), running.reloader());
+                Ok(running.wait().await)
+            }
             Err(errors) => Err(errors),
         }
     });
@@ -308,19 +311,53 @@ fn run(
     })
 }
 
-/// First SIGINT/SIGTERM: stop the sources and drain. Second: exit now.
-fn spawn_signal_handler(shutdown: CancellationToken) {
+/// SIGHUP: re-read and validate the file; apply it if valid, otherwise say
+/// why and leave the running pipeline as it is.
+fn spawn_reload_handler(file: PathBuf, reloader: logbus_core::Reloader) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot install the SIGHUP handler; reload is unavailable");
+        return;
+    };
     tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::warn!(
-                "cannot install signal handlers; SIGINT/SIGTERM will kill without draining"
-            );
-            return;
-        };
+        let registry = catalog::registry();
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading {}", file.display());
+            let loaded = match load_file(&file, &registry) {
+                Ok(loaded) => loaded,
+                Err(e) => {
+                    tracing::warn!("reload refused, pipeline unchanged: {e}");
+                    continue;
+                }
+            };
+            let name = file.display().to_string();
+            for d in &loaded.diagnostics {
+                tracing::warn!("{}", d.display(&name));
+            }
+            match loaded.pipeline {
+                None => tracing::warn!("reload refused, pipeline unchanged: {name} is invalid"),
+                // The supervisor logs the outcome.
+                Some(pipeline) => {
+                    let _ = reloader.reload(pipeline).await;
+                }
+            }
+        }
+    });
+}
+
+/// First SIGINT/SIGTERM: stop the sources and drain. Second: exit now.
+/// The handlers are installed before this returns, so a signal that comes
+/// right after start-up is handled, not fatal.
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; SIGINT/SIGTERM will kill without draining");
+        return;
+    };
+    tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}

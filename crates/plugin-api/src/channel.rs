@@ -17,7 +17,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use tokio::sync::{Semaphore, mpsc};
+use std::sync::atomic::AtomicBool;
+
+use tokio::sync::{Notify, Semaphore, mpsc};
 
 use crate::event::Event;
 
@@ -90,7 +92,11 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
             tx,
             shared: shared.clone(),
         },
-        Receiver { rx, shared },
+        Receiver {
+            rx,
+            shared,
+            interrupt: None,
+        },
     )
 }
 
@@ -162,6 +168,33 @@ impl Sender {
     pub fn stats(&self) -> ChannelHandle {
         ChannelHandle(self.shared.clone())
     }
+
+    /// A handle that does not keep the channel open: the engine keeps one per
+    /// channel to wire new upstreams at a reload, without delaying the end of
+    /// the stream when the real upstreams finish.
+    pub fn downgrade(&self) -> WeakSender {
+        WeakSender {
+            tx: self.tx.downgrade(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// See [`Sender::downgrade`].
+#[derive(Clone)]
+pub struct WeakSender {
+    tx: mpsc::WeakUnboundedSender<Vec<Event>>,
+    shared: Arc<Shared>,
+}
+
+impl WeakSender {
+    /// A sender, if some sender still keeps the channel open.
+    pub fn upgrade(&self) -> Option<Sender> {
+        Some(Sender {
+            tx: self.tx.upgrade()?,
+            shared: self.shared.clone(),
+        })
+    }
 }
 
 fn rejoin(mut first: Vec<Event>, rest: Vec<Event>) -> Vec<Event> {
@@ -191,23 +224,75 @@ impl ChannelHandle {
     }
 }
 
+/// Lets the engine end a consumer's stream early (at a batch boundary)
+/// without closing the channel, so a sink can be replaced at a reload while
+/// its queued events wait for the new one.
+#[derive(Default)]
+pub struct Interrupt {
+    raised: AtomicBool,
+    notify: Notify,
+}
+
+impl Interrupt {
+    /// From now on, `recv` returns `None` until [`Interrupt::clear`].
+    pub fn raise(&self) {
+        self.raised.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    pub fn clear(&self) {
+        self.raised.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::SeqCst)
+    }
+}
+
 /// Receiving half, owned by the consuming stage.
 pub struct Receiver {
     rx: mpsc::UnboundedReceiver<Vec<Event>>,
     shared: Arc<Shared>,
+    interrupt: Option<Arc<Interrupt>>,
 }
 
 impl Receiver {
-    /// The next batch, or `None` once every sender is gone and the queue is empty.
+    /// The next batch, or `None` once every sender is gone and the queue is
+    /// empty (or the engine interrupted this consumer).
     pub async fn recv(&mut self) -> Option<InputBatch> {
-        let events = self.rx.recv().await?;
-        Some(self.accept(events))
+        let Some(interrupt) = self.interrupt.clone() else {
+            let events = self.rx.recv().await?;
+            return Some(self.accept(events));
+        };
+        loop {
+            // Register for the wake-up before looking at the flag, so a
+            // raise between the two cannot be missed.
+            let notified = interrupt.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if interrupt.is_raised() {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                _ = &mut notified => continue,
+                events = self.rx.recv() => return Some(self.accept(events?)),
+            }
+        }
     }
 
     /// The next batch if one is queued now.
     pub fn try_recv(&mut self) -> Option<InputBatch> {
+        if self.interrupt.as_ref().is_some_and(|i| i.is_raised()) {
+            return None;
+        }
         let events = self.rx.try_recv().ok()?;
         Some(self.accept(events))
+    }
+
+    /// Makes this receiver interruptible; returns the handle that interrupts it.
+    pub fn interruptible(&mut self) -> Arc<Interrupt> {
+        self.interrupt.get_or_insert_with(Default::default).clone()
     }
 
     fn accept(&self, events: Vec<Event>) -> InputBatch {
@@ -340,6 +425,47 @@ mod tests {
             Ok(()) => {}
             Err(e) => assert_eq!(e.0.len(), 1),
         }
+    }
+
+    #[tokio::test]
+    async fn interrupt_ends_the_stream_without_closing_the_channel() {
+        let (tx, mut rx) = channel(8);
+        let interrupt = rx.interruptible();
+        tx.send(events(2)).await.unwrap();
+        // A consumer blocked in recv wakes up with None when interrupted...
+        let (rx_back, got) = {
+            let waiter = tokio::spawn(async move {
+                let first = rx.recv().await.map(|b| b.len());
+                let second = rx.recv().await.map(|b| b.len());
+                (rx, first, second)
+            });
+            let (rx, first, second) = {
+                // The first recv takes the queued batch; the second blocks until raised.
+                tokio::task::yield_now().await;
+                interrupt.raise();
+                waiter.await.unwrap()
+            };
+            (rx, (first, second))
+        };
+        assert_eq!(got, (Some(2), None));
+        let mut rx = rx_back;
+        // ...and after clear, the same channel delivers again.
+        interrupt.clear();
+        tx.send(events(1)).await.unwrap();
+        assert_eq!(rx.recv().await.map(|b| b.len()), Some(1));
+    }
+
+    #[tokio::test]
+    async fn weak_sender_does_not_keep_the_channel_open() {
+        let (tx, mut rx) = channel(8);
+        let weak = tx.downgrade();
+        let strong = weak.upgrade().unwrap();
+        strong.send(events(1)).await.unwrap();
+        drop(strong);
+        drop(tx);
+        assert!(weak.upgrade().is_none());
+        assert_eq!(rx.recv().await.map(|b| b.len()), Some(1));
+        assert!(rx.recv().await.is_none());
     }
 
     #[tokio::test]

@@ -13,10 +13,12 @@ pub mod registry;
 
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
-pub use channel::{ChannelHandle, InputBatch, Receiver, SendError, Sender, channel};
+pub use channel::{
+    ChannelHandle, InputBatch, Interrupt, Receiver, SendError, Sender, WeakSender, channel,
+};
 pub use event::{Event, EventData, FieldPath, Fields, Meta, Payload, now_ns};
 pub use metrics::{StageCounts, StageMetrics};
-pub use output::{Output, OutputRole};
+pub use output::{Output, OutputRole, OutputTargets};
 pub use plugin::{
     BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, Plugin, Processor, Sink,
     SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin, Verdict,

@@ -2,7 +2,7 @@
 //! reference-counted, so each extra downstream costs a pointer increment per
 //! event, not a copy.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use crate::channel::{SendError, Sender};
 use crate::event::Event;
@@ -17,16 +17,45 @@ pub enum OutputRole {
     Errors,
 }
 
+/// The channels an output delivers to. The engine replaces the list when a
+/// reload adds or removes readers; a send in progress finishes on the list
+/// it started with.
+#[derive(Clone, Default)]
+pub struct OutputTargets(Arc<RwLock<Arc<Vec<Sender>>>>);
+
+impl OutputTargets {
+    pub fn new(senders: Vec<Sender>) -> Self {
+        OutputTargets(Arc::new(RwLock::new(Arc::new(senders))))
+    }
+
+    pub fn set(&self, senders: Vec<Sender>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(senders);
+    }
+
+    fn current(&self) -> Arc<Vec<Sender>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[derive(Clone)]
 pub struct Output {
-    senders: Vec<Sender>,
+    targets: OutputTargets,
     metrics: Arc<StageMetrics>,
     role: OutputRole,
 }
 
 impl Output {
     pub fn new(senders: Vec<Sender>, metrics: Arc<StageMetrics>, role: OutputRole) -> Self {
+        Self::with_targets(OutputTargets::new(senders), metrics, role)
+    }
+
+    pub fn with_targets(
+        targets: OutputTargets,
+        metrics: Arc<StageMetrics>,
+        role: OutputRole,
+    ) -> Self {
         Output {
-            senders,
+            targets,
             metrics,
             role,
         }
@@ -34,7 +63,7 @@ impl Output {
 
     /// Whether any stage reads this output.
     pub fn is_connected(&self) -> bool {
-        !self.senders.is_empty()
+        !self.targets.current().is_empty()
     }
 
     /// Delivers the batch to every downstream, waiting while any is full.
@@ -45,7 +74,8 @@ impl Output {
         if n == 0 {
             return Ok(());
         }
-        match self.senders.as_slice() {
+        let senders = self.targets.current();
+        match senders.as_slice() {
             [] => {
                 self.metrics.add_discarded(n);
                 return Ok(());

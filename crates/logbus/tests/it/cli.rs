@@ -517,3 +517,96 @@ fn pipeline_test_definitions_are_checked_with_positions() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no tests in"));
 }
+
+#[test]
+fn sighup_reloads_a_valid_file_and_refuses_an_invalid_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |tag: &str| {
+        format!(
+            "settings: {{ channel_capacity: 256 }}\nstages:
+  gen: {{ source: generator, rate: 20000, template: '{{\"seq\":{{{{seq}}}}}}' }}
+  json: {{ parser: json, inputs: [gen] }}
+  tag: {{ transform: fields, inputs: [json], set: {{ v: {tag} }} }}
+  fmt: {{ formatter: json, inputs: [tag] }}
+  out: {{ sink: file, inputs: [fmt], path: out.ndjson }}
+"
+        )
+    };
+    let p = write(dir.path(), "p.yml", &text("old"));
+    let out = dir.path().join("out.ndjson");
+    let stats = dir.path().join("stats.json");
+    let child = logbus()
+        .env("LOGBUS_LOG", "info")
+        .arg("run")
+        .arg(&p)
+        .arg("--stats-json")
+        .arg(&stats)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let wait_for = |needle: &str| {
+        let start = Instant::now();
+        while !std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .contains(needle)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "never saw {needle}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let signal = |sig: &str| {
+        assert!(
+            Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    wait_for("\"v\":\"old\"");
+    write(dir.path(), "p.yml", &text("new"));
+    signal("-HUP");
+    wait_for("\"v\":\"new\"");
+    // An invalid file is refused; the pipeline keeps running as it was.
+    write(dir.path(), "p.yml", "stages:\n  gen: { source: nope }\n");
+    signal("-HUP");
+    let size = std::fs::metadata(&out).unwrap().len();
+    let start = Instant::now();
+    while std::fs::metadata(&out).unwrap().len() < size + 10_000 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the pipeline stopped after an invalid reload"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal("-TERM");
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("reloaded: added [], removed [], changed [tag]"),
+        "{err}"
+    );
+    assert!(err.contains("reload refused, pipeline unchanged"), "{err}");
+    let v: Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!(v["totals"]["lost"], 0);
+    // One unbroken, ordered stream across the reload: old tags, then new.
+    let lines = std::fs::read_to_string(&out).unwrap();
+    let events: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        events.len() as u64,
+        v["totals"]["committed"].as_u64().unwrap()
+    );
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["seq"].as_u64(), Some(i as u64));
+    }
+    let switch = events.iter().position(|e| e["v"] == "new").unwrap();
+    assert!(events[..switch].iter().all(|e| e["v"] == "old"));
+    assert!(events[switch..].iter().all(|e| e["v"] == "new"));
+}

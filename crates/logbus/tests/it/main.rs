@@ -3,6 +3,7 @@
 //! error routing, shutdown, and the `logbus` command itself.
 
 mod cli;
+mod reload;
 mod runtime;
 mod schema;
 mod support;
