@@ -319,10 +319,11 @@ fn stdin_to_stdout() {
 fn shipped_pipelines_validate_and_run() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut checked = 0;
-    for dir in ["pipelines", "examples"] {
+    for dir in ["pipelines", "examples", "examples/edge-agent"] {
         let mut files: Vec<_> = std::fs::read_dir(root.join(dir))
             .unwrap()
             .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
             .collect();
         files.sort();
         for file in files.iter().filter(|f| {
@@ -379,7 +380,7 @@ fn shipped_pipelines_validate_and_run() {
                 .stdin
                 .take()
                 .unwrap()
-                .write_all(b"{\"seq\":1,\"debug_id\":\"x\"}\n{\"seq\":2}\n")
+                .write_all(b"{\"seq\":1,\"debug_id\":\"x\",\"PRIORITY\":\"3\"}\n{\"seq\":2}\n")
                 .unwrap();
             let o = child.wait_with_output().unwrap();
             assert_eq!(
