@@ -19,7 +19,10 @@ use crate::yaml::{self, Node, NodeKind, Pos};
 pub const ERRORS_SUFFIX: &str = ".errors";
 
 /// Keys every stage may have besides its plugin's options.
-const COMMON_KEYS: [&str; 2] = ["inputs", "on_error"];
+const COMMON_KEYS: [&str; 4] = ["inputs", "on_error", "workers", "queue"];
+
+/// Most workers one stage may have.
+pub const MAX_WORKERS: usize = 256;
 
 /// `settings:` — engine-wide knobs.
 #[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
@@ -74,6 +77,65 @@ pub enum OnError {
     Route,
 }
 
+/// `queue:` of a parser, transform, formatter or sink: its input queue.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSpec {
+    /// `global`: one shared multi-consumer queue read by all `workers`.
+    /// (`local`, per-producer frontends, is not available yet.)
+    #[serde(default)]
+    pub scope: QueueScope,
+    /// Capacity in events (default: `settings.channel_capacity`).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub size: Option<usize>,
+    /// Most events a worker takes in one dequeue (default: the capacity).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub dequeue_batch: Option<usize>,
+}
+
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueScope {
+    #[default]
+    Global,
+    Local,
+}
+
+impl CheckOptions for QueueSpec {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        if self.scope == QueueScope::Local {
+            errors.push(OptionError::at(
+                &["scope"],
+                "`local` (per-producer frontend queues) is not available in this version; use `global`",
+            ));
+        }
+        if let Some(size) = self.size
+            && !(1..=MAX_CHANNEL_CAPACITY).contains(&size)
+        {
+            errors.push(OptionError::at(
+                &["size"],
+                format!("must be between 1 and {MAX_CHANNEL_CAPACITY} events, got {size}"),
+            ));
+        }
+        if let Some(batch) = self.dequeue_batch {
+            if batch == 0 {
+                errors.push(OptionError::at(&["dequeue_batch"], "must be at least 1"));
+            } else if let Some(size) = self.size.filter(|s| batch > *s) {
+                errors.push(OptionError::at(
+                    &["dequeue_batch"],
+                    format!("must not exceed `size` ({size}), got {batch}"),
+                ));
+            }
+        }
+        errors
+    }
+}
+
 #[derive(Clone)]
 pub struct StageSpec {
     pub id: String,
@@ -84,7 +146,31 @@ pub struct StageSpec {
     /// Output names this stage reads: a stage id, or `<id>.errors`.
     pub inputs: Vec<String>,
     pub on_error: OnError,
+    /// Tasks running this stage (parsers, transforms, formatters, sinks),
+    /// sharing its input queue; each gets its own plugin instance.
+    pub workers: usize,
+    pub queue: Option<QueueSpec>,
     pub options: Value,
+}
+
+impl StageSpec {
+    /// Capacity of this stage's input, in events.
+    pub fn capacity(&self, settings: &Settings) -> usize {
+        self.queue
+            .as_ref()
+            .and_then(|q| q.size)
+            .unwrap_or(settings.channel_capacity)
+    }
+
+    /// Most events one worker takes per dequeue.
+    pub fn dequeue_batch(&self, settings: &Settings) -> usize {
+        let capacity = self.capacity(settings);
+        self.queue
+            .as_ref()
+            .and_then(|q| q.dequeue_batch)
+            .unwrap_or(capacity)
+            .min(capacity)
+    }
 }
 
 /// A pipeline that passed validation.
@@ -112,15 +198,15 @@ impl Pipeline {
     /// one input channel, and an event is counted against a channel until
     /// the consumer has forwarded or committed it.
     pub fn inflight_bound(&self) -> InflightBound {
-        let channels = self
+        let inputs: Vec<&StageSpec> = self
             .stages
             .iter()
             .filter(|s| s.kind != StageKind::Source)
-            .count();
+            .collect();
         InflightBound {
-            channels,
+            channels: inputs.len(),
             channel_capacity: self.settings.channel_capacity,
-            events: channels * self.settings.channel_capacity,
+            events: inputs.iter().map(|s| s.capacity(&self.settings)).sum(),
         }
     }
 
@@ -213,6 +299,8 @@ struct RawStage {
     inputs: Vec<(String, Pos)>,
     has_inputs_key: bool,
     on_error: OnError,
+    workers: usize,
+    queue: Option<QueueSpec>,
     options: Value,
 }
 
@@ -289,6 +377,8 @@ impl Checker<'_> {
                     plugin: s.plugin?,
                     inputs: s.inputs.into_iter().map(|(i, _)| i).collect(),
                     on_error: s.on_error,
+                    workers: s.workers,
+                    queue: s.queue,
                     options: s.options,
                 })
             })
@@ -495,6 +585,60 @@ impl Checker<'_> {
             }
         }
 
+        let mut workers = 1;
+        if let Some((key, value)) = node.entry("workers") {
+            match value.to_json().as_u64() {
+                Some(n) if (1..=MAX_WORKERS as u64).contains(&n) => workers = n as usize,
+                _ => self.push(
+                    Diagnostic::error(
+                        "bad-option",
+                        format!("`workers` must be a whole number from 1 to {MAX_WORKERS}"),
+                    )
+                    .stage(id)
+                    .at(value.pos),
+                ),
+            }
+            if kind == Some(StageKind::Source) {
+                self.push(
+                    Diagnostic::error(
+                        "bad-option",
+                        "`workers` applies to parsers, transforms, formatters and sinks",
+                    )
+                    .stage(id)
+                    .at(key.pos),
+                );
+            }
+        }
+        let mut queue = None;
+        if let Some((key, value)) = node.entry("queue") {
+            if kind == Some(StageKind::Source) {
+                self.push(
+                    Diagnostic::error(
+                        "bad-option",
+                        "a source has no input queue; `queue` applies to the stages it feeds",
+                    )
+                    .stage(id)
+                    .at(key.pos),
+                );
+            }
+            let schema = schemars::schema_for!(QueueSpec).to_value();
+            let errors = match parse_options::<QueueSpec>(&value.to_json(), &schema) {
+                Ok(q) => {
+                    let errors = q.check();
+                    queue = Some(q);
+                    errors
+                }
+                Err(errors) => errors,
+            };
+            for e in errors {
+                self.push(
+                    Diagnostic::error("bad-option", format!("queue: {}", e.message))
+                        .stage(id)
+                        .at(value.pos_of(&e.path)),
+                );
+            }
+        }
+
         // Everything else belongs to the plugin.
         let mut options = serde_json::Map::new();
         for (k, v) in entries {
@@ -538,6 +682,8 @@ impl Checker<'_> {
             inputs,
             has_inputs_key,
             on_error,
+            workers,
+            queue,
             options,
         })
     }

@@ -12,7 +12,9 @@ pub mod runtime;
 pub mod schema;
 pub mod yaml;
 
-pub use config::{Loaded, OnError, Pipeline, Settings, StageSpec, load_file, load_str};
+pub use config::{
+    Loaded, OnError, Pipeline, QueueScope, QueueSpec, Settings, StageSpec, load_file, load_str,
+};
 pub use diagnostic::{Diagnostic, Severity};
 pub use report::RunReport;
 pub use runtime::{ReloadError, ReloadSummary, Reloader, RunningPipeline, start};

@@ -26,7 +26,7 @@ use futures::FutureExt;
 use logbus_plugin_api::{
     Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt, Output,
     OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink, SinkContext, Source,
-    SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, channel,
+    SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, channel_with_batch,
 };
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -52,6 +52,10 @@ pub enum ReloadError {
     SettingsChanged,
     #[error("stage `{0}` changed kind; give the new stage another id, or restart")]
     KindChanged(String),
+    #[error(
+        "stage `{0}` changed `workers` or `queue`; its queue is kept across a reload, so restart to change them"
+    )]
+    QueueChanged(String),
     #[error("the pipeline is shutting down")]
     Stopped,
 }
@@ -147,29 +151,40 @@ impl RunningPipeline {
     }
 }
 
+/// Builds one plugin instance per worker (sources: one).
 fn build_all<'a>(
     pipeline: &Pipeline,
     specs: impl Iterator<Item = &'a StageSpec>,
-) -> Result<HashMap<String, Built>, Vec<BuildError>> {
+) -> Result<HashMap<String, Vec<Built>>, Vec<BuildError>> {
     let mut built = HashMap::new();
     let mut errors = Vec::new();
     for spec in specs {
-        match spec
-            .plugin
-            .build(&spec.options, &pipeline.build_context(spec))
-        {
-            Ok(b) => {
-                built.insert(spec.id.clone(), b);
+        let instances = if spec.kind == StageKind::Source {
+            1
+        } else {
+            spec.workers.max(1)
+        };
+        let mut workers = Vec::with_capacity(instances);
+        for _ in 0..instances {
+            match spec
+                .plugin
+                .build(&spec.options, &pipeline.build_context(spec))
+            {
+                Ok(b) => workers.push(b),
+                Err(errs) => {
+                    errors.extend(errs.into_iter().map(|e| BuildError {
+                        stage: spec.id.clone(),
+                        message: if e.path.is_empty() {
+                            e.message
+                        } else {
+                            format!("option `{}`: {}", e.path.join("."), e.message)
+                        },
+                    }));
+                    break;
+                }
             }
-            Err(errs) => errors.extend(errs.into_iter().map(|e| BuildError {
-                stage: spec.id.clone(),
-                message: if e.path.is_empty() {
-                    e.message
-                } else {
-                    format!("option `{}`: {}", e.path.join("."), e.message)
-                },
-            })),
         }
+        built.insert(spec.id.clone(), workers);
     }
     if errors.is_empty() {
         Ok(built)
@@ -225,18 +240,21 @@ enum Control {
     Source {
         stop: CancellationToken,
     },
+    /// One replacement channel per worker.
     Processor {
-        swap: mpsc::UnboundedSender<(Box<dyn Processor>, OnError)>,
+        swaps: Vec<mpsc::UnboundedSender<(Box<dyn Processor>, OnError)>>,
     },
+    /// The workers share the input, so one interrupt pauses them all.
     Sink {
         interrupt: Arc<Interrupt>,
-        swap: mpsc::UnboundedSender<Box<dyn Sink>>,
+        swaps: Vec<mpsc::UnboundedSender<Box<dyn Sink>>>,
     },
 }
 
 struct Live {
-    /// The task running the stage now (a changed source gets a new one).
-    task: u64,
+    /// The tasks running the stage (its workers; during a source swap, the
+    /// old source and the new). The stage is over when none is left.
+    tasks: std::collections::HashSet<u64>,
     metrics: Arc<StageMetrics>,
     /// The stage's input channel, without keeping it open.
     input: Option<WeakSender>,
@@ -266,7 +284,7 @@ type Opened = HashMap<String, (Receiver, Sender)>;
 
 impl Supervisor {
     fn open_channels<'a>(&mut self, specs: impl Iterator<Item = &'a StageSpec>) -> Opened {
-        let capacity = self.running.settings.channel_capacity;
+        let settings = self.running.settings.clone();
         let mut opened = HashMap::new();
         for spec in specs {
             let metrics = Arc::new(StageMetrics::default());
@@ -274,7 +292,8 @@ impl Supervisor {
                 .push((spec.id.clone(), spec.kind, metrics.clone()));
             let mut input = None;
             if spec.kind != StageKind::Source {
-                let (tx, rx) = channel(capacity);
+                let (tx, rx) =
+                    channel_with_batch(spec.capacity(&settings), spec.dequeue_batch(&settings));
                 self.all_channels.push((spec.id.clone(), rx.handle()));
                 input = Some(tx.downgrade());
                 opened.insert(spec.id.clone(), (rx, tx));
@@ -282,7 +301,7 @@ impl Supervisor {
             self.live.insert(
                 spec.id.clone(),
                 Live {
-                    task: u64::MAX,
+                    tasks: Default::default(),
                     metrics,
                     input,
                     main: OutputTargets::default(),
@@ -346,82 +365,121 @@ impl Supervisor {
             span,
         ));
         if let Some(live) = self.live.get_mut(id) {
-            live.task = task;
+            live.tasks.insert(task);
         }
         task
     }
 
-    /// Starts a built stage; non-sources take their opened channel.
-    fn spawn(&mut self, spec: &StageSpec, built: Built, opened: Option<(Receiver, Sender)>) {
+    /// Starts a built stage (one instance per worker); non-sources take
+    /// their opened channel.
+    fn spawn(&mut self, spec: &StageSpec, built: Vec<Built>, opened: Option<(Receiver, Sender)>) {
         let live = self.live.get(&spec.id).expect("opened before spawned");
         let (metrics, main, errors) =
             (live.metrics.clone(), live.main.clone(), live.errors.clone());
         let id: Arc<str> = spec.id.as_str().into();
-        let global = self.shutdown.clone();
-        let control = match built {
-            Built::Source(source) => Control::Source {
-                stop: self.spawn_source(id, source, metrics, main),
-            },
-            Built::Processor(processor) => {
-                let (input, _keep_open) = opened.expect("a processor has a channel");
-                let (swap_tx, swap_rx) = mpsc::unbounded_channel();
-                let mut stage = ProcessorStage {
-                    id: id.clone(),
-                    processor,
-                    input,
-                    output: Output::with_targets(main, metrics.clone(), OutputRole::Main),
-                    errors: Output::with_targets(errors, metrics.clone(), OutputRole::Errors),
-                    on_error: spec.on_error,
-                    metrics,
-                    warn: WarnLimiter::default(),
-                    swaps: swap_rx,
-                };
-                self.spawn_task(&spec.id, async move {
-                    let result = guard(stage.run()).await;
-                    if let Err(message) = &result {
-                        fail_fast(&stage.id, message, &global);
-                        drain_as_errored(&mut stage.input, &stage.metrics).await;
-                    }
-                    result
-                });
-                Control::Processor { swap: swap_tx }
-            }
-            Built::Sink(sink) => {
-                let (mut input, _keep_open) = opened.expect("a sink has a channel");
-                let interrupt = input.interruptible();
-                let (swap_tx, mut swap_rx) = mpsc::unbounded_channel::<Box<dyn Sink>>();
-                let raised = interrupt.clone();
-                self.spawn_task(&spec.id, async move {
-                    let mut cx = SinkContext { id, input, metrics };
-                    let mut sink = sink;
-                    loop {
-                        let result = guard(sink.run(&mut cx)).await;
+        let mut control = None;
+        let (mut input, _keep_open) = match opened {
+            Some((rx, tx)) => (Some(rx), Some(tx)),
+            None => (None, None),
+        };
+        let interrupt = match (&mut input, spec.kind) {
+            (Some(rx), StageKind::Sink) => Some(rx.interruptible()),
+            _ => None,
+        };
+        for built in built {
+            let global = self.shutdown.clone();
+            match built {
+                Built::Source(source) => {
+                    control = Some(Control::Source {
+                        stop: self.spawn_source(id.clone(), source, metrics.clone(), main.clone()),
+                    });
+                }
+                Built::Processor(processor) => {
+                    let input = input.clone().expect("a processor has a channel");
+                    let (swap_tx, swap_rx) = mpsc::unbounded_channel();
+                    let mut stage = ProcessorStage {
+                        id: id.clone(),
+                        processor,
+                        input,
+                        output: Output::with_targets(
+                            main.clone(),
+                            metrics.clone(),
+                            OutputRole::Main,
+                        ),
+                        errors: Output::with_targets(
+                            errors.clone(),
+                            metrics.clone(),
+                            OutputRole::Errors,
+                        ),
+                        on_error: spec.on_error,
+                        metrics: metrics.clone(),
+                        warn: WarnLimiter::default(),
+                        swaps: swap_rx,
+                    };
+                    self.spawn_task(&spec.id, async move {
+                        let result = guard(stage.run()).await;
                         if let Err(message) = &result {
-                            fail_fast(&cx.id, message, &global);
-                            raised.clear();
-                            drain_as_errored(&mut cx.input, &cx.metrics).await;
-                            return result;
+                            fail_fast(&stage.id, message, &global);
+                            drain_as_errored(&mut stage.input, &stage.metrics).await;
                         }
-                        if !raised.is_raised() {
-                            return result;
-                        }
-                        // Interrupted for a reload: the new sink takes over
-                        // the same input, with its queued events.
-                        raised.clear();
-                        match swap_rx.recv().await {
-                            Some(next) => sink = next,
-                            None => return result,
+                        result
+                    });
+                    match &mut control {
+                        Some(Control::Processor { swaps }) => swaps.push(swap_tx),
+                        _ => {
+                            control = Some(Control::Processor {
+                                swaps: vec![swap_tx],
+                            })
                         }
                     }
-                });
-                Control::Sink {
-                    interrupt,
-                    swap: swap_tx,
+                }
+                Built::Sink(sink) => {
+                    let input = input.clone().expect("a sink has a channel");
+                    let (swap_tx, mut swap_rx) = mpsc::unbounded_channel::<Box<dyn Sink>>();
+                    let (id, metrics) = (id.clone(), metrics.clone());
+                    self.spawn_task(&spec.id, async move {
+                        let mut cx = SinkContext { id, input, metrics };
+                        let mut sink = sink;
+                        loop {
+                            let result = guard(sink.run(&mut cx)).await;
+                            if let Err(message) = &result {
+                                fail_fast(&cx.id, message, &global);
+                                cx.input.resume();
+                                drain_as_errored(&mut cx.input, &cx.metrics).await;
+                                return result;
+                            }
+                            if !cx.input.is_interrupted() {
+                                return result;
+                            }
+                            // Interrupted for a reload: the newest replacement
+                            // takes over the same input, with its queued events.
+                            // (Replacements are sent before the interrupt is raised.)
+                            cx.input.resume();
+                            let Some(mut next) = swap_rx.recv().await else {
+                                return result;
+                            };
+                            while let Ok(newer) = swap_rx.try_recv() {
+                                next = newer;
+                            }
+                            sink = next;
+                        }
+                    });
+                    match &mut control {
+                        Some(Control::Sink { swaps, .. }) => swaps.push(swap_tx),
+                        _ => {
+                            control = Some(Control::Sink {
+                                interrupt: interrupt
+                                    .clone()
+                                    .expect("sink inputs are interruptible"),
+                                swaps: vec![swap_tx],
+                            })
+                        }
+                    }
                 }
             }
-        };
+        }
         if let Some(live) = self.live.get_mut(&spec.id) {
-            live.control = Some(control);
+            live.control = control;
         }
     }
 
@@ -469,6 +527,9 @@ impl Supervisor {
                 }
                 Some(old) if old.kind != spec.kind => {
                     return Err(ReloadError::KindChanged(spec.id.clone()));
+                }
+                Some(old) if old.workers != spec.workers || old.queue != spec.queue => {
+                    return Err(ReloadError::QueueChanged(spec.id.clone()));
                 }
                 Some(old)
                     if old.plugin_name != spec.plugin_name
@@ -520,25 +581,33 @@ impl Supervisor {
                 continue;
             };
             match (live.control.take(), b) {
-                (Some(Control::Source { stop }), Built::Source(source)) => {
+                (Some(Control::Source { stop }), mut instances) => {
                     stop.cancel();
+                    let Some(Built::Source(source)) = instances.pop() else {
+                        unreachable!("a source builds a source")
+                    };
                     let (metrics, main) = (live.metrics.clone(), live.main.clone());
                     let stop = self.spawn_source(id.as_str().into(), source, metrics, main);
                     self.live.get_mut(&id).expect("live").control = Some(Control::Source { stop });
                 }
-                (Some(Control::Processor { swap }), Built::Processor(p)) => {
-                    let _ = swap.send((p, spec.on_error));
-                    live.control = Some(Control::Processor { swap });
+                (Some(Control::Processor { swaps }), instances) => {
+                    for (swap, built) in swaps.iter().zip(instances) {
+                        if let Built::Processor(p) = built {
+                            let _ = swap.send((p, spec.on_error));
+                        }
+                    }
+                    live.control = Some(Control::Processor { swaps });
                 }
-                (Some(Control::Sink { interrupt, swap }), Built::Sink(s)) => {
-                    let _ = swap.send(s);
+                (Some(Control::Sink { interrupt, swaps }), instances) => {
+                    for (swap, built) in swaps.iter().zip(instances) {
+                        if let Built::Sink(s) = built {
+                            let _ = swap.send(s);
+                        }
+                    }
                     interrupt.raise();
-                    live.control = Some(Control::Sink { interrupt, swap });
+                    live.control = Some(Control::Sink { interrupt, swaps });
                 }
-                (control, _) => {
-                    live.control = control;
-                    tracing::warn!(stage = %id, "reload: stage kind mismatch; left as it was");
-                }
+                (None, _) => {}
             }
         }
         for spec in &added {
@@ -562,9 +631,11 @@ impl Supervisor {
                     // A stage that is over lets go of its readers' channels, so
                     // they end once their other upstreams do. (A source replaced
                     // by a reload ended too, but its successor uses the outputs.)
-                    if self.live.get(&stage).is_some_and(|l| l.task == task)
-                        && let Some(live) = self.live.remove(&stage)
-                    {
+                    let over = self.live.get_mut(&stage).is_some_and(|l| {
+                        l.tasks.remove(&task);
+                        l.tasks.is_empty()
+                    });
+                    if over && let Some(live) = self.live.remove(&stage) {
                         live.main.set(Vec::new());
                         live.errors.set(Vec::new());
                     }

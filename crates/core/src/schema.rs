@@ -7,7 +7,7 @@
 use logbus_plugin_api::{Registry, StageKind};
 use serde_json::{Map, Value, json};
 
-use crate::config::Settings;
+use crate::config::{MAX_WORKERS, QueueSpec, Settings};
 
 /// Prefixes every `#/$defs/X` reference inside `value` with `prefix`.
 fn rebase_refs(value: &mut Value, prefix: &str) {
@@ -50,6 +50,12 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
         "settings-",
         &mut defs,
     );
+    let queue = hoist(
+        schemars::schema_for!(QueueSpec).to_value(),
+        "queue-",
+        &mut defs,
+    );
+    defs.insert("queue".into(), Value::Object(queue));
 
     let mut variants = Vec::new();
     for plugin in registry.plugins() {
@@ -80,6 +86,17 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
                 }),
             );
             required.push(json!("inputs"));
+            props.insert(
+                "workers".into(),
+                json!({
+                    "description": "Tasks running this stage, sharing its input queue; each has its own plugin instance. No order is kept across workers.",
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_WORKERS,
+                    "default": 1
+                }),
+            );
+            props.insert("queue".into(), json!({ "$ref": "#/$defs/queue" }));
         }
         if kind.is_processor() {
             props.insert(

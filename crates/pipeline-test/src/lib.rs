@@ -117,6 +117,8 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
         plugin: Arc::new(InjectPlugin(events.clone())),
         inputs: Vec::new(),
         on_error: OnError::Drop,
+        workers: 1,
+        queue: None,
         options: Value::Null,
     };
     let mut stages: Vec<StageSpec> = Vec::new();
@@ -144,6 +146,8 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
         plugin: Arc::new(CollectPlugin(collected)),
         inputs: vec![test.output.clone()],
         on_error: OnError::Drop,
+        workers: 1,
+        queue: None,
         options: Value::Null,
     });
 

@@ -17,9 +17,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use std::sync::atomic::AtomicBool;
-
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore};
 
 use crate::event::Event;
 
@@ -56,6 +54,10 @@ impl ChannelStats {
 struct Shared {
     permits: Semaphore,
     stats: ChannelStats,
+    /// Largest batch a consumer takes in one dequeue.
+    max_batch: usize,
+    /// Live `Receiver` clones; the last one to go closes the channel.
+    receivers: AtomicUsize,
 }
 
 impl Shared {
@@ -74,7 +76,15 @@ pub struct SendError(pub Vec<Event>);
 /// Creates a channel holding at most `capacity` events (queued plus in the
 /// consumer's hands). `capacity` must be at least 1.
 pub fn channel(capacity: usize) -> (Sender, Receiver) {
+    channel_with_batch(capacity, capacity)
+}
+
+/// A channel whose consumers take at most `max_batch` events per dequeue
+/// (larger batches are split when sent). The receiver may be cloned: each
+/// batch goes to one of the clones (multi-consumer, for stage workers).
+pub fn channel_with_batch(capacity: usize, max_batch: usize) -> (Sender, Receiver) {
     assert!(capacity >= 1, "channel capacity must be at least 1");
+    assert!(max_batch >= 1, "max batch must be at least 1");
     assert!(capacity <= u32::MAX as usize, "channel capacity too large");
     let shared = Arc::new(Shared {
         permits: Semaphore::new(capacity),
@@ -85,8 +95,10 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
             received: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
         },
+        max_batch: max_batch.min(capacity),
+        receivers: AtomicUsize::new(1),
     });
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = async_channel::unbounded();
     (
         Sender {
             tx,
@@ -96,6 +108,7 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
             rx,
             shared,
             interrupt: None,
+            seen: 0,
         },
     )
 }
@@ -103,7 +116,7 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
 /// Sending half; clone it for fan-in.
 #[derive(Clone)]
 pub struct Sender {
-    tx: mpsc::UnboundedSender<Vec<Event>>,
+    tx: async_channel::Sender<Vec<Event>>,
     shared: Arc<Shared>,
 }
 
@@ -111,7 +124,7 @@ impl Sender {
     /// Sends a batch, waiting while the channel is full. A batch larger than
     /// the capacity is sent in capacity-sized pieces, in order.
     pub async fn send(&self, mut batch: Vec<Event>) -> Result<(), SendError> {
-        let capacity = self.shared.stats.capacity;
+        let capacity = self.shared.max_batch;
         while !batch.is_empty() {
             let chunk = if batch.len() <= capacity {
                 std::mem::take(&mut batch)
@@ -128,7 +141,11 @@ impl Sender {
                 .stats
                 .max_occupancy
                 .fetch_max(self.shared.occupancy(), Ordering::Relaxed);
-            if let Err(mpsc::error::SendError(chunk)) = self.tx.send(chunk) {
+            if let Err(
+                async_channel::TrySendError::Closed(chunk)
+                | async_channel::TrySendError::Full(chunk),
+            ) = self.tx.try_send(chunk)
+            {
                 return Err(SendError(rejoin(chunk, batch)));
             }
             self.shared
@@ -145,7 +162,7 @@ impl Sender {
         if n == 0 {
             return Ok(());
         }
-        if n > self.shared.stats.capacity {
+        if n > self.shared.max_batch {
             return Err(TrySendError::Full(batch));
         }
         match self.shared.permits.try_acquire_many(n as u32) {
@@ -157,7 +174,9 @@ impl Sender {
             .stats
             .max_occupancy
             .fetch_max(self.shared.occupancy(), Ordering::Relaxed);
-        self.tx.send(batch).map_err(|e| TrySendError::Closed(e.0))?;
+        self.tx
+            .try_send(batch)
+            .map_err(|e| TrySendError::Closed(e.into_inner()))?;
         self.shared
             .stats
             .sent
@@ -183,7 +202,7 @@ impl Sender {
 /// See [`Sender::downgrade`].
 #[derive(Clone)]
 pub struct WeakSender {
-    tx: mpsc::WeakUnboundedSender<Vec<Event>>,
+    tx: async_channel::WeakSender<Vec<Event>>,
     shared: Arc<Shared>,
 }
 
@@ -224,36 +243,39 @@ impl ChannelHandle {
     }
 }
 
-/// Lets the engine end a consumer's stream early (at a batch boundary)
-/// without closing the channel, so a sink can be replaced at a reload while
-/// its queued events wait for the new one.
+/// Lets the engine end consumers' streams early (at a batch boundary)
+/// without closing the channel, so sinks can be replaced at a reload while
+/// their queued events wait for the new ones.
+///
+/// Each raise starts a new generation. A receiver ends its stream when the
+/// generation has moved past the one it last resumed at, so every clone
+/// (every worker) sees each raise exactly once, with no flag to reset.
 #[derive(Default)]
 pub struct Interrupt {
-    raised: AtomicBool,
+    generation: AtomicU64,
     notify: Notify,
 }
 
 impl Interrupt {
-    /// From now on, `recv` returns `None` until [`Interrupt::clear`].
+    /// Ends the stream of every receiver sharing this interrupt.
     pub fn raise(&self) {
-        self.raised.store(true, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_waiters();
     }
 
-    pub fn clear(&self) {
-        self.raised.store(false, Ordering::SeqCst);
-    }
-
-    pub fn is_raised(&self) -> bool {
-        self.raised.load(Ordering::SeqCst)
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 }
 
-/// Receiving half, owned by the consuming stage.
+/// Receiving half, owned by the consuming stage. Clones share the queue:
+/// each batch goes to exactly one of them.
 pub struct Receiver {
-    rx: mpsc::UnboundedReceiver<Vec<Event>>,
+    rx: async_channel::Receiver<Vec<Event>>,
     shared: Arc<Shared>,
     interrupt: Option<Arc<Interrupt>>,
+    /// The interrupt generation this receiver last resumed at.
+    seen: u64,
 }
 
 impl Receiver {
@@ -261,7 +283,7 @@ impl Receiver {
     /// empty (or the engine interrupted this consumer).
     pub async fn recv(&mut self) -> Option<InputBatch> {
         let Some(interrupt) = self.interrupt.clone() else {
-            let events = self.rx.recv().await?;
+            let events = self.rx.recv().await.ok()?;
             return Some(self.accept(events));
         };
         loop {
@@ -270,29 +292,46 @@ impl Receiver {
             let notified = interrupt.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if interrupt.is_raised() {
+            if interrupt.generation() > self.seen {
                 return None;
             }
             tokio::select! {
                 biased;
                 _ = &mut notified => continue,
-                events = self.rx.recv() => return Some(self.accept(events?)),
+                events = self.rx.recv() => return Some(self.accept(events.ok()?)),
             }
         }
     }
 
     /// The next batch if one is queued now.
     pub fn try_recv(&mut self) -> Option<InputBatch> {
-        if self.interrupt.as_ref().is_some_and(|i| i.is_raised()) {
+        if self.is_interrupted() {
             return None;
         }
         let events = self.rx.try_recv().ok()?;
         Some(self.accept(events))
     }
 
-    /// Makes this receiver interruptible; returns the handle that interrupts it.
+    /// Makes this receiver (and clones made after) interruptible; returns
+    /// the handle that interrupts them.
     pub fn interruptible(&mut self) -> Arc<Interrupt> {
-        self.interrupt.get_or_insert_with(Default::default).clone()
+        let interrupt = self.interrupt.get_or_insert_with(Default::default).clone();
+        self.seen = interrupt.generation();
+        interrupt
+    }
+
+    /// Whether the stream was ended by an interrupt this receiver has not resumed from.
+    pub fn is_interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|i| i.generation() > self.seen)
+    }
+
+    /// Delivers again after an interrupt.
+    pub fn resume(&mut self) {
+        if let Some(i) = &self.interrupt {
+            self.seen = i.generation();
+        }
     }
 
     fn accept(&self, events: Vec<Event>) -> InputBatch {
@@ -312,8 +351,25 @@ impl Receiver {
     }
 }
 
+impl Clone for Receiver {
+    fn clone(&self) -> Self {
+        self.shared.receivers.fetch_add(1, Ordering::AcqRel);
+        Receiver {
+            rx: self.rx.clone(),
+            shared: self.shared.clone(),
+            interrupt: self.interrupt.clone(),
+            seen: self.seen,
+        }
+    }
+}
+
 impl Drop for Receiver {
+    /// The last receiver closes the channel: blocked senders get their
+    /// events back, and whatever was still queued is counted as abandoned.
     fn drop(&mut self) {
+        if self.shared.receivers.fetch_sub(1, Ordering::AcqRel) > 1 {
+            return;
+        }
         self.shared.permits.close();
         self.rx.close();
         while let Ok(batch) = self.rx.try_recv() {
@@ -428,31 +484,29 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn interrupt_ends_the_stream_without_closing_the_channel() {
+    async fn interrupt_ends_every_clones_stream_once_without_closing_the_channel() {
         let (tx, mut rx) = channel(8);
         let interrupt = rx.interruptible();
+        let mut other = rx.clone();
         tx.send(events(2)).await.unwrap();
-        // A consumer blocked in recv wakes up with None when interrupted...
-        let (rx_back, got) = {
-            let waiter = tokio::spawn(async move {
-                let first = rx.recv().await.map(|b| b.len());
-                let second = rx.recv().await.map(|b| b.len());
-                (rx, first, second)
-            });
-            let (rx, first, second) = {
-                // The first recv takes the queued batch; the second blocks until raised.
-                tokio::task::yield_now().await;
-                interrupt.raise();
-                waiter.await.unwrap()
-            };
-            (rx, (first, second))
-        };
-        assert_eq!(got, (Some(2), None));
-        let mut rx = rx_back;
-        // ...and after clear, the same channel delivers again.
-        interrupt.clear();
+        // A consumer blocked in recv wakes up with None when interrupted.
+        let waiter = tokio::spawn(async move {
+            let first = rx.recv().await.map(|b| b.len());
+            let second = rx.recv().await.map(|b| b.len());
+            (rx, first, second)
+        });
+        tokio::task::yield_now().await;
+        interrupt.raise();
+        let (mut rx, first, second) = waiter.await.unwrap();
+        assert_eq!((first, second), (Some(2), None));
+        // Every clone sees the raise, until it resumes.
+        assert!(other.is_interrupted());
+        assert!(other.recv().await.is_none());
+        rx.resume();
+        other.resume();
         tx.send(events(1)).await.unwrap();
         assert_eq!(rx.recv().await.map(|b| b.len()), Some(1));
+        assert!(!other.is_interrupted());
     }
 
     #[tokio::test]
@@ -466,6 +520,27 @@ mod tests {
         assert!(weak.upgrade().is_none());
         assert_eq!(rx.recv().await.map(|b| b.len()), Some(1));
         assert!(rx.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn clones_share_the_queue_and_the_last_one_closes_it() {
+        let (tx, mut rx1) = channel_with_batch(100, 3);
+        let mut rx2 = rx1.clone();
+        tx.send(events(7)).await.unwrap();
+        // Split into dequeues of at most 3, each taken by exactly one clone.
+        let a = rx1.recv().await.unwrap();
+        let b = rx2.recv().await.unwrap();
+        let c = rx1.recv().await.unwrap();
+        assert_eq!((a.len(), b.len(), c.len()), (3, 3, 1));
+        drop((a, b, c));
+        drop(rx1);
+        // One clone left: the channel is open.
+        tx.send(events(1)).await.unwrap();
+        drop(rx2);
+        assert!(
+            tx.send(events(1)).await.is_err(),
+            "closed after the last receiver"
+        );
     }
 
     #[tokio::test]

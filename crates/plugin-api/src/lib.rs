@@ -15,6 +15,7 @@ pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use channel::{
     ChannelHandle, InputBatch, Interrupt, Receiver, SendError, Sender, WeakSender, channel,
+    channel_with_batch,
 };
 pub use event::{Event, EventData, FieldPath, Fields, Meta, Payload, now_ns};
 pub use metrics::{StageCounts, StageMetrics};

@@ -8,3 +8,4 @@ mod runtime;
 mod schema;
 mod support;
 mod validate;
+mod workers;

@@ -20,6 +20,8 @@ pub type Store = Arc<Mutex<HashMap<String, Vec<Event>>>>;
 pub struct TestPlugins {
     pub store: Store,
     pub gate: Option<Arc<Semaphore>>,
+    /// Largest batch any collecting sink received.
+    pub max_batch: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 struct CollectPlugin(TestPlugins);
@@ -30,6 +32,7 @@ struct CollectSink {
     id: String,
     store: Store,
     gate: Option<Arc<Semaphore>>,
+    max_batch: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[async_trait]
@@ -41,6 +44,8 @@ impl Sink for CollectSink {
                 gate.acquire().await.expect("gate open").forget();
             }
             let n = batch.len();
+            self.max_batch
+                .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
             let events = batch.take();
             self.store
                 .lock()
@@ -65,6 +70,7 @@ impl TypedPlugin for CollectPlugin {
             id: cx.stage_id.clone(),
             store: self.0.store.clone(),
             gate: None,
+            max_batch: self.0.max_batch.clone(),
         })))
     }
 }
@@ -79,6 +85,7 @@ impl TypedPlugin for GatedPlugin {
             id: cx.stage_id.clone(),
             store: self.0.store.clone(),
             gate: self.0.gate.clone(),
+            max_batch: self.0.max_batch.clone(),
         })))
     }
 }
