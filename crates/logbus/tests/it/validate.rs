@@ -423,3 +423,66 @@ fn filter_with_an_empty_in_list_is_rejected() {
     assert!(d.message.contains("option `in`"), "{}", d.message);
     assert_eq!(at(&d), (4, 50));
 }
+
+/// Mangled pipeline files (characters deleted, duplicated, replaced by YAML
+/// punctuation) always give diagnostics or a pipeline, never a panic. A
+/// seeded generator makes the run repeatable.
+#[test]
+fn mangled_files_never_panic_the_validator() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut seeds = Vec::new();
+    for f in [
+        "pipelines/demo.yml",
+        "pipelines/reference.yml",
+        "examples/errors-and-routing.yml",
+        "examples/fan-out.yml",
+    ] {
+        seeds.push(std::fs::read_to_string(root.join(f)).unwrap());
+    }
+    let mut state = 0x5eed_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let junk = [
+        ":", "-", "{", "}", "[", "]", ",", "&a", "*a", "!!str", "'", "\"", "\n", "  ", "$", "${X",
+        "}}", "#", "|", ">", "\t", "é", "\u{0}",
+    ];
+    let registry = logbus::catalog::registry();
+    for round in 0..3000 {
+        let mut text: Vec<char> = seeds[round % seeds.len()].chars().collect();
+        for _ in 0..(1 + next() % 4) {
+            if text.is_empty() {
+                break;
+            }
+            let at = (next() as usize) % text.len();
+            match next() % 3 {
+                0 => {
+                    text.remove(at);
+                }
+                1 => {
+                    let c = text[at];
+                    text.insert(at, c);
+                }
+                _ => {
+                    let j = junk[(next() as usize) % junk.len()];
+                    for (k, c) in j.chars().enumerate() {
+                        text.insert(at + k, c);
+                    }
+                }
+            }
+        }
+        let text: String = text.into_iter().collect();
+        let loaded = crate::support::load_with(&text, &registry);
+        // Something sensible came out: a pipeline, or at least one error with a place.
+        assert!(
+            loaded.pipeline.is_some() || loaded.diagnostics.iter().any(|d| d.is_error()),
+            "round {round}: neither a pipeline nor an error for:\n{text}"
+        );
+        for d in &loaded.diagnostics {
+            assert!(!d.message.is_empty());
+        }
+    }
+}
