@@ -32,6 +32,46 @@ pub struct Settings {
     #[serde(default = "default_channel_capacity")]
     #[schemars(range(min = 1, max = 16777216))]
     pub channel_capacity: usize,
+    /// The HTTP API: metrics, stats, graph, reload. Off unless set.
+    #[serde(default)]
+    pub api: Option<ApiSettings>,
+}
+
+/// `settings.api`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSettings {
+    /// Address to listen on, e.g. `127.0.0.1:8686`. A non-loopback address needs `token`.
+    pub listen: String,
+    /// Bearer token every request must present (`Authorization: Bearer ...`).
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl ApiSettings {
+    /// Checks the address; a reachable-from-elsewhere API must have a token.
+    pub fn check(&self) -> Vec<OptionError> {
+        match self.listen.parse::<std::net::SocketAddr>() {
+            Err(e) => vec![OptionError::at(
+                &["api", "listen"],
+                format!(
+                    "`{}` is not an address like 127.0.0.1:8686: {e}",
+                    self.listen
+                ),
+            )],
+            Ok(addr)
+                if !addr.ip().is_loopback() && self.token.as_deref().is_none_or(str::is_empty) =>
+            {
+                vec![OptionError::at(
+                    &["api", "listen"],
+                    format!(
+                        "{addr} is reachable from other hosts; set `api.token` (and put TLS in front)"
+                    ),
+                )]
+            }
+            Ok(_) => Vec::new(),
+        }
+    }
 }
 
 fn default_channel_capacity() -> usize {
@@ -45,12 +85,21 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             channel_capacity: default_channel_capacity(),
+            api: None,
         }
     }
 }
 
 impl CheckOptions for Settings {
     fn check(&self) -> Vec<OptionError> {
+        if let Some(errors) = self
+            .api
+            .as_ref()
+            .map(ApiSettings::check)
+            .filter(|e| !e.is_empty())
+        {
+            return errors;
+        }
         if self.channel_capacity == 0 || self.channel_capacity > MAX_CHANNEL_CAPACITY {
             return vec![OptionError::at(
                 &["channel_capacity"],

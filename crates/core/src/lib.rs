@@ -13,8 +13,9 @@ pub mod schema;
 pub mod yaml;
 
 pub use config::{
-    Loaded, OnError, Pipeline, QueueScope, QueueSpec, Settings, StageSpec, load_file, load_str,
+    ApiSettings, Loaded, OnError, Pipeline, QueueScope, QueueSpec, Settings, StageSpec, load_file,
+    load_str,
 };
 pub use diagnostic::{Diagnostic, Severity};
 pub use report::RunReport;
-pub use runtime::{ReloadError, ReloadSummary, Reloader, RunningPipeline, start};
+pub use runtime::{ReloadError, ReloadSummary, Reloader, RunningPipeline, StatsHandle, start};

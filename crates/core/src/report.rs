@@ -21,6 +21,8 @@ pub struct ChannelReport {
     /// The stage this channel feeds.
     pub stage: String,
     pub capacity: usize,
+    /// Events in the channel or its consumer's hands when the report was taken.
+    pub occupancy: usize,
     pub max_occupancy: usize,
     pub sent: u64,
     pub received: u64,

@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -114,6 +114,7 @@ pub struct RunningPipeline {
     pub stages: Vec<(String, StageKind, Arc<StageMetrics>)>,
     /// Input channel of each non-source stage, by stage id, as started.
     pub channels: Vec<(String, ChannelHandle)>,
+    stats: StatsHandle,
     shutdown: CancellationToken,
     reloader: Reloader,
     done: tokio::task::JoinHandle<RunReport>,
@@ -138,6 +139,11 @@ impl RunningPipeline {
 
     pub fn reloader(&self) -> Reloader {
         self.reloader.clone()
+    }
+
+    /// Live counters and the running configuration, for the API.
+    pub fn stats(&self) -> StatsHandle {
+        self.stats.clone()
     }
 
     /// See [`Reloader::reload`].
@@ -204,8 +210,11 @@ pub fn start(
         shutdown: shutdown.clone(),
         running: pipeline.clone(),
         live: HashMap::new(),
-        all_stages: Vec::new(),
-        all_channels: Vec::new(),
+        inventory: Arc::new(Mutex::new(Inventory {
+            stages: Vec::new(),
+            channels: Vec::new(),
+            pipeline: pipeline.clone(),
+        })),
         tasks: JoinSet::new(),
         task_stage: HashMap::new(),
         next_task: 0,
@@ -222,17 +231,94 @@ pub fn start(
     // From here on only the stages hold senders: a channel closes when its
     // last upstream ends.
     drop(receivers);
-    let stages = sup.all_stages.clone();
-    let channels = sup.all_channels.clone();
+    let (stages, channels) = {
+        let inv = sup.inventory.lock().expect("inventory lock");
+        (inv.stages.clone(), inv.channels.clone())
+    };
+    let stats = StatsHandle {
+        inventory: sup.inventory.clone(),
+        started: sup.started,
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let done = tokio::spawn(sup.run(rx));
     Ok(RunningPipeline {
         stages,
         channels,
+        stats,
         shutdown,
         reloader: Reloader(tx),
         done,
     })
+}
+
+/// Every stage and channel that ever ran, and the configuration running now.
+struct Inventory {
+    stages: Vec<(String, StageKind, Arc<StageMetrics>)>,
+    channels: Vec<(String, ChannelHandle)>,
+    pipeline: Pipeline,
+}
+
+fn inventory_push_stage(
+    inventory: &Mutex<Inventory>,
+    spec: &StageSpec,
+    metrics: &Arc<StageMetrics>,
+) {
+    inventory.lock().expect("inventory lock").stages.push((
+        spec.id.clone(),
+        spec.kind,
+        metrics.clone(),
+    ));
+}
+
+fn report_parts(inv: &Inventory) -> (Vec<StageReport>, Vec<ChannelReport>) {
+    (
+        inv.stages
+            .iter()
+            .map(|(id, kind, m)| StageReport {
+                id: id.clone(),
+                kind: *kind,
+                counts: m.snapshot(),
+            })
+            .collect(),
+        inv.channels
+            .iter()
+            .map(|(id, c)| ChannelReport {
+                stage: id.clone(),
+                capacity: c.stats().capacity(),
+                occupancy: c.occupancy(),
+                max_occupancy: c.stats().max_occupancy(),
+                sent: c.stats().sent(),
+                received: c.stats().received(),
+                abandoned: c.stats().abandoned(),
+            })
+            .collect(),
+    )
+}
+
+/// Reads a running pipeline's counters (the same ones the exit summary
+/// uses) and its current configuration, without touching the data path.
+#[derive(Clone)]
+pub struct StatsHandle {
+    inventory: Arc<Mutex<Inventory>>,
+    started: Instant,
+}
+
+impl StatsHandle {
+    /// A report as of now. While events are in flight, `totals.lost`
+    /// counts them (it is 0 only once the pipeline has drained).
+    pub fn snapshot(&self) -> RunReport {
+        let (stages, channels) = report_parts(&self.inventory.lock().expect("inventory lock"));
+        RunReport::new(stages, channels, Vec::new(), self.started.elapsed())
+    }
+
+    /// The configuration running now (after any reload).
+    pub fn pipeline(&self) -> Pipeline {
+        self.inventory
+            .lock()
+            .expect("inventory lock")
+            .pipeline
+            .clone()
+    }
 }
 
 /// How the supervisor reaches into a running stage.
@@ -268,9 +354,8 @@ struct Supervisor {
     /// The configuration being run.
     running: Pipeline,
     live: HashMap<String, Live>,
-    /// Every stage and channel that ever ran, for the final report.
-    all_stages: Vec<(String, StageKind, Arc<StageMetrics>)>,
-    all_channels: Vec<(String, ChannelHandle)>,
+    /// Every stage and channel that ever ran, shared with [`StatsHandle`].
+    inventory: Arc<Mutex<Inventory>>,
     tasks: JoinSet<(u64, Result<(), String>)>,
     task_stage: HashMap<u64, String>,
     next_task: u64,
@@ -288,13 +373,16 @@ impl Supervisor {
         let mut opened = HashMap::new();
         for spec in specs {
             let metrics = Arc::new(StageMetrics::default());
-            self.all_stages
-                .push((spec.id.clone(), spec.kind, metrics.clone()));
+            inventory_push_stage(&self.inventory, spec, &metrics);
             let mut input = None;
             if spec.kind != StageKind::Source {
                 let (tx, rx) =
                     channel_with_batch(spec.capacity(&settings), spec.dequeue_batch(&settings));
-                self.all_channels.push((spec.id.clone(), rx.handle()));
+                self.inventory
+                    .lock()
+                    .expect("inventory lock")
+                    .channels
+                    .push((spec.id.clone(), rx.handle()));
                 input = Some(tx.downgrade());
                 opened.insert(spec.id.clone(), (rx, tx));
             }
@@ -617,6 +705,7 @@ impl Supervisor {
         }
         drop(opened);
         summary.unchanged = new.stages.len() - summary.added.len() - summary.changed.len();
+        self.inventory.lock().expect("inventory lock").pipeline = new.clone();
         self.running = new;
         Ok(summary)
     }
@@ -655,29 +744,8 @@ impl Supervisor {
                 },
             }
         }
-        RunReport::new(
-            self.all_stages
-                .iter()
-                .map(|(id, kind, m)| StageReport {
-                    id: id.clone(),
-                    kind: *kind,
-                    counts: m.snapshot(),
-                })
-                .collect(),
-            self.all_channels
-                .iter()
-                .map(|(id, c)| ChannelReport {
-                    stage: id.clone(),
-                    capacity: c.stats().capacity(),
-                    max_occupancy: c.stats().max_occupancy(),
-                    sent: c.stats().sent(),
-                    received: c.stats().received(),
-                    abandoned: c.stats().abandoned(),
-                })
-                .collect(),
-            self.failures,
-            self.started.elapsed(),
-        )
+        let (stages, channels) = report_parts(&self.inventory.lock().expect("inventory lock"));
+        RunReport::new(stages, channels, self.failures, self.started.elapsed())
     }
 }
 

@@ -73,6 +73,11 @@ enum Command {
         /// Write the reconciliation summary as JSON to this file at exit.
         #[arg(long)]
         stats_json: Option<PathBuf>,
+        /// Serve the HTTP API (metrics, stats, graph, reload) on this address;
+        /// overrides `settings.api.listen`. A non-loopback address needs a
+        /// token (`settings.api.token` or LOGBUS_API_TOKEN).
+        #[arg(long)]
+        api: Option<String>,
         /// Worker threads (default: one per CPU core).
         #[arg(long)]
         threads: Option<usize>,
@@ -143,6 +148,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Run {
             file,
             stats_json,
+            api,
             threads,
         } => {
             let Some(loaded) = load_or_report(&file, &registry) else {
@@ -153,7 +159,25 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 eprintln!("logbus: {} is invalid; nothing was started", file.display());
                 return Ok(ExitCode::from(1));
             };
-            run(pipeline, stats_json.as_deref(), threads)
+            let api = match api {
+                Some(listen) => Some(logbus_core::ApiSettings {
+                    listen,
+                    token: pipeline
+                        .settings
+                        .api
+                        .as_ref()
+                        .and_then(|a| a.token.clone())
+                        .or_else(|| std::env::var("LOGBUS_API_TOKEN").ok()),
+                }),
+                None => pipeline.settings.api.clone(),
+            };
+            if let Some(errors) = api.as_ref().map(|a| a.check()).filter(|e| !e.is_empty()) {
+                for e in errors {
+                    eprintln!("logbus: error: --api: {}", e.message);
+                }
+                return Ok(ExitCode::from(1));
+            }
+            run(pipeline, stats_json.as_deref(), api, threads)
         }
         Command::Graph { file, format } => {
             let Some(loaded) = load_or_report(&file, &registry) else {
@@ -261,6 +285,7 @@ fn validate(file: &Path, loaded: &Loaded, deny_warnings: bool, format: OutputFor
 fn run(
     pipeline: logbus_core::Pipeline,
     stats_json: Option<&Path>,
+    api: Option<logbus_core::ApiSettings>,
     threads: Option<usize>,
 ) -> anyhow::Result<ExitCode> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -279,12 +304,22 @@ fn run(
             "starting {}",
             pipeline.path.display()
         );
+        let listener = match &api {
+            Some(a) => match tokio::net::TcpListener::bind(&a.listen).await {
+                Ok(l) => Some(l),
+                Err(e) => return Err(vec![format!("cannot listen on {}: {e}", a.listen)]),
+            },
+            None => None,
+        };
         match logbus_core::start(&pipeline, shutdown) {
             Ok(running) => {
                 spawn_reload_handler(pipeline.path.clone(), running.reloader());
+                if let (Some(listener), Some(api)) = (listener, api) {
+                    spawn_api(listener, api, &pipeline, &running);
+                }
                 Ok(running.wait().await)
             }
-            Err(errors) => Err(errors),
+            Err(errors) => Err(errors.iter().map(ToString::to_string).collect()),
         }
     });
     let report = match report {
@@ -311,8 +346,28 @@ fn run(
     })
 }
 
-/// SIGHUP: re-read and validate the file; apply it if valid, otherwise say
-/// why and leave the running pipeline as it is.
+/// Re-reads and validates the file; applies it if valid. `Err` says why not
+/// (every diagnostic), and the running pipeline is then untouched.
+async fn reload_from_file(
+    file: &Path,
+    reloader: &logbus_core::Reloader,
+) -> Result<logbus_core::ReloadSummary, String> {
+    let registry = catalog::registry();
+    let loaded = load_file(file, &registry).map_err(|e| e.to_string())?;
+    let name = file.display().to_string();
+    match loaded.pipeline {
+        Some(pipeline) => reloader.reload(pipeline).await.map_err(|e| e.to_string()),
+        None => Err(loaded
+            .diagnostics
+            .iter()
+            .filter(|d| d.is_error())
+            .map(|d| d.display(&name).to_string())
+            .collect::<Vec<_>>()
+            .join("\n")),
+    }
+}
+
+/// SIGHUP: reload from the file (the supervisor logs the outcome).
 fn spawn_reload_handler(file: PathBuf, reloader: logbus_core::Reloader) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
@@ -320,27 +375,44 @@ fn spawn_reload_handler(file: PathBuf, reloader: logbus_core::Reloader) {
         return;
     };
     tokio::spawn(async move {
-        let registry = catalog::registry();
         while hup.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading {}", file.display());
-            let loaded = match load_file(&file, &registry) {
-                Ok(loaded) => loaded,
-                Err(e) => {
-                    tracing::warn!("reload refused, pipeline unchanged: {e}");
-                    continue;
-                }
-            };
-            let name = file.display().to_string();
-            for d in &loaded.diagnostics {
-                tracing::warn!("{}", d.display(&name));
+            if let Err(why) = reload_from_file(&file, &reloader).await {
+                tracing::warn!("reload refused, pipeline unchanged: {why}");
             }
-            match loaded.pipeline {
-                None => tracing::warn!("reload refused, pipeline unchanged: {name} is invalid"),
-                // The supervisor logs the outcome.
-                Some(pipeline) => {
-                    let _ = reloader.reload(pipeline).await;
-                }
-            }
+        }
+    });
+}
+
+fn spawn_api(
+    listener: tokio::net::TcpListener,
+    api: logbus_core::ApiSettings,
+    pipeline: &logbus_core::Pipeline,
+    running: &logbus_core::RunningPipeline,
+) {
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or(api.listen.clone());
+    if api.token.is_some() && !addr.starts_with("127.") && !addr.starts_with("[::1]") {
+        tracing::warn!("the API on {addr} is served without TLS; put a TLS proxy in front");
+    }
+    let (file, reloader) = (pipeline.path.clone(), running.reloader());
+    let state = logbus_api::ApiState {
+        stats: running.stats(),
+        token: api.token,
+        reload: std::sync::Arc::new(move || {
+            let (file, reloader) = (file.clone(), reloader.clone());
+            Box::pin(async move {
+                let summary = reload_from_file(&file, &reloader).await?;
+                serde_json::to_value(summary).map_err(|e| e.to_string())
+            })
+        }),
+    };
+    tracing::info!("API listening on http://{addr}");
+    tokio::spawn(async move {
+        if let Err(e) = logbus_api::serve(listener, state).await {
+            tracing::error!("the API stopped: {e}");
         }
     });
 }

@@ -2,6 +2,7 @@
 //! validator's every error, the runtime's backpressure, fan-in/fan-out,
 //! error routing, shutdown, and the `logbus` command itself.
 
+mod api;
 mod cli;
 mod reload;
 mod runtime;

@@ -1,0 +1,164 @@
+//! The HTTP API of a running pipeline. It reads the same counters the exit
+//! summary is made of, through a snapshot, so it can never disagree with
+//! the reconciliation and never touches the data path: a slow or stuck
+//! client costs the pipeline nothing.
+//!
+//! - `GET /metrics` — Prometheus/OpenMetrics text (prometheus-client)
+//! - `GET /api/stats` — a snapshot of every counter, as JSON
+//! - `GET /api/stats/stream` — the same as server-sent events, once a second
+//! - `GET /api/graph` — the running DAG
+//! - `POST /api/reload` — re-read and validate the file, apply if valid
+
+mod metrics;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use logbus_core::StatsHandle;
+use logbus_core::config::ERRORS_SUFFIX;
+use serde_json::{Value, json};
+
+/// Re-reads the pipeline file and applies it; `Err` says why it was refused.
+pub type ReloadFn =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send>> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub stats: StatsHandle,
+    pub reload: ReloadFn,
+    /// Required as `Authorization: Bearer <token>` when set.
+    pub token: Option<String>,
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/api/stats", get(stats))
+        .route("/api/stats/stream", get(stats_stream))
+        .route("/api/graph", get(graph))
+        .route("/api/reload", post(reload))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+/// Serves until the listener fails or the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, state: ApiState) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}
+
+async fn auth(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.token {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if presented != Some(token.as_str()) {
+            return (StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n").into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn metrics_text(State(state): State<ApiState>) -> Response {
+    match metrics::render(&state.stats) {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+fn stats_json(stats: &StatsHandle) -> Value {
+    let report = stats.snapshot();
+    let bound = stats.pipeline().inflight_bound();
+    let mut v = serde_json::to_value(&report).unwrap_or(Value::Null);
+    if let Some(map) = v.as_object_mut() {
+        map.insert("inflight_bound".into(), json!(bound));
+        map.insert("rss_bytes".into(), json!(metrics::process_rss_bytes()));
+    }
+    v
+}
+
+async fn stats(State(state): State<ApiState>) -> Json<Value> {
+    Json(stats_json(&state.stats))
+}
+
+async fn stats_stream(
+    State(state): State<ApiState>,
+) -> Sse<impl futures::Stream<Item = Result<SseEvent, Infallible>>> {
+    let stream = futures::stream::unfold((state.stats, true), |(stats, first)| async move {
+        if !first {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let event = SseEvent::default()
+            .event("stats")
+            .data(stats_json(&stats).to_string());
+        Some((Ok(event), (stats, false)))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+async fn graph(State(state): State<ApiState>) -> Json<Value> {
+    let p = state.stats.pipeline();
+    let stages: Vec<Value> = p
+        .stages
+        .iter()
+        .map(|s| {
+            json!({
+                "id": s.id,
+                "kind": s.kind,
+                "plugin": s.plugin_name,
+                "inputs": s.inputs,
+                "workers": s.workers,
+                "capacity": s.capacity(&p.settings),
+            })
+        })
+        .collect();
+    let p = &p;
+    let edges: Vec<Value> = p
+        .stages
+        .iter()
+        .flat_map(|s| {
+            s.inputs
+                .iter()
+                .map(move |input| match input.strip_suffix(ERRORS_SUFFIX) {
+                    Some(base) if p.stage(base).is_some() => {
+                        json!({"from": base, "to": s.id, "errors": true})
+                    }
+                    _ => json!({"from": input, "to": s.id, "errors": false}),
+                })
+        })
+        .collect();
+    Json(json!({ "stages": stages, "edges": edges }))
+}
+
+async fn reload(State(state): State<ApiState>) -> Response {
+    match (state.reload)().await {
+        Ok(summary) => (StatusCode::OK, Json(summary)).into_response(),
+        Err(why) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({ "error": why })),
+        )
+            .into_response(),
+    }
+}

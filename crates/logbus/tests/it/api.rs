@@ -1,0 +1,248 @@
+//! The HTTP API against a real `logbus run` process on loopback: metrics,
+//! stats, graph, server-sent stats, reload, bearer tokens — and a client
+//! that never reads cannot slow the pipeline.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 request; returns (status, body).
+fn http(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn start(dir: &Path, yml: &str, args: &[&str]) -> (Child, u16) {
+    let p = dir.join("p.yml");
+    std::fs::write(&p, yml).unwrap();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .env("LOGBUS_LOG", "warn")
+        .arg("run")
+        .arg(&p)
+        .arg("--api")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the API never came up"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child, port)
+}
+
+fn stop(child: Child) -> String {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const PIPELINE: &str = "settings: { channel_capacity: 256 }\nstages:
+  gen: { source: generator, rate: 5000 }
+  json: { parser: json, inputs: [gen], on_error: route }
+  out: { sink: blackhole, inputs: [json] }
+  bad: { sink: blackhole, inputs: [json.errors] }
+";
+
+fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .unwrap_or_else(|| panic!("no `{line_start}` in\n{text}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn metrics_stats_graph_stream_and_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, port) = start(dir.path(), PIPELINE, &[]);
+
+    let (status, text) = http(port, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    for family in [
+        "logbus_events_in_total{stage=\"json\"}",
+        "logbus_events_out_total{stage=\"gen\"}",
+        "logbus_channel_capacity{stage=\"out\"} 256",
+        "logbus_inflight_bound_events 768",
+        "logbus_process_resident_memory_bytes",
+    ] {
+        assert!(text.contains(family), "missing {family} in\n{text}");
+    }
+    let first = metric(&text, "logbus_events_out_total{stage=\"out\"}");
+    let start = Instant::now();
+    loop {
+        let (_, text) = http(port, "GET", "/metrics", None);
+        if metric(&text, "logbus_events_out_total{stage=\"out\"}") > first {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "counters never advanced"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let (status, body) = http(port, "GET", "/api/stats", None);
+    assert_eq!(status, 200);
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(stats["stages"].as_array().unwrap().len(), 4);
+    assert_eq!(stats["inflight_bound"]["events"], 768);
+
+    let (_, body) = http(port, "GET", "/api/graph", None);
+    let graph: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(graph["stages"].as_array().unwrap().len(), 4);
+    assert!(
+        graph["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["from"] == "json" && e["to"] == "bad" && e["errors"] == true)
+    );
+
+    // Server-sent stats: the first event comes at once.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /api/stats/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = vec![0u8; 8192];
+    let mut got = String::new();
+    while !got.contains("data: {") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0);
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(
+        got.contains("text/event-stream") && got.contains("event: stats"),
+        "{got}"
+    );
+    drop(s);
+
+    // Reload: a valid change applies, an invalid file is refused.
+    std::fs::write(
+        dir.path().join("p.yml"),
+        PIPELINE.replace("rate: 5000", "rate: 4000"),
+    )
+    .unwrap();
+    let (status, body) = http(port, "POST", "/api/reload", None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["changed"][0],
+        "gen"
+    );
+    std::fs::write(
+        dir.path().join("p.yml"),
+        "stages:\n  gen: { source: nope }\n",
+    )
+    .unwrap();
+    let (status, body) = http(port, "POST", "/api/reload", None);
+    assert_eq!(status, 422);
+    assert!(body.contains("unknown source plugin `nope`"), "{body}");
+    let (status, _) = http(port, "GET", "/api/stats", None);
+    assert_eq!(status, 200, "still serving after a refused reload");
+    stop(child);
+}
+
+#[test]
+fn a_client_that_never_reads_does_not_slow_the_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, port) = start(dir.path(), &PIPELINE.replace("rate: 5000", "rate: 0"), &[]);
+    // Many stream subscribers that never read a byte.
+    let stuck: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            write!(s, "GET /api/stats/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            s
+        })
+        .collect();
+    let committed = |port| {
+        let (_, text) = http(port, "GET", "/metrics", None);
+        metric(&text, "logbus_events_out_total{stage=\"out\"}")
+    };
+    let before = committed(port);
+    let start = Instant::now();
+    while committed(port) < before + 200_000.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the pipeline stalled behind stuck clients"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stuck);
+    let err = stop(child);
+    assert!(err.contains("lost=0"), "{err}");
+}
+
+#[test]
+fn bearer_token_and_address_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, port) = start(
+        dir.path(),
+        &PIPELINE.replace(
+            "settings: { channel_capacity: 256 }",
+            "settings: { channel_capacity: 256, api: { listen: '127.0.0.1:1', token: s3cret } }",
+        ),
+        &[],
+    );
+    assert_eq!(http(port, "GET", "/metrics", None).0, 401);
+    assert_eq!(http(port, "GET", "/metrics", Some("wrong")).0, 401);
+    assert_eq!(http(port, "GET", "/metrics", Some("s3cret")).0, 200);
+    stop(child);
+
+    // Listening beyond loopback without a token is refused before start.
+    let p = dir.path().join("open.yml");
+    std::fs::write(&p, PIPELINE).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .args(["run"])
+        .arg(&p)
+        .args(["--api", "0.0.0.0:18999"])
+        .env_remove("LOGBUS_API_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("set `api.token`"));
+    let v = crate::support::load(
+        "settings:\n  api: { listen: '0.0.0.0:8686' }\nstages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a] }\n",
+    );
+    let d = v
+        .diagnostics
+        .iter()
+        .find(|d| d.code == "settings")
+        .expect("refused in validate too");
+    assert_eq!((d.line, d.col), (Some(2), Some(10)), "points at `listen`");
+}
