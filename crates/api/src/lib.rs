@@ -7,6 +7,7 @@
 //! - `GET /api/stats` — a snapshot of every counter, as JSON
 //! - `GET /api/stats/stream` — the same as server-sent events, once a second
 //! - `GET /api/graph` — the running DAG
+//! - `GET /api/tap?stage=ID&limit=N` — a live sample of events leaving a stage
 //! - `POST /api/reload` — re-read and validate the file, apply if valid
 
 mod metrics;
@@ -17,7 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -46,6 +47,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/stats", get(stats))
         .route("/api/stats/stream", get(stats_stream))
         .route("/api/graph", get(graph))
+        .route("/api/tap", get(tap))
         .route("/api/reload", post(reload))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
@@ -161,4 +163,47 @@ async fn reload(State(state): State<ApiState>) -> Response {
         )
             .into_response(),
     }
+}
+
+#[derive(serde::Deserialize)]
+struct TapQuery {
+    stage: String,
+    #[serde(default = "default_limit")]
+    limit: usize,
+    #[serde(default = "default_wait")]
+    wait_ms: u64,
+}
+
+fn default_limit() -> usize {
+    10
+}
+fn default_wait() -> u64 {
+    2000
+}
+
+/// Up to `limit` (at most 1000) events that leave `stage` from now on,
+/// waiting at most `wait_ms`; with how many the tap had to drop.
+async fn tap(State(state): State<ApiState>, Query(q): Query<TapQuery>) -> Response {
+    let limit = q.limit.clamp(1, 1000);
+    let Some(mut tap) = state.stats.tap(&q.stage, limit) else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": format!("no stage `{}` with an output to tap", q.stage) })),
+        )
+            .into_response();
+    };
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(q.wait_ms.min(30_000));
+    while events.len() < limit {
+        match tokio::time::timeout_at(deadline, tap.events.recv()).await {
+            Ok(Some(event)) => events.push(match event.payload() {
+                logbus_plugin_api::Payload::Fields(f) => Value::Object(f.clone()),
+                logbus_plugin_api::Payload::Raw(b) => {
+                    Value::String(String::from_utf8_lossy(b).into_owned())
+                }
+            }),
+            _ => break,
+        }
+    }
+    Json(json!({ "stage": q.stage, "events": events, "dropped": tap.dropped() })).into_response()
 }

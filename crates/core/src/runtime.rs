@@ -210,9 +210,11 @@ pub fn start(
         shutdown: shutdown.clone(),
         running: pipeline.clone(),
         live: HashMap::new(),
+        draining: Vec::new(),
         inventory: Arc::new(Mutex::new(Inventory {
             stages: Vec::new(),
             channels: Vec::new(),
+            outputs: HashMap::new(),
             pipeline: pipeline.clone(),
         })),
         tasks: JoinSet::new(),
@@ -255,6 +257,8 @@ pub fn start(
 struct Inventory {
     stages: Vec<(String, StageKind, Arc<StageMetrics>)>,
     channels: Vec<(String, ChannelHandle)>,
+    /// Main output of every stage that has one, for taps.
+    outputs: HashMap<String, OutputTargets>,
     pipeline: Pipeline,
 }
 
@@ -311,6 +315,13 @@ impl StatsHandle {
         RunReport::new(stages, channels, Vec::new(), self.started.elapsed())
     }
 
+    /// A live sample of the events leaving `stage` (see [`Tap`]); `None`
+    /// for an unknown stage or a sink (which has no output).
+    pub fn tap(&self, stage: &str, capacity: usize) -> Option<logbus_plugin_api::Tap> {
+        let inv = self.inventory.lock().expect("inventory lock");
+        inv.outputs.get(stage).map(|o| o.tap(capacity))
+    }
+
     /// The configuration running now (after any reload).
     pub fn pipeline(&self) -> Pipeline {
         self.inventory
@@ -354,6 +365,8 @@ struct Supervisor {
     /// The configuration being run.
     running: Pipeline,
     live: HashMap<String, Live>,
+    /// Stages removed by a reload whose tasks are still draining.
+    draining: Vec<Live>,
     /// Every stage and channel that ever ran, shared with [`StatsHandle`].
     inventory: Arc<Mutex<Inventory>>,
     tasks: JoinSet<(u64, Result<(), String>)>,
@@ -386,13 +399,21 @@ impl Supervisor {
                 input = Some(tx.downgrade());
                 opened.insert(spec.id.clone(), (rx, tx));
             }
+            let main = OutputTargets::default();
+            if spec.kind != StageKind::Sink {
+                self.inventory
+                    .lock()
+                    .expect("inventory lock")
+                    .outputs
+                    .insert(spec.id.clone(), main.clone());
+            }
             self.live.insert(
                 spec.id.clone(),
                 Live {
                     tasks: Default::default(),
                     metrics,
                     input,
-                    main: OutputTargets::default(),
+                    main,
                     errors: OutputTargets::default(),
                     control: None,
                 },
@@ -655,10 +676,12 @@ impl Supervisor {
         // Removed stages stop receiving (rewire left them out), drain what
         // they hold to their old readers, and end. Sources are told to stop.
         for id in &summary.removed {
-            if let Some(live) = self.live.remove(id)
-                && let Some(Control::Source { stop }) = live.control
-            {
-                stop.cancel();
+            self.inventory.lock().expect("inventory lock").outputs.remove(id);
+            if let Some(mut live) = self.live.remove(id) {
+                if let Some(Control::Source { stop }) = live.control.take() {
+                    stop.cancel();
+                }
+                self.draining.push(live);
             }
         }
         for id in summary.changed.clone() {
@@ -727,6 +750,15 @@ impl Supervisor {
                     if over && let Some(live) = self.live.remove(&stage) {
                         live.main.set(Vec::new());
                         live.errors.set(Vec::new());
+                    }
+                    // A removed stage whose last task ended lets go the same way.
+                    if let Some(i) = self.draining.iter_mut().position(|l| {
+                        l.tasks.remove(&task);
+                        l.tasks.is_empty()
+                    }) {
+                        let done = self.draining.swap_remove(i);
+                        done.main.set(Vec::new());
+                        done.errors.set(Vec::new());
                     }
                     if let Err(message) = result {
                         self.failures.push(StageFailure { stage, message });

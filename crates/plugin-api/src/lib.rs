@@ -19,7 +19,7 @@ pub use channel::{
 };
 pub use event::{Event, EventData, FieldPath, Fields, Meta, Payload, now_ns};
 pub use metrics::{StageCounts, StageMetrics};
-pub use output::{Output, OutputRole, OutputTargets};
+pub use output::{Output, OutputRole, OutputTargets, Tap};
 pub use plugin::{
     BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, Plugin, Processor, Sink,
     SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin, Verdict,

@@ -2,7 +2,10 @@
 //! reference-counted, so each extra downstream costs a pointer increment per
 //! event, not a copy.
 
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::sync::mpsc;
 
 use crate::channel::{SendError, Sender};
 use crate::event::Event;
@@ -17,23 +20,95 @@ pub enum OutputRole {
     Errors,
 }
 
-/// The channels an output delivers to. The engine replaces the list when a
-/// reload adds or removes readers; a send in progress finishes on the list
-/// it started with.
+/// The channels an output delivers to, and its taps. The engine replaces
+/// the channel list when a reload adds or removes readers; a send in
+/// progress finishes on the list it started with.
 #[derive(Clone, Default)]
-pub struct OutputTargets(Arc<RwLock<Arc<Vec<Sender>>>>);
+pub struct OutputTargets(Arc<TargetsInner>);
+
+#[derive(Default)]
+struct TargetsInner {
+    senders: RwLock<Arc<Vec<Sender>>>,
+    taps: Mutex<Vec<TapSlot>>,
+    /// Whether any tap is open: the only cost of taps on the data path
+    /// when nobody watches.
+    tapped: AtomicBool,
+}
+
+struct TapSlot {
+    tx: mpsc::Sender<Event>,
+    dropped: Arc<AtomicU64>,
+}
+
+/// A live sample of the events leaving a stage. The data path offers each
+/// event with a non-blocking send and drops it (counted) when the tap is
+/// full: a tap nobody reads can never slow the pipeline.
+pub struct Tap {
+    pub events: mpsc::Receiver<Event>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Tap {
+    /// Events the tap had no room for.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
 
 impl OutputTargets {
     pub fn new(senders: Vec<Sender>) -> Self {
-        OutputTargets(Arc::new(RwLock::new(Arc::new(senders))))
+        let targets = OutputTargets::default();
+        targets.set(senders);
+        targets
     }
 
     pub fn set(&self, senders: Vec<Sender>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(senders);
+        *self.0.senders.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(senders);
     }
 
     fn current(&self) -> Arc<Vec<Sender>> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0
+            .senders
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Opens a tap holding at most `capacity` undelivered events; it closes
+    /// when the returned [`Tap`] is dropped.
+    pub fn tap(&self, capacity: usize) -> Tap {
+        let (tx, events) = mpsc::channel(capacity.max(1));
+        let dropped = Arc::new(AtomicU64::new(0));
+        self.0
+            .taps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(TapSlot {
+                tx,
+                dropped: dropped.clone(),
+            });
+        self.0.tapped.store(true, Ordering::Release);
+        Tap { events, dropped }
+    }
+
+    fn feed_taps(&self, batch: &[Event]) {
+        if !self.0.tapped.load(Ordering::Acquire) {
+            return;
+        }
+        let mut taps = self.0.taps.lock().unwrap_or_else(|p| p.into_inner());
+        taps.retain(|t| !t.tx.is_closed());
+        for tap in taps.iter() {
+            for (i, event) in batch.iter().enumerate() {
+                if tap.tx.try_send(event.clone()).is_err() {
+                    tap.dropped
+                        .fetch_add((batch.len() - i) as u64, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+        if taps.is_empty() {
+            self.0.tapped.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -74,6 +149,9 @@ impl Output {
         if n == 0 {
             return Ok(());
         }
+        if self.role == OutputRole::Main {
+            self.targets.feed_taps(&batch);
+        }
         let senders = self.targets.current();
         match senders.as_slice() {
             [] => {
@@ -97,5 +175,51 @@ impl Output {
 
     pub fn metrics(&self) -> &Arc<StageMetrics> {
         &self.metrics
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::channel;
+    use crate::event::Meta;
+
+    fn events(n: usize) -> Vec<Event> {
+        (0..n)
+            .map(|i| {
+                Event::raw(
+                    i.to_string(),
+                    Meta {
+                        source: "t".into(),
+                        ingest_ns: 0,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_full_tap_drops_and_counts_while_the_data_path_delivers_everything() {
+        let (tx, mut rx) = channel(1000);
+        let out = Output::new(
+            vec![tx],
+            Arc::new(StageMetrics::default()),
+            OutputRole::Main,
+        );
+        let tap = out.targets.tap(3);
+        out.send(events(10)).await.unwrap();
+        out.send(events(5)).await.unwrap();
+        let mut delivered = 0;
+        while let Some(b) = rx.try_recv() {
+            delivered += b.len();
+        }
+        assert_eq!(delivered, 15, "the data path lost nothing");
+        assert_eq!(tap.dropped(), 12, "the tap kept 3 and counted the rest");
+        drop(tap);
+        out.send(events(1)).await.unwrap();
+        assert!(
+            !out.targets.0.tapped.load(Ordering::Relaxed),
+            "a dropped tap is removed"
+        );
     }
 }

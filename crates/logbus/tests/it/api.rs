@@ -153,6 +153,14 @@ fn metrics_stats_graph_stream_and_reload() {
     );
     drop(s);
 
+    // Tap: a live sample of what leaves a stage.
+    let (status, body) = http(port, "GET", "/api/tap?stage=json&limit=5", None);
+    assert_eq!(status, 200, "{body}");
+    let sample: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(sample["events"].as_array().unwrap().len(), 5, "{sample}");
+    assert!(sample["events"][0]["seq"].is_u64(), "{sample}");
+    assert_eq!(http(port, "GET", "/api/tap?stage=out", None).0, 404);
+
     // Reload: a valid change applies, an invalid file is refused.
     std::fs::write(
         dir.path().join("p.yml"),

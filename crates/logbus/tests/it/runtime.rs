@@ -390,3 +390,28 @@ async fn a_failed_sink_stops_an_endless_source() {
     );
     assert_eq!(report.totals.lost, 0, "{report}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tap_nobody_reads_never_slows_or_loses_data_path_events() {
+    let plugins = TestPlugins::default();
+    let p = valid(
+        "settings: { channel_capacity: 64 }\nstages:\n  gen: { source: generator, count: 50000, template: '{\"seq\":{{seq}}}' }\n  json: { parser: json, inputs: [gen] }\n  out: { sink: collect, inputs: [json] }\n",
+        &plugins.registry(),
+    );
+    let running = start(&p, CancellationToken::new()).unwrap();
+    let stats = running.stats();
+    // Two taps with room for 8 events each, never read.
+    let taps = [stats.tap("json", 8).unwrap(), stats.tap("gen", 8).unwrap()];
+    assert!(stats.tap("out", 8).is_none(), "a sink has no output to tap");
+    assert!(stats.tap("nope", 8).is_none());
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.committed, 50000);
+    assert_eq!(seqs(&plugins.events("out")), (0..50000).collect::<Vec<_>>());
+    for tap in &taps {
+        assert!(
+            tap.dropped() > 0,
+            "the full tap dropped instead of blocking"
+        );
+    }
+}
