@@ -3,6 +3,7 @@
 //! the reconciliation and never touches the data path: a slow or stuck
 //! client costs the pipeline nothing.
 //!
+//! - `GET /` — the live view: one page, assets embedded, no network needed
 //! - `GET /metrics` — Prometheus/OpenMetrics text (prometheus-client)
 //! - `GET /api/stats` — a snapshot of every counter, as JSON
 //! - `GET /api/stats/stream` — the same as server-sent events, once a second
@@ -43,6 +44,7 @@ pub struct ApiState {
 
 pub fn router(state: ApiState) -> Router {
     Router::new()
+        .route("/", get(page))
         .route("/metrics", get(metrics_text))
         .route("/api/stats", get(stats))
         .route("/api/stats/stream", get(stats_stream))
@@ -58,8 +60,17 @@ pub async fn serve(listener: tokio::net::TcpListener, state: ApiState) -> std::i
     axum::serve(listener, router(state)).await
 }
 
+/// The page is public (it holds no data); its requests carry the token.
+async fn page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("ui.html"),
+    )
+        .into_response()
+}
+
 async fn auth(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    if let Some(token) = &state.token {
+    if let Some(token) = state.token.as_ref().filter(|_| request.uri().path() != "/") {
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)

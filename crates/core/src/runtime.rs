@@ -676,7 +676,11 @@ impl Supervisor {
         // Removed stages stop receiving (rewire left them out), drain what
         // they hold to their old readers, and end. Sources are told to stop.
         for id in &summary.removed {
-            self.inventory.lock().expect("inventory lock").outputs.remove(id);
+            self.inventory
+                .lock()
+                .expect("inventory lock")
+                .outputs
+                .remove(id);
             if let Some(mut live) = self.live.remove(id) {
                 if let Some(Control::Source { stop }) = live.control.take() {
                     stop.cancel();

@@ -8,5 +8,6 @@ mod reload;
 mod runtime;
 mod schema;
 mod support;
+mod ui;
 mod validate;
 mod workers;

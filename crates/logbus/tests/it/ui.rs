@@ -1,0 +1,88 @@
+//! The live view in real headless Chromium, driven by Playwright
+//! (`tests/ui/ui_test.mjs`). `.ci/run` installs Chromium and Playwright and
+//! sets LOGBUS_REQUIRE_BROWSER=1, so there the test cannot be skipped;
+//! elsewhere it says loudly that it skipped when they are missing.
+
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn the_live_view_loads_shows_every_stage_and_counters_advance() {
+    let ui = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let have_node = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let ready = have_node
+        && ui.join("node_modules/playwright-core").exists()
+        && Path::new(&chromium).exists();
+    if !ready {
+        assert!(
+            std::env::var("LOGBUS_REQUIRE_BROWSER").is_err(),
+            "LOGBUS_REQUIRE_BROWSER is set but node, Chromium or playwright-core is missing"
+        );
+        eprintln!(
+            "SKIPPED the browser test: run `npm ci --prefix {}` and install Chromium",
+            ui.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.yml");
+    std::fs::write(
+        &p,
+        "settings: { channel_capacity: 512 }\nstages:
+  gen: { source: generator, rate: 3000 }
+  json: { parser: json, inputs: [gen], on_error: route }
+  keep: { transform: filter, inputs: [json], field: level, equals: info }
+  out: { sink: blackhole, inputs: [keep] }
+  bad: { sink: blackhole, inputs: [json.errors] }
+",
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .env("LOGBUS_LOG", "warn")
+        .arg("run")
+        .arg(&p)
+        .arg("--api")
+        .arg(format!("127.0.0.1:{port}"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the API never came up"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui.png");
+    let out = Command::new("node")
+        .arg(ui.join("ui_test.mjs"))
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .arg("gen,json,keep,out,bad")
+        .arg(&target)
+        .env("CHROMIUM", &chromium)
+        .output()
+        .unwrap();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("4 passed, 0 failed"), "{text}");
+}
