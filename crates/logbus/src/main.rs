@@ -4,6 +4,7 @@
 use logbus::catalog;
 mod plugins_cmd;
 mod test_cmd;
+mod top_cmd;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -96,6 +97,16 @@ enum Command {
         names: Vec<String>,
         #[arg(long, value_enum, default_value_t = TestFormat::Text)]
         format: TestFormat,
+    },
+    /// Live stats of a running pipeline in the terminal, from its API: give
+    /// the pipeline FILE (its `settings.api`) or `--api ADDR`.
+    Top {
+        file: Option<PathBuf>,
+        #[arg(long)]
+        api: Option<String>,
+        /// Print one frame as text and exit.
+        #[arg(long)]
+        once: bool,
     },
     /// Print the JSON Schema of a pipeline file for this build's plugins
     /// (for editor completion; see docs/editor.md).
@@ -208,6 +219,28 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(1));
             };
             test_cmd::run(&file, &pipeline, &names, format == TestFormat::Junit)
+        }
+        Command::Top { file, api, once } => {
+            let from_file = match &file {
+                Some(f) => {
+                    let Some(loaded) = load_or_report(f, &registry) else {
+                        return Ok(ExitCode::from(2));
+                    };
+                    loaded.pipeline.and_then(|p| p.settings.api)
+                }
+                None => None,
+            };
+            let token = from_file
+                .as_ref()
+                .and_then(|a| a.token.clone())
+                .or_else(|| std::env::var("LOGBUS_API_TOKEN").ok());
+            let Some(addr) = api.or(from_file.map(|a| a.listen)) else {
+                eprintln!(
+                    "logbus: error: give --api ADDR, or a pipeline FILE with `settings.api.listen`"
+                );
+                return Ok(ExitCode::from(2));
+            };
+            top_cmd::run(&addr, token.as_deref(), once)
         }
         Command::Schema => {
             let schema = logbus_core::schema::pipeline_schema(&registry);

@@ -153,6 +153,34 @@ fn metrics_stats_graph_stream_and_reload() {
     );
     drop(s);
 
+    // `logbus top --once`: one frame of the terminal view, with real rates.
+    let o = Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .args(["top", "--once", "--api", &format!("127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let frame = String::from_utf8_lossy(&o.stdout);
+    for stage in ["gen", "json", "out", "bad"] {
+        assert!(frame.contains(&format!("│{stage} ")), "{frame}");
+    }
+    let gen_rate: f64 = frame
+        .lines()
+        .find(|l| l.starts_with("│gen "))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|r| r.parse().ok())
+        .unwrap();
+    assert!(gen_rate > 1000.0, "the generator runs at 5000/s: {frame}");
+    let o = Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .arg("top")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+
     // Tap: a live sample of what leaves a stage.
     let (status, body) = http(port, "GET", "/api/tap?stage=json&limit=5", None);
     assert_eq!(status, 200, "{body}");
