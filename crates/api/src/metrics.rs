@@ -11,7 +11,42 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Debug)]
-struct Snapshot(logbus_core::RunReport, usize);
+struct Snapshot {
+    report: logbus_core::RunReport,
+    bound: usize,
+    /// Workers per stage, for the busy ratio.
+    workers: std::collections::HashMap<String, usize>,
+}
+
+/// A power-of-two histogram snapshot as a Prometheus histogram; `scale`
+/// converts recorded units to the metric's (microseconds -> seconds).
+#[derive(Debug)]
+struct Hist<'a>(&'a logbus_plugin_api::HistogramSnapshot, f64);
+
+impl EncodeMetric for Hist<'_> {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let buckets: Vec<(f64, u64)> = self
+            .0
+            .buckets
+            .iter()
+            .map(|(bound, n)| (*bound as f64 * self.1, *n))
+            .chain(std::iter::once((f64::INFINITY, 0)))
+            .collect();
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            self.0.sum as f64 * self.1,
+            self.0.count,
+            &buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
 
 type Labels = Vec<(String, String)>;
 /// A counter family: name, help, and how to read it from a stage's counts.
@@ -33,7 +68,7 @@ fn stage(id: &str) -> Labels {
 
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let report = &self.0;
+        let report = &self.report;
         let counters: [StageFamily; 5] = [
             (
                 "logbus_events_in",
@@ -96,7 +131,69 @@ impl Collector for Snapshot {
             None,
             MetricType::Gauge,
         )?;
-        ConstGauge::new(self.1 as i64).encode(bound)?;
+        ConstGauge::new(self.bound as i64).encode(bound)?;
+
+        let elapsed = report.elapsed_seconds.max(1e-9);
+        let waits: std::collections::HashMap<&str, f64> = report
+            .channels
+            .iter()
+            .map(|c| (c.stage.as_str(), c.wait_seconds))
+            .collect();
+        let mut family = encoder.encode_descriptor(
+            "logbus_stage_blocked_seconds",
+            "Time a stage waited for room downstream (backpressure).",
+            None,
+            MetricType::Counter,
+        )?;
+        for st in &report.stages {
+            ConstCounter::new(st.blocked_seconds).encode(family.encode_family(&stage(&st.id))?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "logbus_stage_wait_seconds",
+            "Time a stage's workers waited for input.",
+            None,
+            MetricType::Counter,
+        )?;
+        for c in &report.channels {
+            ConstCounter::new(c.wait_seconds).encode(family.encode_family(&stage(&c.stage))?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "logbus_stage_busy_ratio",
+            "Share of a stage's worker time spent working: not waiting for input nor for room downstream.",
+            None,
+            MetricType::Gauge,
+        )?;
+        // Stages with an input only: a source's waiting happens inside its plugin.
+        for st in report
+            .stages
+            .iter()
+            .filter(|st| waits.contains_key(st.id.as_str()))
+        {
+            let workers = *self.workers.get(&st.id).unwrap_or(&1) as f64;
+            let idle = waits[st.id.as_str()] + st.blocked_seconds;
+            let busy = (1.0 - idle / (elapsed * workers)).clamp(0.0, 1.0);
+            ConstGauge::new(busy).encode(family.encode_family(&stage(&st.id))?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "logbus_batch_size",
+            "Events per dequeue, per stage input (power-of-two buckets).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for c in &report.channels {
+            Hist(&c.batch_sizes, 1.0).encode(family.encode_family(&stage(&c.stage))?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "logbus_sink_latency_seconds",
+            "From the source reading an event to the sink taking its batch (power-of-two buckets).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for c in &report.channels {
+            if let Some(h) = &c.ingest_latency_us {
+                Hist(h, 1e-6).encode(family.encode_family(&stage(&c.stage))?)?;
+            }
+        }
         if let Some(rss) = process_rss_bytes() {
             let family = encoder.encode_descriptor(
                 "logbus_process_resident_memory_bytes",
@@ -121,8 +218,16 @@ impl Collector for Snapshot {
 
 pub fn render(stats: &StatsHandle) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    let bound = stats.pipeline().inflight_bound().events;
-    registry.register_collector(Box::new(Snapshot(stats.snapshot(), bound)));
+    let pipeline = stats.pipeline();
+    registry.register_collector(Box::new(Snapshot {
+        report: stats.snapshot(),
+        bound: pipeline.inflight_bound().events,
+        workers: pipeline
+            .stages
+            .iter()
+            .map(|s| (s.id.clone(), s.workers))
+            .collect(),
+    }));
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)?;
     Ok(out)

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use logbus_plugin_api::{StageCounts, StageKind};
+use logbus_plugin_api::{HistogramSnapshot, StageCounts, StageKind};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize)]
@@ -14,6 +14,8 @@ pub struct StageReport {
     pub kind: StageKind,
     #[serde(flatten)]
     pub counts: StageCounts,
+    /// Time spent waiting for room downstream (backpressure), seconds.
+    pub blocked_seconds: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -27,6 +29,13 @@ pub struct ChannelReport {
     pub sent: u64,
     pub received: u64,
     pub abandoned: u64,
+    /// Events per dequeue.
+    pub batch_sizes: HistogramSnapshot,
+    /// Time the consumer(s) waited for input, seconds.
+    pub wait_seconds: f64,
+    /// Microseconds from ingest to the sink taking the batch (sink inputs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingest_latency_us: Option<HistogramSnapshot>,
 }
 
 #[derive(Debug, Clone, Serialize)]

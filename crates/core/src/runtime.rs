@@ -27,6 +27,7 @@ use logbus_plugin_api::{
     Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt, Output,
     OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink, SinkContext, Source,
     SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, channel_with_batch,
+    channel_with_latency,
 };
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -282,6 +283,7 @@ fn report_parts(inv: &Inventory) -> (Vec<StageReport>, Vec<ChannelReport>) {
                 id: id.clone(),
                 kind: *kind,
                 counts: m.snapshot(),
+                blocked_seconds: m.blocked_seconds(),
             })
             .collect(),
         inv.channels
@@ -294,6 +296,9 @@ fn report_parts(inv: &Inventory) -> (Vec<StageReport>, Vec<ChannelReport>) {
                 sent: c.stats().sent(),
                 received: c.stats().received(),
                 abandoned: c.stats().abandoned(),
+                batch_sizes: c.stats().batch_sizes.snapshot(),
+                wait_seconds: c.stats().wait_seconds(),
+                ingest_latency_us: c.stats().ingest_latency_us.as_ref().map(|h| h.snapshot()),
             })
             .collect(),
     )
@@ -389,8 +394,12 @@ impl Supervisor {
             inventory_push_stage(&self.inventory, spec, &metrics);
             let mut input = None;
             if spec.kind != StageKind::Source {
-                let (tx, rx) =
-                    channel_with_batch(spec.capacity(&settings), spec.dequeue_batch(&settings));
+                let (capacity, batch) = (spec.capacity(&settings), spec.dequeue_batch(&settings));
+                let (tx, rx) = if spec.kind == StageKind::Sink {
+                    channel_with_latency(capacity, batch)
+                } else {
+                    channel_with_batch(capacity, batch)
+                };
                 self.inventory
                     .lock()
                     .expect("inventory lock")

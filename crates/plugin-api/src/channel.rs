@@ -20,10 +20,22 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::{Notify, Semaphore};
 
 use crate::event::Event;
+use crate::histogram::Log2Histogram;
 
 /// Counters of one channel, readable while the pipeline runs.
 #[derive(Debug)]
 pub struct ChannelStats {
+    /// Events per dequeue.
+    pub batch_sizes: Log2Histogram,
+    /// Microseconds from the source reading a batch's first event to the
+    /// consumer taking the batch (recorded only where enabled: sink inputs).
+    pub ingest_latency_us: Option<Log2Histogram>,
+    /// Nanoseconds consumers spent in finished waits in `recv`.
+    wait_ns: AtomicU64,
+    /// Consumers waiting now, and the sum of their start times (ns since
+    /// [`epoch`]), so a snapshot can add the waits still in progress.
+    waiters: AtomicU64,
+    waiting_since_sum: AtomicU64,
     capacity: usize,
     max_occupancy: AtomicUsize,
     sent: AtomicU64,
@@ -48,6 +60,15 @@ impl ChannelStats {
     /// Events still queued when the receiver was dropped.
     pub fn abandoned(&self) -> u64 {
         self.abandoned.load(Ordering::Relaxed)
+    }
+    /// Total time consumers waited for input, in seconds, including waits
+    /// in progress.
+    pub fn wait_seconds(&self) -> f64 {
+        let done = self.wait_ns.load(Ordering::Relaxed);
+        let waiters = self.waiters.load(Ordering::Relaxed);
+        let since = self.waiting_since_sum.load(Ordering::Relaxed);
+        let ongoing = (waiters * since_epoch_ns()).saturating_sub(since);
+        (done + ongoing) as f64 / 1e9
     }
 }
 
@@ -79,16 +100,31 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
     channel_with_batch(capacity, capacity)
 }
 
+/// Like [`channel_with_batch`], also recording ingest-to-dequeue latency
+/// (for the inputs of sinks, where it approximates end-to-end latency).
+pub fn channel_with_latency(capacity: usize, max_batch: usize) -> (Sender, Receiver) {
+    make_channel(capacity, max_batch, true)
+}
+
 /// A channel whose consumers take at most `max_batch` events per dequeue
 /// (larger batches are split when sent). The receiver may be cloned: each
 /// batch goes to one of the clones (multi-consumer, for stage workers).
 pub fn channel_with_batch(capacity: usize, max_batch: usize) -> (Sender, Receiver) {
+    make_channel(capacity, max_batch, false)
+}
+
+fn make_channel(capacity: usize, max_batch: usize, latency: bool) -> (Sender, Receiver) {
     assert!(capacity >= 1, "channel capacity must be at least 1");
     assert!(max_batch >= 1, "max batch must be at least 1");
     assert!(capacity <= u32::MAX as usize, "channel capacity too large");
     let shared = Arc::new(Shared {
         permits: Semaphore::new(capacity),
         stats: ChannelStats {
+            batch_sizes: Log2Histogram::default(),
+            ingest_latency_us: latency.then(Log2Histogram::default),
+            wait_ns: AtomicU64::new(0),
+            waiters: AtomicU64::new(0),
+            waiting_since_sum: AtomicU64::new(0),
             capacity,
             max_occupancy: AtomicUsize::new(0),
             sent: AtomicU64::new(0),
@@ -216,6 +252,25 @@ impl WeakSender {
     }
 }
 
+/// Nanoseconds since the first call in this process: a monotonic clock
+/// that fits in an atomic.
+fn since_epoch_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+/// Runs a closure when dropped.
+struct Settle<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Settle<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
 fn rejoin(mut first: Vec<Event>, rest: Vec<Event>) -> Vec<Event> {
     first.extend(rest);
     first
@@ -282,6 +337,36 @@ impl Receiver {
     /// The next batch, or `None` once every sender is gone and the queue is
     /// empty (or the engine interrupted this consumer).
     pub async fn recv(&mut self) -> Option<InputBatch> {
+        // Only a recv that has to wait is timed: the clock is read once per
+        // batch when input is ready.
+        if self.is_interrupted() {
+            return None;
+        }
+        if let Ok(events) = self.rx.try_recv() {
+            return Some(self.accept(events));
+        }
+        let stats = &self.shared.stats;
+        let started = since_epoch_ns();
+        stats
+            .waiting_since_sum
+            .fetch_add(started, Ordering::Relaxed);
+        stats.waiters.fetch_add(1, Ordering::Relaxed);
+        let shared = self.shared.clone();
+        // Settled on every exit, including when the future is dropped.
+        let _settle = Settle(move || {
+            let stats = &shared.stats;
+            stats.waiters.fetch_sub(1, Ordering::Relaxed);
+            stats
+                .waiting_since_sum
+                .fetch_sub(started, Ordering::Relaxed);
+            stats
+                .wait_ns
+                .fetch_add(since_epoch_ns().saturating_sub(started), Ordering::Relaxed);
+        });
+        self.recv_waiting().await
+    }
+
+    async fn recv_waiting(&mut self) -> Option<InputBatch> {
         let Some(interrupt) = self.interrupt.clone() else {
             let events = self.rx.recv().await.ok()?;
             return Some(self.accept(events));
@@ -335,10 +420,14 @@ impl Receiver {
     }
 
     fn accept(&self, events: Vec<Event>) -> InputBatch {
-        self.shared
-            .stats
+        let stats = &self.shared.stats;
+        stats
             .received
             .fetch_add(events.len() as u64, Ordering::Relaxed);
+        stats.batch_sizes.record(events.len() as u64);
+        if let (Some(h), Some(first)) = (&stats.ingest_latency_us, events.first()) {
+            h.record(crate::event::now_ns().saturating_sub(first.meta().ingest_ns) / 1000);
+        }
         InputBatch {
             permits: events.len(),
             events,

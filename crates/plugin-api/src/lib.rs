@@ -6,6 +6,7 @@
 
 pub mod channel;
 pub mod event;
+pub mod histogram;
 pub mod metrics;
 pub mod output;
 pub mod plugin;
@@ -15,9 +16,10 @@ pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use channel::{
     ChannelHandle, InputBatch, Interrupt, Receiver, SendError, Sender, WeakSender, channel,
-    channel_with_batch,
+    channel_with_batch, channel_with_latency,
 };
 pub use event::{Event, EventData, FieldPath, Fields, Meta, Payload, now_ns};
+pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use metrics::{StageCounts, StageMetrics};
 pub use output::{Output, OutputRole, OutputTargets, Tap};
 pub use plugin::{

@@ -14,6 +14,8 @@ pub struct StageMetrics {
     errored: AtomicU64,
     routed: AtomicU64,
     created: AtomicU64,
+    /// Nanoseconds spent waiting for room downstream (backpressure).
+    blocked_ns: AtomicU64,
 }
 
 /// A point-in-time copy of [`StageMetrics`].
@@ -57,6 +59,12 @@ impl StageMetrics {
     counter!(add_errored, errored);
     counter!(add_routed, routed);
     counter!(add_created, created);
+    counter!(add_blocked_ns, blocked_ns);
+
+    /// Time spent waiting for room downstream, in seconds.
+    pub fn blocked_seconds(&self) -> f64 {
+        self.blocked_ns.load(Ordering::Relaxed) as f64 / 1e9
+    }
 
     pub fn snapshot(&self) -> StageCounts {
         StageCounts {

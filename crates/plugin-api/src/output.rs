@@ -153,6 +153,7 @@ impl Output {
             self.targets.feed_taps(&batch);
         }
         let senders = self.targets.current();
+        let started = std::time::Instant::now();
         match senders.as_slice() {
             [] => {
                 self.metrics.add_discarded(n);
@@ -166,6 +167,8 @@ impl Output {
                 last.send(batch).await?;
             }
         }
+        self.metrics
+            .add_blocked_ns(started.elapsed().as_nanos() as u64);
         match self.role {
             OutputRole::Main => self.metrics.add_out(n),
             OutputRole::Errors => self.metrics.add_routed(n),

@@ -105,6 +105,20 @@ fn metrics_stats_graph_stream_and_reload() {
     ] {
         assert!(text.contains(family), "missing {family} in\n{text}");
     }
+    let busy = metric(&text, "logbus_stage_busy_ratio{stage=\"json\"}");
+    assert!((0.0..=1.0).contains(&busy), "{busy}");
+    assert!(
+        text.contains("logbus_batch_size_bucket{le=\"+Inf\",stage=\"json\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("logbus_sink_latency_seconds_count{stage=\"out\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("logbus_stage_blocked_seconds_total{stage=\"gen\"}"),
+        "{text}"
+    );
     let first = metric(&text, "logbus_events_out_total{stage=\"out\"}");
     let start = Instant::now();
     loop {
