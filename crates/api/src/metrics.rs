@@ -133,6 +133,16 @@ impl Collector for Snapshot {
         )?;
         ConstGauge::new(self.bound as i64).encode(bound)?;
 
+        let mut family = encoder.encode_descriptor(
+            "logbus_bytes_out",
+            "Raw payload bytes a stage sent on: what a source read, what a formatter produced.",
+            None,
+            MetricType::Counter,
+        )?;
+        for st in &report.stages {
+            ConstCounter::new(st.bytes_out).encode(family.encode_family(&stage(&st.id))?)?;
+        }
+
         let elapsed = report.elapsed_seconds.max(1e-9);
         let waits: std::collections::HashMap<&str, f64> = report
             .channels

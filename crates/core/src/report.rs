@@ -16,6 +16,8 @@ pub struct StageReport {
     pub counts: StageCounts,
     /// Time spent waiting for room downstream (backpressure), seconds.
     pub blocked_seconds: f64,
+    /// Raw payload bytes sent on (what a source read, a formatter produced).
+    pub bytes_out: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -284,6 +284,7 @@ fn report_parts(inv: &Inventory) -> (Vec<StageReport>, Vec<ChannelReport>) {
                 kind: *kind,
                 counts: m.snapshot(),
                 blocked_seconds: m.blocked_seconds(),
+                bytes_out: m.bytes_out(),
             })
             .collect(),
         inv.channels

@@ -16,6 +16,8 @@ pub struct StageMetrics {
     created: AtomicU64,
     /// Nanoseconds spent waiting for room downstream (backpressure).
     blocked_ns: AtomicU64,
+    /// Bytes of raw payloads sent on (structured events count 0).
+    bytes_out: AtomicU64,
 }
 
 /// A point-in-time copy of [`StageMetrics`].
@@ -60,6 +62,13 @@ impl StageMetrics {
     counter!(add_routed, routed);
     counter!(add_created, created);
     counter!(add_blocked_ns, blocked_ns);
+    counter!(add_bytes_out, bytes_out);
+
+    /// Bytes of raw payloads this stage sent on: what a source read, what a
+    /// formatter produced.
+    pub fn bytes_out(&self) -> u64 {
+        self.bytes_out.load(Ordering::Relaxed)
+    }
 
     /// Time spent waiting for room downstream, in seconds.
     pub fn blocked_seconds(&self) -> f64 {

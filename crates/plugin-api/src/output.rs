@@ -151,6 +151,8 @@ impl Output {
         }
         if self.role == OutputRole::Main {
             self.targets.feed_taps(&batch);
+            let bytes: usize = batch.iter().map(Event::raw_len).sum();
+            self.metrics.add_bytes_out(bytes as u64);
         }
         let senders = self.targets.current();
         let started = std::time::Instant::now();
