@@ -161,15 +161,7 @@ pub fn parse_tests(text: &str, file: &Path) -> Result<Vec<TestCase>, Vec<SpecErr
                 tests.push(t);
             }
             Err(e) => {
-                let path: Vec<String> = e
-                    .path()
-                    .iter()
-                    .filter_map(|s| match s {
-                        serde_path_to_error::Segment::Map { key } => Some(key.clone()),
-                        serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
-                        _ => None,
-                    })
-                    .collect();
+                let path = logbus_plugin_api::path_segments(e.path());
                 errors.push(err(
                     item.pos_of(&path),
                     format!("invalid test: {}", e.into_inner()),

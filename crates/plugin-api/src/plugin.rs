@@ -326,22 +326,25 @@ pub fn parse_options<T: DeserializeOwned>(
         Ok(v) if errors.is_empty() => Ok(v),
         Ok(_) => Err(errors),
         Err(e) => {
-            let path: Vec<String> = e
-                .path()
-                .iter()
-                .filter_map(|seg| match seg {
-                    serde_path_to_error::Segment::Map { key } => Some(key.clone()),
-                    serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
-                    _ => None,
-                })
-                .collect();
             errors.push(OptionError {
-                path,
+                path: path_segments(e.path()),
                 message: e.into_inner().to_string(),
             });
             Err(errors)
         }
     }
+}
+
+/// A serde error path (`set.level`, `delete.1`) as the segments
+/// `yaml::Node::pos_of` and [`OptionError::path`] use.
+pub fn path_segments(path: &serde_path_to_error::Path) -> Vec<String> {
+    path.iter()
+        .filter_map(|seg| match seg {
+            serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+            serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The candidate closest to `word`, if it is close enough to be a likely typo.

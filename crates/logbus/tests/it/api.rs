@@ -36,7 +36,9 @@ fn http(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, Strin
     (status, body)
 }
 
-fn start(dir: &Path, yml: &str, args: &[&str]) -> (Child, u16) {
+/// Starts `logbus run` on `yml` with the API on a free loopback port, and
+/// waits until the API answers.
+pub(crate) fn start(dir: &Path, yml: &str, args: &[&str]) -> (Child, u16) {
     let p = dir.join("p.yml");
     std::fs::write(&p, yml).unwrap();
     let port = free_port();

@@ -3,10 +3,8 @@
 //! sets LOGBUS_REQUIRE_BROWSER=1, so there the test cannot be skipped;
 //! elsewhere it says loudly that it skipped when they are missing.
 
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 #[test]
 fn the_live_view_loads_shows_every_stage_and_counters_advance() {
@@ -31,9 +29,8 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("p.yml");
-    std::fs::write(
-        &p,
+    let (mut child, port) = crate::api::start(
+        dir.path(),
         "settings: { channel_capacity: 512 }\nstages:
   gen: { source: generator, rate: 3000 }
   json: { parser: json, inputs: [gen], on_error: route }
@@ -41,30 +38,8 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
   out: { sink: blackhole, inputs: [keep] }
   bad: { sink: blackhole, inputs: [json.errors] }
 ",
-    )
-    .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_logbus"))
-        .env("LOGBUS_LOG", "warn")
-        .arg("run")
-        .arg(&p)
-        .arg("--api")
-        .arg(format!("127.0.0.1:{port}"))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the API never came up"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        &[],
+    );
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui.png");
     let out = Command::new("node")
         .arg(ui.join("ui_test.mjs"))
