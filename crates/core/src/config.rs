@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use logbus_plugin_api::{
-    BuildContext, CheckOptions, OptionError, Plugin, Registry, StageKind, closest, parse_options,
+    BuildContext, CheckOptions, LocalConfig, OptionError, Plugin, Registry, StageKind, closest,
+    parse_options,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -130,8 +131,10 @@ pub enum OnError {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSpec {
-    /// `global`: one shared multi-consumer queue read by all `workers`.
-    /// (`local`, per-producer frontends, is not available yet.)
+    /// `global`: one shared multi-producer/multi-consumer queue read by all
+    /// `workers`. `local`: in addition, a private frontend ring (with its
+    /// own consumer worker) for each registered upstream producer; what does
+    /// not fit goes to the shared backend.
     #[serde(default)]
     pub scope: QueueScope,
     /// Capacity in events (default: `settings.channel_capacity`).
@@ -142,6 +145,56 @@ pub struct QueueSpec {
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub dequeue_batch: Option<usize>,
+    /// Frontend settings (with `scope: local`).
+    #[serde(default)]
+    pub local: Option<LocalSpec>,
+}
+
+/// `queue.local`: the frontends of a local-scope queue.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LocalSpec {
+    /// Events per frontend ring (`F`).
+    #[serde(default = "default_frontend_size")]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub frontend_size: usize,
+    /// Registration slots (`N`): one frontend and one consumer worker each.
+    /// Producers beyond this use the backend; slots are not recycled.
+    #[serde(default = "default_max_frontends")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_frontends: usize,
+    /// Most events an idle frontend consumer borrows from the backend at
+    /// once; 0 disables helping. At most `min(dequeue_batch, frontend_size)`
+    /// (the default).
+    #[serde(default)]
+    pub helper_batch: Option<usize>,
+    /// A frontend consumer finding fewer events may wait for this many...
+    #[serde(default)]
+    pub min_batch: usize,
+    /// ...at most this long (milliseconds; 0: never wait).
+    #[serde(default)]
+    #[schemars(range(max = 60000))]
+    pub min_batch_timeout_ms: u64,
+}
+
+fn default_frontend_size() -> usize {
+    1024
+}
+
+fn default_max_frontends() -> usize {
+    8
+}
+
+impl Default for LocalSpec {
+    fn default() -> Self {
+        LocalSpec {
+            frontend_size: default_frontend_size(),
+            max_frontends: default_max_frontends(),
+            helper_batch: None,
+            min_batch: 0,
+            min_batch_timeout_ms: 0,
+        }
+    }
 }
 
 #[derive(
@@ -157,11 +210,61 @@ pub enum QueueScope {
 impl CheckOptions for QueueSpec {
     fn check(&self) -> Vec<OptionError> {
         let mut errors = Vec::new();
-        if self.scope == QueueScope::Local {
+        if self.scope == QueueScope::Global && self.local.is_some() {
             errors.push(OptionError::at(
-                &["scope"],
-                "`local` (per-producer frontend queues) is not available in this version; use `global`",
+                &["local"],
+                "frontend settings apply only with `scope: local`",
             ));
+        }
+        if let Some(local) = &self.local {
+            if !(1..=MAX_CHANNEL_CAPACITY).contains(&local.frontend_size) {
+                errors.push(OptionError::at(
+                    &["local", "frontend_size"],
+                    format!(
+                        "must be between 1 and {MAX_CHANNEL_CAPACITY} events, got {}",
+                        local.frontend_size
+                    ),
+                ));
+            }
+            if !(1..=logbus_plugin_api::local::MAX_FRONTENDS).contains(&local.max_frontends) {
+                errors.push(OptionError::at(
+                    &["local", "max_frontends"],
+                    format!(
+                        "must be between 1 and {}, got {}",
+                        logbus_plugin_api::local::MAX_FRONTENDS,
+                        local.max_frontends
+                    ),
+                ));
+            }
+            if let Some(helper) = local.helper_batch {
+                let limit = self
+                    .dequeue_batch
+                    .unwrap_or(usize::MAX)
+                    .min(local.frontend_size);
+                if helper > limit {
+                    errors.push(OptionError::at(
+                        &["local", "helper_batch"],
+                        format!(
+                            "must not exceed min(dequeue_batch, frontend_size) = {limit}, got {helper}"
+                        ),
+                    ));
+                }
+            }
+            if local.min_batch > local.frontend_size {
+                errors.push(OptionError::at(
+                    &["local", "min_batch"],
+                    format!(
+                        "must not exceed `frontend_size` ({}), got {}",
+                        local.frontend_size, local.min_batch
+                    ),
+                ));
+            }
+            if local.min_batch_timeout_ms > 60_000 {
+                errors.push(OptionError::at(
+                    &["local", "min_batch_timeout_ms"],
+                    format!("must be at most 60000, got {}", local.min_batch_timeout_ms),
+                ));
+            }
         }
         if let Some(size) = self.size
             && !(1..=MAX_CHANNEL_CAPACITY).contains(&size)
@@ -211,6 +314,47 @@ impl StageSpec {
             .unwrap_or(settings.channel_capacity)
     }
 
+    /// The frontends of a local-scope input queue, resolved against the
+    /// settings; `None` for a global queue.
+    pub fn local_config(&self, settings: &Settings) -> Option<LocalConfig> {
+        let queue = self.queue.as_ref()?;
+        if queue.scope != QueueScope::Local {
+            return None;
+        }
+        let spec = queue.local.clone().unwrap_or_default();
+        let d = self.dequeue_batch(settings).min(spec.frontend_size);
+        Some(LocalConfig {
+            frontend_size: spec.frontend_size,
+            max_frontends: spec.max_frontends,
+            helper_batch: spec.helper_batch.unwrap_or(d).min(d),
+            min_batch: spec.min_batch,
+            min_batch_timeout: std::time::Duration::from_millis(spec.min_batch_timeout_ms),
+        })
+    }
+
+    /// Plugin instances this stage runs: one per worker, plus one per
+    /// frontend of a local-scope queue.
+    pub fn instances(&self, settings: &Settings) -> usize {
+        if self.kind == StageKind::Source {
+            return 1;
+        }
+        self.workers.max(1) + self.local_config(settings).map_or(0, |l| l.max_frontends)
+    }
+
+    /// The most events this stage's input queue can hold, batches in the
+    /// consumers' hands included: `B`, plus `N × (F + D)` for a local-scope
+    /// queue with `D = min(dequeue_batch, F)`.
+    pub fn inflight_bound(&self, settings: &Settings) -> usize {
+        let b = self.capacity(settings);
+        match self.local_config(settings) {
+            None => b,
+            Some(l) => {
+                let d = self.dequeue_batch(settings).min(l.frontend_size);
+                b + l.max_frontends * (l.frontend_size + d)
+            }
+        }
+    }
+
     /// Most events one worker takes per dequeue.
     pub fn dequeue_batch(&self, settings: &Settings) -> usize {
         let capacity = self.capacity(settings);
@@ -255,7 +399,10 @@ impl Pipeline {
         InflightBound {
             channels: inputs.len(),
             channel_capacity: self.settings.channel_capacity,
-            events: inputs.iter().map(|s| s.capacity(&self.settings)).sum(),
+            events: inputs
+                .iter()
+                .map(|s| s.inflight_bound(&self.settings))
+                .sum(),
         }
     }
 
@@ -681,9 +828,19 @@ impl Checker<'_> {
             };
             for e in errors {
                 self.push(
-                    Diagnostic::error("bad-option", format!("queue: {}", e.message))
-                        .stage(id)
-                        .at(value.pos_of(&e.path)),
+                    Diagnostic::error(
+                        "bad-option",
+                        format!(
+                            "{}: {}",
+                            std::iter::once("queue")
+                                .chain(e.path.iter().map(String::as_str))
+                                .collect::<Vec<_>>()
+                                .join("."),
+                            e.message
+                        ),
+                    )
+                    .stage(id)
+                    .at(value.pos_of(&e.path)),
                 );
             }
         }

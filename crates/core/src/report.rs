@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use logbus_plugin_api::{HistogramSnapshot, StageCounts, StageKind};
+use logbus_plugin_api::{HistogramSnapshot, LocalQueueSnapshot, StageCounts, StageKind};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize)]
@@ -38,6 +38,10 @@ pub struct ChannelReport {
     /// Microseconds from ingest to the sink taking the batch (sink inputs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ingest_latency_us: Option<HistogramSnapshot>,
+    /// Frontend/backend routing, helping and per-frontend counters of a
+    /// local-scope queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local: Option<LocalQueueSnapshot>,
 }
 
 #[derive(Debug, Clone, Serialize)]

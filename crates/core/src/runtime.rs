@@ -27,7 +27,7 @@ use logbus_plugin_api::{
     Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt, Output,
     OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink, SinkContext, Source,
     SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, channel_with_batch,
-    channel_with_latency,
+    channel_with_latency, local_channel,
 };
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -166,11 +166,7 @@ fn build_all<'a>(
     let mut built = HashMap::new();
     let mut errors = Vec::new();
     for spec in specs {
-        let instances = if spec.kind == StageKind::Source {
-            1
-        } else {
-            spec.workers.max(1)
-        };
+        let instances = spec.instances(&pipeline.settings);
         let mut workers = Vec::with_capacity(instances);
         for _ in 0..instances {
             match spec
@@ -297,9 +293,10 @@ fn report_parts(inv: &Inventory) -> (Vec<StageReport>, Vec<ChannelReport>) {
                 sent: c.stats().sent(),
                 received: c.stats().received(),
                 abandoned: c.stats().abandoned(),
-                batch_sizes: c.stats().batch_sizes.snapshot(),
+                batch_sizes: c.stats().batch_size_snapshot(),
                 wait_seconds: c.stats().wait_seconds(),
-                ingest_latency_us: c.stats().ingest_latency_us.as_ref().map(|h| h.snapshot()),
+                ingest_latency_us: c.stats().ingest_latency_snapshot(),
+                local: c.local(),
             })
             .collect(),
     )
@@ -396,10 +393,11 @@ impl Supervisor {
             let mut input = None;
             if spec.kind != StageKind::Source {
                 let (capacity, batch) = (spec.capacity(&settings), spec.dequeue_batch(&settings));
-                let (tx, rx) = if spec.kind == StageKind::Sink {
-                    channel_with_latency(capacity, batch)
-                } else {
-                    channel_with_batch(capacity, batch)
+                let latency = spec.kind == StageKind::Sink;
+                let (tx, rx) = match spec.local_config(&settings) {
+                    Some(local) => local_channel(capacity, batch, local, latency),
+                    None if latency => channel_with_latency(capacity, batch),
+                    None => channel_with_batch(capacity, batch),
                 };
                 self.inventory
                     .lock()
@@ -505,7 +503,8 @@ impl Supervisor {
             (Some(rx), StageKind::Sink) => Some(rx.interruptible()),
             _ => None,
         };
-        for built in built {
+        let workers = spec.workers.max(1);
+        for (index, built) in built.into_iter().enumerate() {
             let global = self.shutdown.clone();
             match built {
                 Built::Source(source) => {
@@ -514,7 +513,7 @@ impl Supervisor {
                     });
                 }
                 Built::Processor(processor) => {
-                    let input = input.clone().expect("a processor has a channel");
+                    let input = worker_input(input.as_ref(), index, workers);
                     let (swap_tx, swap_rx) = mpsc::unbounded_channel();
                     let mut stage = ProcessorStage {
                         id: id.clone(),
@@ -553,7 +552,7 @@ impl Supervisor {
                     }
                 }
                 Built::Sink(sink) => {
-                    let input = input.clone().expect("a sink has a channel");
+                    let input = worker_input(input.as_ref(), index, workers);
                     let (swap_tx, mut swap_rx) = mpsc::unbounded_channel::<Box<dyn Sink>>();
                     let (id, metrics) = (id.clone(), metrics.clone());
                     self.spawn_task(&spec.id, async move {
@@ -818,6 +817,20 @@ async fn guard(fut: impl Future<Output = Result<(), StageError>>) -> Result<(), 
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into())
         )),
+    }
+}
+
+/// The input of a stage's `index`th instance: the first `workers` read the
+/// shared queue (a local queue's backend); each further one consumes one
+/// frontend of a local-scope queue.
+fn worker_input(input: Option<&Receiver>, index: usize, workers: usize) -> Receiver {
+    let input = input.expect("a processor or sink has an input");
+    if index < workers {
+        input.clone()
+    } else {
+        input
+            .frontend(index - workers)
+            .expect("one instance per frontend")
     }
 }
 

@@ -14,22 +14,24 @@
 //! (fan-in closes on the last upstream). A sender whose receiver is gone gets
 //! its events back in [`SendError`], never loses them silently.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
+use logbus_ring::spsc;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::event::Event;
-use crate::histogram::Log2Histogram;
+use crate::histogram::{HistogramSnapshot, Log2Histogram};
+use crate::local::{Local, LocalConfig, LocalQueueSnapshot, Overflow};
 
 /// Counters of one channel, readable while the pipeline runs.
 #[derive(Debug)]
 pub struct ChannelStats {
     /// Events per dequeue.
-    pub batch_sizes: Log2Histogram,
+    pub(crate) batch_sizes: Log2Histogram,
     /// Microseconds from the source reading a batch's first event to the
     /// consumer taking the batch (recorded only where enabled: sink inputs).
-    pub ingest_latency_us: Option<Log2Histogram>,
+    pub(crate) ingest_latency_us: Option<Log2Histogram>,
     /// Nanoseconds consumers spent in finished waits in `recv`.
     wait_ns: AtomicU64,
     /// Consumers waiting now, and the sum of their start times (ns since
@@ -41,21 +43,47 @@ pub struct ChannelStats {
     sent: AtomicU64,
     received: AtomicU64,
     abandoned: AtomicU64,
+    /// Frontends, for a local-scope queue (this channel is then its BE).
+    local: Option<Local>,
 }
 
 impl ChannelStats {
+    /// The in-flight bound of this queue: the capacity, plus `N × (F + D)`
+    /// for a local-scope queue's frontends.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.capacity + self.local.as_ref().map_or(0, Local::frontend_bound)
     }
-    /// Highest occupancy seen, in events.
+    /// Highest occupancy seen, in events (local scope: the BE's peak plus
+    /// each frontend's).
     pub fn max_occupancy(&self) -> usize {
         self.max_occupancy.load(Ordering::Relaxed)
+            + self.local.as_ref().map_or(0, Local::frontend_max_queued)
     }
+    /// Events accepted, on every path.
     pub fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
+        self.sent.load(Ordering::Relaxed) + self.local.as_ref().map_or(0, Local::frontend_admitted)
     }
+    /// Events handed to consumers, on every path.
     pub fn received(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
+        self.received.load(Ordering::Relaxed) + self.local.as_ref().map_or(0, Local::frontend_taken)
+    }
+    /// Events per dequeue, frontends included.
+    pub fn batch_size_snapshot(&self) -> HistogramSnapshot {
+        let mut all = self.batch_sizes.snapshot();
+        for fe in self.local.iter().flat_map(|l| l.frontends.iter()) {
+            all.merge(&fe.cons.0.batch_sizes.snapshot());
+        }
+        all
+    }
+    /// Ingest-to-dequeue latency, frontends included (where recorded).
+    pub fn ingest_latency_snapshot(&self) -> Option<HistogramSnapshot> {
+        let mut all = self.ingest_latency_us.as_ref()?.snapshot();
+        for fe in self.local.iter().flat_map(|l| l.frontends.iter()) {
+            if let Some(h) = &fe.cons.0.ingest_latency_us {
+                all.merge(&h.snapshot());
+            }
+        }
+        Some(all)
     }
     /// Events still queued when the receiver was dropped.
     pub fn abandoned(&self) -> u64 {
@@ -79,13 +107,21 @@ struct Shared {
     max_batch: usize,
     /// Live `Receiver` clones; the last one to go closes the channel.
     receivers: AtomicUsize,
+    /// For a local-scope queue: a BE sender that does not keep it open,
+    /// for helpers putting back the part of a batch they do not borrow.
+    backend: Option<async_channel::WeakSender<Vec<Event>>>,
 }
 
 impl Shared {
+    /// Events in the (back-end) queue or its consumers' hands.
     fn occupancy(&self) -> usize {
         self.stats
             .capacity
             .saturating_sub(self.permits.available_permits())
+    }
+
+    fn local(&self) -> Option<&Local> {
+        self.stats.local.as_ref()
     }
 }
 
@@ -113,10 +149,35 @@ pub fn channel_with_batch(capacity: usize, max_batch: usize) -> (Sender, Receive
     make_channel(capacity, max_batch, false)
 }
 
+/// A local-scope queue: `capacity` and `max_batch` describe its backend;
+/// `config` its frontends. The receiver returned reads the backend (clone
+/// it for each BE worker); [`Receiver::frontend`] gives each frontend's
+/// consumer.
+pub fn local_channel(
+    capacity: usize,
+    max_batch: usize,
+    config: LocalConfig,
+    latency: bool,
+) -> (Sender, Receiver) {
+    make_channel_with(capacity, max_batch, latency, Some(config))
+}
+
 fn make_channel(capacity: usize, max_batch: usize, latency: bool) -> (Sender, Receiver) {
+    make_channel_with(capacity, max_batch, latency, None)
+}
+
+fn make_channel_with(
+    capacity: usize,
+    max_batch: usize,
+    latency: bool,
+    local: Option<LocalConfig>,
+) -> (Sender, Receiver) {
     assert!(capacity >= 1, "channel capacity must be at least 1");
     assert!(max_batch >= 1, "max batch must be at least 1");
     assert!(capacity <= u32::MAX as usize, "channel capacity too large");
+    let (tx, rx) = async_channel::unbounded();
+    let max_batch = max_batch.min(capacity);
+    let backend = local.is_some().then(|| tx.downgrade());
     let shared = Arc::new(Shared {
         permits: Semaphore::new(capacity),
         stats: ChannelStats {
@@ -130,11 +191,12 @@ fn make_channel(capacity: usize, max_batch: usize, latency: bool) -> (Sender, Re
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
+            local: local.map(|config| Local::new(config, max_batch, latency)),
         },
-        max_batch: max_batch.min(capacity),
+        max_batch,
         receivers: AtomicUsize::new(1),
+        backend,
     });
-    let (tx, rx) = async_channel::unbounded();
     (
         Sender {
             tx,
@@ -145,21 +207,151 @@ fn make_channel(capacity: usize, max_batch: usize, latency: bool) -> (Sender, Re
             shared,
             interrupt: None,
             seen: 0,
+            frontend: None,
         },
     )
 }
 
 /// Sending half; clone it for fan-in.
-#[derive(Clone)]
 pub struct Sender {
     tx: async_channel::Sender<Vec<Event>>,
     shared: Arc<Shared>,
 }
 
+impl Clone for Sender {
+    fn clone(&self) -> Self {
+        if let Some(local) = self.shared.local() {
+            local.senders.fetch_add(1, Ordering::Relaxed);
+        }
+        Sender {
+            tx: self.tx.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        if let Some(local) = self.shared.local()
+            && local.senders.fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            local.close();
+        }
+    }
+}
+
+/// A producer's standing with one local-scope queue: its frontend, or the
+/// knowledge that every slot was taken. Kept by the producer (an
+/// [`Output`](crate::Output)) for as long as it sends to that queue.
+pub struct Registration {
+    channel: Weak<Shared>,
+    frontend: Option<(usize, spsc::Producer<Event>)>,
+}
+
+impl Registration {
+    /// Whether this registration is with `sender`'s queue.
+    pub fn is_for(&self, sender: &Sender) -> bool {
+        std::ptr::eq(self.channel.as_ptr(), Arc::as_ptr(&sender.shared))
+    }
+
+    /// The frontend slot, if the producer got one.
+    pub fn slot(&self) -> Option<usize> {
+        self.frontend.as_ref().map(|(slot, _)| *slot)
+    }
+}
+
+impl Drop for Registration {
+    /// The producer exits: its consumer is told, finishes the ring and
+    /// stays on as a helper (the slot is not recycled).
+    fn drop(&mut self) {
+        if let Some((slot, producer)) = self.frontend.take() {
+            drop(producer);
+            if let Some(shared) = self.channel.upgrade()
+                && let Some(local) = shared.local()
+            {
+                local.frontends[slot].signal.notify_one();
+            }
+        }
+    }
+}
+
 impl Sender {
+    /// Whether this is a local-scope queue, where producers register.
+    pub fn is_local(&self) -> bool {
+        self.shared.local().is_some()
+    }
+
+    /// Registers the calling producer with this local-scope queue: it gets
+    /// a frontend if a slot is free (slots are never recycled).
+    pub fn register(&self) -> Registration {
+        Registration {
+            channel: Arc::downgrade(&self.shared),
+            frontend: self.shared.local().and_then(Local::register),
+        }
+    }
+
+    /// The admission predicate: publishes the whole batch to the producer's
+    /// frontend if it fits now, or gives it back with the reason it must go
+    /// to the backend (see [`Sender::send_overflow`]).
+    pub fn try_frontend(
+        &self,
+        registration: &mut Registration,
+        mut batch: Vec<Event>,
+    ) -> Result<(), (Vec<Event>, Overflow)> {
+        let Some(local) = self.shared.local() else {
+            return Err((batch, Overflow::Direct));
+        };
+        let Some((slot, ring)) = registration.frontend.as_mut() else {
+            return Err((batch, Overflow::Exhausted));
+        };
+        let frontend = &local.frontends[*slot];
+        let counters = &frontend.prod.0;
+        let n = batch.len();
+        if ring.is_consumer_gone() {
+            return Err((batch, Overflow::Shutdown));
+        }
+        if n > ring.capacity() {
+            counters.overflowed.fetch_add(n as u64, Ordering::Relaxed);
+            return Err((batch, Overflow::Oversized));
+        }
+        if !ring.push_all(&mut batch) {
+            counters.overflowed.fetch_add(n as u64, Ordering::Relaxed);
+            return Err((batch, Overflow::NoFit));
+        }
+        counters.admitted.fetch_add(n as u64, Ordering::Relaxed);
+        counters.admitted_batches.fetch_add(1, Ordering::Relaxed);
+        let queued = ring.len();
+        if queued > counters.max_queued.load(Ordering::Relaxed) {
+            counters.max_queued.store(queued, Ordering::Relaxed);
+        }
+        frontend.signal.notify_one();
+        Ok(())
+    }
+
+    /// Sends to a local-scope queue's backend, counting why.
+    pub async fn send_overflow(
+        &self,
+        batch: Vec<Event>,
+        reason: Overflow,
+    ) -> Result<(), SendError> {
+        if let Some(local) = self.shared.local() {
+            local.count_overflow(reason, batch.len());
+        }
+        self.send_backend(batch).await
+    }
+
     /// Sends a batch, waiting while the channel is full. A batch larger than
-    /// the capacity is sent in capacity-sized pieces, in order.
-    pub async fn send(&self, mut batch: Vec<Event>) -> Result<(), SendError> {
+    /// the capacity is sent in capacity-sized pieces, in order. (To a
+    /// local-scope queue this goes to the backend: producers that want a
+    /// frontend use [`Sender::register`] and [`Sender::try_frontend`].)
+    pub async fn send(&self, batch: Vec<Event>) -> Result<(), SendError> {
+        if let Some(local) = self.shared.local() {
+            local.count_overflow(Overflow::Direct, batch.len());
+        }
+        self.send_backend(batch).await
+    }
+
+    async fn send_backend(&self, mut batch: Vec<Event>) -> Result<(), SendError> {
         let capacity = self.shared.max_batch;
         while !batch.is_empty() {
             let chunk = if batch.len() <= capacity {
@@ -188,6 +380,9 @@ impl Sender {
                 .stats
                 .sent
                 .fetch_add(n as u64, Ordering::Relaxed);
+            if let Some(local) = self.shared.local() {
+                local.wake_helper();
+            }
         }
         Ok(())
     }
@@ -217,6 +412,10 @@ impl Sender {
             .stats
             .sent
             .fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(local) = self.shared.local() {
+            local.count_overflow(Overflow::Direct, n);
+            local.wake_helper();
+        }
         Ok(())
     }
 
@@ -245,10 +444,34 @@ pub struct WeakSender {
 impl WeakSender {
     /// A sender, if some sender still keeps the channel open.
     pub fn upgrade(&self) -> Option<Sender> {
-        Some(Sender {
-            tx: self.tx.upgrade()?,
-            shared: self.shared.clone(),
-        })
+        if let Some(local) = self.shared.local() {
+            // Count the new sender only while the queue is open.
+            let mut n = local.senders.load(Ordering::Acquire);
+            loop {
+                if n == 0 {
+                    return None;
+                }
+                match local
+                    .senders
+                    .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => break,
+                    Err(now) => n = now,
+                }
+            }
+        }
+        let shared = self.shared.clone();
+        match self.tx.upgrade() {
+            Some(tx) => Some(Sender { tx, shared }),
+            None => {
+                if let Some(local) = shared.local()
+                    && local.senders.fetch_sub(1, Ordering::AcqRel) == 1
+                {
+                    local.close();
+                }
+                None
+            }
+        }
     }
 }
 
@@ -260,15 +483,6 @@ fn since_epoch_ns() -> u64 {
         .get_or_init(std::time::Instant::now)
         .elapsed()
         .as_nanos() as u64
-}
-
-/// Runs a closure when dropped.
-struct Settle<F: FnMut()>(F);
-
-impl<F: FnMut()> Drop for Settle<F> {
-    fn drop(&mut self) {
-        (self.0)()
-    }
 }
 
 fn rejoin(mut first: Vec<Event>, rest: Vec<Event>) -> Vec<Event> {
@@ -289,12 +503,21 @@ pub enum TrySendError {
 pub struct ChannelHandle(Arc<Shared>);
 
 impl ChannelHandle {
-    /// Events queued or in the consumer's hands right now.
+    /// Events queued or in the consumers' hands right now (local scope:
+    /// backend and frontends).
     pub fn occupancy(&self) -> usize {
         self.0.occupancy()
+            + self
+                .0
+                .local()
+                .map_or(0, |l| l.frontend_outstanding() as usize)
     }
     pub fn stats(&self) -> &ChannelStats {
         &self.0.stats
+    }
+    /// A local-scope queue's counters.
+    pub fn local(&self) -> Option<LocalQueueSnapshot> {
+        Some(self.0.local()?.snapshot(self.0.occupancy()))
     }
 }
 
@@ -324,13 +547,64 @@ impl Interrupt {
 }
 
 /// Receiving half, owned by the consuming stage. Clones share the queue:
-/// each batch goes to exactly one of them.
+/// each batch goes to exactly one of them. For a local-scope queue, clones
+/// read the backend and [`Receiver::frontend`] gives each frontend's
+/// consumer.
 pub struct Receiver {
     rx: async_channel::Receiver<Vec<Event>>,
     shared: Arc<Shared>,
     interrupt: Option<Arc<Interrupt>>,
     /// The interrupt generation this receiver last resumed at.
     seen: u64,
+    /// Set for a frontend's consumer: its slot and its end of the ring.
+    frontend: Option<FrontendEnd>,
+}
+
+struct FrontendEnd {
+    slot: usize,
+    ring: spsc::Consumer<Event>,
+    /// Woken by a producer for BE work: if local work is found instead,
+    /// the wake-up is passed on (see `logbus_ring::idle`).
+    picked: bool,
+}
+
+/// Where a batch came from, so that finishing it settles the right account.
+#[derive(Clone, Copy)]
+enum Origin {
+    Backend,
+    /// Borrowed from the BE by the consumer of this frontend: settled
+    /// against the BE, counted as help.
+    Borrowed(usize),
+    Frontend(usize),
+}
+
+/// Keeps the wait counters of a receiver that is waiting; settled on
+/// every exit, including when the future is dropped.
+struct WaitGuard(Arc<Shared>, u64);
+
+impl WaitGuard {
+    fn start(shared: &Arc<Shared>) -> WaitGuard {
+        let started = since_epoch_ns();
+        let stats = &shared.stats;
+        stats
+            .waiting_since_sum
+            .fetch_add(started, Ordering::Relaxed);
+        stats.waiters.fetch_add(1, Ordering::Relaxed);
+        WaitGuard(shared.clone(), started)
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        let (stats, started) = (&self.0.stats, self.1);
+        stats.waiters.fetch_sub(1, Ordering::Relaxed);
+        stats
+            .waiting_since_sum
+            .fetch_sub(started, Ordering::Relaxed);
+        stats
+            .wait_ns
+            .fetch_add(since_epoch_ns().saturating_sub(started), Ordering::Relaxed);
+    }
 }
 
 impl Receiver {
@@ -342,34 +616,20 @@ impl Receiver {
         if self.is_interrupted() {
             return None;
         }
-        if let Ok(events) = self.rx.try_recv() {
-            return Some(self.accept(events));
+        if self.frontend.is_some() {
+            return self.recv_frontend().await;
         }
-        let stats = &self.shared.stats;
-        let started = since_epoch_ns();
-        stats
-            .waiting_since_sum
-            .fetch_add(started, Ordering::Relaxed);
-        stats.waiters.fetch_add(1, Ordering::Relaxed);
-        let shared = self.shared.clone();
-        // Settled on every exit, including when the future is dropped.
-        let _settle = Settle(move || {
-            let stats = &shared.stats;
-            stats.waiters.fetch_sub(1, Ordering::Relaxed);
-            stats
-                .waiting_since_sum
-                .fetch_sub(started, Ordering::Relaxed);
-            stats
-                .wait_ns
-                .fetch_add(since_epoch_ns().saturating_sub(started), Ordering::Relaxed);
-        });
+        if let Ok(events) = self.rx.try_recv() {
+            return Some(self.accept(events, Origin::Backend));
+        }
+        let _wait = WaitGuard::start(&self.shared);
         self.recv_waiting().await
     }
 
     async fn recv_waiting(&mut self) -> Option<InputBatch> {
         let Some(interrupt) = self.interrupt.clone() else {
             let events = self.rx.recv().await.ok()?;
-            return Some(self.accept(events));
+            return Some(self.accept(events, Origin::Backend));
         };
         loop {
             // Register for the wake-up before looking at the flag, so a
@@ -383,9 +643,149 @@ impl Receiver {
             tokio::select! {
                 biased;
                 _ = &mut notified => continue,
-                events = self.rx.recv() => return Some(self.accept(events.ok()?)),
+                events = self.rx.recv() => return Some(self.accept(events.ok()?, Origin::Backend)),
             }
         }
+    }
+
+    /// A frontend consumer's loop: its own ring first, then (when helping
+    /// is on) a borrowed BE batch, then sleep until its producer, a BE
+    /// producer, the end of the stream or an interrupt wakes it.
+    async fn recv_frontend(&mut self) -> Option<InputBatch> {
+        let shared = self.shared.clone();
+        let local = shared.local().expect("a frontend belongs to a local queue");
+        let helping = local.config.helper_batch > 0;
+        let mut wait = None;
+        loop {
+            if self.is_interrupted() {
+                return None;
+            }
+            let fe = self.frontend.as_mut().expect("frontend receiver");
+            let frontend = &local.frontends[fe.slot];
+            if !fe.ring.is_empty() {
+                self.wait_for_min_batch(local).await;
+                let fe = self.frontend.as_mut().expect("frontend receiver");
+                let mut events = Vec::new();
+                fe.ring.pop_into(local.frontend_dequeue(), &mut events);
+                if std::mem::take(&mut fe.picked) && !self.rx.is_empty() {
+                    // Picked for BE work but turning to local work: pass
+                    // the wake-up on so BE work is not left unattended.
+                    local.wake_helper();
+                }
+                return Some(self.accept_frontend(events));
+            }
+            if helping {
+                let counters = &frontend.cons.0;
+                counters.help_attempts.fetch_add(1, Ordering::Relaxed);
+                if let Some(batch) = self.borrow(local) {
+                    return Some(batch);
+                }
+                counters.help_empty.fetch_add(1, Ordering::Relaxed);
+            }
+            let fe = self.frontend.as_mut().expect("frontend receiver");
+            let frontend = &local.frontends[fe.slot];
+            if local.closed.load(Ordering::SeqCst)
+                && fe.ring.is_empty()
+                && (!helping || self.rx.is_empty())
+            {
+                return None;
+            }
+            // Going to sleep: register for the wake-up, announce, re-check.
+            let notified = frontend.signal.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if helping {
+                local.idle.announce(fe.slot);
+            }
+            let work = !fe.ring.is_empty()
+                || (helping && !self.rx.is_empty())
+                || local.closed.load(Ordering::SeqCst);
+            if work {
+                if helping {
+                    local.idle.withdraw(fe.slot);
+                }
+                continue;
+            }
+            if wait.is_none() {
+                wait = Some(WaitGuard::start(&shared));
+            }
+            match self.interrupt.clone() {
+                Some(interrupt) => {
+                    let raised = interrupt.notify.notified();
+                    tokio::pin!(raised);
+                    raised.as_mut().enable();
+                    if !self.is_interrupted() {
+                        tokio::select! {
+                            _ = &mut notified => {}
+                            _ = &mut raised => {}
+                        }
+                    }
+                }
+                None => notified.await,
+            }
+            let fe = self.frontend.as_mut().expect("frontend receiver");
+            if helping && !local.idle.withdraw(fe.slot) {
+                fe.picked = true;
+            }
+        }
+    }
+
+    /// `min_batch`: with fewer events queued, wait (bounded by the timeout)
+    /// for the producer to add more.
+    async fn wait_for_min_batch(&mut self, local: &Local) {
+        let (min, timeout) = (
+            local.config.min_batch.min(local.frontend_dequeue()),
+            local.config.min_batch_timeout,
+        );
+        if min <= 1 || timeout.is_zero() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let fe = self.frontend.as_mut().expect("frontend receiver");
+        let frontend = &local.frontends[fe.slot];
+        while fe.ring.len() < min && !fe.ring.is_producer_gone() {
+            let notified = frontend.signal.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if fe.ring.len() >= min {
+                break;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        // A wake-up consumed here may have been for BE work: look again.
+        frontend.signal.notify_one();
+    }
+
+    /// Takes up to `helper_batch` events from the backend; the rest of a
+    /// larger BE batch goes back (still counted against the BE).
+    fn borrow(&mut self, local: &Local) -> Option<InputBatch> {
+        let mut events = self.rx.try_recv().ok()?;
+        let limit = local.config.helper_batch;
+        if events.len() > limit {
+            let rest = events.split_off(limit);
+            let back = self.shared.backend.as_ref().and_then(|b| b.upgrade());
+            match back {
+                Some(tx) => {
+                    if let Err(e) = tx.try_send(rest) {
+                        events.extend(e.into_inner());
+                    } else {
+                        local.wake_helper();
+                    }
+                }
+                // The queue is closing: finish the whole batch here.
+                None => events.extend(rest),
+            }
+        }
+        let slot = self.frontend.as_ref().expect("frontend receiver").slot;
+        let counters = &local.frontends[slot].cons.0;
+        counters.help_batches.fetch_add(1, Ordering::Relaxed);
+        counters
+            .help_taken
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        Some(self.accept(events, Origin::Borrowed(slot)))
     }
 
     /// The next batch if one is queued now.
@@ -393,8 +793,37 @@ impl Receiver {
         if self.is_interrupted() {
             return None;
         }
+        if let Some(fe) = self.frontend.as_mut() {
+            let local = self
+                .shared
+                .local()
+                .expect("a frontend belongs to a local queue");
+            let mut events = Vec::new();
+            if fe.ring.pop_into(local.frontend_dequeue(), &mut events) > 0 {
+                return Some(self.accept_frontend(events));
+            }
+            return None;
+        }
         let events = self.rx.try_recv().ok()?;
-        Some(self.accept(events))
+        Some(self.accept(events, Origin::Backend))
+    }
+
+    /// The consumer of frontend `slot` of a local-scope queue; `None` if
+    /// this is not a local queue, the slot does not exist or was taken.
+    pub fn frontend(&self, slot: usize) -> Option<Receiver> {
+        let ring = self.shared.local()?.take_consumer(slot)?;
+        let mut consumer = self.clone();
+        consumer.frontend = Some(FrontendEnd {
+            slot,
+            ring,
+            picked: false,
+        });
+        Some(consumer)
+    }
+
+    /// Frontends of this queue (0 for a global queue).
+    pub fn frontend_count(&self) -> usize {
+        self.shared.local().map_or(0, |l| l.frontends.len())
     }
 
     /// Makes this receiver (and clones made after) interruptible; returns
@@ -419,7 +848,7 @@ impl Receiver {
         }
     }
 
-    fn accept(&self, events: Vec<Event>) -> InputBatch {
+    fn accept(&self, events: Vec<Event>, origin: Origin) -> InputBatch {
         let stats = &self.shared.stats;
         stats
             .received
@@ -429,8 +858,32 @@ impl Receiver {
             h.record(crate::event::now_ns().saturating_sub(first.meta().ingest_ns) / 1000);
         }
         InputBatch {
-            permits: events.len(),
+            count: events.len(),
             events,
+            origin,
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Frontend batches touch only the frontend's own counters.
+    fn accept_frontend(&self, events: Vec<Event>) -> InputBatch {
+        let slot = self.frontend.as_ref().expect("frontend receiver").slot;
+        let local = self
+            .shared
+            .local()
+            .expect("a frontend belongs to a local queue");
+        let counters = &local.frontends[slot].cons.0;
+        counters
+            .taken
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        counters.batch_sizes.record(events.len() as u64);
+        if let (Some(h), Some(first)) = (&counters.ingest_latency_us, events.first()) {
+            h.record(crate::event::now_ns().saturating_sub(first.meta().ingest_ns) / 1000);
+        }
+        InputBatch {
+            count: events.len(),
+            events,
+            origin: Origin::Frontend(slot),
             shared: self.shared.clone(),
         }
     }
@@ -441,6 +894,7 @@ impl Receiver {
 }
 
 impl Clone for Receiver {
+    /// A clone reads the shared queue (the backend of a local queue).
     fn clone(&self) -> Self {
         self.shared.receivers.fetch_add(1, Ordering::AcqRel);
         Receiver {
@@ -448,14 +902,30 @@ impl Clone for Receiver {
             shared: self.shared.clone(),
             interrupt: self.interrupt.clone(),
             seen: self.seen,
+            frontend: None,
         }
     }
 }
 
 impl Drop for Receiver {
-    /// The last receiver closes the channel: blocked senders get their
-    /// events back, and whatever was still queued is counted as abandoned.
+    /// A frontend consumer that goes away counts what is left in its ring as
+    /// abandoned (its producer then overflows to the backend). The last
+    /// receiver closes the channel: blocked senders get their events back,
+    /// and whatever was still queued is counted as abandoned.
     fn drop(&mut self) {
+        if let Some(mut fe) = self.frontend.take() {
+            let mut left = Vec::new();
+            while fe.ring.pop_into(usize::MAX, &mut left) > 0 {}
+            let n = left.len() as u64;
+            if n > 0
+                && let Some(local) = self.shared.local()
+            {
+                let counters = &local.frontends[fe.slot].cons.0;
+                counters.abandoned.fetch_add(n, Ordering::Relaxed);
+                counters.retired.fetch_add(n, Ordering::Relaxed);
+                self.shared.stats.abandoned.fetch_add(n, Ordering::Relaxed);
+            }
+        }
         if self.shared.receivers.fetch_sub(1, Ordering::AcqRel) > 1 {
             return;
         }
@@ -470,34 +940,65 @@ impl Drop for Receiver {
     }
 }
 
-/// A received batch. Its events stay counted against the channel until this
+/// A received batch. Its events stay counted against the queue until this
 /// value is dropped; take the events with [`InputBatch::take`] and drop the
 /// batch once they are forwarded or committed.
 pub struct InputBatch {
     events: Vec<Event>,
-    permits: usize,
+    count: usize,
+    origin: Origin,
     shared: Arc<Shared>,
 }
 
 impl InputBatch {
     pub fn len(&self) -> usize {
-        self.permits
+        self.count
     }
     pub fn is_empty(&self) -> bool {
-        self.permits == 0
+        self.count == 0
     }
     pub fn events(&self) -> &[Event] {
         &self.events
     }
-    /// Moves the events out; the permits stay held until `self` is dropped.
+    /// Moves the events out; they stay counted until `self` is dropped.
     pub fn take(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
+    }
+    /// Whether a frontend consumer borrowed this batch from the backend.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.origin, Origin::Borrowed(_))
+    }
+    /// Whether this batch came from a frontend ring.
+    pub fn is_from_frontend(&self) -> bool {
+        matches!(self.origin, Origin::Frontend(_))
     }
 }
 
 impl Drop for InputBatch {
     fn drop(&mut self) {
-        self.shared.permits.add_permits(self.permits);
+        let n = self.count;
+        match self.origin {
+            Origin::Backend => self.shared.permits.add_permits(n),
+            Origin::Borrowed(slot) => {
+                self.shared.permits.add_permits(n);
+                if let Some(local) = self.shared.local() {
+                    local.frontends[slot]
+                        .cons
+                        .0
+                        .help_completed
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+            Origin::Frontend(slot) => {
+                if let Some(local) = self.shared.local() {
+                    local.frontends[slot]
+                        .cons
+                        .0
+                        .retired
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+        }
     }
 }
 

@@ -33,6 +33,18 @@ pub struct HistogramSnapshot {
 }
 
 impl HistogramSnapshot {
+    /// Adds another snapshot's counts (same bucket bounds) to this one.
+    pub fn merge(&mut self, other: &HistogramSnapshot) {
+        for (i, (bound, n)) in other.buckets.iter().enumerate() {
+            match self.buckets.get_mut(i) {
+                Some(mine) => mine.1 += n,
+                None => self.buckets.push((*bound, *n)),
+            }
+        }
+        self.count += other.count;
+        self.sum += other.sum;
+    }
+
     /// The upper bound of the bucket holding quantile `q` (0..=1).
     pub fn quantile_upper_bound(&self, q: f64) -> Option<u64> {
         if self.count == 0 {

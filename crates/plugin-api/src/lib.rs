@@ -7,6 +7,7 @@
 pub mod channel;
 pub mod event;
 pub mod histogram;
+pub mod local;
 pub mod metrics;
 pub mod output;
 pub mod plugin;
@@ -15,11 +16,12 @@ pub mod registry;
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use channel::{
-    ChannelHandle, InputBatch, Interrupt, Receiver, SendError, Sender, WeakSender, channel,
-    channel_with_batch, channel_with_latency,
+    ChannelHandle, InputBatch, Interrupt, Receiver, Registration, SendError, Sender, WeakSender,
+    channel, channel_with_batch, channel_with_latency, local_channel,
 };
 pub use event::{Event, EventData, FieldPath, Fields, Meta, Payload, now_ns};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
+pub use local::{LocalConfig, LocalQueueSnapshot, Overflow};
 pub use metrics::{StageCounts, StageMetrics};
 pub use output::{Output, OutputRole, OutputTargets, Tap};
 pub use plugin::{

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::mpsc;
 
-use crate::channel::{SendError, Sender};
+use crate::channel::{Registration, SendError, Sender};
 use crate::event::Event;
 use crate::metrics::StageMetrics;
 
@@ -112,11 +112,29 @@ impl OutputTargets {
     }
 }
 
-#[derive(Clone)]
+/// A stage's output. Each `Output` value is one *producer*: the engine
+/// gives every worker and every source its own, and a clone is a new
+/// producer. Towards a local-scope queue a producer registers once and keeps
+/// its frontend (or its "slots exhausted" answer) while it sends there.
 pub struct Output {
     targets: OutputTargets,
     metrics: Arc<StageMetrics>,
     role: OutputRole,
+    registrations: Mutex<Registrations>,
+}
+
+/// This producer's standing with the local-scope queues it sends to.
+#[derive(Default)]
+struct Registrations {
+    /// The target list the entries were last checked against.
+    targets: usize,
+    entries: Vec<Registration>,
+}
+
+impl Clone for Output {
+    fn clone(&self) -> Self {
+        Output::with_targets(self.targets.clone(), self.metrics.clone(), self.role)
+    }
 }
 
 impl Output {
@@ -133,6 +151,7 @@ impl Output {
             targets,
             metrics,
             role,
+            registrations: Mutex::default(),
         }
     }
 
@@ -161,12 +180,12 @@ impl Output {
                 self.metrics.add_discarded(n);
                 return Ok(());
             }
-            [only] => only.send(batch).await?,
+            [only] => self.deliver(only, batch, &senders).await?,
             [rest @ .., last] => {
                 for sender in rest {
-                    sender.send(batch.clone()).await?;
+                    self.deliver(sender, batch.clone(), &senders).await?;
                 }
-                last.send(batch).await?;
+                self.deliver(last, batch, &senders).await?;
             }
         }
         self.metrics
@@ -180,6 +199,42 @@ impl Output {
 
     pub fn metrics(&self) -> &Arc<StageMetrics> {
         &self.metrics
+    }
+
+    /// One target: a global queue takes the batch as it is; a local-scope
+    /// queue gets it through this producer's frontend when it fits, else
+    /// through its backend.
+    async fn deliver(
+        &self,
+        sender: &Sender,
+        batch: Vec<Event>,
+        all: &Arc<Vec<Sender>>,
+    ) -> Result<(), SendError> {
+        if !sender.is_local() {
+            return sender.send(batch).await;
+        }
+        let refused = {
+            let mut regs = self.registrations.lock().unwrap_or_else(|p| p.into_inner());
+            let list = Arc::as_ptr(all) as usize;
+            if regs.targets != list {
+                // A reload changed the readers: let go of frontends of
+                // queues this output no longer feeds.
+                regs.targets = list;
+                regs.entries.retain(|r| all.iter().any(|s| r.is_for(s)));
+            }
+            let i = match regs.entries.iter().position(|r| r.is_for(sender)) {
+                Some(i) => i,
+                None => {
+                    regs.entries.push(sender.register());
+                    regs.entries.len() - 1
+                }
+            };
+            sender.try_frontend(&mut regs.entries[i], batch).err()
+        };
+        match refused {
+            None => Ok(()),
+            Some((batch, reason)) => sender.send_overflow(batch, reason).await,
+        }
     }
 }
 

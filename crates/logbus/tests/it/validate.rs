@@ -486,3 +486,45 @@ fn mangled_files_never_panic_the_validator() {
         }
     }
 }
+
+#[test]
+fn local_queue_settings_are_checked_with_their_position() {
+    let base = "stages:\n  a: { source: generator }\n  out:\n    sink: blackhole\n    inputs: [a]\n    queue:\n";
+    let d = one(
+        &format!(
+            "{base}      scope: local\n      dequeue_batch: 8\n      local: {{ helper_batch: 9 }}\n"
+        ),
+        "bad-option",
+    );
+    assert_eq!(d.stage.as_deref(), Some("out"));
+    assert!(
+        d.message.starts_with("queue.local.helper_batch: ") && d.message.contains("= 8"),
+        "{}",
+        d.message
+    );
+    assert_eq!(d.line, Some(9));
+    let d = one(
+        &format!("{base}      local: {{ max_frontends: 2 }}\n"),
+        "bad-option",
+    );
+    assert!(
+        d.message.contains("only with `scope: local`"),
+        "{}",
+        d.message
+    );
+    let d = one(
+        &format!("{base}      scope: local\n      local: {{ max_frontends: 65 }}\n"),
+        "bad-option",
+    );
+    assert!(d.message.contains("max_frontends"), "{}", d.message);
+    let d = one(
+        &format!("{base}      scope: local\n      local: {{ frontend_size: 4, min_batch: 5 }}\n"),
+        "bad-option",
+    );
+    assert!(d.message.contains("min_batch"), "{}", d.message);
+    let d = one(
+        &format!("{base}      scope: local\n      local: {{ frontends: 4 }}\n"),
+        "bad-option",
+    );
+    assert!(d.message.contains("frontends"), "{}", d.message);
+}

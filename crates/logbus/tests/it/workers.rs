@@ -134,21 +134,83 @@ fn workers_and_queue_are_validated() {
     assert!(
         errs[0]
             .1
-            .contains("queue: unknown option `szie`; did you mean `size`?"),
+            .contains("queue.szie: unknown option `szie`; did you mean `size`?"),
         "{errs:?}"
     );
     assert_eq!((errs[0].2, errs[0].3), (Some(3), Some(44)));
-    let errs = d(&format!(
-        "{base}  o: {{ sink: stdout, inputs: [a], queue: {{ scope: local }} }}\n"
-    ));
     assert!(
-        errs[0]
-            .1
-            .contains("`local` (per-producer frontend queues) is not available"),
-        "{errs:?}"
+        d(&format!(
+            "{base}  o: {{ sink: stdout, inputs: [a], queue: {{ scope: local }} }}\n"
+        ))
+        .is_empty(),
+        "local scope with default frontends is valid"
     );
     let errs = d(&format!(
         "{base}  o: {{ sink: stdout, inputs: [a], queue: {{ size: 8, dequeue_batch: 9 }} }}\n"
     ));
     assert!(errs[0].1.contains("must not exceed `size` (8)"), "{errs:?}");
+}
+
+/// A local-scope queue at two fan-in points: a parser fed by three sources
+/// (two frontends, so one source falls back to the backend) and a sink fed
+/// by a three-worker transform. Every event arrives exactly once and the
+/// queue's own counters reconcile with the totals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_queues_deliver_every_event_once_and_reconcile() {
+    let plugins = TestPlugins::default();
+    let text = "settings: { channel_capacity: 64 }\nstages:
+  a: { source: generator, count: 20000, template: '{\"seq\":{{seq}},\"from\":\"a\"}', batch_size: 50 }
+  b: { source: generator, count: 15000, template: '{\"seq\":{{seq}},\"from\":\"b\"}', batch_size: 7 }
+  c: { source: generator, count: 5000, template: '{\"seq\":{{seq}},\"from\":\"c\"}', batch_size: 100 }
+  json:
+    parser: json
+    inputs: [a, b, c]
+    workers: 2
+    queue:
+      scope: local
+      size: 256
+      dequeue_batch: 32
+      local: { frontend_size: 64, max_frontends: 2, helper_batch: 16 }
+  tag: { transform: fields, inputs: [json], workers: 3, set: { t: 1 } }
+  out: { sink: collect, inputs: [tag], queue: { scope: local, local: { max_frontends: 3 } } }
+";
+    let p = valid(text, &plugins.registry());
+    // json: B + N(F + D) = 256 + 2 × (64 + 32); tag: 64; out: F defaults to
+    // 1024 and D = min(64, 1024), so 64 + 3 × (1024 + 64).
+    assert_eq!(
+        p.inflight_bound().events,
+        (256 + 2 * (64 + 32)) + 64 + (64 + 3 * (1024 + 64))
+    );
+    let report = start(&p, CancellationToken::new()).unwrap().wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.committed, 40000);
+    assert_eq!(report.totals.lost, 0);
+    let got = by_source(&plugins.events("out"));
+    assert_eq!(got["a"], (0..20000).collect::<Vec<_>>());
+    assert_eq!(got["b"], (0..15000).collect::<Vec<_>>());
+    assert_eq!(got["c"], (0..5000).collect::<Vec<_>>());
+
+    let json = report.channels.iter().find(|c| c.stage == "json").unwrap();
+    let local = json.local.as_ref().expect("json has a local queue");
+    assert_eq!((local.registrations, local.registration_failures), (2, 1));
+    assert!(local.backend_events.exhausted > 0, "{local:?}");
+    assert_eq!(
+        local.frontend_events + local.backend_events.total(),
+        40000,
+        "{local:?}"
+    );
+    assert_eq!(
+        (json.sent, json.received, json.abandoned),
+        (40000, 40000, 0)
+    );
+    assert_eq!(local.outstanding, 0);
+    assert_eq!(local.help_events_taken, local.help_events_completed);
+    let per_fe: u64 = local.frontends.iter().map(|f| f.admitted).sum();
+    assert_eq!(per_fe, local.frontend_events);
+
+    let out = report.channels.iter().find(|c| c.stage == "out").unwrap();
+    let local = out.local.as_ref().expect("out has a local queue");
+    assert_eq!(local.registrations, 3, "one frontend per `tag` worker");
+    assert_eq!(local.frontend_events + local.backend_events.total(), 40000);
+    assert_eq!(local.outstanding, 0);
 }
