@@ -22,11 +22,12 @@ use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
 mod dist;
+mod screen;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
-        bail!("usage: cargo xtask <corpus|bench|dist|check-features> [options]");
+        bail!("usage: cargo xtask <corpus|bench|screen|dist|check-features> [options]");
     };
     let opt = |name: &str| -> Option<String> {
         args.iter()
@@ -69,7 +70,14 @@ fn main() -> anyhow::Result<()> {
             dist::dist(&root, &profile, plugins.as_deref())?;
         }
         "check-features" => dist::check_features(&root)?,
-        other => bail!("unknown task `{other}`; tasks: corpus, bench, dist, check-features"),
+        "screen" => {
+            let pairs: usize = opt("--pairs").map_or(Ok(5), |v| v.parse())?;
+            let events: u64 = opt("--events").map_or(Ok(4_000_000), |v| v.parse())?;
+            screen::screen(&root, pairs, events)?;
+        }
+        other => {
+            bail!("unknown task `{other}`; tasks: corpus, bench, screen, dist, check-features")
+        }
     }
     Ok(())
 }

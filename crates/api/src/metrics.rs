@@ -3,6 +3,8 @@
 //! scrape time.
 
 use logbus_core::StatsHandle;
+use logbus_core::report::process_cpu_seconds;
+use logbus_plugin_api::LocalQueueSnapshot;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -62,8 +64,104 @@ type ChannelFamily = (
     fn(&logbus_core::report::ChannelReport) -> i64,
 );
 
+type LocalFamily = (&'static str, &'static str, fn(&LocalQueueSnapshot) -> u64);
+
 fn stage(id: &str) -> Labels {
     vec![("stage".to_string(), id.to_string())]
+}
+
+impl Snapshot {
+    /// Local-scope queues: where events went and why, helping, and what is
+    /// outstanding on each path.
+    fn encode_local_queues(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let locals: Vec<_> = self
+            .report
+            .channels
+            .iter()
+            .filter_map(|c| Some((c.stage.as_str(), c.local.as_ref()?)))
+            .collect();
+        if locals.is_empty() {
+            return Ok(());
+        }
+        let mut family = encoder.encode_descriptor(
+            "logbus_queue_routed_events",
+            "Events a local-scope queue admitted, by path (frontend/backend) and, for the backend, why.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (id, l) in &locals {
+            let b = &l.backend_events;
+            for (path, reason, n) in [
+                ("frontend", "fit", l.frontend_events),
+                ("backend", "no_fit", b.no_fit),
+                ("backend", "oversized", b.oversized),
+                ("backend", "exhausted", b.exhausted),
+                ("backend", "shutdown", b.shutdown),
+                ("backend", "direct", b.direct),
+            ] {
+                let mut labels = stage(id);
+                labels.push(("path".into(), path.into()));
+                labels.push(("reason".into(), reason.into()));
+                ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let counters: [LocalFamily; 5] = [
+            (
+                "logbus_queue_help_attempts",
+                "Times an idle frontend consumer looked for backend work.",
+                |l| l.help_attempts,
+            ),
+            (
+                "logbus_queue_help_empty",
+                "Help attempts that found the backend empty.",
+                |l| l.help_empty,
+            ),
+            (
+                "logbus_queue_help_events",
+                "Backend events frontend consumers borrowed and completed.",
+                |l| l.help_events_completed,
+            ),
+            (
+                "logbus_queue_registration_failures",
+                "Producers that found every frontend slot taken (they use the backend).",
+                |l| l.registration_failures,
+            ),
+            (
+                "logbus_queue_registrations",
+                "Producers holding a frontend (slots are never recycled).",
+                |l| l.registrations,
+            ),
+        ];
+        for (name, help, get) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (id, l) in &locals {
+                ConstCounter::new(get(l)).encode(family.encode_family(&stage(id))?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "logbus_queue_outstanding",
+            "Events a local-scope queue accepted that are not yet finished, on every path.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (id, l) in &locals {
+            ConstGauge::new(l.outstanding as i64).encode(family.encode_family(&stage(id))?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "logbus_queue_frontend_queued",
+            "Events in one frontend ring now.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (id, l) in &locals {
+            for fe in l.frontends.iter().filter(|f| f.registered) {
+                let mut labels = stage(id);
+                labels.push(("slot".into(), fe.slot.to_string()));
+                ConstGauge::new(fe.queued as i64).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Collector for Snapshot {
@@ -204,6 +302,7 @@ impl Collector for Snapshot {
                 Hist(h, 1e-6).encode(family.encode_family(&stage(&c.stage))?)?;
             }
         }
+        self.encode_local_queues(&mut encoder)?;
         if let Some(rss) = process_rss_bytes() {
             let family = encoder.encode_descriptor(
                 "logbus_process_resident_memory_bytes",
@@ -235,7 +334,7 @@ pub fn render(stats: &StatsHandle) -> Result<String, std::fmt::Error> {
         workers: pipeline
             .stages
             .iter()
-            .map(|s| (s.id.clone(), s.workers))
+            .map(|s| (s.id.clone(), s.instances(&pipeline.settings)))
             .collect(),
     }));
     let mut out = String::new();
@@ -254,13 +353,4 @@ pub fn process_rss_bytes() -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib * 1024)
-}
-
-/// utime + stime from /proc/self/stat, at the usual 100 ticks per second.
-fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
 }

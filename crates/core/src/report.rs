@@ -75,6 +75,8 @@ pub struct RunReport {
     pub elapsed_seconds: f64,
     /// Peak resident memory of the process, when the OS reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// CPU time (user + system) the process used, seconds.
+    pub cpu_seconds: Option<f64>,
 }
 
 impl RunReport {
@@ -109,6 +111,7 @@ impl RunReport {
             failures,
             elapsed_seconds: elapsed.as_secs_f64(),
             peak_rss_bytes: peak_rss_bytes(),
+            cpu_seconds: process_cpu_seconds(),
         }
     }
 
@@ -162,4 +165,14 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// utime + stime from /proc/self/stat, at the usual 100 ticks per second
+/// (Linux); `None` elsewhere.
+pub fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
 }

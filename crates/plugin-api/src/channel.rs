@@ -701,8 +701,11 @@ impl Receiver {
                 || (helping && !self.rx.is_empty())
                 || local.closed.load(Ordering::SeqCst);
             if work {
-                if helping {
-                    local.idle.withdraw(fe.slot);
+                // A producer may have picked this helper between the
+                // announce and the re-check: that wake-up is ours to pass
+                // on if we turn to local work (found by the loom model).
+                if helping && !local.idle.withdraw(fe.slot) {
+                    fe.picked = true;
                 }
                 continue;
             }

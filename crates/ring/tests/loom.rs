@@ -189,7 +189,11 @@ fn a_helper_turning_to_local_work_hands_the_wakeup_on() {
                     }
                     idle.announce(0);
                     if local0.load(Ordering::SeqCst) > 0 || backend.load(Ordering::SeqCst) > 0 {
-                        idle.withdraw(0);
+                        // A producer may have picked us between the
+                        // announce and here: that wake-up is ours to pass on.
+                        if !idle.withdraw(0) {
+                            picked = true;
+                        }
                         continue;
                     }
                     notify[0].wait();

@@ -298,3 +298,44 @@ fn bearer_token_and_address_rules() {
         .expect("refused in validate too");
     assert_eq!((d.line, d.col), (Some(2), Some(10)), "points at `listen`");
 }
+
+/// A local-scope queue's routing and helping counters reach `/metrics`
+/// and `/api/stats` from the same snapshot.
+#[test]
+fn local_queue_counters_are_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = "stages:
+  gen: { source: generator, rate: 5000 }
+  out: { sink: blackhole, inputs: [gen], queue: { scope: local, local: { max_frontends: 2 } } }
+";
+    let (child, port) = start(dir.path(), pipeline, &[]);
+    let fe = "logbus_queue_routed_events_total{stage=\"out\",path=\"frontend\",reason=\"fit\"}";
+    let started = Instant::now();
+    loop {
+        let (status, text) = http(port, "GET", "/metrics", None);
+        assert_eq!(status, 200);
+        if text.contains(fe) && metric(&text, fe) > 0.0 {
+            assert!(
+                text.contains("logbus_queue_registrations_total{stage=\"out\"} 1"),
+                "{text}"
+            );
+            assert!(
+                text.contains("logbus_queue_frontend_queued{stage=\"out\",slot=\"0\"}"),
+                "{text}"
+            );
+            assert!(
+                text.contains("logbus_queue_outstanding{stage=\"out\"}"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, body) = http(port, "GET", "/api/stats", None);
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let local = &stats["channels"][0]["local"];
+    assert_eq!(local["max_frontends"], 2, "{stats}");
+    assert_eq!(local["slots_recycled"], false);
+    stop(child);
+}
