@@ -142,6 +142,26 @@ impl fmt::Display for RunReport {
                 s.id, s.kind, c.events_in, c.events_out, c.discarded, c.errored, c.routed
             )?;
         }
+        for c in &self.channels {
+            let Some(l) = &c.local else { continue };
+            let b = &l.backend_events;
+            writeln!(
+                f,
+                "  queue {} (local): frontends {} events, backend {} (no_fit {}, oversized {}, exhausted {}, shutdown {}, direct {}); helped {}; frontends registered {}/{}, refused {}",
+                c.stage,
+                l.frontend_events,
+                b.total(),
+                b.no_fit,
+                b.oversized,
+                b.exhausted,
+                b.shutdown,
+                b.direct,
+                l.help_events_completed,
+                l.registrations,
+                l.max_frontends,
+                l.registration_failures
+            )?;
+        }
         if let Some(rss) = self.peak_rss_bytes {
             writeln!(f, "  peak RSS {:.1} MiB", rss as f64 / (1024.0 * 1024.0))?;
         }

@@ -298,11 +298,10 @@ fn validate(file: &Path, loaded: &Loaded, deny_warnings: bool, format: OutputFor
         let errors = loaded.diagnostics.iter().filter(|d| failing(d)).count();
         match (&loaded.pipeline, bound) {
             (Some(p), Some(b)) if valid => text.push_str(&format!(
-                "{name}: valid: {} stages; worst-case in-flight: {} events ({} channels x {} events)\n",
+                "{name}: valid: {} stages; worst-case in-flight: {} events over {} input queues\n",
                 p.stages.len(),
                 b.events,
                 b.channels,
-                b.channel_capacity
             )),
             _ => text.push_str(&format!("{name}: invalid: {errors} error(s)\n")),
         }

@@ -371,6 +371,7 @@ fn shipped_pipelines_validate_and_run() {
                 .arg(&stats)
                 .env("DEMO_COUNT", "2000")
                 .env("FANOUT_COUNT", "2000")
+                .env("FANIN_COUNT", "2000")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
