@@ -62,7 +62,20 @@ fn main() -> anyhow::Result<()> {
                     )),
                 })
                 .collect::<anyhow::Result<_>>()?;
-            bench(&root, &pipeline, reps, repeat, compare)?;
+            // `--compare-pipeline label=FILE` (repeatable): other pipelines
+            // run by this build, alternately with the main one.
+            let compare_pipelines: Vec<(String, PathBuf)> = args
+                .windows(2)
+                .filter(|w| w[0] == "--compare-pipeline")
+                .map(|w| match w[1].split_once('=') {
+                    Some((label, path)) => Ok((label.to_string(), PathBuf::from(path))),
+                    None => Err(anyhow::anyhow!(
+                        "--compare-pipeline takes label=FILE, got `{}`",
+                        w[1]
+                    )),
+                })
+                .collect::<anyhow::Result<_>>()?;
+            bench(&root, &pipeline, reps, repeat, compare, compare_pipelines)?;
         }
         "dist" => {
             let profile = opt("--profile").unwrap_or_else(|| "default".into());
@@ -208,15 +221,19 @@ fn run_once(
     }
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(stats)?)?;
     let committed = v["totals"]["committed"].as_u64().unwrap_or(0);
+    let discarded = v["totals"]["discarded"].as_u64().unwrap_or(0);
+    let emitted = v["totals"]["emitted"].as_u64().unwrap_or(0);
     let lost = v["totals"]["lost"].as_i64().unwrap_or(-1);
-    if committed != expected || lost != 0 {
+    // Every input event is committed or (a filtering pipeline) discarded.
+    if emitted != expected || committed + discarded != expected || lost != 0 {
         bail!(
-            "{} did not reconcile: committed {committed} of {expected}, lost {lost}",
+            "{} did not reconcile: emitted {emitted}, committed {committed} + discarded {discarded} of {expected}, lost {lost}",
             binary.display()
         );
     }
     Ok(RunResult {
-        rate: committed as f64 / secs,
+        // Input events per second: what the pipeline consumed.
+        rate: emitted as f64 / secs,
         rss_mib: v["peak_rss_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
     })
 }
@@ -227,6 +244,7 @@ fn bench(
     reps: usize,
     repeat: usize,
     compare: Vec<(String, PathBuf)>,
+    compare_pipelines: Vec<(String, PathBuf)>,
 ) -> anyhow::Result<()> {
     let target =
         std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
@@ -237,8 +255,22 @@ fn bench(
     if !status.success() {
         bail!("release build failed");
     }
-    let mut variants = vec![("this build".to_string(), target.join("release/logbus"))];
-    variants.extend(compare);
+    let this = target.join("release/logbus");
+    let mut variants = vec![(
+        "this build".to_string(),
+        this.clone(),
+        pipeline.to_path_buf(),
+    )];
+    variants.extend(
+        compare
+            .into_iter()
+            .map(|(label, binary)| (label, binary, pipeline.to_path_buf())),
+    );
+    variants.extend(
+        compare_pipelines
+            .into_iter()
+            .map(|(label, file)| (label, this.clone(), file)),
+    );
     let bench_dir = target.join("bench");
     let corpus = bench_dir.join("corpus.ndjson");
     let sha = write_corpus(&corpus, 100_000)?;
@@ -261,7 +293,7 @@ fn bench(
     );
     let mut results: Vec<Vec<RunResult>> = variants.iter().map(|_| Vec::new()).collect();
     for rep in 0..reps {
-        for (i, (label, binary)) in variants.iter().enumerate() {
+        for (i, (label, binary, pipeline)) in variants.iter().enumerate() {
             let r = run_once(
                 binary,
                 pipeline,
@@ -279,7 +311,7 @@ fn bench(
         }
     }
     let base = median(results[0].iter().map(|r| r.rate).collect());
-    for ((label, _), rs) in variants.iter().zip(&results) {
+    for ((label, _, _), rs) in variants.iter().zip(&results) {
         let rates: Vec<f64> = rs.iter().map(|r| r.rate).collect();
         let m = median(rates.clone());
         println!(

@@ -410,6 +410,7 @@ impl Pipeline {
         BuildContext {
             stage_id: stage.id.clone(),
             base_dir: self.base_dir.clone(),
+            worker: 0,
         }
     }
 }
@@ -859,6 +860,7 @@ impl Checker<'_> {
             let bcx = BuildContext {
                 stage_id: id.to_string(),
                 base_dir: self.base_dir.clone(),
+                worker: 0,
             };
             for e in plugin.check(&options, &bcx) {
                 let at = if e.path.is_empty() {

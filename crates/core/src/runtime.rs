@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use logbus_plugin_api::{
-    Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt, Output,
-    OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink, SinkContext, Source,
-    SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, channel_with_batch,
-    channel_with_latency, local_channel,
+    BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt,
+    Output, OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink, SinkContext,
+    Source, SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender,
+    channel_with_batch, channel_with_latency, local_channel,
 };
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -168,11 +168,12 @@ fn build_all<'a>(
     for spec in specs {
         let instances = spec.instances(&pipeline.settings);
         let mut workers = Vec::with_capacity(instances);
-        for _ in 0..instances {
-            match spec
-                .plugin
-                .build(&spec.options, &pipeline.build_context(spec))
-            {
+        for worker in 0..instances {
+            let cx = BuildContext {
+                worker,
+                ..pipeline.build_context(spec)
+            };
+            match spec.plugin.build(&spec.options, &cx) {
                 Ok(b) => workers.push(b),
                 Err(errs) => {
                     errors.extend(errs.into_iter().map(|e| BuildError {

@@ -14,6 +14,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Transform, "stamp", "transform-stamp"),
     (StageKind::Transform, "filter", "transform-filter"),
     (StageKind::Transform, "fields", "transform-fields"),
+    (StageKind::Transform, "js", "transform-js"),
     (StageKind::Formatter, "json", "formatter-json"),
     (StageKind::Sink, "stdout", "sink-stdout"),
     (StageKind::Sink, "file", "sink-file"),
@@ -27,6 +28,7 @@ pub fn registry() -> Registry {
     logbus_io::register(&mut registry);
     logbus_text::register(&mut registry);
     logbus_transform::register(&mut registry);
+    logbus_js::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

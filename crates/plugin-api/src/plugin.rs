@@ -185,6 +185,9 @@ pub struct BuildContext {
     pub stage_id: String,
     /// Directory of the pipeline file; relative paths resolve against it.
     pub base_dir: PathBuf,
+    /// Which instance of the stage this is (0 for the first worker, and
+    /// during validation).
+    pub worker: usize,
 }
 
 impl BuildContext {
@@ -250,6 +253,13 @@ pub trait TypedPlugin: Send + Sync + 'static {
     const MAX_PER_PIPELINE: Option<usize> = None;
 
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError>;
+
+    /// Checks that need the pipeline's location (e.g. compiling a script
+    /// file), run by validation after the options parsed and passed
+    /// [`CheckOptions::check`]. No side effects.
+    fn check_in_context(&self, _options: &Self::Options, _cx: &BuildContext) -> Vec<OptionError> {
+        Vec::new()
+    }
 }
 
 /// Adapter from [`TypedPlugin`] to [`Plugin`].
@@ -271,9 +281,16 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
     fn max_per_pipeline(&self) -> Option<usize> {
         T::MAX_PER_PIPELINE
     }
-    fn check(&self, options: &Value, _cx: &BuildContext) -> Vec<OptionError> {
+    fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError> {
         match parse_options::<T::Options>(options, &self.options_schema()) {
-            Ok(opts) => opts.check(),
+            Ok(opts) => {
+                let errors = opts.check();
+                if errors.is_empty() {
+                    self.0.check_in_context(&opts, cx)
+                } else {
+                    errors
+                }
+            }
             Err(errors) => errors,
         }
     }

@@ -36,9 +36,32 @@ fn http(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, Strin
     (status, body)
 }
 
+/// A `logbus run` child process that is killed if the test fails before
+/// stopping it, so a failing test never leaves an engine running (holding
+/// the test runner's output pipes open).
+pub(crate) struct Engine(Option<Child>);
+
+impl Engine {
+    pub(crate) fn id(&self) -> u32 {
+        self.0.as_ref().expect("running").id()
+    }
+    pub(crate) fn into_child(mut self) -> Child {
+        self.0.take().expect("running")
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Starts `logbus run` on `yml` with the API on a free loopback port, and
 /// waits until the API answers.
-pub(crate) fn start(dir: &Path, yml: &str, args: &[&str]) -> (Child, u16) {
+pub(crate) fn start(dir: &Path, yml: &str, args: &[&str]) -> (Engine, u16) {
     let p = dir.join("p.yml");
     std::fs::write(&p, yml).unwrap();
     let port = free_port();
@@ -52,6 +75,7 @@ pub(crate) fn start(dir: &Path, yml: &str, args: &[&str]) -> (Child, u16) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let child = Engine(Some(child));
     let start = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -63,12 +87,12 @@ pub(crate) fn start(dir: &Path, yml: &str, args: &[&str]) -> (Child, u16) {
     (child, port)
 }
 
-fn stop(child: Child) -> String {
+fn stop(engine: Engine) -> String {
     Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &engine.id().to_string()])
         .status()
         .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = engine.into_child().wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0));
     String::from_utf8_lossy(&o.stderr).into_owned()
 }

@@ -4,6 +4,7 @@
 
 mod api;
 mod cli;
+mod js;
 mod reload;
 mod runtime;
 mod schema;

@@ -29,7 +29,7 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, port) = crate::api::start(
+    let (engine, port) = crate::api::start(
         dir.path(),
         "settings: { channel_capacity: 512 }\nstages:
   gen: { source: generator, rate: 3000 }
@@ -50,9 +50,9 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         .output()
         .unwrap();
     let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &engine.id().to_string()])
         .status();
-    let _ = child.wait();
+    let _ = engine.into_child().wait();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

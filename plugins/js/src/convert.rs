@@ -1,0 +1,156 @@
+//! Events to JS values and back, in one pass each way, without going
+//! through JSON text: the event's fields become a plain object (numbers stay
+//! numbers: integers that fit in 32 bits as QuickJS ints, others as
+//! doubles), and a returned object is read back the way `JSON.stringify`
+//! would see it: functions, symbols and `undefined` members are left out,
+//! non-finite numbers become `null`, BigInts become decimal strings.
+//!
+//! Integers beyond 2^53 lose precision in JS, as they do in any JS engine.
+
+use rquickjs::{Array, Ctx, Object, String as JsString, Type, Value};
+use serde_json::{Map, Number, Value as Json};
+
+/// Deeper than this is refused, which also stops reference cycles.
+pub const MAX_DEPTH: usize = 128;
+
+pub fn to_js<'js>(ctx: &Ctx<'js>, value: &Json) -> rquickjs::Result<Value<'js>> {
+    Ok(match value {
+        Json::Null => Value::new_null(ctx.clone()),
+        Json::Bool(b) => Value::new_bool(ctx.clone(), *b),
+        Json::Number(n) => match n.as_i64() {
+            Some(i) if i32::try_from(i).is_ok() => Value::new_int(ctx.clone(), i as i32),
+            Some(i) => Value::new_float(ctx.clone(), i as f64),
+            None => Value::new_float(ctx.clone(), n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Json::String(s) => JsString::from_str(ctx.clone(), s)?.into_value(),
+        Json::Array(items) => {
+            let array = Array::new(ctx.clone())?;
+            for (i, item) in items.iter().enumerate() {
+                array.set(i, to_js(ctx, item)?)?;
+            }
+            array.into_value()
+        }
+        Json::Object(map) => object_to_js(ctx, map)?.into_value(),
+    })
+}
+
+pub fn object_to_js<'js>(ctx: &Ctx<'js>, map: &Map<String, Json>) -> rquickjs::Result<Object<'js>> {
+    let object = Object::new(ctx.clone())?;
+    for (k, v) in map {
+        object.set(k.as_str(), to_js(ctx, v)?)?;
+    }
+    Ok(object)
+}
+
+/// Why a JS value could not become event fields.
+#[derive(Debug, PartialEq)]
+pub struct ConvertError(pub String);
+
+/// The event proxy of the current call, if any: reading it back walks its
+/// traps, so it must not be met again inside itself (a cycle through the
+/// proxy would recurse through native and JS frames alike).
+#[derive(Clone, Copy)]
+pub struct Walk<'a, 'js> {
+    pub proxy: Option<&'a Value<'js>>,
+    pub inside_proxy: bool,
+}
+
+impl<'a, 'js> Walk<'a, 'js> {
+    pub const PLAIN: Walk<'static, 'static> = Walk {
+        proxy: None,
+        inside_proxy: false,
+    };
+}
+
+/// Reads a JS value as JSON; `None` for values JSON leaves out (functions,
+/// symbols, `undefined`).
+pub fn from_js<'js>(
+    value: &Value<'js>,
+    depth: usize,
+    walk: Walk<'_, 'js>,
+) -> Result<Option<Json>, ConvertError> {
+    let mut walk = walk;
+    if let Some(proxy) = walk.proxy
+        && value == proxy
+    {
+        if walk.inside_proxy {
+            return Err(ConvertError(
+                "the event contains itself (a reference cycle)".into(),
+            ));
+        }
+        walk.inside_proxy = true;
+    }
+    if depth > MAX_DEPTH {
+        return Err(ConvertError(format!(
+            "the result is nested more than {MAX_DEPTH} levels deep (a reference cycle?)"
+        )));
+    }
+    let js = |e: rquickjs::Error| ConvertError(format!("reading the result: {e}"));
+    Ok(Some(match value.type_of() {
+        Type::Undefined
+        | Type::Uninitialized
+        | Type::Function
+        | Type::Constructor
+        | Type::Symbol => {
+            return Ok(None);
+        }
+        Type::Null => Json::Null,
+        Type::Bool => Json::Bool(value.as_bool().unwrap_or(false)),
+        Type::Int => Json::Number(Number::from(value.as_int().unwrap_or(0))),
+        Type::Float => {
+            let f = value.as_float().unwrap_or(f64::NAN);
+            if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 {
+                // JS has one number type: an integral double is an integer.
+                Json::Number(Number::from(f as i64))
+            } else {
+                Number::from_f64(f).map_or(Json::Null, Json::Number)
+            }
+        }
+        Type::String => Json::String(
+            value
+                .as_string()
+                .expect("type is string")
+                .to_string()
+                .map_err(js)?,
+        ),
+        Type::BigInt => {
+            let text: String = value.get::<rquickjs::Coerced<String>>().map_err(js)?.0;
+            Json::String(text)
+        }
+        Type::Array => {
+            let array = value.as_array().expect("type is array");
+            let mut items = Vec::with_capacity(array.len());
+            for item in array.iter::<Value>() {
+                // Like JSON.stringify: a left-out member of an array is null.
+                items.push(from_js(&item.map_err(js)?, depth + 1, walk)?.unwrap_or(Json::Null));
+            }
+            Json::Array(items)
+        }
+        Type::Object | Type::Exception | Type::Promise => Json::Object(object_from_js(
+            value.as_object().expect("an object"),
+            depth,
+            walk,
+        )?),
+        other => {
+            return Err(ConvertError(format!(
+                "a {other:?} value cannot become an event field"
+            )));
+        }
+    }))
+}
+
+pub fn object_from_js<'js>(
+    object: &Object<'js>,
+    depth: usize,
+    walk: Walk<'_, 'js>,
+) -> Result<Map<String, Json>, ConvertError> {
+    let js = |e: rquickjs::Error| ConvertError(format!("reading the result: {e}"));
+    let mut map = Map::new();
+    for prop in object.props::<String, Value>() {
+        let (k, v) = prop.map_err(js)?;
+        if let Some(v) = from_js(&v, depth + 1, walk)? {
+            map.insert(k, v);
+        }
+    }
+    Ok(map)
+}

@@ -1,0 +1,454 @@
+//! The `js` transform: each worker owns one QuickJS runtime and context.
+//!
+//! The script is evaluated once per worker (so module-scope state persists
+//! across that worker's events); it must define `process(event, ctx)` and
+//! may define `init(ctx)`, called once per worker after evaluation.
+//!
+//! Limits are per worker runtime: `memory_limit_mb` caps the heap,
+//! `timeout_ms` is a CPU budget per call enforced by QuickJS's interrupt
+//! handler (checked every few thousand bytecode instructions), which throws
+//! an uncatchable exception back to us. Either is an error for that event,
+//! handled by the stage's `on_error`, and the runtime stays usable.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
+    StageKind, TypedPlugin, Verdict,
+};
+use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Object, Runtime, Value};
+use serde::Deserialize;
+
+use crate::convert::{Walk, object_from_js};
+use crate::lazy::{LazyEvents, apply};
+
+/// Options of `transform: js`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsOptions {
+    /// The script, inline. It defines `process(event, ctx)` and optionally
+    /// `init(ctx)`. Exactly one of `script` and `file`.
+    #[serde(default)]
+    pub script: Option<String>,
+    /// The script in a file, relative to the pipeline file.
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+    /// CPU budget per call of `process` (or `init`), milliseconds.
+    #[serde(default = "default_timeout")]
+    #[schemars(range(min = 1, max = 60000))]
+    pub timeout_ms: u64,
+    /// Heap ceiling of each worker's runtime, MiB.
+    #[serde(default = "default_memory")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub memory_limit_mb: u64,
+}
+
+fn default_timeout() -> u64 {
+    50
+}
+
+fn default_memory() -> u64 {
+    64
+}
+
+impl CheckOptions for JsOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        match (&self.script, &self.file) {
+            (None, None) => errors.push(OptionError::at(
+                &[],
+                "give the script inline (`script:`) or in a file (`file:`)",
+            )),
+            (Some(_), Some(_)) => errors.push(OptionError::at(
+                &["file"],
+                "give either `script` or `file`, not both",
+            )),
+            _ => {}
+        }
+        if !(1..=60_000).contains(&self.timeout_ms) {
+            errors.push(OptionError::at(
+                &["timeout_ms"],
+                format!("must be between 1 and 60000, got {}", self.timeout_ms),
+            ));
+        }
+        if !(1..=4096).contains(&self.memory_limit_mb) {
+            errors.push(OptionError::at(
+                &["memory_limit_mb"],
+                format!("must be between 1 and 4096, got {}", self.memory_limit_mb),
+            ));
+        }
+        errors
+    }
+}
+
+pub struct JsTransform;
+
+impl JsOptions {
+    /// The script's text and the option it came from (for error paths).
+    fn source(&self, cx: &BuildContext) -> Result<(String, &'static str), OptionError> {
+        match (&self.script, &self.file) {
+            (Some(text), _) => Ok((text.clone(), "script")),
+            (None, Some(file)) => {
+                let path = cx.resolve(file);
+                std::fs::read_to_string(&path)
+                    .map(|text| (text, "file"))
+                    .map_err(|e| {
+                        OptionError::at(&["file"], format!("cannot read {}: {e}", path.display()))
+                    })
+            }
+            (None, None) => Err(OptionError::at(&[], "no script")),
+        }
+    }
+}
+
+impl TypedPlugin for JsTransform {
+    type Options = JsOptions;
+    const NAME: &'static str = "js";
+    const KIND: StageKind = StageKind::Transform;
+    const DESCRIPTION: &'static str =
+        "run a JavaScript process(event, ctx) per event (QuickJS, one runtime per worker)";
+
+    /// `logbus validate` compiles the script (without running it).
+    fn check_in_context(&self, options: &JsOptions, cx: &BuildContext) -> Vec<OptionError> {
+        match options.source(cx) {
+            Ok((source, option)) => match syntax_check(&source) {
+                Ok(()) => Vec::new(),
+                Err(e) => vec![OptionError::at(&[option], e)],
+            },
+            Err(e) => vec![e],
+        }
+    }
+
+    fn build(&self, options: JsOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let (source, option) = options.source(cx)?;
+        syntax_check(&source).map_err(|e| OptionError::at(&[option], e))?;
+        let worker =
+            JsWorker::new(&source, &options, cx).map_err(|e| OptionError::at(&[option], e))?;
+        Ok(Built::Processor(Box::new(worker)))
+    }
+}
+
+/// Compiles the script without running it: wrapped in a function that is
+/// created but never called. Reports `line:column` in the script.
+pub fn syntax_check(source: &str) -> Result<(), String> {
+    let rt = Runtime::new().map_err(|e| e.to_string())?;
+    rt.set_memory_limit(64 << 20);
+    let context = Context::full(&rt).map_err(|e| e.to_string())?;
+    context.with(|ctx| {
+        // The wrapper sits on a line of its own (QuickJS counts columns on
+        // the first line from the start of the source); lines shift by one.
+        let wrapped = format!("(function(){{\n{source}\n}})");
+        ctx.eval::<Value, _>(wrapped)
+            .catch(&ctx)
+            .map(|_| ())
+            .map_err(|e| describe(e, "syntax error", 1))
+    })
+}
+
+/// "line N, column M: message" for an exception, as precisely as QuickJS
+/// tells: the position comes from the error's stack trace (`<eval>:L:C`),
+/// or from `lineNumber`/`columnNumber` where the engine sets them.
+fn describe(error: CaughtError<'_>, what: &str, line_offset: i32) -> String {
+    match error {
+        CaughtError::Exception(e) => {
+            let message = e.message().unwrap_or_default();
+            let name = e
+                .get::<_, String>("name")
+                .unwrap_or_else(|_| "Error".to_string());
+            let position = e
+                .get::<_, i32>("lineNumber")
+                .ok()
+                .filter(|l| *l > 0)
+                .map(|l| (l, e.get::<_, i32>("columnNumber").ok().filter(|c| *c > 0)))
+                .or_else(|| e.stack().as_deref().and_then(stack_position))
+                .map(|(l, c)| (l - line_offset, c));
+            match position {
+                Some((l, Some(c))) => {
+                    format!("{what} at script line {l}, column {c}: {name}: {message}")
+                }
+                Some((l, None)) => format!("{what} at script line {l}: {name}: {message}"),
+                None => format!("{what}: {name}: {message}"),
+            }
+        }
+        CaughtError::Value(v) => format!("{what}: threw {}", display_value(&v)),
+        CaughtError::Error(e) => format!("{what}: {e}"),
+    }
+}
+
+/// The first `:line:column` (or `:line`) of a QuickJS stack trace.
+fn stack_position(stack: &str) -> Option<(i32, Option<i32>)> {
+    for frame in stack.lines() {
+        let frame = frame.trim().trim_end_matches(')');
+        let mut parts = frame.rsplit(':');
+        let last = parts.next()?.parse::<i32>().ok();
+        let before = parts.next().and_then(|p| p.parse::<i32>().ok());
+        match (before, last) {
+            (Some(l), Some(c)) => return Some((l, Some(c))),
+            (None, Some(l)) => return Some((l, None)),
+            _ => continue,
+        }
+    }
+    None
+}
+
+fn display_value(v: &Value<'_>) -> String {
+    v.get::<rquickjs::Coerced<String>>()
+        .map(|s| s.0)
+        .unwrap_or_else(|_| format!("{:?}", v.type_of()))
+}
+
+/// Nanoseconds on a process-wide monotonic clock.
+fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Where a worker keeps the script's `process` (as defined when the script
+/// was loaded) and the `ctx` object it passes.
+const HIDDEN_PROCESS: &str = "\u{1}logbus.process";
+const HIDDEN_CTX: &str = "\u{1}logbus.ctx";
+
+/// At most this many `ctx.log()` lines per second per worker; the rest are
+/// counted and reported with the next line that gets through.
+const LOG_PER_SECOND: u32 = 10;
+
+struct LogLimiter {
+    window: Instant,
+    used: u32,
+    suppressed: u64,
+}
+
+pub struct JsWorker {
+    // Field order matters: the context must be dropped before the runtime.
+    lazy: LazyEvents,
+    context: Context,
+    runtime: Runtime,
+    deadline: Arc<AtomicU64>,
+    timeout: Duration,
+    memory_limit: u64,
+}
+
+impl JsWorker {
+    fn new(source: &str, options: &JsOptions, cx: &BuildContext) -> Result<JsWorker, String> {
+        let runtime = Runtime::new().map_err(|e| format!("cannot start QuickJS: {e}"))?;
+        runtime.set_memory_limit((options.memory_limit_mb as usize) << 20);
+        runtime.set_max_stack_size(1 << 20);
+        let deadline = Arc::new(AtomicU64::new(0));
+        {
+            let deadline = deadline.clone();
+            runtime.set_interrupt_handler(Some(Box::new(move || {
+                let d = deadline.load(Ordering::Relaxed);
+                d != 0 && now_ns() > d
+            })));
+        }
+        let context = Context::full(&runtime).map_err(|e| format!("cannot start QuickJS: {e}"))?;
+        let timeout = Duration::from_millis(options.timeout_ms);
+        let stage: Arc<str> = cx.stage_id.as_str().into();
+        let worker = cx.worker;
+        let lazy = context.with(|ctx| -> Result<LazyEvents, String> {
+            let cx_object = Object::new(ctx.clone()).map_err(|e| e.to_string())?;
+            cx_object
+                .set("stage", stage.as_ref())
+                .map_err(|e| e.to_string())?;
+            cx_object
+                .set("worker", worker as i32)
+                .map_err(|e| e.to_string())?;
+            let limiter = std::sync::Mutex::new(LogLimiter {
+                window: Instant::now(),
+                used: 0,
+                suppressed: 0,
+            });
+            let log_stage = stage.clone();
+            let log = Function::new(ctx.clone(), move |message: rquickjs::Coerced<String>| {
+                let mut limiter = limiter.lock().unwrap_or_else(|p| p.into_inner());
+                if limiter.window.elapsed() >= Duration::from_secs(1) {
+                    limiter.window = Instant::now();
+                    limiter.used = 0;
+                }
+                if limiter.used >= LOG_PER_SECOND {
+                    limiter.suppressed += 1;
+                    return;
+                }
+                limiter.used += 1;
+                let suppressed = std::mem::take(&mut limiter.suppressed);
+                tracing::info!(stage = %log_stage, worker, suppressed, "script: {}", message.0);
+            })
+            .map_err(|e| e.to_string())?;
+            cx_object.set("log", log).map_err(|e| e.to_string())?;
+
+            set_deadline(&deadline, timeout);
+            let evaluated = ctx.eval::<Value, _>(source).catch(&ctx);
+            deadline.store(0, Ordering::Relaxed);
+            evaluated.map_err(|e| describe(e, "evaluating the script failed", 0))?;
+            let globals = ctx.globals();
+            let process: Function = match globals.get::<_, Value>("process") {
+                Ok(v) if v.is_function() => v.into_function().expect("is a function"),
+                _ => return Err("the script defines no `process(event, ctx)` function".into()),
+            };
+            if let Ok(init) = globals.get::<_, Value>("init")
+                && let Some(init) = init.into_function()
+            {
+                set_deadline(&deadline, timeout);
+                let done = init.call::<_, Value>((cx_object.clone(),)).catch(&ctx);
+                deadline.store(0, Ordering::Relaxed);
+                done.map_err(|e| describe(e, "init() failed", 0))?;
+            }
+            // Kept on the global object under names no script uses by
+            // accident (a script that goes looking only affects itself):
+            // later reassigning `process` does not change what is called.
+            globals
+                .set(HIDDEN_PROCESS, process)
+                .map_err(|e| e.to_string())?;
+            globals
+                .set(HIDDEN_CTX, cx_object)
+                .map_err(|e| e.to_string())?;
+            LazyEvents::install(&ctx).map_err(|e| format!("cannot start QuickJS: {e}"))
+        })?;
+        Ok(JsWorker {
+            lazy,
+            context,
+            runtime,
+            deadline,
+            timeout,
+            memory_limit: options.memory_limit_mb << 20,
+        })
+    }
+}
+
+fn set_deadline(deadline: &AtomicU64, timeout: Duration) {
+    deadline.store(now_ns() + timeout.as_nanos() as u64, Ordering::Relaxed);
+}
+
+impl Processor for JsWorker {
+    fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
+        let outcome = self.context.with(|ctx| self.call(&ctx, event));
+        let Err(error) = outcome else {
+            return outcome;
+        };
+        // An exception may leave garbage behind.
+        self.runtime.run_gc();
+        // QuickJS reports a failed allocation by throwing plain `null` (it
+        // has no memory left for an Error object): say what that means.
+        if error.0.ends_with("threw null") || error.0.contains("out of memory") {
+            return Err(EventError::new(format!(
+                "process() ran out of memory (memory_limit_mb: {}); QuickJS said: {}",
+                self.memory_limit >> 20,
+                error.0
+            )));
+        }
+        Err(error)
+    }
+}
+
+impl JsWorker {
+    fn call<'js>(&self, ctx: &Ctx<'js>, event: &mut Event) -> Result<Verdict, EventError> {
+        if let Payload::Raw(bytes) = event.payload() {
+            let mut map = Fields::new();
+            map.insert(
+                "message".into(),
+                serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()),
+            );
+            *event.payload_mut() = Payload::Fields(map);
+        }
+        let (proxy, state) = self
+            .lazy
+            .begin(ctx, event.clone())
+            .map_err(|e| EventError::new(format!("passing the event to the script: {e}")))?;
+        let globals = ctx.globals();
+        let process: Function = globals
+            .get(HIDDEN_PROCESS)
+            .map_err(|e| EventError::new(e.to_string()))?;
+        let cx_object: Object = globals
+            .get(HIDDEN_CTX)
+            .map_err(|e| EventError::new(e.to_string()))?;
+        set_deadline(&self.deadline, self.timeout);
+        let result = process
+            .call::<_, Value>((proxy.clone(), cx_object))
+            .catch(ctx);
+        self.deadline.store(0, Ordering::Relaxed);
+        let result = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.lazy.end(&state);
+                let text = describe(e, "process() threw", 0);
+                return Err(if text.contains("interrupted") {
+                    EventError::new(format!(
+                        "process() ran past timeout_ms ({} ms) and was stopped",
+                        self.timeout.as_millis()
+                    ))
+                } else {
+                    EventError::new(text)
+                });
+            }
+        };
+        if result == proxy {
+            // The common case: the event came back. Let go of the proxy's
+            // reference first, so the change does not copy the event.
+            self.lazy.end(&state);
+            let fields = event.fields_mut().expect("made fields above");
+            apply(&state, &proxy, fields).map_err(|e| EventError::new(e.0))?;
+            return Ok(Verdict::Keep);
+        }
+        let verdict = self.verdict(event, result, &proxy);
+        self.lazy.end(&state);
+        verdict
+    }
+
+    fn verdict<'js>(
+        &self,
+        event: &mut Event,
+        result: Value<'js>,
+        proxy: &Value<'js>,
+    ) -> Result<Verdict, EventError> {
+        let walk = Walk {
+            proxy: Some(proxy),
+            inside_proxy: false,
+        };
+        if result.is_null() || result.is_undefined() {
+            return Ok(Verdict::Discard);
+        }
+        if let Some(array) = result.as_array() {
+            let mut out = Vec::with_capacity(array.len());
+            for (i, item) in array.iter::<Value>().enumerate() {
+                let item = item.map_err(|e| EventError::new(e.to_string()))?;
+                let Some(object) = item
+                    .as_object()
+                    .filter(|_| !item.is_array() && !item.is_function())
+                else {
+                    return Err(EventError::new(format!(
+                        "process() returned an array whose item {i} is {}; expected objects",
+                        type_name(&item)
+                    )));
+                };
+                let fields = object_from_js(object, 0, walk).map_err(|e| EventError::new(e.0))?;
+                out.push(Event::fields(fields, event.meta().clone()));
+            }
+            return Ok(Verdict::Replace(out));
+        }
+        match result.as_object() {
+            Some(object) if !result.is_function() => {
+                let fields = object_from_js(object, 0, walk).map_err(|e| EventError::new(e.0))?;
+                *event.payload_mut() = Payload::Fields(fields);
+                Ok(Verdict::Keep)
+            }
+            _ => Err(EventError::new(format!(
+                "process() returned {}; expected an object, null or an array of objects",
+                type_name(&result)
+            ))),
+        }
+    }
+}
+
+fn type_name(v: &Value<'_>) -> String {
+    match v.type_of() {
+        rquickjs::Type::Int | rquickjs::Type::Float => "a number".into(),
+        rquickjs::Type::String => "a string".into(),
+        rquickjs::Type::Bool => "a boolean".into(),
+        rquickjs::Type::Function | rquickjs::Type::Constructor => "a function".into(),
+        rquickjs::Type::Array => "an array".into(),
+        other => format!("a {other:?}").to_lowercase(),
+    }
+}

@@ -1,0 +1,364 @@
+//! The JS transform on real QuickJS: results, errors, limits, isolation.
+#![cfg(feature = "transform-js")]
+
+use std::time::{Duration, Instant};
+
+use logbus_js::transform::{JsTransform, syntax_check};
+use logbus_plugin_api::{
+    BuildContext, Built, Event, Meta, Plugin, Processor, Typed, Verdict, serde_json,
+};
+use serde_json::{Value, json};
+
+fn cx(dir: &std::path::Path) -> BuildContext {
+    BuildContext {
+        stage_id: "enrich".into(),
+        base_dir: dir.to_path_buf(),
+        worker: 3,
+    }
+}
+
+fn build(options: Value) -> Box<dyn Processor> {
+    match Typed(JsTransform).build(&options, &cx(std::path::Path::new("."))) {
+        Ok(Built::Processor(p)) => p,
+        Ok(_) => panic!("not a processor"),
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+fn build_err(options: Value) -> String {
+    match Typed(JsTransform).build(&options, &cx(std::path::Path::new("."))) {
+        Err(e) => format!("{}: {}", e[0].path.join("."), e[0].message),
+        Ok(_) => panic!("expected an error"),
+    }
+}
+
+fn event(v: Value) -> Event {
+    Event::fields(
+        v.as_object().unwrap().clone(),
+        Meta {
+            source: "t".into(),
+            ingest_ns: 7,
+        },
+    )
+}
+
+fn fields(e: &Event) -> Value {
+    Value::Object(e.as_fields().unwrap().clone())
+}
+
+const ISSUE_SCRIPT: &str = r#"
+function process(event, ctx) {
+  if (event.level === "debug") return null;          // drop
+  event.sev = { info: 6, warn: 4, error: 3 }[event.level] ?? 7;
+  delete event.pad;
+  return event;
+}
+"#;
+
+#[test]
+fn the_documented_script_drops_maps_and_deletes() {
+    let mut p = build(json!({ "script": ISSUE_SCRIPT }));
+    let mut e = event(json!({"seq": 1, "level": "debug", "pad": "x"}));
+    assert!(matches!(p.process(&mut e), Ok(Verdict::Discard)));
+    let mut e = event(
+        json!({"seq": 2, "level": "warn", "pad": "x", "user": {"id": "u1"}, "tags": ["a", 1, 2.5, true, null]}),
+    );
+    assert!(matches!(p.process(&mut e), Ok(Verdict::Keep)));
+    assert_eq!(
+        fields(&e),
+        json!({"seq": 2, "level": "warn", "user": {"id": "u1"}, "tags": ["a", 1, 2.5, true, null], "sev": 4})
+    );
+    assert_eq!(e.meta().ingest_ns, 7, "metadata is kept");
+    let mut e = event(json!({"level": "trace"}));
+    p.process(&mut e).unwrap();
+    assert_eq!(fields(&e)["sev"], 7);
+}
+
+#[test]
+fn numbers_keep_their_kind_through_the_script() {
+    let mut p = build(json!({ "script": "function process(e) { return e; }" }));
+    let mut e = event(
+        json!({"i": 5, "big": 9007199254740991i64, "neg": -3_000_000_000i64, "f": 380.712, "z": 0.5}),
+    );
+    p.process(&mut e).unwrap();
+    assert_eq!(
+        fields(&e),
+        json!({"i": 5, "big": 9007199254740991i64, "neg": -3_000_000_000i64, "f": 380.712, "z": 0.5})
+    );
+}
+
+#[test]
+fn an_array_result_splits_and_other_results_are_errors() {
+    let mut p = build(
+        json!({ "script": "function process(e) { return e.n === 1 ? [{a: 1}, {a: 2, f: () => 1, u: undefined}] : e.n === 2 ? 42 : e.n === 3 ? [1] : e.n === 4 ? 'x' : {} }" }),
+    );
+    match p.process(&mut event(json!({"n": 1}))) {
+        Ok(Verdict::Replace(v)) => {
+            let got: Vec<Value> = v.iter().map(fields).collect();
+            assert_eq!(
+                got,
+                vec![json!({"a": 1}), json!({"a": 2})],
+                "functions and undefined are left out"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = p.process(&mut event(json!({"n": 2}))).unwrap_err();
+    assert!(
+        err.0
+            .contains("returned a number; expected an object, null or an array of objects"),
+        "{err}"
+    );
+    let err = p.process(&mut event(json!({"n": 3}))).unwrap_err();
+    assert!(err.0.contains("item 0 is a number"), "{err}");
+    let err = p.process(&mut event(json!({"n": 4}))).unwrap_err();
+    assert!(err.0.contains("returned a string"), "{err}");
+}
+
+#[test]
+fn a_throw_is_an_event_error_with_the_script_line() {
+    let mut p = build(
+        json!({ "script": "function process(e) {\n  if (e.bad) {\n    throw new TypeError('no good: ' + e.bad);\n  }\n  return e;\n}" }),
+    );
+    let err = p.process(&mut event(json!({"bad": "x"}))).unwrap_err();
+    assert!(err.0.contains("TypeError: no good: x"), "{err}");
+    assert!(err.0.contains("line 3"), "{err}");
+    // The worker goes on.
+    assert!(matches!(
+        p.process(&mut event(json!({}))),
+        Ok(Verdict::Keep)
+    ));
+}
+
+#[test]
+fn a_runaway_script_is_stopped_at_the_timeout_and_the_worker_goes_on() {
+    let mut p = build(json!({
+        "script": "function process(e) { if (e.spin) { while (true) {} } return e; }",
+        "timeout_ms": 30
+    }));
+    let started = Instant::now();
+    let err = p.process(&mut event(json!({"spin": true}))).unwrap_err();
+    assert!(err.0.contains("ran past timeout_ms (30 ms)"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped, not hung"
+    );
+    assert!(matches!(
+        p.process(&mut event(json!({}))),
+        Ok(Verdict::Keep)
+    ));
+}
+
+#[test]
+fn a_try_catch_cannot_swallow_the_timeout() {
+    let mut p = build(json!({
+        "script": "function process(e) { try { while (true) {} } catch (x) { return {caught: true}; } }",
+        "timeout_ms": 20
+    }));
+    let err = p.process(&mut event(json!({}))).unwrap_err();
+    assert!(err.0.contains("timeout_ms"), "{err}");
+}
+
+#[test]
+fn memory_beyond_the_limit_is_an_event_error_and_the_worker_goes_on() {
+    let mut p = build(json!({
+        "script": "function process(e) { if (e.huge) { return { s: 'x'.repeat(256 * 1024 * 1024) }; } if (e.hog) { const a = []; while (true) a.push('x'.repeat(1024) + a.length); } return e; }",
+        "memory_limit_mb": 8,
+        "timeout_ms": 10000
+    }));
+    for _ in 0..10 {
+        let err = p.process(&mut event(json!({"hog": true}))).unwrap_err();
+        assert!(
+            err.0.contains("ran out of memory (memory_limit_mb: 8)"),
+            "{err}"
+        );
+        assert!(matches!(
+            p.process(&mut event(json!({"ok": 1}))),
+            Ok(Verdict::Keep)
+        ));
+    }
+    let err = p.process(&mut event(json!({"huge": true}))).unwrap_err();
+    assert!(
+        err.0.contains("memory"),
+        "one allocation past the limit: {err}"
+    );
+    assert!(matches!(
+        p.process(&mut event(json!({"ok": 1}))),
+        Ok(Verdict::Keep)
+    ));
+}
+
+#[test]
+fn init_runs_once_per_worker_and_module_state_persists() {
+    let mut p = build(
+        json!({ "script": "let n = 0; let who; function init(ctx) { who = ctx.stage + '#' + ctx.worker; ctx.log('ready'); } function process(e, ctx) { n += 1; e.n = n; e.who = who; ctx.log('event ' + n); return e; }" }),
+    );
+    let mut a = event(json!({}));
+    let mut b = event(json!({}));
+    p.process(&mut a).unwrap();
+    p.process(&mut b).unwrap();
+    assert_eq!(fields(&a), json!({"n": 1, "who": "enrich#3"}));
+    assert_eq!(fields(&b), json!({"n": 2, "who": "enrich#3"}));
+}
+
+#[test]
+fn scripts_have_no_host_access() {
+    let mut p = build(
+        json!({ "script": "function process(e) { return { t: [typeof require, typeof std, typeof os, typeof fetch, typeof process.env, typeof XMLHttpRequest, typeof Deno] }; }" }),
+    );
+    let mut e = event(json!({}));
+    p.process(&mut e).unwrap();
+    assert_eq!(fields(&e)["t"], json!(vec!["undefined"; 7]));
+}
+
+#[test]
+fn a_reference_cycle_is_an_error_not_a_crash() {
+    let mut p = build(json!({ "script": "function process(e) { e.self = e; return e; }" }));
+    let err = p.process(&mut event(json!({}))).unwrap_err();
+    assert!(err.0.contains("contains itself"), "{err}");
+}
+
+#[test]
+fn raw_events_arrive_as_message() {
+    let mut p =
+        build(json!({ "script": "function process(e) { return { len: e.message.length }; }" }));
+    let mut e = Event::raw(
+        "hello",
+        Meta {
+            source: "t".into(),
+            ingest_ns: 0,
+        },
+    );
+    p.process(&mut e).unwrap();
+    assert_eq!(fields(&e), json!({"len": 5}));
+}
+
+#[test]
+fn syntax_errors_name_line_and_column() {
+    let err = syntax_check("function process(e) {\n  return e;\n  let = ;\n}").unwrap_err();
+    assert!(err.contains("line 3"), "{err}");
+    assert!(err.contains("column"), "{err}");
+    assert!(err.contains("SyntaxError"), "{err}");
+    // Compiling does not run the script.
+    syntax_check("while (true) {}").unwrap();
+}
+
+#[test]
+fn build_errors_say_what_is_missing() {
+    assert!(
+        build_err(json!({ "script": "function init() {}" }))
+            .contains("defines no `process(event, ctx)`")
+    );
+    assert!(build_err(json!({ "script": "throw new Error('boom')" })).contains("boom"));
+    assert!(build_err(json!({ "script": "function init() { throw new Error('init boom') } function process(e) { return e }" })).contains("init() failed"));
+    assert!(build_err(json!({})).contains("`script:`"));
+    assert!(build_err(json!({ "script": "x", "file": "y.js" })).starts_with("file: "));
+    let e = build_err(json!({ "file": "no-such-file.js" }));
+    assert!(e.starts_with("file: cannot read"), "{e}");
+}
+
+#[test]
+fn a_script_file_resolves_against_the_pipeline_directory() {
+    let dir = std::env::temp_dir().join(format!("logbus-js-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("scripts")).unwrap();
+    std::fs::write(
+        dir.join("scripts/tag.js"),
+        "function process(e) { e.tagged = true; return e; }",
+    )
+    .unwrap();
+    let built = Typed(JsTransform).build(&json!({ "file": "scripts/tag.js" }), &cx(&dir));
+    let Ok(Built::Processor(mut p)) = built else {
+        panic!("build failed")
+    };
+    let mut e = event(json!({}));
+    p.process(&mut e).unwrap();
+    assert_eq!(fields(&e), json!({"tagged": true}));
+    let errors = Typed(JsTransform).check(&json!({ "file": "scripts/tag.js" }), &cx(&dir));
+    assert!(errors.is_empty(), "{errors:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The event is a lazy view: what scripts can do with a plain object works
+/// the same on it.
+#[test]
+fn the_lazy_event_behaves_like_a_plain_object() {
+    let mut p = build(json!({ "script": r#"
+        let kept;
+        function process(e) {
+          if (e.mode === "stale") { return { v: kept.a }; }
+          kept = e;
+          const before = Object.keys(e).join(",");
+          e.user.plan = "pro";             // nested change, in place
+          e.added = 1;
+          delete e.b;
+          e.gone = undefined;              // undefined removes, as in JSON
+          return {
+            before,
+            after: Object.keys(e).join(","),
+            json: JSON.stringify(e),
+            has: ["a" in e, "b" in e, "added" in e, Object.prototype.hasOwnProperty.call(e, "a")],
+            spread: { ...e },
+            entries: Object.entries(e).length,
+          };
+        }
+    "# }));
+    let mut e = event(json!({"a": 1, "b": 2, "user": {"plan": "free"}, "gone": 3}));
+    p.process(&mut e).unwrap();
+    let out = fields(&e);
+    assert_eq!(out["before"], "a,b,user,gone");
+    assert_eq!(out["after"], "a,user,gone,added", "as on a plain object");
+    assert_eq!(out["json"], r#"{"a":1,"user":{"plan":"pro"},"added":1}"#);
+    assert_eq!(out["has"], json!([true, false, true, true]));
+    assert_eq!(
+        out["spread"],
+        json!({"a": 1, "user": {"plan": "pro"}, "added": 1})
+    );
+    assert_eq!(out["entries"], 4);
+    // An event kept from an earlier call cannot be read later.
+    let err = p.process(&mut event(json!({"mode": "stale"}))).unwrap_err();
+    assert!(err.0.contains("belongs to an earlier call"), "{err}");
+}
+
+#[test]
+fn changes_to_the_returned_event_keep_field_order() {
+    let mut p = build(
+        json!({ "script": "function process(e) { e.user.id = 'u2'; e.level = 'warn'; e.z = 0; delete e.debug_id; return e; }" }),
+    );
+    let mut e = event(
+        json!({"seq": 1, "level": "info", "debug_id": "x", "user": {"id": "u1"}, "msg": "m"}),
+    );
+    p.process(&mut e).unwrap();
+    let keys: Vec<&String> = e.as_fields().unwrap().keys().collect();
+    assert_eq!(keys, ["seq", "level", "user", "msg", "z"]);
+    assert_eq!(
+        fields(&e),
+        json!({"seq": 1, "level": "warn", "user": {"id": "u2"}, "msg": "m", "z": 0})
+    );
+}
+
+#[test]
+fn the_event_can_be_returned_with_others() {
+    let mut p =
+        build(json!({ "script": "function process(e) { return [e, { ...e, copy: true }]; }" }));
+    match p.process(&mut event(json!({"a": 1}))) {
+        Ok(Verdict::Replace(v)) => {
+            let got: Vec<Value> = v.iter().map(fields).collect();
+            assert_eq!(got, vec![json!({"a": 1}), json!({"a": 1, "copy": true})]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_shared_event_is_not_changed_for_other_readers() {
+    let mut p = build(json!({ "script": "function process(e) { e.a = 2; return e; }" }));
+    let original = event(json!({"a": 1}));
+    let mut mine = original.clone();
+    p.process(&mut mine).unwrap();
+    assert_eq!(fields(&mine), json!({"a": 2}));
+    assert_eq!(
+        fields(&original),
+        json!({"a": 1}),
+        "fan-out copies on write"
+    );
+}
