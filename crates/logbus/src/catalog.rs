@@ -15,7 +15,14 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Transform, "filter", "transform-filter"),
     (StageKind::Transform, "fields", "transform-fields"),
     (StageKind::Transform, "js", "transform-js"),
+    (StageKind::Parser, "kv", "parser-kv"),
+    (StageKind::Parser, "syslog", "parser-syslog"),
+    (StageKind::Parser, "csv", "parser-csv"),
+    (StageKind::Parser, "regex", "parser-regex"),
     (StageKind::Formatter, "json", "formatter-json"),
+    (StageKind::Formatter, "kv", "formatter-kv"),
+    (StageKind::Formatter, "syslog", "formatter-syslog"),
+    (StageKind::Formatter, "csv", "formatter-csv"),
     (StageKind::Sink, "stdout", "sink-stdout"),
     (StageKind::Sink, "file", "sink-file"),
     (StageKind::Sink, "blackhole", "sink-blackhole"),
@@ -29,6 +36,7 @@ pub fn registry() -> Registry {
     logbus_text::register(&mut registry);
     logbus_transform::register(&mut registry);
     logbus_js::register(&mut registry);
+    logbus_codec::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

@@ -1,0 +1,394 @@
+//! Round trips (encode then decode gives the fields back) as property
+//! tests, malformed input that must give an error with an offset and never
+//! a panic, and the RFC examples.
+
+use logbus_codec::{kv, syslog};
+use logbus_plugin_api::Fields;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+fn obj(v: Value) -> Fields {
+    v.as_object().unwrap().clone()
+}
+
+// ---------- kv ----------
+
+fn kv_key() -> impl Strategy<Value = String> {
+    "[a-zA-Z_][a-zA-Z0-9_.\\-]{0,12}"
+}
+
+fn kv_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+        any::<String>().prop_map(Value::String),
+        "[ -~]{0,20}".prop_map(Value::String),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn kv_round_trips(pairs in prop::collection::vec((kv_key(), kv_value()), 0..8)) {
+        let fields: Fields = pairs.into_iter().collect();
+        let mut out = Vec::new();
+        kv::encode(&fields, &kv::Syntax::default(), &mut out);
+        let back = kv::decode(&out, &kv::Syntax::default())
+            .map_err(|e| TestCaseError::fail(format!("{e} in {}", String::from_utf8_lossy(&out))))?;
+        prop_assert_eq!(back, fields, "{}", String::from_utf8_lossy(&out));
+    }
+
+    #[test]
+    fn kv_never_panics_and_errors_point_inside(input in prop::collection::vec(any::<u8>(), 0..64)) {
+        if let Err(e) = kv::decode(&input, &kv::Syntax::default()) {
+            prop_assert!(e.offset <= input.len());
+        }
+    }
+
+    #[test]
+    fn kv_printable_noise_never_panics(input in "[ -~]{0,60}") {
+        if let Err(e) = kv::decode(input.as_bytes(), &kv::Syntax::default()) {
+            prop_assert!(e.offset <= input.len());
+        }
+    }
+}
+
+#[test]
+fn kv_reads_logfmt() {
+    let f = kv::decode(
+        br#"level=info msg="disk \"sda\" full" took=1.5 n=-3 ok=true retry empty= path=/var/log"#,
+        &kv::Syntax::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        Value::Object(f),
+        json!({"level": "info", "msg": "disk \"sda\" full", "took": 1.5, "n": -3, "ok": true,
+               "retry": true, "empty": null, "path": "/var/log"})
+    );
+}
+
+#[test]
+fn kv_errors_name_the_offset() {
+    let e = kv::decode(br#"a=1 b="open"#, &kv::Syntax::default()).unwrap_err();
+    assert_eq!(
+        (e.offset, e.message.as_str()),
+        (6, "a quote that is never closed")
+    );
+    let e = kv::decode(b"a=1 =2", &kv::Syntax::default()).unwrap_err();
+    assert_eq!(e.offset, 4);
+    let e = kv::decode(br#"a="x\q""#, &kv::Syntax::default()).unwrap_err();
+    assert!(e.message.contains("unknown escape"), "{e}");
+    let e = kv::decode(b"a=\xff", &kv::Syntax::default()).unwrap_err();
+    assert_eq!((e.offset, e.message.as_str()), (2, "invalid UTF-8"));
+    let e = kv::decode(br#"a="x"y"#, &kv::Syntax::default()).unwrap_err();
+    assert_eq!(e.offset, 5);
+}
+
+#[test]
+fn kv_strings_that_look_like_other_types_are_quoted() {
+    let mut out = Vec::new();
+    kv::encode(
+        &obj(json!({"a": "12", "b": "true", "c": "", "d": "x y", "e": 1.0, "f": {"n": 1}})),
+        &kv::Syntax::default(),
+        &mut out,
+    );
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        r#"a="12" b="true" c="" d="x y" e=1.0 f="{\"n\":1}""#
+    );
+}
+
+// ---------- syslog ----------
+
+fn sd_value() -> impl Strategy<Value = String> {
+    any::<String>()
+}
+
+fn header_token(max: usize) -> impl Strategy<Value = String> {
+    proptest::string::string_regex(&format!("[!-~]{{1,{max}}}"))
+        .unwrap()
+        .prop_filter("not NILVALUE", |s| s != "-")
+}
+
+prop_compose! {
+    fn rfc5424_event()(
+        facility in 0u64..24,
+        severity in 0u64..8,
+        timestamp in prop::option::of(Just("2026-11-30T06:51:54.123456Z".to_string())),
+        hostname in prop::option::of(header_token(20)),
+        appname in prop::option::of(header_token(12)),
+        procid in prop::option::of(header_token(8)),
+        msgid in prop::option::of(header_token(8)),
+        sd in prop::option::of(prop::collection::btree_map(
+            "[a-zA-Z][a-zA-Z0-9@.]{0,10}",
+            prop::collection::btree_map("[a-z][a-z0-9]{0,6}", sd_value(), 0..3),
+            1..3,
+        )),
+        message in prop::option::of(any::<String>().prop_filter("no leading BOM", |m| !m.starts_with('\u{feff}'))),
+    ) -> Fields {
+        let mut f = Fields::new();
+        f.insert("facility".into(), facility.into());
+        f.insert("severity".into(), severity.into());
+        f.insert("version".into(), 1.into());
+        for (k, v) in [("timestamp", timestamp), ("hostname", hostname), ("appname", appname), ("procid", procid), ("msgid", msgid)] {
+            if let Some(v) = v { f.insert(k.into(), Value::String(v)); }
+        }
+        if let Some(sd) = sd {
+            let sd: serde_json::Map<String, Value> = sd.into_iter().map(|(id, params)| {
+                (id, Value::Object(params.into_iter().map(|(k, v)| (k, Value::String(v))).collect()))
+            }).collect();
+            f.insert("structured_data".into(), Value::Object(sd));
+        }
+        if let Some(m) = message { f.insert("message".into(), Value::String(m)); }
+        f
+    }
+}
+
+proptest! {
+    #[test]
+    fn syslog_5424_round_trips(fields in rfc5424_event()) {
+        let mut out = Vec::new();
+        syslog::encode(&fields, None, &mut out);
+        let back = syslog::decode(&out, syslog::Format::Auto)
+            .map_err(|e| TestCaseError::fail(format!("{e} in {:?}", String::from_utf8_lossy(&out))))?;
+        prop_assert_eq!(back, fields, "{:?}", String::from_utf8_lossy(&out));
+    }
+
+    #[test]
+    fn syslog_never_panics_and_errors_point_inside(input in prop::collection::vec(any::<u8>(), 0..80)) {
+        for format in [syslog::Format::Auto, syslog::Format::Rfc5424, syslog::Format::Rfc3164] {
+            if let Err(e) = syslog::decode(&input, format) {
+                prop_assert!(e.offset <= input.len());
+            }
+        }
+    }
+
+    #[test]
+    fn syslog_header_like_noise_never_panics(tail in "[ -~\\[\\]\"=\\\\]{0,60}", pri in 0u32..200) {
+        let input = format!("<{pri}>1 {tail}");
+        for format in [syslog::Format::Auto, syslog::Format::Rfc5424, syslog::Format::Rfc3164] {
+            if let Err(e) = syslog::decode(input.as_bytes(), format) {
+                prop_assert!(e.offset <= input.len());
+            }
+        }
+    }
+}
+
+#[test]
+fn rfc5424_examples() {
+    // RFC 5424 section 6.5, examples 1, 3 and 4.
+    let f = syslog::decode(
+        "<34>1 2003-10-11T22:14:15.003Z mymachine.example.com su - ID47 - \u{feff}'su root' failed for lonvick on /dev/pts/8".as_bytes(),
+        syslog::Format::Auto,
+    )
+    .unwrap();
+    assert_eq!(
+        Value::Object(f),
+        json!({"facility": 4, "severity": 2, "version": 1, "timestamp": "2003-10-11T22:14:15.003Z",
+               "hostname": "mymachine.example.com", "appname": "su", "msgid": "ID47",
+               "message": "'su root' failed for lonvick on /dev/pts/8"})
+    );
+    let f = syslog::decode(
+        br#"<165>1 2003-10-11T22:14:15.003Z mymachine.example.com evntslog - ID47 [exampleSDID@32473 iut="3" eventSource="Application" eventID="1011"] An application event log entry..."#,
+        syslog::Format::Auto,
+    )
+    .unwrap();
+    assert_eq!(
+        f["structured_data"],
+        json!({"exampleSDID@32473": {"iut": "3", "eventSource": "Application", "eventID": "1011"}})
+    );
+    assert_eq!(f["message"], "An application event log entry...");
+    let f = syslog::decode(
+        br#"<165>1 2003-10-11T22:14:15.003Z mymachine.example.com evntslog - ID47 [exampleSDID@32473 iut="3" eventSource="Application" eventID="1011"][examplePriority@32473 class="high"]"#,
+        syslog::Format::Auto,
+    )
+    .unwrap();
+    assert_eq!(
+        f["structured_data"]["examplePriority@32473"],
+        json!({"class": "high"})
+    );
+    assert!(f.get("message").is_none());
+}
+
+#[test]
+fn rfc3164_lines_as_seen_in_the_wild() {
+    let f = syslog::decode(
+        b"<34>Oct 11 22:14:15 mymachine su: 'su root' failed for lonvick on /dev/pts/8",
+        syslog::Format::Auto,
+    )
+    .unwrap();
+    assert_eq!(
+        Value::Object(f),
+        json!({"facility": 4, "severity": 2, "timestamp": "Oct 11 22:14:15", "hostname": "mymachine",
+               "appname": "su", "message": "'su root' failed for lonvick on /dev/pts/8"})
+    );
+    // As `logger` sends it over a local socket: no hostname, a pid.
+    let f = syslog::decode(
+        b"<13>Nov 30 06:51:54 alice[4242]: hello world",
+        syslog::Format::Auto,
+    )
+    .unwrap();
+    assert_eq!(
+        Value::Object(f),
+        json!({"facility": 1, "severity": 5, "timestamp": "Nov 30 06:51:54", "appname": "alice",
+               "procid": "4242", "message": "hello world"})
+    );
+    // Nothing recognisable after PRI: all of it is the message.
+    let f = syslog::decode(b"<0>just text", syslog::Format::Auto).unwrap();
+    assert_eq!(f["message"], "just text");
+}
+
+#[test]
+fn syslog_errors_name_the_offset() {
+    for (input, offset, what) in [
+        (&b"no pri"[..], 0, "`<`"),
+        (b"<192>1 - - - - - -", 1, "over 191"),
+        (b"<13x", 3, "`>`"),
+        (
+            b"<13>1 2026-11-30T00:00:00Z host app 1 ID [id a=\"open] msg",
+            48,
+            "never closed",
+        ),
+        (b"<13>1 - - - - - [id", 19, "`]`"),
+        (b"<13>1 - - - - - -x", 17, "space before the message"),
+    ] {
+        let e = syslog::decode(input, syslog::Format::Auto).unwrap_err();
+        assert!(
+            e.message.contains(what),
+            "{e} for {:?}",
+            String::from_utf8_lossy(input)
+        );
+        assert_eq!(
+            e.offset,
+            offset,
+            "{e} for {:?}",
+            String::from_utf8_lossy(input)
+        );
+    }
+}
+
+// ---------- csv ----------
+
+#[cfg(feature = "parser-csv")]
+mod csv_tests {
+    use super::*;
+    use logbus_codec::csv_codec::{encode, name, split};
+
+    proptest! {
+        #[test]
+        fn csv_round_trips(values in prop::collection::vec(any::<String>(), 1..6)) {
+            let columns: Vec<String> = (0..values.len()).map(|i| format!("c{i}")).collect();
+            let fields: Fields = columns.iter().cloned().zip(values.iter().cloned().map(Value::String)).collect();
+            let mut out = Vec::new();
+            encode(&fields, &columns, b',', &mut out);
+            let back = name(split(&out, b',').map_err(|e| TestCaseError::fail(e.to_string()))?, &columns, false)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            // An empty trailing record cannot be told from no record.
+            if values.len() == 1 && values[0].is_empty() {
+                return Ok(());
+            }
+            prop_assert_eq!(back, fields, "{:?}", String::from_utf8_lossy(&out));
+        }
+
+        #[test]
+        fn csv_never_panics(input in prop::collection::vec(any::<u8>(), 0..64)) {
+            if let Err(e) = split(&input, b',') {
+                prop_assert!(e.offset <= input.len());
+            }
+        }
+    }
+
+    #[test]
+    fn csv_quotes_and_types() {
+        let v = split(br#"a,"b,c","say ""hi""",7"#, b',').unwrap();
+        assert_eq!(v, vec!["a", "b,c", "say \"hi\"", "7"]);
+        let cols: Vec<String> = ["x", "y", "z", "n"].iter().map(|s| s.to_string()).collect();
+        let f = name(v, &cols, true).unwrap();
+        assert_eq!(
+            Value::Object(f),
+            json!({"x": "a", "y": "b,c", "z": "say \"hi\"", "n": 7})
+        );
+        let e = split(b"a,b\nc,d", b',').unwrap_err();
+        assert!(e.message.contains("more than one record"), "{e}");
+        let e = name(vec!["1".into(), "2".into()], &cols[..1], false).unwrap_err();
+        assert!(e.message.contains("2 values for 1 columns"), "{e}");
+    }
+}
+
+/// What util-linux `logger` sends on the wire (UDP to a socket of ours),
+/// in both formats, decodes to the fields it was asked to send.
+#[test]
+fn messages_from_the_system_logger_decode() {
+    let Ok(status) = std::process::Command::new("logger")
+        .arg("--version")
+        .output()
+    else {
+        eprintln!("skipped: no `logger` command");
+        return;
+    };
+    assert!(status.status.success());
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let port = socket.local_addr().unwrap().port().to_string();
+    let send = |args: &[&str]| {
+        let ok = std::process::Command::new("logger")
+            .args(["-n", "127.0.0.1", "-P", &port, "-d"])
+            .args(args)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        let mut buf = [0u8; 4096];
+        let n = socket.recv(&mut buf).unwrap();
+        buf[..n].to_vec()
+    };
+    let wire = send(&[
+        "--rfc5424",
+        "-t",
+        "app",
+        "--id=42",
+        "-p",
+        "local3.warning",
+        "--sd-id",
+        "x@1",
+        "--sd-param",
+        r#"k="v\"q\]""#,
+        "hello [world]",
+    ]);
+    let f = syslog::decode(&wire, syslog::Format::Auto).unwrap();
+    assert_eq!(
+        (f["facility"].clone(), f["severity"].clone()),
+        (json!(19), json!(4))
+    );
+    assert_eq!(f["appname"], "app");
+    assert_eq!(f["procid"], "42");
+    assert_eq!(
+        f["structured_data"]["x@1"]["k"],
+        "v\"q]",
+        "{}",
+        String::from_utf8_lossy(&wire)
+    );
+    assert_eq!(f["message"], "hello [world]");
+    assert!(f["timestamp"].as_str().unwrap().contains('T'));
+
+    let wire = send(&["--rfc3164", "-t", "app", "-p", "user.info", "hi there"]);
+    let f = syslog::decode(&wire, syslog::Format::Auto).unwrap();
+    assert_eq!(
+        (f["facility"].clone(), f["severity"].clone()),
+        (json!(1), json!(6))
+    );
+    assert_eq!(f["appname"], "app");
+    assert_eq!(
+        f["message"],
+        "hi there",
+        "{}",
+        String::from_utf8_lossy(&wire)
+    );
+    assert!(f.get("hostname").is_some());
+}
