@@ -92,6 +92,6 @@ struct Stdout;
 #[async_trait]
 impl Sink for Stdout {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        run_writer(std::io::stdout(), "standard output", |_| Ok(()), cx).await
+        run_writer(&mut std::io::stdout(), "standard output", |_| Ok(()), cx).await
     }
 }

@@ -30,7 +30,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 }
 
 pub async fn run_writer<W: Write + Send>(
-    mut writer: W,
+    writer: &mut W,
     what: &str,
     sync: impl Fn(&mut W) -> std::io::Result<()> + Send + Sync,
     cx: &mut SinkContext,
@@ -44,7 +44,7 @@ pub async fn run_writer<W: Write + Send>(
                 blocking(|| {
                     writer.write_all(buf)?;
                     writer.flush()?;
-                    sync(&mut writer)
+                    sync(writer)
                 })
                 .map_err(|e| StageError::io(format!("writing {what}"), e))?;
                 buf.clear();

@@ -4,6 +4,7 @@
 
 mod api;
 mod cli;
+mod compress;
 mod js;
 mod reload;
 mod runtime;
