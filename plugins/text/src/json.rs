@@ -1,4 +1,5 @@
-//! `parser: json` (a raw line holding a JSON object becomes fields) and
+//! `parser: json` (a raw line holding a JSON object becomes fields; a JSON
+//! array becomes one event per element) and
 //! `formatter: json` (fields become one compact JSON line).
 
 use logbus_plugin_api::{
@@ -49,6 +50,28 @@ impl Processor for ParseJson {
                 "the json parser needs a raw event; this one is already parsed",
             ));
         };
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            // A JSON array: one event per element.
+            let items = sonic_rs::from_slice::<Vec<Value>>(bytes).map_err(|e| describe(&e))?;
+            let mut events = Vec::with_capacity(items.len());
+            for (i, item) in items.into_iter().enumerate() {
+                let fields = match (item, &self.0.wrap_field) {
+                    (Value::Object(map), _) => map,
+                    (other, Some(wrap)) => {
+                        let mut map = Fields::new();
+                        map.insert(wrap.clone(), other);
+                        map
+                    }
+                    (_, None) => {
+                        return Err(EventError::new(format!(
+                            "not a JSON object: item {i} of the array (use `wrap_field` to keep other values)"
+                        )));
+                    }
+                };
+                events.push(Event::fields(fields, event.meta().clone()));
+            }
+            return Ok(Verdict::Replace(events));
+        }
         let fields = match &self.0.wrap_field {
             None => sonic_rs::from_slice::<Fields>(bytes).map_err(|e| describe(&e))?,
             Some(wrap) => match sonic_rs::from_slice::<Value>(bytes).map_err(|e| describe(&e))? {
@@ -189,7 +212,9 @@ mod tests {
         assert!(err.0.starts_with("invalid JSON"), "{err}");
         assert!(err.0.contains("line 1 column"), "{err}");
         assert!(!err.0.contains('\n'), "one line: {err:?}");
-        let err = p.process(&mut raw("[1,2]")).unwrap_err();
+        let err = p.process(&mut raw("[{},2]")).unwrap_err();
+        assert!(err.0.starts_with("not a JSON object: item 1"), "{err}");
+        let err = p.process(&mut raw("7")).unwrap_err();
         assert!(err.0.starts_with("not a JSON object"), "{err}");
         let err = p.process(&mut raw(r#"{"a":"#)).unwrap_err();
         assert!(err.0.starts_with("truncated JSON"), "{err}");
@@ -208,6 +233,30 @@ mod tests {
         let mut e = raw("oops");
         p.process(&mut e).unwrap_err();
         assert_eq!(&e.as_raw().unwrap()[..], b"oops");
+    }
+
+    #[test]
+    fn an_array_of_objects_becomes_one_event_each() {
+        let mut p = ParseJson(JsonParserOptions { wrap_field: None });
+        match p.process(&mut raw(r#" [{"a":1},{"b":[2]}]"#)) {
+            Ok(Verdict::Replace(events)) => {
+                let got: Vec<Value> = events
+                    .iter()
+                    .map(|e| Value::Object(e.as_fields().unwrap().clone()))
+                    .collect();
+                assert_eq!(got, vec![json!({"a": 1}), json!({"b": [2]})]);
+                assert_eq!(&*events[0].meta().source, "src", "metadata is kept");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(p.process(&mut raw("[]")), Ok(Verdict::Replace(v)) if v.is_empty()));
+        let mut wrap = ParseJson(JsonParserOptions {
+            wrap_field: Some("v".into()),
+        });
+        match wrap.process(&mut raw("[1, {\"a\":2}]")) {
+            Ok(Verdict::Replace(events)) => assert_eq!(events.len(), 2),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
