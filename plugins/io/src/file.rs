@@ -30,6 +30,10 @@ pub struct FileSourceOptions {
     /// file's first bytes, else plain; or name the format.
     #[serde(default)]
     pub compression: ReadCompression,
+    /// How messages are delimited: `newline` (default), `octet-counting`
+    /// (RFC 6587: `LEN SP MSG`), `length-prefixed` (4-byte big-endian).
+    #[serde(default)]
+    pub framing: logbus_framing::Framing,
 }
 
 impl CheckOptions for FileSourceOptions {
@@ -55,6 +59,7 @@ impl TypedPlugin for FileSource {
             path: cx.resolve(&options.path),
             max_line_bytes: options.max_line_bytes,
             compression: options.compression,
+            framing: options.framing,
         })))
     }
 }
@@ -63,6 +68,7 @@ struct FileReader {
     path: PathBuf,
     max_line_bytes: usize,
     compression: ReadCompression,
+    framing: logbus_framing::Framing,
 }
 
 #[async_trait]
@@ -73,6 +79,7 @@ impl Source for FileReader {
             File::open(&self.path).map_err(|e| StageError::io(format!("opening {what}"), e))?;
         let opts = LineReaderOptions {
             max_line_bytes: self.max_line_bytes,
+            framing: self.framing,
         };
         let reader = logbus_compress::open(file, self.compression)
             .map_err(|e| StageError::io(format!("reading {what}"), e))?;
@@ -100,6 +107,10 @@ pub struct FileSinkOptions {
     /// (so committed events can be read back even after a crash).
     #[serde(default)]
     pub compression: Compression,
+    /// How each event is delimited: `newline` (default), `octet-counting`
+    /// or `length-prefixed`.
+    #[serde(default)]
+    pub framing: logbus_framing::Framing,
 }
 
 fn yes() -> bool {
@@ -169,6 +180,7 @@ impl Sink for FileWriter {
         run_writer(
             &mut writer,
             &what,
+            self.options.framing,
             move |w: &mut CompressWriter<BufWriter<File>>| {
                 if sync {
                     w.get_ref().get_ref().sync_data()

@@ -1,8 +1,9 @@
-//! Frames a byte stream into line events on a dedicated thread, so blocking
+//! Frames a byte stream into events on a dedicated thread, so blocking
 //! reads (stdin, regular files) never stall the async workers.
 //!
-//! The thread reads a chunk, cuts it into lines that share the chunk's
-//! buffer (no per-line copy), and hands the batch to the async side through a
+//! The thread reads a chunk, cuts it into messages (lines by default;
+//! `logbus-framing` for octet counting and length prefixes) that share the
+//! chunk's buffer (no per-message copy), and hands the batch to the async side through a
 //! one-slot channel. When the pipeline is full the async side stops taking
 //! batches, the hand-off fills, and the thread stops reading: backpressure
 //! reaches the file descriptor.
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use logbus_framing::{Deframer, Framing};
 use logbus_plugin_api::{Event, Meta, SourceContext, StageError, now_ns};
 use tokio::sync::mpsc;
 
@@ -27,8 +28,10 @@ pub const READ_CHUNK: usize = 128 * 1024;
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
 pub struct LineReaderOptions {
-    /// Longer lines are cut into pieces of this size (and a warning is logged).
+    /// Longer lines are cut into pieces of this size (and a warning is
+    /// logged); with a counted framing, a longer message stops the source.
     pub max_line_bytes: usize,
+    pub framing: Framing,
 }
 
 enum Chunk {
@@ -49,9 +52,20 @@ pub async fn run_line_source<R: Read + Send + 'static>(
     let thread_stop = stop.clone();
     let max_line = opts.max_line_bytes.max(1);
     let thread_what = what.clone();
+    let framing = opts.framing;
     std::thread::Builder::new()
         .name(format!("logbus-read-{}", cx.id))
-        .spawn(move || read_lines(reader, &thread_what, max_line, source, &tx, &thread_stop))
+        .spawn(move || {
+            read_lines(
+                reader,
+                &thread_what,
+                framing,
+                max_line,
+                source,
+                &tx,
+                &thread_stop,
+            )
+        })
         .map_err(|e| StageError::io("cannot start reader thread", e))?;
 
     loop {
@@ -79,26 +93,32 @@ pub async fn run_line_source<R: Read + Send + 'static>(
 fn read_lines<R: Read>(
     mut reader: R,
     what: &str,
+    framing: Framing,
     max_line: usize,
     source: Arc<str>,
     tx: &mpsc::Sender<Chunk>,
     stop: &AtomicBool,
 ) {
     let mut scratch = vec![0u8; READ_CHUNK];
-    let mut pending = BytesMut::with_capacity(READ_CHUNK);
+    let mut deframer = Deframer::new(framing, max_line);
     let mut warned_long = false;
+    let mut messages = Vec::new();
+    let finish = |deframer: &mut Deframer, source: &Arc<str>| -> Option<Chunk> {
+        let meta = Meta {
+            source: source.clone(),
+            ingest_ns: now_ns(),
+        };
+        match deframer.finish() {
+            // Bytes already read belong to an event, even without their newline.
+            Ok(Some(last)) => Some(Chunk::Lines(vec![Event::raw(last, meta)])),
+            Ok(None) => None,
+            Err(e) => Some(Chunk::Failed(std::io::Error::other(e))),
+        }
+    };
     loop {
         if stop.load(Ordering::Acquire) {
-            // Bytes already read belong to an event, even without their newline.
-            if !pending.is_empty() {
-                let meta = Meta {
-                    source: source.clone(),
-                    ingest_ns: now_ns(),
-                };
-                let _ = tx.blocking_send(Chunk::Lines(vec![Event::raw(
-                    pending.split().freeze(),
-                    meta,
-                )]));
+            if let Some(chunk) = finish(&mut deframer, &source) {
+                let _ = tx.blocking_send(chunk);
             }
             return;
         }
@@ -110,41 +130,39 @@ fn read_lines<R: Read>(
                 return;
             }
         };
+        if n == 0 {
+            if let Some(chunk) = finish(&mut deframer, &source) {
+                let _ = tx.blocking_send(chunk);
+            }
+            return;
+        }
         let meta = Meta {
             source: source.clone(),
             ingest_ns: now_ns(),
         };
-        let mut events = Vec::new();
-        if n == 0 {
-            if !pending.is_empty() {
-                // A last line without a newline is still a line.
-                events.push(Event::raw(pending.split().freeze(), meta));
-                let _ = tx.blocking_send(Chunk::Lines(events));
-            }
+        let cut_before = deframer.cut;
+        if let Err(e) = deframer.push(&scratch[..n], &mut messages) {
+            // Send what was complete, then stop: past a framing error the
+            // stream cannot be trusted to be in step.
+            let events = messages
+                .drain(..)
+                .map(|m| Event::raw(m, meta.clone()))
+                .collect();
+            let _ = tx.blocking_send(Chunk::Lines(events));
+            let _ = tx.blocking_send(Chunk::Failed(std::io::Error::other(e)));
             return;
         }
-        pending.extend_from_slice(&scratch[..n]);
-        if let Some(last) = memchr::memrchr(b'\n', &pending) {
-            let complete = pending.split_to(last + 1).freeze();
-            let mut start = 0;
-            for nl in memchr::memchr_iter(b'\n', &complete) {
-                let mut line = complete.slice(start..nl);
-                start = nl + 1;
-                while line.len() > max_line {
-                    warn_long(&mut warned_long, what, max_line);
-                    events.push(Event::raw(line.split_to(max_line), meta.clone()));
-                }
-                events.push(Event::raw(line, meta.clone()));
-            }
-        }
-        while pending.len() > max_line {
+        if deframer.cut > cut_before {
             warn_long(&mut warned_long, what, max_line);
-            events.push(Event::raw(
-                pending.split_to(max_line).freeze(),
-                meta.clone(),
-            ));
         }
-        if !events.is_empty() && tx.blocking_send(Chunk::Lines(events)).is_err() {
+        if messages.is_empty() {
+            continue;
+        }
+        let events: Vec<Event> = messages
+            .drain(..)
+            .map(|m| Event::raw(m, meta.clone()))
+            .collect();
+        if tx.blocking_send(Chunk::Lines(events)).is_err() {
             return;
         }
     }

@@ -17,6 +17,10 @@ pub struct StdinOptions {
     #[serde(default = "default_max_line")]
     #[schemars(range(min = 1))]
     pub max_line_bytes: usize,
+    /// How messages are delimited: `newline` (default), `octet-counting`
+    /// (RFC 6587: `LEN SP MSG`), `length-prefixed` (4-byte big-endian).
+    #[serde(default)]
+    pub framing: logbus_framing::Framing,
 }
 
 pub(crate) fn default_max_line() -> usize {
@@ -62,6 +66,7 @@ impl Source for Stdin {
     async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
         let opts = LineReaderOptions {
             max_line_bytes: self.options.max_line_bytes,
+            framing: self.options.framing,
         };
         run_line_source(std::io::stdin(), "standard input".into(), opts, cx).await
     }
@@ -70,7 +75,12 @@ impl Source for Stdin {
 /// Options of `sink: stdout`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct StdoutOptions {}
+pub struct StdoutOptions {
+    /// How each event is delimited: `newline` (default), `octet-counting`
+    /// or `length-prefixed`.
+    #[serde(default)]
+    pub framing: logbus_framing::Framing,
+}
 
 impl CheckOptions for StdoutOptions {}
 
@@ -82,16 +92,27 @@ impl TypedPlugin for StdoutSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Writes each event as a line to standard output: raw events as they are, parsed events as JSON.";
 
-    fn build(&self, _options: StdoutOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Sink(Box::new(Stdout)))
+    fn build(&self, options: StdoutOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Sink(Box::new(Stdout {
+            framing: options.framing,
+        })))
     }
 }
 
-struct Stdout;
+struct Stdout {
+    framing: logbus_framing::Framing,
+}
 
 #[async_trait]
 impl Sink for Stdout {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        run_writer(&mut std::io::stdout(), "standard output", |_| Ok(()), cx).await
+        run_writer(
+            &mut std::io::stdout(),
+            "standard output",
+            self.framing,
+            |_| Ok(()),
+            cx,
+        )
+        .await
     }
 }

@@ -4,20 +4,26 @@
 
 use std::io::Write;
 
+use logbus_framing::Framing;
 use logbus_plugin_api::{Event, InputBatch, Payload, SinkContext, StageError};
 
 /// Buffer size at which a write is issued even if more input is ready.
 pub const FLUSH_BYTES: usize = 256 * 1024;
 
-/// Writes one event as a line: raw bytes as they are, structured fields as JSON.
-pub fn encode_line(event: &Event, buf: &mut Vec<u8>) {
-    match event.payload() {
-        Payload::Raw(bytes) => buf.extend_from_slice(bytes),
-        Payload::Fields(fields) => {
-            serde_json::to_writer(&mut *buf, fields).expect("writing JSON to a Vec cannot fail")
+/// Writes one event as a framed message (a line by default): raw bytes as
+/// they are, structured fields as JSON.
+pub fn encode_message(event: &Event, framing: Framing, buf: &mut Vec<u8>) {
+    match (event.payload(), framing) {
+        (Payload::Raw(bytes), _) => logbus_framing::encode(framing, bytes, buf),
+        (Payload::Fields(fields), Framing::Newline) => {
+            serde_json::to_writer(&mut *buf, fields).expect("writing JSON to a Vec cannot fail");
+            buf.push(b'\n');
+        }
+        (Payload::Fields(fields), _) => {
+            let json = serde_json::to_vec(fields).expect("writing JSON to a Vec cannot fail");
+            logbus_framing::encode(framing, &json, buf);
         }
     }
-    buf.push(b'\n');
 }
 
 /// Runs the blocking write on the current worker without stalling the
@@ -32,6 +38,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 pub async fn run_writer<W: Write + Send>(
     writer: &mut W,
     what: &str,
+    framing: Framing,
     sync: impl Fn(&mut W) -> std::io::Result<()> + Send + Sync,
     cx: &mut SinkContext,
 ) -> Result<(), StageError> {
@@ -65,7 +72,7 @@ pub async fn run_writer<W: Write + Send>(
         let Some(batch) = next else { break };
         cx.metrics.add_in(batch.len() as u64);
         for event in batch.events() {
-            encode_line(event, &mut buf);
+            encode_message(event, framing, &mut buf);
         }
         pending += batch.len();
         held.push(batch);
