@@ -145,10 +145,12 @@ impl Deframer {
                 .iter()
                 .take_while(|b| b.is_ascii_digit())
                 .count();
+            // Checked first, so the error does not depend on how the
+            // stream was split into reads (found by fuzzing).
+            if digits > 10 {
+                return Err(self.error(0, "a message length of more than 10 digits"));
+            }
             if digits == self.pending.len() {
-                if digits > 10 {
-                    return Err(self.error(0, "a message length of more than 10 digits"));
-                }
                 return Ok(()); // need more
             }
             if digits == 0 {

@@ -119,3 +119,14 @@ fn rfc6587_octet_counted_syslog() {
         ]
     );
 }
+
+/// Found by fuzzing: an over-long length gave a different error (and
+/// offset) depending on where the stream was split into reads.
+#[test]
+fn an_overlong_length_fails_the_same_whatever_the_reads() {
+    let stream = b"12345678901234567890x hello";
+    let whole = deframe(Framing::OctetCounting, stream, &[], 100).unwrap_err();
+    let split = deframe(Framing::OctetCounting, stream, &[12], 100).unwrap_err();
+    assert_eq!(whole, split);
+    assert!(whole.contains("more than 10 digits"), "{whole}");
+}

@@ -54,7 +54,9 @@ pub fn decode(input: &[u8], syntax: &Syntax) -> Result<Fields, DecodeError> {
     let bytes = text.as_bytes();
     let mut fields = Fields::new();
     let mut i = 0;
-    let is_sep = |b: u8| b == syntax.separator || (syntax.separator == b' ' && b == b'\t');
+    // With the default space separator, any ASCII whitespace separates.
+    let is_sep =
+        |b: u8| b == syntax.separator || (syntax.separator == b' ' && b.is_ascii_whitespace());
     loop {
         while i < bytes.len() && is_sep(bytes[i]) {
             i += 1;
@@ -66,6 +68,9 @@ pub fn decode(input: &[u8], syntax: &Syntax) -> Result<Fields, DecodeError> {
         while i < bytes.len() && bytes[i] != syntax.delimiter && !is_sep(bytes[i]) {
             if bytes[i] == b'"' {
                 return Err(DecodeError::at(i, "a quote inside a key"));
+            }
+            if bytes[i].is_ascii_control() {
+                return Err(DecodeError::at(i, "a control character inside a key"));
             }
             i += 1;
         }
@@ -269,7 +274,7 @@ mod plugins {
     #[serde(deny_unknown_fields)]
     pub struct KvOptions {
         /// Between pairs (one character; default a space, which also
-        /// accepts tabs when decoding).
+        /// accepts any whitespace when decoding).
         #[serde(default = "default_separator")]
         pub separator: String,
         /// Between a key and its value (one character).

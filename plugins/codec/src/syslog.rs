@@ -143,24 +143,23 @@ fn structured_data(c: &mut Cursor<'_>) -> Result<Map<String, Value>, DecodeError
     while c.peek() == Some(b'[') {
         c.at += 1;
         let start = c.at;
-        while c
-            .peek()
-            .is_some_and(|b| b != b' ' && b != b']' && b != b'=' && b != b'"')
-        {
+        while c.peek().is_some_and(sd_name_byte) {
             c.at += 1;
         }
         if c.at == start {
             return Err(DecodeError::at(start, "an SD-ELEMENT without an id"));
+        }
+        match c.peek() {
+            Some(b' ' | b']') => {}
+            None => return Err(DecodeError::at(c.at, "expected `]` closing the SD-ELEMENT")),
+            Some(_) => return Err(DecodeError::at(c.at, "a character not allowed in an SD-ID")),
         }
         let id = c.text[start..c.at].to_string();
         let mut params = Map::new();
         while c.peek() == Some(b' ') {
             c.at += 1;
             let name_start = c.at;
-            while c
-                .peek()
-                .is_some_and(|b| b != b'=' && b != b' ' && b != b']' && b != b'"')
-            {
+            while c.peek().is_some_and(sd_name_byte) {
                 c.at += 1;
             }
             if c.at == name_start {
@@ -217,7 +216,7 @@ fn decode_3164(c: &mut Cursor<'_>, fields: &mut Fields) {
     // "Mmm dd hh:mm:ss " (day space-padded).
     if rest.len() >= 16
         && rest.is_char_boundary(15)
-        && MONTHS.contains(&&rest[..3])
+        && rest.get(..3).is_some_and(|m| MONTHS.contains(&m))
         && rest.as_bytes()[15] == b' '
         && rest.as_bytes()[9] == b':'
         && rest.as_bytes()[12] == b':'
@@ -305,11 +304,11 @@ pub fn encode(fields: &Fields, now: Option<&str>, out: &mut Vec<u8>) {
         Some(sd) if !sd.is_empty() => {
             for (id, params) in sd {
                 out.push(b'[');
-                out.extend(id.bytes().filter(|b| sd_name_byte(*b)).take(32));
+                write_sd_name(id, out);
                 if let Some(params) = params.as_object() {
                     for (name, value) in params {
                         out.push(b' ');
-                        out.extend(name.bytes().filter(|b| sd_name_byte(*b)).take(32));
+                        write_sd_name(name, out);
                         out.extend_from_slice(b"=\"");
                         let text = match value {
                             Value::String(s) => s.clone(),
@@ -340,6 +339,15 @@ pub fn encode(fields: &Fields, now: Option<&str>, out: &mut Vec<u8>) {
             out.push(b' ');
             out.extend_from_slice(other.to_string().as_bytes());
         }
+    }
+}
+
+/// An SD-NAME with what it may not hold left out (`_` if nothing is left).
+fn write_sd_name(name: &str, out: &mut Vec<u8>) {
+    let before = out.len();
+    out.extend(name.bytes().filter(|b| sd_name_byte(*b)).take(32));
+    if out.len() == before {
+        out.push(b'_');
     }
 }
 

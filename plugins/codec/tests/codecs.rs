@@ -392,3 +392,27 @@ fn messages_from_the_system_logger_decode() {
     );
     assert!(f.get("hostname").is_some());
 }
+
+/// Inputs the fuzzers found (fuzz/): each once panicked.
+#[test]
+fn fuzz_regressions() {
+    // A multi-byte character where an RFC 3164 month would be.
+    let input = b"<4>\xcb\xbf\xcb\xbf-<\xcb\xbf-<\xcb\xbf>\xcb\xbf-<5``2";
+    let _ = syslog::decode(input, syslog::Format::Auto);
+    // A newline is whitespace, not a key.
+    assert!(
+        kv::decode(b"\n", &kv::Syntax::default())
+            .unwrap()
+            .is_empty()
+    );
+    assert!(kv::decode(b"a\x01b=1", &kv::Syntax::default()).is_err());
+}
+
+#[test]
+fn a_control_character_in_an_sd_id_is_an_error() {
+    let e = syslog::decode(b"<0>1 555<\x0f - - - - [\x1d] x", syslog::Format::Rfc5424).unwrap_err();
+    assert!(
+        e.message.contains("SD-ELEMENT without an id") || e.message.contains("not allowed"),
+        "{e}"
+    );
+}
