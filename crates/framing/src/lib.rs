@@ -8,6 +8,7 @@
 //! - `octet-counting` (RFC 6587 §3.4.1): `LEN SP MSG`, `LEN` in ASCII
 //!   decimal without leading zeros. Syslog over TCP uses it.
 //! - `length-prefixed`: a 4-byte big-endian length, then the message.
+//! - `whole`: the stream is one message (a file as one event).
 //!
 //! A stream that breaks the framing (a bad length, a message over the
 //! limit, a stream ending inside a message) is an error naming the byte
@@ -33,6 +34,9 @@ pub enum Framing {
     Newline,
     OctetCounting,
     LengthPrefixed,
+    /// The whole stream is one message (a file read as one event, e.g. an
+    /// Avro container file); longer than the limit is an error.
+    Whole,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +88,11 @@ impl Deframer {
             Framing::Newline => self.newline(out),
             Framing::OctetCounting => self.octet_counting(out),
             Framing::LengthPrefixed => self.length_prefixed(out),
+            Framing::Whole if self.pending.len() > self.max_message => Err(self.error(
+                0,
+                format!("the stream is over the limit of {} bytes", self.max_message),
+            )),
+            Framing::Whole => Ok(()),
         }
     }
 
@@ -95,7 +104,7 @@ impl Deframer {
             return Ok(None);
         }
         match self.framing {
-            Framing::Newline => {
+            Framing::Newline | Framing::Whole => {
                 let n = self.pending.len();
                 self.consumed += n as u64;
                 Ok(Some(self.pending.split().freeze()))
@@ -224,5 +233,6 @@ pub fn encode(framing: Framing, message: &[u8], out: &mut Vec<u8>) {
             out.extend_from_slice(&(message.len() as u32).to_be_bytes());
             out.extend_from_slice(message);
         }
+        Framing::Whole => out.extend_from_slice(message),
     }
 }

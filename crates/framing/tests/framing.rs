@@ -130,3 +130,12 @@ fn an_overlong_length_fails_the_same_whatever_the_reads() {
     assert_eq!(whole, split);
     assert!(whole.contains("more than 10 digits"), "{whole}");
 }
+
+#[test]
+fn whole_framing_is_one_message_up_to_the_limit() {
+    let got = deframe(Framing::Whole, b"a\nb\x00c", &[2, 4], 100).unwrap();
+    assert_eq!(got, vec![b"a\nb\x00c".to_vec()]);
+    assert!(deframe(Framing::Whole, b"", &[], 100).unwrap().is_empty());
+    let e = deframe(Framing::Whole, &[7u8; 101], &[50], 100).unwrap_err();
+    assert!(e.contains("over the limit of 100"), "{e}");
+}

@@ -19,10 +19,12 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Parser, "syslog", "parser-syslog"),
     (StageKind::Parser, "csv", "parser-csv"),
     (StageKind::Parser, "regex", "parser-regex"),
+    (StageKind::Parser, "avro", "parser-avro"),
     (StageKind::Formatter, "json", "formatter-json"),
     (StageKind::Formatter, "kv", "formatter-kv"),
     (StageKind::Formatter, "syslog", "formatter-syslog"),
     (StageKind::Formatter, "csv", "formatter-csv"),
+    (StageKind::Formatter, "avro", "formatter-avro"),
     (StageKind::Sink, "stdout", "sink-stdout"),
     (StageKind::Sink, "file", "sink-file"),
     (StageKind::Sink, "blackhole", "sink-blackhole"),
@@ -37,6 +39,7 @@ pub fn registry() -> Registry {
     logbus_transform::register(&mut registry);
     logbus_js::register(&mut registry);
     logbus_codec::register(&mut registry);
+    logbus_avro::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

@@ -140,3 +140,49 @@ async fn framed_files_round_trip_and_a_broken_frame_stops_the_source() {
         "one\ntwo\n"
     );
 }
+
+/// An Avro container file written by fastavro, read whole by the file
+/// source and split into records by the avro parser, comes out as JSON
+/// lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_avro_file_from_fastavro_becomes_json_lines() {
+    let has = Command::new("python3")
+        .args(["-c", "import fastavro"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
+        "python3 with fastavro is required here"
+    );
+    if !has {
+        eprintln!("skipped: no fastavro");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let script = r#"
+import fastavro, sys
+schema = {"type": "record", "name": "R", "fields": [{"name": "seq", "type": "long"}, {"name": "msg", "type": "string"}]}
+with open(sys.argv[1], "wb") as f:
+    fastavro.writer(f, schema, [{"seq": i, "msg": "m%d" % i} for i in range(1000)], codec="deflate")
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script])
+        .arg(dir.path().join("in.avro"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    run(&format!(
+        "stages:
+  read: {{ source: file, path: {d}/in.avro, framing: whole, compression: none }}
+  avro: {{ parser: avro, inputs: [read] }}
+  out: {{ sink: file, inputs: [avro], path: {d}/out.ndjson, append: false }}
+"
+    ))
+    .await;
+    let out = std::fs::read_to_string(dir.path().join("out.ndjson")).unwrap();
+    let want: String = (0..1000)
+        .map(|i| format!("{{\"seq\":{i},\"msg\":\"m{i}\"}}\n"))
+        .collect();
+    assert_eq!(out, want);
+}

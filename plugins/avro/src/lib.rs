@@ -1,0 +1,29 @@
+//! Avro: `parser: avro` reads object container files (each a whole file in
+//! one raw event, e.g. `source: file` with `framing: whole`), single-object
+//! encoded data (the 10-byte `C3 01` + schema fingerprint header, as in
+//! Kafka topics) and bare datums; `formatter: avro` writes single-object
+//! encoding or bare datums. The schema comes from the config (a container
+//! file carries its own; a configured one then is the reader schema).
+//!
+//! Avro values map to JSON the plain way: records and maps are objects
+//! (record fields in schema order), unions are their value, enums their
+//! symbol, `bytes` and `fixed` arrays of byte values, dates and timestamps
+//! their numbers, decimals and UUIDs strings. Encoding resolves a JSON
+//! event against the schema (ints into longs, objects into records, a value
+//! into the first union branch that fits); what does not fit is an error
+//! naming the field.
+
+#[allow(unused_imports)]
+use logbus_plugin_api::{Registry, Typed};
+
+#[cfg(any(feature = "parser-avro", feature = "formatter-avro"))]
+pub mod codec;
+
+/// Adds every plugin of this crate that the enabled features include.
+pub fn register(registry: &mut Registry) {
+    #[cfg(feature = "parser-avro")]
+    registry.add(Typed(codec::AvroParser));
+    #[cfg(feature = "formatter-avro")]
+    registry.add(Typed(codec::AvroFormatter));
+    let _ = registry;
+}

@@ -1,0 +1,226 @@
+//! Avro round trips, malformed input, and interoperation with Python's
+//! fastavro (another implementation): files fastavro writes we read, and
+//! single-object data we write fastavro reads.
+#![cfg(all(feature = "parser-avro", feature = "formatter-avro"))]
+
+use std::process::Command;
+
+use apache_avro::Schema;
+use logbus_avro::codec::{Encoding, decode, encode};
+use logbus_plugin_api::Fields;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+const SCHEMA: &str = r#"{
+  "type": "record", "name": "Log", "namespace": "logbus.test",
+  "fields": [
+    {"name": "seq", "type": "long"},
+    {"name": "level", "type": {"type": "enum", "name": "Level", "symbols": ["debug", "info", "warn", "error"]}},
+    {"name": "msg", "type": "string"},
+    {"name": "latency", "type": "double"},
+    {"name": "ok", "type": "boolean"},
+    {"name": "user", "type": ["null", "string"], "default": null},
+    {"name": "tags", "type": {"type": "array", "items": "string"}},
+    {"name": "counts", "type": {"type": "map", "values": "long"}},
+    {"name": "host", "type": {"type": "record", "name": "Host", "fields": [
+      {"name": "name", "type": "string"}, {"name": "port", "type": "int"}]}}
+  ]
+}"#;
+
+fn schema() -> Schema {
+    Schema::parse_str(SCHEMA).unwrap()
+}
+
+prop_compose! {
+    fn record()(
+        seq in any::<i64>(),
+        level in prop::sample::select(vec!["debug", "info", "warn", "error"]),
+        msg in any::<String>(),
+        latency in any::<f64>().prop_filter("finite", |f| f.is_finite()),
+        ok in any::<bool>(),
+        user in prop::option::of(any::<String>()),
+        tags in prop::collection::vec(any::<String>(), 0..4),
+        counts in prop::collection::btree_map("[a-z]{1,6}", any::<i64>(), 0..4),
+        name in "[a-z.]{1,12}",
+        port in any::<i32>(),
+    ) -> Fields {
+        let v = json!({
+            "seq": seq, "level": level, "msg": msg, "latency": latency, "ok": ok,
+            "user": user, "tags": tags, "counts": counts,
+            "host": {"name": name, "port": port},
+        });
+        v.as_object().unwrap().clone()
+    }
+}
+
+proptest! {
+    #[test]
+    fn single_object_and_datum_round_trip(fields in record()) {
+        let s = schema();
+        for encoding in [Encoding::SingleObject, Encoding::Datum, Encoding::Container] {
+            let mut out = Vec::new();
+            let mut writer = None;
+            encode(&fields, &s, encoding, &mut writer, &mut out).map_err(|e| TestCaseError::fail(e.0))?;
+            let back = decode(&out, encoding, Some(&s)).map_err(|e| TestCaseError::fail(e.0))?;
+            prop_assert_eq!(back, vec![fields.clone()], "{:?}", encoding);
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        let s = schema();
+        for encoding in [Encoding::SingleObject, Encoding::Datum, Encoding::Container] {
+            let _ = decode(&bytes, encoding, Some(&s));
+        }
+        let mut prefixed = vec![0xc3, 0x01];
+        prefixed.extend(&bytes);
+        let _ = decode(&prefixed, Encoding::SingleObject, Some(&s));
+        let mut container = b"Obj\x01".to_vec();
+        container.extend(&bytes);
+        let _ = decode(&container, Encoding::Container, None);
+    }
+}
+
+#[test]
+fn errors_say_what_does_not_fit() {
+    let s = schema();
+    let mut out = Vec::new();
+    let bad = json!({"seq": "x"}).as_object().unwrap().clone();
+    let e = encode(&bad, &s, Encoding::SingleObject, &mut None, &mut out).unwrap_err();
+    assert!(e.0.contains("does not fit the schema"), "{}", e.0);
+    let e = decode(
+        b"\xc3\x01\x00\x00\x00\x00\x00\x00\x00\x00\x02",
+        Encoding::SingleObject,
+        Some(&s),
+    )
+    .unwrap_err();
+    assert!(!e.0.is_empty());
+    // A datum with bytes after it.
+    let ok = json!({"seq": 1, "level": "info", "msg": "m", "latency": 1.5, "ok": true, "user": null,
+                    "tags": [], "counts": {}, "host": {"name": "h", "port": 1}});
+    let mut datum = Vec::new();
+    encode(
+        ok.as_object().unwrap(),
+        &s,
+        Encoding::Datum,
+        &mut None,
+        &mut datum,
+    )
+    .unwrap();
+    datum.push(0);
+    let e = decode(&datum, Encoding::Datum, Some(&s)).unwrap_err();
+    assert!(e.0.contains("1 bytes left after the datum"), "{}", e.0);
+}
+
+fn python_with_fastavro() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import fastavro"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
+        "python3 with fastavro is required here"
+    );
+    ok
+}
+
+const RECORDS: &str = r#"[
+ {"seq": 1, "level": "info", "msg": "héllo", "latency": 1.25, "ok": true, "user": "u1",
+  "tags": ["a", "b"], "counts": {"x": 3}, "host": {"name": "n1", "port": 514}},
+ {"seq": -9007199254740993, "level": "error", "msg": "", "latency": -0.5, "ok": false, "user": null,
+  "tags": [], "counts": {}, "host": {"name": "n2", "port": -1}}
+]"#;
+
+/// fastavro writes container files (null and deflate codecs) and we read
+/// every record back.
+#[test]
+fn container_files_written_by_fastavro_read_back() {
+    if !python_with_fastavro() {
+        eprintln!("skipped: no python3 with fastavro");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for codec in ["null", "deflate"] {
+        let path = dir.path().join(format!("{codec}.avro"));
+        let script = format!(
+            "import fastavro, json, sys\nschema = fastavro.parse_schema(json.loads(sys.argv[1]))\nrecords = json.loads(sys.argv[2])\nwith open(sys.argv[3], 'wb') as f:\n    fastavro.writer(f, schema, records, codec='{codec}')\n"
+        );
+        let o = Command::new("python3")
+            .args(["-c", &script, SCHEMA, RECORDS])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let bytes = std::fs::read(&path).unwrap();
+        let got: Vec<Value> = decode(&bytes, Encoding::Container, None)
+            .unwrap_or_else(|e| panic!("{codec}: {}", e.0))
+            .into_iter()
+            .map(Value::Object)
+            .collect();
+        let want: Vec<Value> = serde_json::from_str(RECORDS).unwrap();
+        assert_eq!(got, want, "{codec}");
+    }
+}
+
+/// What we write in single-object encoding, fastavro reads: the header's
+/// fingerprint is the schema's CRC-64-AVRO fingerprint as fastavro computes
+/// it, and the datum after it decodes with fastavro's schemaless reader.
+#[test]
+fn single_object_data_we_write_reads_in_fastavro() {
+    if !python_with_fastavro() {
+        eprintln!("skipped: no python3 with fastavro");
+        return;
+    }
+    let s = schema();
+    let records: Vec<Value> = serde_json::from_str(RECORDS).unwrap();
+    let mut writer = None;
+    let mut hex = Vec::new();
+    for r in &records {
+        let mut out = Vec::new();
+        encode(
+            r.as_object().unwrap(),
+            &s,
+            Encoding::SingleObject,
+            &mut writer,
+            &mut out,
+        )
+        .unwrap();
+        hex.push(out.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    }
+    let script = r#"
+import fastavro, io, json, sys
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+schema = fastavro.parse_schema(json.loads(sys.argv[1]))
+fp = fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO")
+out = []
+for h in sys.argv[2].split(","):
+    data = bytes.fromhex(h)
+    assert data[:2] == b"\xc3\x01", data[:2]
+    assert data[2:10] == bytes.fromhex(fp), (data[2:10].hex(), fp)
+    out.append(fastavro.schemaless_reader(io.BytesIO(data[10:]), schema))
+print(json.dumps(out))
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script, SCHEMA, &hex.join(",")])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(got, records);
+}
+
+/// Found by fuzzing: a datum declaring an array block of ~2^31 items made
+/// apache-avro reserve tens of GiB and abort. Now an error.
+#[test]
+fn a_forged_block_count_is_an_error_not_an_abort() {
+    let s = Schema::parse_str(
+        r#"{"type": "record", "name": "R", "fields": [
+      {"name": "a", "type": "long"}, {"name": "b", "type": ["null", "string"]},
+      {"name": "c", "type": {"type": "array", "items": "double"}},
+      {"name": "d", "type": {"type": "map", "values": "boolean"}}]}"#,
+    )
+    .unwrap();
+    let input = [0u8, 0, 0, 254, 255, 255, 255, 2, 10, 5, 0];
+    assert!(decode(&input[1..], Encoding::Datum, Some(&s)).is_err());
+    assert!(decode(&input, Encoding::Datum, Some(&s)).is_err());
+}
