@@ -11,6 +11,7 @@ pub mod csv_codec;
 pub mod kv;
 pub mod regex_parser;
 pub mod syslog;
+pub mod yaml;
 
 /// Adds every plugin of this crate that the enabled features include.
 pub fn register(registry: &mut Registry) {
@@ -28,6 +29,10 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(csv_codec::CsvFormatter));
     #[cfg(feature = "parser-regex")]
     registry.add(Typed(regex_parser::RegexParser));
+    #[cfg(feature = "parser-yaml")]
+    registry.add(Typed(yaml::YamlParser));
+    #[cfg(feature = "formatter-yaml")]
+    registry.add(Typed(yaml::YamlFormatter));
     let _ = registry;
 }
 

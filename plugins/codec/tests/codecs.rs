@@ -416,3 +416,64 @@ fn a_control_character_in_an_sd_id_is_an_error() {
         "{e}"
     );
 }
+
+// ---------- yaml ----------
+
+mod yaml_tests {
+    use super::*;
+    use logbus_codec::yaml;
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            any::<String>().prop_map(Value::String),
+            prop::sample::select(vec![
+                "true", "null", "~", "12", "1.5", "-", "---", "a: b", "#x", "", " lead", "yes"
+            ])
+            .prop_map(|s| Value::String(s.into())),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(any::<String>(), inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn yaml_round_trips(map in prop::collection::btree_map(any::<String>(), json_value(), 0..5)) {
+            let fields: Fields = map.into_iter().collect();
+            let mut out = Vec::new();
+            yaml::encode(&fields, &mut out);
+            let docs = yaml::decode(&out).map_err(|e| TestCaseError::fail(format!("{e} in {}", String::from_utf8_lossy(&out))))?;
+            prop_assert_eq!(docs, vec![Value::Object(fields)], "{}", String::from_utf8_lossy(&out));
+        }
+
+        #[test]
+        fn yaml_garbage_never_panics(input in prop::collection::vec(any::<u8>(), 0..80)) {
+            if let Err(e) = yaml::decode(&input) {
+                prop_assert!(e.offset <= input.len());
+            }
+        }
+    }
+
+    #[test]
+    fn yaml_streams_and_errors() {
+        let docs = yaml::decode(b"a: 1\nb: [x, 'y']\n---\nc: ~\n...\n").unwrap();
+        assert_eq!(
+            docs,
+            vec![json!({"a": 1, "b": ["x", "y"]}), json!({"c": null})]
+        );
+        let e = yaml::decode(b"a: [1, 2\nb: 3\n").unwrap_err();
+        assert!(e.message.contains("invalid YAML at line"), "{e}");
+        let e = yaml::decode(b"a: \xff").unwrap_err();
+        assert_eq!(e.offset, 3);
+    }
+}

@@ -1,0 +1,198 @@
+//! YAML documents: `parser: yaml` turns each document of a raw event (one,
+//! or a `---`-separated stream) into an event; `formatter: yaml` writes an
+//! event as one document (starting with `---`, so concatenated output is a
+//! valid stream).
+//!
+//! Scalars are typed by the YAML 1.2 core schema (`true`, `12`, `1.5`,
+//! `null`, `~`; quoted scalars are strings), which is what yaml-rust2
+//! implements. A document must be a mapping (`wrap_field` wraps anything
+//! else); mapping keys that are not strings are written as their YAML text.
+
+use logbus_plugin_api::Fields;
+use serde_json::{Map, Number, Value};
+use yaml_rust2::yaml::Hash;
+use yaml_rust2::{Yaml, YamlEmitter, YamlLoader};
+
+use crate::DecodeError;
+
+/// Every document in `input`.
+pub fn decode(input: &[u8]) -> Result<Vec<Value>, DecodeError> {
+    let text = std::str::from_utf8(input)
+        .map_err(|e| DecodeError::at(e.valid_up_to(), "invalid UTF-8"))?;
+    let docs = YamlLoader::load_from_str(text).map_err(|e| {
+        let m = e.marker();
+        DecodeError::at(
+            m.index(),
+            format!(
+                "invalid YAML at line {}, column {}: {}",
+                m.line(),
+                m.col() + 1,
+                e.info()
+            ),
+        )
+    })?;
+    docs.iter().map(to_json).collect()
+}
+
+fn to_json(y: &Yaml) -> Result<Value, DecodeError> {
+    Ok(match y {
+        Yaml::Null => Value::Null,
+        Yaml::Boolean(b) => Value::Bool(*b),
+        Yaml::Integer(i) => Value::from(*i),
+        Yaml::Real(text) => {
+            let f: f64 = text
+                .parse()
+                .or_else(|_| match text.to_ascii_lowercase().as_str() {
+                    ".inf" | "+.inf" => Ok(f64::INFINITY),
+                    "-.inf" => Ok(f64::NEG_INFINITY),
+                    _ => Err(()),
+                })
+                .unwrap_or(f64::NAN);
+            Number::from_f64(f).map_or(Value::Null, Value::Number)
+        }
+        Yaml::String(s) => Value::String(s.clone()),
+        Yaml::Array(items) => Value::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
+        Yaml::Hash(hash) => {
+            let mut map = Map::new();
+            for (k, v) in hash {
+                let key = match k {
+                    Yaml::String(s) => s.clone(),
+                    other => scalar_text(other),
+                };
+                map.insert(key, to_json(v)?);
+            }
+            Value::Object(map)
+        }
+        Yaml::Alias(_) => return Err(DecodeError::at(0, "an unresolved alias")),
+        Yaml::BadValue => return Err(DecodeError::at(0, "a value YAML could not read")),
+    })
+}
+
+fn scalar_text(y: &Yaml) -> String {
+    match y {
+        Yaml::Integer(i) => i.to_string(),
+        Yaml::Real(r) => r.clone(),
+        Yaml::Boolean(b) => b.to_string(),
+        Yaml::Null => "null".into(),
+        other => {
+            let mut out = String::new();
+            let _ = YamlEmitter::new(&mut out).dump(other);
+            out.trim_start_matches("---").trim().to_string()
+        }
+    }
+}
+
+fn to_yaml(v: &Value) -> Yaml {
+    match v {
+        Value::Null => Yaml::Null,
+        Value::Bool(b) => Yaml::Boolean(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Yaml::Integer(i),
+            // u64 beyond i64 and floats: written as reals; `{:?}` keeps a
+            // fraction or exponent so they read back as floats.
+            None => Yaml::Real(format!("{:?}", n.as_f64().unwrap_or(f64::NAN))),
+        },
+        Value::String(s) => Yaml::String(s.clone()),
+        Value::Array(items) => Yaml::Array(items.iter().map(to_yaml).collect()),
+        Value::Object(map) => {
+            let mut hash = Hash::new();
+            for (k, v) in map {
+                hash.insert(Yaml::String(k.clone()), to_yaml(v));
+            }
+            Yaml::Hash(hash)
+        }
+    }
+}
+
+/// One document, starting with `---` and ending with a newline.
+pub fn encode(fields: &Fields, out: &mut Vec<u8>) {
+    let mut text = String::new();
+    YamlEmitter::new(&mut text)
+        .dump(&to_yaml(&Value::Object(fields.clone())))
+        .expect("emitting to a String cannot fail");
+    out.extend_from_slice(text.as_bytes());
+    out.push(b'\n');
+}
+
+#[cfg(any(feature = "parser-yaml", feature = "formatter-yaml"))]
+mod plugins {
+    use logbus_plugin_api::{
+        BuildContext, Built, CheckOptions, Event, EventError, Fields, NoOptions, OptionError,
+        Payload, StageKind, TypedPlugin, Verdict,
+    };
+    use serde::Deserialize;
+    use serde_json::Value;
+
+    /// Options of `parser: yaml`.
+    #[derive(Debug, Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct YamlParserOptions {
+        /// Wrap a document that is not a mapping as `{"<wrap_field>": value}`
+        /// instead of treating it as an error.
+        #[serde(default)]
+        pub wrap_field: Option<String>,
+    }
+
+    impl CheckOptions for YamlParserOptions {}
+
+    pub struct YamlParser;
+
+    impl TypedPlugin for YamlParser {
+        type Options = YamlParserOptions;
+        const NAME: &'static str = "yaml";
+        const KIND: StageKind = StageKind::Parser;
+        const DESCRIPTION: &'static str = "Parses YAML: each document of the event (one, or a ---separated stream) becomes an event.";
+        fn build(&self, o: YamlParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+            Ok(Built::Processor(Box::new(
+                move |e: &mut Event| -> Result<Verdict, EventError> {
+                    let docs = super::decode(crate::raw_input(e, "yaml")?)
+                        .map_err(|err| EventError::new(format!("not YAML: {err}")))?;
+                    let mut events = Vec::with_capacity(docs.len());
+                    for (i, doc) in docs.into_iter().enumerate() {
+                        let fields: Fields = match (doc, &o.wrap_field) {
+                            (Value::Object(map), _) => map,
+                            (other, Some(wrap)) => {
+                                let mut map = Fields::new();
+                                map.insert(wrap.clone(), other);
+                                map
+                            }
+                            (_, None) => {
+                                return Err(EventError::new(format!(
+                                    "not a YAML mapping: document {i} (use `wrap_field` to keep other values)"
+                                )));
+                            }
+                        };
+                        events.push(Event::fields(fields, e.meta().clone()));
+                    }
+                    if events.len() == 1 {
+                        *e = events.pop().expect("one");
+                        return Ok(Verdict::Keep);
+                    }
+                    Ok(Verdict::Replace(events))
+                },
+            )))
+        }
+    }
+
+    pub struct YamlFormatter;
+
+    impl TypedPlugin for YamlFormatter {
+        type Options = NoOptions;
+        const NAME: &'static str = "yaml";
+        const KIND: StageKind = StageKind::Formatter;
+        const DESCRIPTION: &'static str = "Writes each event as one YAML document (starting with ---, so the output is a YAML stream).";
+        fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+            Ok(Built::Processor(Box::new(
+                |e: &mut Event| -> Result<Verdict, EventError> {
+                    let mut out = Vec::with_capacity(256);
+                    super::encode(crate::fields_input(e, "yaml")?, &mut out);
+                    *e.payload_mut() = Payload::Raw(out.into());
+                    Ok(Verdict::Keep)
+                },
+            )))
+        }
+    }
+}
+
+#[cfg(any(feature = "parser-yaml", feature = "formatter-yaml"))]
+pub use plugins::{YamlFormatter, YamlParser, YamlParserOptions};
