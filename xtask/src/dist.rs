@@ -53,6 +53,7 @@ const MINIMAL: &[&str] = &[
     "parser-lines",
     "parser-json",
     "formatter-json",
+    "transform-js",
     "sink-stdout",
     "sink-file",
 ];

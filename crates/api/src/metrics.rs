@@ -293,7 +293,7 @@ impl Collector for Snapshot {
         }
         let mut family = encoder.encode_descriptor(
             "logbus_sink_latency_seconds",
-            "From the source reading an event to the sink taking its batch (power-of-two buckets).",
+            "From the source reading an event to the sink releasing its batch after committing it (power-of-two buckets).",
             None,
             MetricType::Histogram,
         )?;

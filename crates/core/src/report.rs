@@ -35,7 +35,8 @@ pub struct ChannelReport {
     pub batch_sizes: HistogramSnapshot,
     /// Time the consumer(s) waited for input, seconds.
     pub wait_seconds: f64,
-    /// Microseconds from ingest to the sink taking the batch (sink inputs only).
+    /// Microseconds from ingest to the sink committing and releasing the
+    /// batch (sink inputs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ingest_latency_us: Option<HistogramSnapshot>,
     /// Frontend/backend routing, helping and per-frontend counters of a

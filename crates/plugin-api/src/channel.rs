@@ -30,7 +30,8 @@ pub struct ChannelStats {
     /// Events per dequeue.
     pub(crate) batch_sizes: Log2Histogram,
     /// Microseconds from the source reading a batch's first event to the
-    /// consumer taking the batch (recorded only where enabled: sink inputs).
+    /// consumer releasing the batch after committing it (recorded only
+    /// where enabled: sink inputs).
     pub(crate) ingest_latency_us: Option<Log2Histogram>,
     /// Nanoseconds consumers spent in finished waits in `recv`.
     wait_ns: AtomicU64,
@@ -857,13 +858,16 @@ impl Receiver {
             .received
             .fetch_add(events.len() as u64, Ordering::Relaxed);
         stats.batch_sizes.record(events.len() as u64);
-        if let (Some(h), Some(first)) = (&stats.ingest_latency_us, events.first()) {
-            h.record(crate::event::now_ns().saturating_sub(first.meta().ingest_ns) / 1000);
-        }
+        let ingest_ns = stats
+            .ingest_latency_us
+            .as_ref()
+            .and(events.first())
+            .map(|e| e.meta().ingest_ns);
         InputBatch {
             count: events.len(),
             events,
             origin,
+            ingest_ns,
             shared: self.shared.clone(),
         }
     }
@@ -880,13 +884,16 @@ impl Receiver {
             .taken
             .fetch_add(events.len() as u64, Ordering::Relaxed);
         counters.batch_sizes.record(events.len() as u64);
-        if let (Some(h), Some(first)) = (&counters.ingest_latency_us, events.first()) {
-            h.record(crate::event::now_ns().saturating_sub(first.meta().ingest_ns) / 1000);
-        }
+        let ingest_ns = counters
+            .ingest_latency_us
+            .as_ref()
+            .and(events.first())
+            .map(|e| e.meta().ingest_ns);
         InputBatch {
             count: events.len(),
             events,
             origin: Origin::Frontend(slot),
+            ingest_ns,
             shared: self.shared.clone(),
         }
     }
@@ -950,6 +957,10 @@ pub struct InputBatch {
     events: Vec<Event>,
     count: usize,
     origin: Origin,
+    /// Where latency is recorded (sink inputs): the ingest time of the
+    /// batch's first event, measured against the moment the batch is
+    /// released, i.e. after the sink committed it.
+    ingest_ns: Option<u64>,
     shared: Arc<Shared>,
 }
 
@@ -980,6 +991,18 @@ impl InputBatch {
 impl Drop for InputBatch {
     fn drop(&mut self) {
         let n = self.count;
+        if let Some(ingest) = self.ingest_ns {
+            let micros = crate::event::now_ns().saturating_sub(ingest) / 1000;
+            let histogram = match (self.origin, self.shared.local()) {
+                (Origin::Frontend(slot), Some(local)) => {
+                    local.frontends[slot].cons.0.ingest_latency_us.as_ref()
+                }
+                _ => self.shared.stats.ingest_latency_us.as_ref(),
+            };
+            if let Some(h) = histogram {
+                h.record(micros);
+            }
+        }
         match self.origin {
             Origin::Backend => self.shared.permits.add_permits(n),
             Origin::Borrowed(slot) => {
@@ -1133,6 +1156,31 @@ mod tests {
         assert!(
             tx.send(events(1)).await.is_err(),
             "closed after the last receiver"
+        );
+    }
+
+    #[tokio::test]
+    async fn sink_latency_is_recorded_when_the_batch_is_released() {
+        let (tx, mut rx) = channel_with_latency(8, 8);
+        let old = crate::event::now_ns().saturating_sub(5_000_000);
+        let event = Event::raw(
+            "x",
+            Meta {
+                source: "t".into(),
+                ingest_ns: old,
+            },
+        );
+        tx.send(vec![event]).await.unwrap();
+        let batch = rx.recv().await.unwrap();
+        let stats = rx.handle();
+        let count = |h: &ChannelHandle| h.stats().ingest_latency_snapshot().unwrap().count;
+        assert_eq!(count(&stats), 0, "taking the batch is not committing it");
+        drop(batch);
+        let snap = stats.stats().ingest_latency_snapshot().unwrap();
+        assert_eq!(snap.count, 1);
+        assert!(
+            snap.sum >= 5_000,
+            "at least the 5 ms the event waited: {snap:?}"
         );
     }
 
