@@ -36,7 +36,10 @@ proptest! {
             if format != Compression::None {
                 prop_assert_eq!(Compression::detect(&packed), Some(format));
             }
-            prop_assert_eq!(decompress(&packed, ReadCompression::Auto).unwrap(), data.clone(), "{:?}", format);
+            // Plain data that happens to start with a format's magic bytes
+            // is, by design, taken for that format by `auto`.
+            let choice = if format == Compression::None { ReadCompression::None } else { ReadCompression::Auto };
+            prop_assert_eq!(decompress(&packed, choice).unwrap(), data.clone(), "{:?}", format);
         }
     }
 

@@ -30,6 +30,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "stdout", "sink-stdout"),
     (StageKind::Sink, "file", "sink-file"),
     (StageKind::Sink, "blackhole", "sink-blackhole"),
+    (StageKind::Sink, "avro", "sink-avro"),
 ];
 
 /// The registry of this build: compiled-in plugins, plus the rest of the

@@ -191,7 +191,7 @@ fn container() -> Encoding {
     Encoding::Container
 }
 
-fn parse_schema(schema: &Json) -> Result<Schema, OptionError> {
+pub(crate) fn parse_schema(schema: &Json) -> Result<Schema, OptionError> {
     let text = match schema {
         Json::String(s) => s.clone(),
         other => other.to_string(),

@@ -1,4 +1,5 @@
-//! Avro: `parser: avro` reads object container files (each a whole file in
+//! Avro: `sink: avro` writes object container files (a block per write);
+//! `parser: avro` reads object container files (each a whole file in
 //! one raw event, e.g. `source: file` with `framing: whole`), single-object
 //! encoded data (the 10-byte `C3 01` + schema fingerprint header, as in
 //! Kafka topics) and bare datums; `formatter: avro` writes single-object
@@ -16,8 +17,14 @@
 #[allow(unused_imports)]
 use logbus_plugin_api::{Registry, Typed};
 
-#[cfg(any(feature = "parser-avro", feature = "formatter-avro"))]
+#[cfg(any(
+    feature = "parser-avro",
+    feature = "formatter-avro",
+    feature = "sink-avro"
+))]
 pub mod codec;
+#[cfg(feature = "sink-avro")]
+pub mod sink;
 
 /// Adds every plugin of this crate that the enabled features include.
 pub fn register(registry: &mut Registry) {
@@ -25,5 +32,7 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(codec::AvroParser));
     #[cfg(feature = "formatter-avro")]
     registry.add(Typed(codec::AvroFormatter));
+    #[cfg(feature = "sink-avro")]
+    registry.add(Typed(sink::AvroSink));
     let _ = registry;
 }

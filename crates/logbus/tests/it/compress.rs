@@ -186,3 +186,80 @@ with open(sys.argv[1], "wb") as f:
         .collect();
     assert_eq!(out, want);
 }
+
+/// `sink: avro` writes a container file that fastavro reads; a second run
+/// appends to it; a file with another schema is refused; events that do
+/// not fit the schema are counted as errored, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_container_files_we_write_read_in_fastavro() {
+    let has = Command::new("python3")
+        .args(["-c", "import fastavro"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
+        "python3 with fastavro is required here"
+    );
+    if !has {
+        eprintln!("skipped: no fastavro");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let pipeline = |codec: &str, template: &str| {
+        format!(
+            "stages:
+  gen: {{ source: generator, count: 3000, template: '{template}' }}
+  json: {{ parser: json, inputs: [gen] }}
+  out:
+    sink: avro
+    inputs: [json]
+    path: {d}/out.avro
+    codec: {codec}
+    block_events: 500
+    sync: true
+    schema: {{ type: record, name: Log, fields: [ {{ name: seq, type: long }}, {{ name: msg, type: [\"null\", \"string\"] }} ] }}
+"
+        )
+    };
+    run(&pipeline("deflate", r#"{"seq":{{seq}},"msg":"m{{seq}}"}"#)).await;
+    run(&pipeline("deflate", r#"{"seq":{{seq}},"msg":null}"#)).await;
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import fastavro, json, sys\nwith open(sys.argv[1], 'rb') as f:\n    rs = list(fastavro.reader(f))\nprint(json.dumps([len(rs), rs[0], rs[2999], rs[3000], rs[-1]]))",
+        ])
+        .arg(dir.path().join("out.avro"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        got,
+        serde_json::json!([6000, {"seq": 0, "msg": "m0"}, {"seq": 2999, "msg": "m2999"},
+                           {"seq": 0, "msg": null}, {"seq": 2999, "msg": null}])
+    );
+
+    // Another schema: refused, the file untouched.
+    let before = std::fs::read(dir.path().join("out.avro")).unwrap();
+    let p = valid(
+        &pipeline("null", r#"{"seq":{{seq}}}"#).replace("name: Log,", "name: Other,"),
+        &logbus::catalog::registry(),
+    );
+    let report = start(&p, CancellationToken::new()).unwrap().wait().await;
+    assert_eq!(report.failures.len(), 1, "{report}");
+    assert!(
+        report.failures[0].message.contains("another schema"),
+        "{report}"
+    );
+    assert_eq!(std::fs::read(dir.path().join("out.avro")).unwrap(), before);
+
+    // Events that do not fit: errored, counted, the rest written.
+    let p = valid(
+        &pipeline("null", r#"{"seq":"not a number {{seq}}"}"#).replace("out.avro", "bad.avro"),
+        &logbus::catalog::registry(),
+    );
+    let report = start(&p, CancellationToken::new()).unwrap().wait().await;
+    assert_eq!(report.totals.lost, 0, "{report}");
+    assert_eq!(report.totals.errored, 3000, "{report}");
+}

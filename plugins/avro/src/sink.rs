@@ -1,0 +1,247 @@
+//! `sink: avro`: events into an Avro object container file.
+//!
+//! A container file is a header (schema, codec, sync marker) followed by
+//! blocks, each ending with the marker, and no footer: a file cut after
+//! any block is readable up to that block. So the sink writes a block
+//! whenever no more input is ready (or a block reaches `block_events`),
+//! and counts the block's events committed once the block is written (and
+//! synced with `sync: true`), exactly as the line-oriented file sink does.
+//!
+//! Appending to an existing container file continues it (same schema,
+//! same marker); a file written with another schema is refused.
+
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+
+use apache_avro::types::Value as Avro;
+use apache_avro::{Codec, Schema, Writer};
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, InputBatch, OptionError, Sink, SinkContext, StageError,
+    StageKind, TypedPlugin, async_trait,
+};
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use crate::codec::parse_schema;
+
+/// Options of `sink: avro`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AvroSinkOptions {
+    /// The container file; relative paths resolve against the pipeline file.
+    pub path: PathBuf,
+    /// The record schema (Avro JSON, object or string).
+    pub schema: Json,
+    /// Block compression inside the file: `none` (default; Avro calls it
+    /// `null`, which is also accepted, quoted or not) or `deflate`.
+    #[serde(default)]
+    pub codec: Option<BlockCodec>,
+    /// Continue an existing file (true, default) or start a new one.
+    #[serde(default = "yes")]
+    pub append: bool,
+    /// fsync after every block, so committed means on disk.
+    #[serde(default)]
+    pub sync: bool,
+    /// Most events per block.
+    #[serde(default = "default_block")]
+    #[schemars(range(min = 1))]
+    pub block_events: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BlockCodec {
+    #[default]
+    #[serde(alias = "null")]
+    None,
+    Deflate,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_block() -> usize {
+    4096
+}
+
+impl CheckOptions for AvroSinkOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        if self.path.as_os_str().is_empty() {
+            errors.push(OptionError::at(&["path"], "must not be empty"));
+        }
+        if let Err(e) = parse_schema(&self.schema) {
+            errors.push(e);
+        }
+        if self.block_events == 0 {
+            errors.push(OptionError::at(&["block_events"], "must be at least 1"));
+        }
+        errors
+    }
+}
+
+pub struct AvroSink;
+
+impl TypedPlugin for AvroSink {
+    type Options = AvroSinkOptions;
+    const NAME: &'static str = "avro";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "Writes events as records of an Avro object container file, a block per write; committed once the block is written.";
+
+    fn build(&self, options: AvroSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let schema = parse_schema(&options.schema)?;
+        Ok(Built::Sink(Box::new(AvroFileSink {
+            path: cx.resolve(&options.path),
+            schema,
+            options,
+        })))
+    }
+}
+
+struct AvroFileSink {
+    path: PathBuf,
+    schema: Schema,
+    options: AvroSinkOptions,
+}
+
+/// Runs blocking file work without stalling the runtime's other tasks.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+impl AvroFileSink {
+    /// Opens the file: a new container, or the existing one continued.
+    fn open(&self) -> Result<(File, Option<[u8; 16]>), StageError> {
+        let what = self.path.display().to_string();
+        let existing =
+            self.options.append && std::fs::metadata(&self.path).is_ok_and(|m| m.len() > 0);
+        if !existing {
+            let file = File::create(&self.path)
+                .map_err(|e| StageError::io(format!("creating {what}"), e))?;
+            return Ok((file, None));
+        }
+        let bytes =
+            std::fs::read(&self.path).map_err(|e| StageError::io(format!("reading {what}"), e))?;
+        let reader = apache_avro::Reader::new(&bytes[..])
+            .map_err(|e| StageError::Other(format!("{what} is not an Avro container file: {e}")))?;
+        let theirs = reader.writer_schema().canonical_form();
+        if theirs != self.schema.canonical_form() {
+            return Err(StageError::Other(format!(
+                "{what} was written with another schema; appending would corrupt it (use `append: false` or another path)"
+            )));
+        }
+        if bytes.len() <= 16 {
+            return Err(StageError::Other(format!(
+                "{what} is too short to continue"
+            )));
+        }
+        let marker = apache_avro::read_marker(&bytes);
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        Ok((file, Some(marker)))
+    }
+}
+
+#[async_trait]
+impl Sink for AvroFileSink {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        let what = self.path.display().to_string();
+        let (file, marker) = blocking(|| self.open())?;
+        // The writer owns the file; this handle syncs it.
+        let sync_handle = file
+            .try_clone()
+            .map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        let codec = match self.options.codec.unwrap_or_default() {
+            BlockCodec::None => Codec::Null,
+            BlockCodec::Deflate => Codec::Deflate,
+        };
+        let mut writer = match marker {
+            Some(marker) => Writer::append_to_with_codec(&self.schema, file, codec, marker),
+            None => Writer::with_codec(&self.schema, file, codec),
+        };
+        let sync = self.options.sync;
+        let io = |e: apache_avro::Error| StageError::Other(format!("writing {what}: {e}"));
+        let mut held: Vec<InputBatch> = Vec::new();
+        let mut pending = 0usize;
+        let mut in_block = 0usize;
+        let mut rejected = 0u64;
+        let flush = |writer: &mut Writer<'_, File>,
+                     held: &mut Vec<InputBatch>,
+                     pending: &mut usize,
+                     in_block: &mut usize,
+                     cx: &SinkContext|
+         -> Result<(), StageError> {
+            blocking(|| {
+                writer.flush().map_err(io)?;
+                if sync {
+                    sync_handle
+                        .sync_data()
+                        .map_err(|e| StageError::io(format!("syncing {what}"), e))?;
+                }
+                Ok::<(), StageError>(())
+            })?;
+            cx.committed(*pending);
+            *pending = 0;
+            *in_block = 0;
+            held.clear();
+            Ok(())
+        };
+        // A new file gets its header even if no event ever comes.
+        if marker.is_none() {
+            blocking(|| writer.flush().map_err(io))?;
+        }
+        loop {
+            let next = match cx.input.try_recv() {
+                Some(batch) => Some(batch),
+                None => {
+                    flush(&mut writer, &mut held, &mut pending, &mut in_block, cx)?;
+                    cx.input.recv().await
+                }
+            };
+            let Some(batch) = next else { break };
+            cx.metrics.add_in(batch.len() as u64);
+            for event in batch.events() {
+                let fields = match event.as_fields() {
+                    Some(f) => Json::Object(f.clone()),
+                    None => {
+                        if rejected == 0 {
+                            tracing::warn!(file = %what, "a raw event reached the avro sink and is counted as errored; parse it first");
+                        }
+                        rejected += 1;
+                        cx.metrics.add_errored(1);
+                        continue;
+                    }
+                };
+                match Avro::from(fields).resolve(&self.schema) {
+                    Ok(value) => {
+                        writer.append(value).map_err(io)?;
+                        pending += 1;
+                        in_block += 1;
+                    }
+                    Err(e) => {
+                        if rejected == 0 {
+                            tracing::warn!(file = %what, "an event does not fit the schema and is counted as errored: {e}");
+                        }
+                        rejected += 1;
+                        cx.metrics.add_errored(1);
+                    }
+                }
+            }
+            held.push(batch);
+            if in_block >= self.options.block_events {
+                flush(&mut writer, &mut held, &mut pending, &mut in_block, cx)?;
+            }
+        }
+        flush(&mut writer, &mut held, &mut pending, &mut in_block, cx)?;
+        if rejected > 0 {
+            tracing::warn!(file = %what, rejected, "events that did not fit the schema (or were raw) were not written");
+        }
+        Ok(())
+    }
+}
