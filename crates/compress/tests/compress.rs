@@ -33,7 +33,8 @@ proptest! {
     fn every_format_round_trips_and_is_detected(data in prop::collection::vec(any::<u8>(), 0..5000)) {
         for format in ALL {
             let packed = compress(&data, format);
-            if format != Compression::None {
+            // (A snappy stream of nothing is zero bytes: nothing to detect.)
+            if format != Compression::None && !packed.is_empty() {
                 prop_assert_eq!(Compression::detect(&packed), Some(format));
             }
             // Plain data that happens to start with a format's magic bytes
