@@ -21,6 +21,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Parser, "regex", "parser-regex"),
     (StageKind::Parser, "avro", "parser-avro"),
     (StageKind::Parser, "yaml", "parser-yaml"),
+    (StageKind::Parser, "parquet", "parser-parquet"),
     (StageKind::Formatter, "json", "formatter-json"),
     (StageKind::Formatter, "kv", "formatter-kv"),
     (StageKind::Formatter, "syslog", "formatter-syslog"),
@@ -43,6 +44,7 @@ pub fn registry() -> Registry {
     logbus_js::register(&mut registry);
     logbus_codec::register(&mut registry);
     logbus_avro::register(&mut registry);
+    logbus_parquet::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

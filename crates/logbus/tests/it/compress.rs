@@ -263,3 +263,43 @@ async fn avro_container_files_we_write_read_in_fastavro() {
     assert_eq!(report.totals.lost, 0, "{report}");
     assert_eq!(report.totals.errored, 3000, "{report}");
 }
+
+/// A Parquet file written by pyarrow, read whole by the file source and
+/// split into rows by the parquet parser, comes out as JSON lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parquet_file_from_pyarrow_becomes_json_lines() {
+    let has = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
+        "python3 with pyarrow is required here"
+    );
+    if !has {
+        eprintln!("skipped: no pyarrow");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let script = "import sys, pyarrow as pa, pyarrow.parquet as pq\npq.write_table(pa.table({'seq': list(range(5000)), 'msg': ['m%d' % i for i in range(5000)]}), sys.argv[1], compression='ZSTD', row_group_size=1000)\n";
+    let o = Command::new("python3")
+        .args(["-c", script])
+        .arg(dir.path().join("in.parquet"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    run(&format!(
+        "stages:
+  read: {{ source: file, path: {d}/in.parquet, framing: whole, compression: none }}
+  rows: {{ parser: parquet, inputs: [read] }}
+  out: {{ sink: file, inputs: [rows], path: {d}/out.ndjson, append: false }}
+"
+    ))
+    .await;
+    let out = std::fs::read_to_string(dir.path().join("out.ndjson")).unwrap();
+    let want: String = (0..5000)
+        .map(|i| format!("{{\"seq\":{i},\"msg\":\"m{i}\"}}\n"))
+        .collect();
+    assert_eq!(out, want);
+}

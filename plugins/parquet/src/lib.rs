@@ -1,0 +1,18 @@
+//! Parquet: `parser: parquet` reads a whole Parquet file (one raw event,
+//! e.g. `source: file` with `framing: whole`) into one event per row, by
+//! arrow-rs. Columns become fields in schema order; nulls are kept as
+//! `null`; nested structs, lists and maps become objects and arrays;
+//! timestamps and dates become their ISO text (arrow-json's rendering).
+
+#[allow(unused_imports)]
+use logbus_plugin_api::{Registry, Typed};
+
+#[cfg(feature = "parser-parquet")]
+pub mod reader;
+
+/// Adds every plugin of this crate that the enabled features include.
+pub fn register(registry: &mut Registry) {
+    #[cfg(feature = "parser-parquet")]
+    registry.add(Typed(reader::ParquetParser));
+    let _ = registry;
+}

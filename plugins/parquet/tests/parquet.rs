@@ -1,0 +1,88 @@
+//! Parquet files written by pyarrow (another implementation), in every
+//! compression it offers, read back row by row; garbage is an error.
+#![cfg(feature = "parser-parquet")]
+
+use std::process::Command;
+
+use bytes::Bytes;
+use logbus_parquet::reader::decode;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+fn pyarrow() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
+        "python3 with pyarrow is required here"
+    );
+    ok
+}
+
+#[test]
+fn files_written_by_pyarrow_read_back() {
+    if !pyarrow() {
+        eprintln!("skipped: no pyarrow");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import sys, datetime
+import pyarrow as pa, pyarrow.parquet as pq
+table = pa.table({
+    "seq": pa.array([1, 2, None], pa.int64()),
+    "msg": ["héllo", "", None],
+    "latency": [1.5, -0.25, 3.0],
+    "ok": [True, False, None],
+    "tags": [["a", "b"], [], None],
+    "host": [{"name": "n1", "port": 514}, {"name": "n2", "port": 1}, None],
+    "at": pa.array([datetime.datetime(2026, 11, 30, 6, 51, 54), None, None], pa.timestamp("ms")),
+})
+for codec in ["NONE", "SNAPPY", "GZIP", "ZSTD", "LZ4"]:
+    pq.write_table(table, f"{sys.argv[1]}/{codec}.parquet", compression=codec, row_group_size=2)
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = vec![
+        json!({"seq": 1, "msg": "héllo", "latency": 1.5, "ok": true, "tags": ["a", "b"],
+               "host": {"name": "n1", "port": 514}, "at": "2026-11-30T06:51:54"}),
+        json!({"seq": 2, "msg": "", "latency": -0.25, "ok": false, "tags": [],
+               "host": {"name": "n2", "port": 1}, "at": null}),
+        json!({"seq": null, "msg": null, "latency": 3.0, "ok": null, "tags": null,
+               "host": null, "at": null}),
+    ];
+    for codec in ["NONE", "SNAPPY", "GZIP", "ZSTD", "LZ4"] {
+        let bytes = std::fs::read(dir.path().join(format!("{codec}.parquet"))).unwrap();
+        let got: Vec<Value> = decode(Bytes::from(bytes))
+            .unwrap_or_else(|e| panic!("{codec}: {e}"))
+            .into_iter()
+            .map(Value::Object)
+            .collect();
+        assert_eq!(got, want, "{codec}");
+    }
+}
+
+proptest! {
+    /// The property is the absence of a panic (a panic fails the case).
+    #[test]
+    fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let _ = decode(Bytes::from(bytes.clone()));
+        // With the magic at both ends, the footer parser is reached.
+        let mut framed = b"PAR1".to_vec();
+        framed.extend(&bytes);
+        framed.extend(b"PAR1");
+        let _ = decode(Bytes::from(framed));
+    }
+}
+
+#[test]
+fn not_parquet_says_so() {
+    let e = decode(Bytes::from_static(b"{\"a\":1}\n")).unwrap_err();
+    assert!(e.starts_with("not a Parquet file"), "{e}");
+}
