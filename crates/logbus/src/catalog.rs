@@ -32,6 +32,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "file", "sink-file"),
     (StageKind::Sink, "blackhole", "sink-blackhole"),
     (StageKind::Sink, "avro", "sink-avro"),
+    (StageKind::Sink, "parquet", "sink-parquet"),
 ];
 
 /// The registry of this build: compiled-in plugins, plus the rest of the

@@ -1,4 +1,5 @@
-//! Parquet: `parser: parquet` reads a whole Parquet file (one raw event,
+//! Parquet: `sink: parquet` writes a file per burst of input (committed
+//! when the file is closed); `parser: parquet` reads a whole Parquet file (one raw event,
 //! e.g. `source: file` with `framing: whole`) into one event per row, by
 //! arrow-rs. Columns become fields in schema order; nulls are kept as
 //! `null`; nested structs, lists and maps become objects and arrays;
@@ -9,10 +10,14 @@ use logbus_plugin_api::{Registry, Typed};
 
 #[cfg(feature = "parser-parquet")]
 pub mod reader;
+#[cfg(feature = "sink-parquet")]
+pub mod writer;
 
 /// Adds every plugin of this crate that the enabled features include.
 pub fn register(registry: &mut Registry) {
     #[cfg(feature = "parser-parquet")]
     registry.add(Typed(reader::ParquetParser));
+    #[cfg(feature = "sink-parquet")]
+    registry.add(Typed(writer::ParquetSink));
     let _ = registry;
 }

@@ -303,3 +303,79 @@ async fn a_parquet_file_from_pyarrow_becomes_json_lines() {
         .collect();
     assert_eq!(out, want);
 }
+
+/// `sink: parquet` writes files that pyarrow reads (every event, with its
+/// types and nulls); a second run numbers its files after the first's; raw
+/// events are counted as errored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_files_we_write_read_in_pyarrow() {
+    let has = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
+        "python3 with pyarrow is required here"
+    );
+    if !has {
+        eprintln!("skipped: no pyarrow");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let pipeline = |count: u64| {
+        format!(
+            "settings: {{ channel_capacity: 1024 }}
+stages:
+  gen: {{ source: generator, count: {count}, template: '{{\"seq\":{{{{seq}}}},\"msg\":\"m{{{{seq}}}}\",\"ok\":true,\"lat\":1.5,\"tags\":[\"a\"]}}' }}
+  json: {{ parser: json, inputs: [gen] }}
+  out: {{ sink: parquet, inputs: [json], path: '{d}/part-{{n}}.parquet', max_rows: 700 }}
+"
+        )
+    };
+    run(&pipeline(5000)).await;
+    run(&pipeline(100)).await;
+    let script = r#"
+import glob, json, sys, pyarrow.parquet as pq
+files = sorted(glob.glob(sys.argv[1] + "/part-*.parquet"))
+rows = []
+for f in files:
+    rows.extend(pq.read_table(f).to_pylist())
+print(json.dumps({"files": len(files), "rows": len(rows), "seqs": sorted(r["seq"] for r in rows)[:3],
+                  "first": rows[0], "max_rows": max(pq.read_metadata(f).num_rows for f in files),
+                  "tmp": len(glob.glob(sys.argv[1] + "/*.tmp"))}))
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(got["rows"], 5100, "{got}");
+    assert_eq!(got["seqs"], serde_json::json!([0, 0, 1]));
+    assert_eq!(
+        got["first"],
+        serde_json::json!({"seq": 0, "msg": "m0", "ok": true, "lat": 1.5, "tags": ["a"]})
+    );
+    assert!(got["max_rows"].as_u64().unwrap() <= 700, "{got}");
+    assert!(got["files"].as_u64().unwrap() >= 9, "{got}");
+    assert_eq!(got["tmp"], 0);
+
+    // Raw events cannot be rows: errored, counted, nothing lost.
+    let p = valid(
+        &format!(
+            "stages:
+  gen: {{ source: generator, count: 10 }}
+  out: {{ sink: parquet, inputs: [gen], path: '{d}/raw-{{n}}.parquet' }}
+"
+        ),
+        &logbus::catalog::registry(),
+    );
+    let report = start(&p, CancellationToken::new()).unwrap().wait().await;
+    assert_eq!(
+        (report.totals.errored, report.totals.lost),
+        (10, 0),
+        "{report}"
+    );
+}

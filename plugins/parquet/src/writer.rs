@@ -1,0 +1,240 @@
+//! `sink: parquet`: events into Parquet files.
+//!
+//! A Parquet file is readable only once its footer is written, so events
+//! can count as committed only when their file is closed. The sink
+//! therefore writes one file per burst: it takes input while more is ready
+//! (and fewer than `max_rows` are held), then writes every held event as
+//! one file (to a temporary name, synced, then renamed into place, so a
+//! reader never sees half a file) and commits them. The events it holds are
+//! still counted against its input queue, so a file has at most as many
+//! rows as the queue holds: raise the stage's `queue.size` (or let input
+//! arrive in larger bursts) for larger files.
+//!
+//! The schema of each file is inferred from its events (arrow-json's
+//! inference: integers, floats, booleans, strings, lists, structs; a field
+//! missing from some events is nullable).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_json::reader::infer_json_schema_from_iterator;
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, InputBatch, OptionError, Sink, SinkContext, StageError,
+    StageKind, TypedPlugin, async_trait,
+};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, GzipLevel, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PageCompression {
+    None,
+    Snappy,
+    Gzip,
+    Lz4,
+    #[default]
+    Zstd,
+}
+
+/// Options of `sink: parquet`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParquetSinkOptions {
+    /// Path of each file, with `{n}` where its sequence number goes
+    /// (`out/events-{n}.parquet`); numbering continues after the highest
+    /// existing file. Relative paths resolve against the pipeline file.
+    pub path: String,
+    /// Page compression (default `zstd`).
+    #[serde(default)]
+    pub compression: PageCompression,
+    /// Most rows per file (a single input batch larger than this still
+    /// goes into one file).
+    #[serde(default = "default_max_rows")]
+    #[schemars(range(min = 1))]
+    pub max_rows: usize,
+}
+
+fn default_max_rows() -> usize {
+    1_000_000
+}
+
+impl CheckOptions for ParquetSinkOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        if self.path.matches("{n}").count() != 1 {
+            errors.push(OptionError::at(
+                &["path"],
+                "must contain `{n}` once (each file gets its own number)",
+            ));
+        }
+        if self.max_rows == 0 {
+            errors.push(OptionError::at(&["max_rows"], "must be at least 1"));
+        }
+        errors
+    }
+}
+
+pub struct ParquetSink;
+
+impl TypedPlugin for ParquetSink {
+    type Options = ParquetSinkOptions;
+    const NAME: &'static str = "parquet";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "Writes events to Parquet files, one file per burst of input; committed when the file is closed.";
+
+    fn build(&self, options: ParquetSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let template = cx.resolve(Path::new(&options.path));
+        Ok(Built::Sink(Box::new(ParquetFiles {
+            template: template.to_string_lossy().into_owned(),
+            options,
+        })))
+    }
+}
+
+struct ParquetFiles {
+    template: String,
+    options: ParquetSinkOptions,
+}
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+impl ParquetFiles {
+    fn path(&self, n: u64) -> PathBuf {
+        PathBuf::from(self.template.replace("{n}", &format!("{n:06}")))
+    }
+
+    /// The number after the highest existing file of this template.
+    fn next_number(&self) -> u64 {
+        let (before, after) = self.template.split_once("{n}").expect("checked");
+        let dir = Path::new(before).parent().unwrap_or(Path::new("."));
+        let prefix = Path::new(before)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Ok(entries) = std::fs::read_dir(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        }) else {
+            return 0;
+        };
+        entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|name| {
+                name.strip_prefix(&prefix)?
+                    .strip_suffix(after)?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |n| n + 1)
+    }
+
+    fn write_file(&self, n: u64, rows: &[Value]) -> Result<(), StageError> {
+        let path = self.path(n);
+        let what = path.display().to_string();
+        let fail = |e: &dyn std::fmt::Display| StageError::Other(format!("writing {what}: {e}"));
+        let schema = Arc::new(
+            infer_json_schema_from_iterator(rows.iter().map(Ok::<_, arrow_schema_error::E>))
+                .map_err(|e| fail(&e))?,
+        );
+        let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
+            .with_batch_size(rows.len().max(1))
+            .build_decoder()
+            .map_err(|e| fail(&e))?;
+        decoder.serialize(rows).map_err(|e| fail(&e))?;
+        let batch = decoder
+            .flush()
+            .map_err(|e| fail(&e))?
+            .ok_or_else(|| fail(&"no rows"))?;
+        let compression = match self.options.compression {
+            PageCompression::None => Compression::UNCOMPRESSED,
+            PageCompression::Snappy => Compression::SNAPPY,
+            PageCompression::Gzip => Compression::GZIP(GzipLevel::default()),
+            PageCompression::Lz4 => Compression::LZ4_RAW,
+            PageCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
+        };
+        let props = WriterProperties::builder()
+            .set_compression(compression)
+            .build();
+        let tmp = path.with_extension("parquet.tmp");
+        let file = File::create(&tmp)
+            .map_err(|e| StageError::io(format!("creating {}", tmp.display()), e))?;
+        let mut writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| fail(&e))?;
+        writer.write(&batch).map_err(|e| fail(&e))?;
+        let file = writer.into_inner().map_err(|e| fail(&e))?;
+        file.sync_all()
+            .map_err(|e| StageError::io(format!("syncing {}", tmp.display()), e))?;
+        std::fs::rename(&tmp, &path)
+            .map_err(|e| StageError::io(format!("renaming to {what}"), e))?;
+        Ok(())
+    }
+}
+
+/// `infer_json_schema_from_iterator` wants `Result<Value, ArrowError>`.
+mod arrow_schema_error {
+    pub type E = arrow_schema::ArrowError;
+}
+
+#[async_trait]
+impl Sink for ParquetFiles {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        let mut n = blocking(|| self.next_number());
+        let mut held: Vec<InputBatch> = Vec::new();
+        let mut rows: Vec<Value> = Vec::new();
+        loop {
+            let idle = rows.len() >= self.options.max_rows;
+            let next = if idle { None } else { cx.input.try_recv() };
+            let next = match next {
+                Some(batch) => Some(batch),
+                None => {
+                    if !rows.is_empty() {
+                        blocking(|| self.write_file(n, &rows))?;
+                        n += 1;
+                        cx.committed(rows.len());
+                        rows.clear();
+                        held.clear();
+                    }
+                    cx.input.recv().await
+                }
+            };
+            let Some(batch) = next else { break };
+            if !rows.is_empty() && rows.len() + batch.len() > self.options.max_rows {
+                // This batch would overfill the file: close the file first.
+                blocking(|| self.write_file(n, &rows))?;
+                n += 1;
+                cx.committed(rows.len());
+                rows.clear();
+                held.clear();
+            }
+            cx.metrics.add_in(batch.len() as u64);
+            for event in batch.events() {
+                match event.as_fields() {
+                    Some(f) => rows.push(Value::Object(f.clone())),
+                    None => {
+                        tracing::warn!(
+                            "a raw event reached the parquet sink and is counted as errored; parse it first"
+                        );
+                        cx.metrics.add_errored(1);
+                    }
+                }
+            }
+            held.push(batch);
+        }
+        if !rows.is_empty() {
+            blocking(|| self.write_file(n, &rows))?;
+            cx.committed(rows.len());
+        }
+        drop(held);
+        Ok(())
+    }
+}
