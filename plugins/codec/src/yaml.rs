@@ -104,14 +104,39 @@ fn to_yaml(v: &Value) -> Yaml {
     }
 }
 
-/// One document, starting with `---` and ending with a newline.
-pub fn encode(fields: &Fields, out: &mut Vec<u8>) {
+/// YAML limits an implicit key to 1024 characters as written (escapes
+/// included) and yaml-rust2's emitter writes every key implicitly; keys
+/// with control characters are also where it has been seen to write what
+/// it cannot read back (found by fuzzing). Such documents are checked by
+/// reading them back.
+fn risky_keys(value: &Value) -> bool {
+    match value {
+        Value::Object(map) => map
+            .iter()
+            .any(|(k, v)| k.len() > 100 || k.chars().any(char::is_control) || risky_keys(v)),
+        Value::Array(items) => items.iter().any(risky_keys),
+        _ => false,
+    }
+}
+
+/// One document, starting with `---` and ending with a newline. A
+/// document whose field names YAML cannot hold as keys (too long, or
+/// control characters the emitter mishandles) is an error rather than
+/// unreadable output.
+pub fn encode(fields: &Fields, out: &mut Vec<u8>) -> Result<(), String> {
+    let value = Value::Object(fields.clone());
     let mut text = String::new();
     YamlEmitter::new(&mut text)
-        .dump(&to_yaml(&Value::Object(fields.clone())))
+        .dump(&to_yaml(&value))
         .expect("emitting to a String cannot fail");
+    if risky_keys(&value) && decode(text.as_bytes()).ok() != Some(vec![value]) {
+        return Err(
+            "a field name cannot be written as a YAML key (too long, or control characters)".into(),
+        );
+    }
     out.extend_from_slice(text.as_bytes());
     out.push(b'\n');
+    Ok(())
 }
 
 #[cfg(any(feature = "parser-yaml", feature = "formatter-yaml"))]
@@ -185,7 +210,8 @@ mod plugins {
             Ok(Built::Processor(Box::new(
                 |e: &mut Event| -> Result<Verdict, EventError> {
                     let mut out = Vec::with_capacity(256);
-                    super::encode(crate::fields_input(e, "yaml")?, &mut out);
+                    super::encode(crate::fields_input(e, "yaml")?, &mut out)
+                        .map_err(EventError::new)?;
                     *e.payload_mut() = Payload::Raw(out.into());
                     Ok(Verdict::Keep)
                 },

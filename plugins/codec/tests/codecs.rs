@@ -451,7 +451,7 @@ mod yaml_tests {
         fn yaml_round_trips(map in prop::collection::btree_map(any::<String>(), json_value(), 0..5)) {
             let fields: Fields = map.into_iter().collect();
             let mut out = Vec::new();
-            yaml::encode(&fields, &mut out);
+            yaml::encode(&fields, &mut out).map_err(TestCaseError::fail)?;
             let docs = yaml::decode(&out).map_err(|e| TestCaseError::fail(format!("{e} in {}", String::from_utf8_lossy(&out))))?;
             prop_assert_eq!(docs, vec![Value::Object(fields)], "{}", String::from_utf8_lossy(&out));
         }
@@ -462,6 +462,20 @@ mod yaml_tests {
                 prop_assert!(e.offset <= input.len());
             }
         }
+    }
+
+    /// Found by fuzzing: a key longer than YAML's 1024-character limit for
+    /// implicit keys was written and could not be read back.
+    #[test]
+    fn a_key_too_long_for_yaml_is_an_error() {
+        let key = "\u{3}".repeat(200);
+        let fields: Fields = [(key, json!(true))].into_iter().collect();
+        let mut out = Vec::new();
+        let e = yaml::encode(&fields, &mut out).unwrap_err();
+        assert!(e.contains("cannot be written as a YAML key"), "{e}");
+        let fine: Fields = [("k".repeat(900), json!(1))].into_iter().collect();
+        yaml::encode(&fine, &mut out).unwrap();
+        assert_eq!(yaml::decode(&out).unwrap(), vec![Value::Object(fine)]);
     }
 
     #[test]
