@@ -499,6 +499,22 @@ struct RawStage {
     workers: usize,
     queue: Option<QueueSpec>,
     options: Value,
+    /// A source's `codec:` or a sink's `format:`, as a stage of its own.
+    attached: Option<Box<RawStage>>,
+}
+
+/// The key that attaches a parser to a source.
+const ATTACHED_CODEC: &str = "codec";
+/// The key that attaches a formatter to a sink.
+const ATTACHED_FORMAT: &str = "format";
+
+/// The attaching key a stage of `kind` may carry.
+fn attached_key(kind: Option<StageKind>) -> Option<&'static str> {
+    match kind {
+        Some(StageKind::Source) => Some(ATTACHED_CODEC),
+        Some(StageKind::Sink) => Some(ATTACHED_FORMAT),
+        _ => None,
+    }
 }
 
 impl Checker<'_> {
@@ -648,8 +664,29 @@ impl Checker<'_> {
             if let Some(problem) = id_problem(&id) {
                 self.push(Diagnostic::error("bad-id", problem).stage(&id).at(key.pos));
             }
-            if let Some(stage) = self.read_stage(&id, key.pos, value) {
-                stages.push(stage);
+            if let Some(mut stage) = self.read_stage(&id, key.pos, value) {
+                match stage.attached.take().map(|a| *a) {
+                    None => stages.push(stage),
+                    // `codec:` — the source becomes `<id>.source`, its parser `<id>`.
+                    Some(mut parser) if stage.kind == Some(StageKind::Source) => {
+                        stage.id = format!("{id}.source");
+                        // `on_error` was the codec's.
+                        stage.on_error = OnError::default();
+                        parser.inputs = vec![(stage.id.clone(), parser.pos)];
+                        stages.push(stage);
+                        stages.push(parser);
+                    }
+                    // `format:` — the formatter `<id>.format` takes the sink's inputs.
+                    Some(mut formatter) => {
+                        formatter.inputs = std::mem::take(&mut stage.inputs);
+                        formatter.has_inputs_key = stage.has_inputs_key;
+                        formatter.pos = stage.pos;
+                        stage.inputs = vec![(formatter.id.clone(), formatter.pos)];
+                        stage.has_inputs_key = true;
+                        stages.push(formatter);
+                        stages.push(stage);
+                    }
+                }
             }
         }
         stages
@@ -770,11 +807,13 @@ impl Checker<'_> {
                     .at(value.pos),
                 ),
             }
-            if kind.is_some_and(|k| !k.is_processor()) {
+            let codec_source =
+                kind == Some(StageKind::Source) && node.entry(ATTACHED_CODEC).is_some();
+            if kind.is_some_and(|k| !k.is_processor()) && !codec_source {
                 self.push(
                     Diagnostic::error(
                         "bad-option",
-                        "`on_error` applies to parsers, transforms and formatters only",
+                        "`on_error` applies to parsers, transforms and formatters (and to a source's `codec`) only",
                     )
                     .stage(id)
                     .at(key.pos),
@@ -853,6 +892,9 @@ impl Checker<'_> {
             if StageKind::from_key(key).is_some() || COMMON_KEYS.contains(&key) {
                 continue;
             }
+            if attached_key(kind) == Some(key) {
+                continue;
+            }
             options.insert(key.to_string(), v.to_json());
         }
         let options = Value::Object(options);
@@ -881,6 +923,7 @@ impl Checker<'_> {
             }
         }
 
+        let attached = self.read_attached(id, kind, node, on_error);
         Some(RawStage {
             id: id.to_string(),
             pos,
@@ -893,7 +936,97 @@ impl Checker<'_> {
             workers,
             queue,
             options,
+            attached,
         })
+    }
+
+    /// Reads a source's `codec:` or a sink's `format:`: a plugin name
+    /// (`codec: json`) or a one-entry map of a name and its options
+    /// (`format: { csv: { columns: [a, b] } }`). It becomes a stage of its
+    /// own: the parser takes the source's id (so readers and `<id>.errors`
+    /// see parsed events; the source itself is `<id>.source`), the
+    /// formatter is `<id>.format` in front of the sink.
+    fn read_attached(
+        &mut self,
+        id: &str,
+        kind: Option<StageKind>,
+        node: &Node,
+        on_error: OnError,
+    ) -> Option<Box<RawStage>> {
+        let key_name = attached_key(kind)?;
+        let (key, value) = node.entry(key_name)?;
+        let (attached_kind, attached_id) = if kind == Some(StageKind::Source) {
+            (StageKind::Parser, id.to_string())
+        } else {
+            (StageKind::Formatter, format!("{id}.format"))
+        };
+        let (name, options, options_node) = match &value.kind {
+            NodeKind::Scalar { text, .. } if !text.is_empty() => {
+                (text.clone(), Value::Object(Default::default()), None)
+            }
+            _ => match value.entries() {
+                Some([(k, v)]) if k.as_str().is_some_and(|n| !n.is_empty()) => {
+                    let options = match v.to_json() {
+                        Value::Null => Value::Object(Default::default()),
+                        other => other,
+                    };
+                    (k.as_str().unwrap_or("").to_string(), options, Some(v))
+                }
+                _ => {
+                    self.push(
+                        Diagnostic::error(
+                            "bad-option",
+                            format!(
+                                "`{key_name}` must name a {} plugin, or be a map of one name to its options",
+                                attached_kind.key()
+                            ),
+                        )
+                        .stage(id)
+                        .at(value.pos),
+                    );
+                    return None;
+                }
+            },
+        };
+        let plugin = self.find_plugin(&attached_id, attached_kind, &name, key.pos)?;
+        let bcx = BuildContext {
+            stage_id: attached_id.clone(),
+            base_dir: self.base_dir.clone(),
+            worker: 0,
+        };
+        for e in plugin.check(&options, &bcx) {
+            let at = match (options_node, e.path.is_empty()) {
+                (Some(n), false) => n.pos_of(&e.path),
+                _ => value.pos,
+            };
+            let what = if e.path.is_empty() {
+                String::new()
+            } else {
+                format!("option `{}`: ", e.path.join("."))
+            };
+            self.push(
+                Diagnostic::error(
+                    "bad-option",
+                    format!("`{key_name}: {name}`: {what}{}", e.message),
+                )
+                .stage(id)
+                .at(at),
+            );
+        }
+        Some(Box::new(RawStage {
+            id: attached_id,
+            pos: key.pos,
+            kind: Some(attached_kind),
+            plugin_name: name,
+            plugin: Some(plugin),
+            inputs: Vec::new(),
+            has_inputs_key: true,
+            on_error,
+            workers: 1,
+            queue: None,
+            options,
+            attached: None,
+        }))
     }
 
     fn find_plugin(

@@ -60,6 +60,7 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
     let mut variants = Vec::new();
     for plugin in registry.plugins() {
         let kind = plugin.kind();
+        let mut variant_extra_dependent = false;
         let name = format!("{}-{}", kind.key(), plugin.name());
         let mut stage = hoist(plugin.options_schema(), &format!("{name}-"), &mut defs);
         let mut props = match stage.remove("properties") {
@@ -98,6 +99,48 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
             );
             props.insert("queue".into(), json!({ "$ref": "#/$defs/queue" }));
         }
+        let attached = match kind {
+            StageKind::Source => Some(("codec", StageKind::Parser)),
+            StageKind::Sink => Some(("format", StageKind::Formatter)),
+            _ => None,
+        };
+        if let Some((key, attached_kind)) = attached {
+            let names: Vec<&str> = registry
+                .plugins()
+                .filter(|p| p.kind() == attached_kind)
+                .map(|p| p.name())
+                .collect();
+            props.insert(
+                key.into(),
+                json!({
+                    "description": format!(
+                        "A {} run inside this stage: its name, or a map of its name to its options.",
+                        attached_kind.key()
+                    ),
+                    "oneOf": [
+                        { "enum": names },
+                        {
+                            "type": "object",
+                            "minProperties": 1,
+                            "maxProperties": 1,
+                            "propertyNames": { "enum": names }
+                        }
+                    ]
+                }),
+            );
+        }
+        if kind == StageKind::Source {
+            // On a source, `on_error` is its codec's.
+            props.insert(
+                "on_error".into(),
+                json!({
+                    "description": "What to do with an event this source's `codec` cannot parse.",
+                    "enum": ["drop", "fail", "route"],
+                    "default": "drop"
+                }),
+            );
+            variant_extra_dependent = true;
+        }
         if kind.is_processor() {
             props.insert(
                 "on_error".into(),
@@ -121,6 +164,9 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
         variant.insert("properties".into(), Value::Object(props));
         variant.insert("required".into(), Value::Array(required));
         variant.insert("additionalProperties".into(), json!(false));
+        if variant_extra_dependent {
+            variant.insert("dependentRequired".into(), json!({ "on_error": ["codec"] }));
+        }
         defs.insert(name.clone(), Value::Object(variant));
         variants.push(json!({ "$ref": format!("#/$defs/{name}") }));
     }

@@ -3,6 +3,7 @@
 //! error routing, shutdown, and the `logbus` command itself.
 
 mod api;
+mod attached;
 mod cli;
 mod compress;
 mod js;

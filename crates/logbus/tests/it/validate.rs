@@ -321,8 +321,9 @@ fn on_error_rules() {
         "bad-option",
     );
     assert!(
-        d.message
-            .contains("parsers, transforms and formatters only"),
+        d.message.contains(
+            "applies to parsers, transforms and formatters (and to a source's `codec`) only"
+        ),
         "{}",
         d.message
     );
