@@ -142,42 +142,51 @@ impl ParquetFiles {
     fn write_file(&self, n: u64, rows: &[Value]) -> Result<(), StageError> {
         let path = self.path(n);
         let what = path.display().to_string();
-        let fail = |e: &dyn std::fmt::Display| StageError::Other(format!("writing {what}: {e}"));
-        let schema = Arc::new(
-            infer_json_schema_from_iterator(rows.iter().map(Ok::<_, arrow_schema_error::E>))
-                .map_err(|e| fail(&e))?,
-        );
-        let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
-            .with_batch_size(rows.len().max(1))
-            .build_decoder()
-            .map_err(|e| fail(&e))?;
-        decoder.serialize(rows).map_err(|e| fail(&e))?;
-        let batch = decoder
-            .flush()
-            .map_err(|e| fail(&e))?
-            .ok_or_else(|| fail(&"no rows"))?;
-        let compression = match self.options.compression {
-            PageCompression::None => Compression::UNCOMPRESSED,
-            PageCompression::Snappy => Compression::SNAPPY,
-            PageCompression::Gzip => Compression::GZIP(GzipLevel::default()),
-            PageCompression::Lz4 => Compression::LZ4_RAW,
-            PageCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
-        };
-        let props = WriterProperties::builder()
-            .set_compression(compression)
-            .build();
+        let bytes = encode_file(rows, self.options.compression)
+            .map_err(|e| StageError::Other(format!("writing {what}: {e}")))?;
         let tmp = path.with_extension("parquet.tmp");
-        let file = File::create(&tmp)
+        let mut file = File::create(&tmp)
             .map_err(|e| StageError::io(format!("creating {}", tmp.display()), e))?;
-        let mut writer = ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| fail(&e))?;
-        writer.write(&batch).map_err(|e| fail(&e))?;
-        let file = writer.into_inner().map_err(|e| fail(&e))?;
+        std::io::Write::write_all(&mut file, &bytes)
+            .map_err(|e| StageError::io(format!("writing {}", tmp.display()), e))?;
         file.sync_all()
             .map_err(|e| StageError::io(format!("syncing {}", tmp.display()), e))?;
         std::fs::rename(&tmp, &path)
             .map_err(|e| StageError::io(format!("renaming to {what}"), e))?;
         Ok(())
     }
+}
+
+/// One Parquet file holding `rows` (JSON objects), with the schema
+/// inferred from them.
+pub fn encode_file(rows: &[Value], compression: PageCompression) -> Result<Vec<u8>, String> {
+    let fail = |e: &dyn std::fmt::Display| e.to_string();
+    let schema = Arc::new(
+        infer_json_schema_from_iterator(rows.iter().map(Ok::<_, arrow_schema_error::E>))
+            .map_err(|e| fail(&e))?,
+    );
+    let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
+        .with_batch_size(rows.len().max(1))
+        .build_decoder()
+        .map_err(|e| fail(&e))?;
+    decoder.serialize(rows).map_err(|e| fail(&e))?;
+    let batch = decoder
+        .flush()
+        .map_err(|e| fail(&e))?
+        .ok_or_else(|| "no rows".to_string())?;
+    let compression = match compression {
+        PageCompression::None => Compression::UNCOMPRESSED,
+        PageCompression::Snappy => Compression::SNAPPY,
+        PageCompression::Gzip => Compression::GZIP(GzipLevel::default()),
+        PageCompression::Lz4 => Compression::LZ4_RAW,
+        PageCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
+    };
+    let props = WriterProperties::builder()
+        .set_compression(compression)
+        .build();
+    let mut writer = ArrowWriter::try_new(Vec::new(), schema, Some(props)).map_err(|e| fail(&e))?;
+    writer.write(&batch).map_err(|e| fail(&e))?;
+    writer.into_inner().map_err(|e| fail(&e))
 }
 
 /// `infer_json_schema_from_iterator` wants `Result<Value, ArrowError>`.
