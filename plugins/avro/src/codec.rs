@@ -113,18 +113,26 @@ pub fn decode(
             let schema = schema.ok_or_else(|| CodecError("no schema".into()))?;
             let reader = GenericSingleObjectReader::new(schema.clone()).map_err(err)?;
             let mut input = bytes;
-            let value = reader.read_value(&mut input).map_err(err)?;
+            let value = reader
+                .read_value(&mut input)
+                .map_err(|e| at(bytes, input, e))?;
             trailing(bytes, input)?;
             Ok(vec![to_fields(&value)])
         }
         Encoding::Datum => {
             let schema = schema.ok_or_else(|| CodecError("no schema".into()))?;
             let mut input = bytes;
-            let value = apache_avro::from_avro_datum(schema, &mut input, None).map_err(err)?;
+            let value = apache_avro::from_avro_datum(schema, &mut input, None)
+                .map_err(|e| at(bytes, input, e))?;
             trailing(bytes, input)?;
             Ok(vec![to_fields(&value)])
         }
     }
+}
+
+/// An error with the offset the decoder had reached.
+fn at(all: &[u8], rest: &[u8], e: apache_avro::Error) -> CodecError {
+    CodecError(format!("{e} (at byte {})", all.len() - rest.len()))
 }
 
 fn trailing(all: &[u8], rest: &[u8]) -> Result<(), CodecError> {

@@ -94,7 +94,21 @@ fn errors_say_what_does_not_fit() {
         Some(&s),
     )
     .unwrap_err();
-    assert!(!e.0.is_empty());
+    assert!(e.0.contains("(at byte "), "{}", e.0);
+    // A datum cut short names where it ran out.
+    let cut = json!({"seq": 1, "level": "info", "msg": "message", "latency": 1.5, "ok": true, "user": null,
+                     "tags": [], "counts": {}, "host": {"name": "h", "port": 1}});
+    let mut whole = Vec::new();
+    encode(
+        cut.as_object().unwrap(),
+        &s,
+        Encoding::Datum,
+        &mut None,
+        &mut whole,
+    )
+    .unwrap();
+    let e = decode(&whole[..5], Encoding::Datum, Some(&s)).unwrap_err();
+    assert!(e.0.contains("(at byte "), "{}", e.0);
     // A datum with bytes after it.
     let ok = json!({"seq": 1, "level": "info", "msg": "m", "latency": 1.5, "ok": true, "user": null,
                     "tags": [], "counts": {}, "host": {"name": "h", "port": 1}});
