@@ -56,6 +56,110 @@ pub struct ParquetSinkOptions {
     #[serde(default = "default_max_rows")]
     #[schemars(range(min = 1))]
     pub max_rows: usize,
+    /// The columns, in order, and their types (`int64`, `int32`,
+    /// `float64`, `float32`, `boolean`, `string`); all nullable. Without
+    /// it the schema is inferred from each file's events. With it, an event
+    /// holding a field outside the schema, or a value of another type, is
+    /// counted as errored and not written.
+    #[serde(default)]
+    pub schema: Option<serde_json::Map<String, Value>>,
+}
+
+/// A column type of a given schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnType {
+    Int64,
+    Int32,
+    Float64,
+    Float32,
+    Boolean,
+    String,
+}
+
+impl ColumnType {
+    fn parse(name: &str) -> Option<ColumnType> {
+        Some(match name {
+            "int64" => ColumnType::Int64,
+            "int32" => ColumnType::Int32,
+            "float64" => ColumnType::Float64,
+            "float32" => ColumnType::Float32,
+            "boolean" => ColumnType::Boolean,
+            "string" => ColumnType::String,
+            _ => return None,
+        })
+    }
+
+    fn arrow(self) -> arrow_schema::DataType {
+        use arrow_schema::DataType;
+        match self {
+            ColumnType::Int64 => DataType::Int64,
+            ColumnType::Int32 => DataType::Int32,
+            ColumnType::Float64 => DataType::Float64,
+            ColumnType::Float32 => DataType::Float32,
+            ColumnType::Boolean => DataType::Boolean,
+            ColumnType::String => DataType::Utf8,
+        }
+    }
+
+    fn accepts(self, v: &Value) -> bool {
+        match (self, v) {
+            (_, Value::Null) => true,
+            (ColumnType::Int64, Value::Number(n)) => n.is_i64(),
+            (ColumnType::Int32, Value::Number(n)) => {
+                n.as_i64().is_some_and(|i| i32::try_from(i).is_ok())
+            }
+            (ColumnType::Float64 | ColumnType::Float32, Value::Number(_)) => true,
+            (ColumnType::Boolean, Value::Bool(_)) => true,
+            (ColumnType::String, Value::String(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+/// A configured schema: the Arrow schema and each column's type.
+pub struct GivenSchema {
+    pub arrow: arrow_schema::SchemaRef,
+    columns: Vec<(String, ColumnType)>,
+}
+
+impl GivenSchema {
+    pub fn parse(map: &serde_json::Map<String, Value>) -> Result<GivenSchema, OptionError> {
+        let mut columns = Vec::new();
+        for (name, t) in map {
+            let t = t.as_str().and_then(ColumnType::parse).ok_or_else(|| {
+                OptionError::at(
+                    &["schema", name],
+                    "must be one of int64, int32, float64, float32, boolean, string",
+                )
+            })?;
+            columns.push((name.clone(), t));
+        }
+        if columns.is_empty() {
+            return Err(OptionError::at(
+                &["schema"],
+                "must name at least one column",
+            ));
+        }
+        let fields: Vec<arrow_schema::Field> = columns
+            .iter()
+            .map(|(n, t)| arrow_schema::Field::new(n, t.arrow(), true))
+            .collect();
+        Ok(GivenSchema {
+            arrow: Arc::new(arrow_schema::Schema::new(fields)),
+            columns,
+        })
+    }
+
+    /// Whether an event fits: no field outside the schema, every value of
+    /// its column's type (or null).
+    pub fn fits(&self, row: &serde_json::Map<String, Value>) -> bool {
+        row.iter().all(|(k, v)| {
+            self.columns
+                .iter()
+                .find(|(n, _)| n == k)
+                .is_some_and(|(_, t)| t.accepts(v))
+        })
+    }
 }
 
 fn default_max_rows() -> usize {
@@ -74,6 +178,11 @@ impl CheckOptions for ParquetSinkOptions {
         if self.max_rows == 0 {
             errors.push(OptionError::at(&["max_rows"], "must be at least 1"));
         }
+        if let Some(schema) = &self.schema
+            && let Err(e) = GivenSchema::parse(schema)
+        {
+            errors.push(e);
+        }
         errors
     }
 }
@@ -88,9 +197,15 @@ impl TypedPlugin for ParquetSink {
 
     fn build(&self, options: ParquetSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let template = cx.resolve(Path::new(&options.path));
+        let given = options
+            .schema
+            .as_ref()
+            .map(GivenSchema::parse)
+            .transpose()?;
         Ok(Built::Sink(Box::new(ParquetFiles {
             template: template.to_string_lossy().into_owned(),
             options,
+            given,
         })))
     }
 }
@@ -98,6 +213,7 @@ impl TypedPlugin for ParquetSink {
 struct ParquetFiles {
     template: String,
     options: ParquetSinkOptions,
+    given: Option<GivenSchema>,
 }
 
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
@@ -142,7 +258,7 @@ impl ParquetFiles {
     fn write_file(&self, n: u64, rows: &[Value]) -> Result<(), StageError> {
         let path = self.path(n);
         let what = path.display().to_string();
-        let bytes = encode_file(rows, self.options.compression)
+        let bytes = encode_file(rows, self.options.compression, self.given.as_ref())
             .map_err(|e| StageError::Other(format!("writing {what}: {e}")))?;
         let tmp = path.with_extension("parquet.tmp");
         let mut file = File::create(&tmp)
@@ -159,12 +275,19 @@ impl ParquetFiles {
 
 /// One Parquet file holding `rows` (JSON objects), with the schema
 /// inferred from them.
-pub fn encode_file(rows: &[Value], compression: PageCompression) -> Result<Vec<u8>, String> {
+pub fn encode_file(
+    rows: &[Value],
+    compression: PageCompression,
+    given: Option<&GivenSchema>,
+) -> Result<Vec<u8>, String> {
     let fail = |e: &dyn std::fmt::Display| e.to_string();
-    let schema = Arc::new(
-        infer_json_schema_from_iterator(rows.iter().map(Ok::<_, arrow_schema_error::E>))
-            .map_err(|e| fail(&e))?,
-    );
+    let schema = match given {
+        Some(g) => g.arrow.clone(),
+        None => Arc::new(
+            infer_json_schema_from_iterator(rows.iter().map(Ok::<_, arrow_schema_error::E>))
+                .map_err(|e| fail(&e))?,
+        ),
+    };
     let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
         .with_batch_size(rows.len().max(1))
         .build_decoder()
@@ -200,6 +323,7 @@ impl Sink for ParquetFiles {
         let mut n = blocking(|| self.next_number());
         let mut held: Vec<InputBatch> = Vec::new();
         let mut rows: Vec<Value> = Vec::new();
+        let mut warned_misfit = false;
         loop {
             let idle = rows.len() >= self.options.max_rows;
             let next = if idle { None } else { cx.input.try_recv() };
@@ -228,6 +352,15 @@ impl Sink for ParquetFiles {
             cx.metrics.add_in(batch.len() as u64);
             for event in batch.events() {
                 match event.as_fields() {
+                    Some(f) if self.given.as_ref().is_some_and(|g| !g.fits(f)) => {
+                        if !warned_misfit {
+                            warned_misfit = true;
+                            tracing::warn!(
+                                "an event does not fit the parquet sink's schema and is counted as errored (further ones not logged)"
+                            );
+                        }
+                        cx.metrics.add_errored(1);
+                    }
                     Some(f) => rows.push(Value::Object(f.clone())),
                     None => {
                         tracing::warn!(

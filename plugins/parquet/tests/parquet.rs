@@ -113,7 +113,7 @@ mod round_trip {
             // A column must have one non-null value to have a type.
             rows[0]["user"] = json!("first");
             for compression in [PageCompression::None, PageCompression::Snappy, PageCompression::Gzip, PageCompression::Lz4, PageCompression::Zstd] {
-                let bytes = encode_file(&rows, compression).map_err(TestCaseError::fail)?;
+                let bytes = encode_file(&rows, compression, None).map_err(TestCaseError::fail)?;
                 let back: Vec<Value> = decode(Bytes::from(bytes))
                     .map_err(TestCaseError::fail)?
                     .into_iter()
@@ -135,4 +135,35 @@ mod round_trip {
             }
         }
     }
+}
+
+#[cfg(feature = "sink-parquet")]
+#[test]
+fn a_given_schema_types_the_columns_and_refuses_misfits() {
+    use logbus_parquet::writer::{GivenSchema, PageCompression, encode_file};
+    let map = json!({"seq": "int64", "lat": "float64", "msg": "string", "ok": "boolean"});
+    let given = GivenSchema::parse(map.as_object().unwrap()).unwrap();
+    let rows = vec![
+        json!({"seq": 1, "lat": 2, "msg": "a"}),
+        json!({"seq": 2, "ok": true}),
+    ];
+    let bytes = encode_file(&rows, PageCompression::Zstd, Some(&given)).unwrap();
+    let back: Vec<Value> = decode(Bytes::from(bytes))
+        .unwrap()
+        .into_iter()
+        .map(Value::Object)
+        .collect();
+    assert_eq!(
+        back,
+        vec![
+            json!({"seq": 1, "lat": 2.0, "msg": "a", "ok": null}),
+            json!({"seq": 2, "lat": null, "msg": null, "ok": true}),
+        ],
+        "columns in schema order, typed as given, missing ones null"
+    );
+    assert!(!given.fits(json!({"seq": "x"}).as_object().unwrap()));
+    assert!(!given.fits(json!({"other": 1}).as_object().unwrap()));
+    assert!(given.fits(json!({"seq": null}).as_object().unwrap()));
+    let bad = json!({"seq": "int128"});
+    assert!(GivenSchema::parse(bad.as_object().unwrap()).is_err());
 }
