@@ -1,5 +1,8 @@
 //! The Avro codec functions and the two plugins.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use apache_avro::types::Value as Avro;
 use apache_avro::{GenericSingleObjectReader, GenericSingleObjectWriter, Schema};
 use logbus_plugin_api::{
@@ -98,14 +101,22 @@ pub fn decode(
     let err = |e: apache_avro::Error| CodecError(e.to_string());
     match encoding {
         Encoding::Container => {
+            let read = Arc::new(AtomicUsize::new(0));
+            let input = Counted {
+                rest: bytes,
+                read: read.clone(),
+            };
+            let at = |e: apache_avro::Error| {
+                CodecError(format!("{e} (at byte {})", read.load(Ordering::Relaxed)))
+            };
             let reader = match schema {
-                Some(s) => apache_avro::Reader::with_schema(s, bytes),
-                None => apache_avro::Reader::new(bytes),
+                Some(s) => apache_avro::Reader::with_schema(s, input),
+                None => apache_avro::Reader::new(input),
             }
-            .map_err(err)?;
+            .map_err(at)?;
             let mut out = Vec::new();
             for value in reader {
-                out.push(to_fields(&value.map_err(err)?));
+                out.push(to_fields(&value.map_err(at)?));
             }
             Ok(out)
         }
@@ -127,6 +138,21 @@ pub fn decode(
             trailing(bytes, input)?;
             Ok(vec![to_fields(&value)])
         }
+    }
+}
+
+/// A byte slice that counts what has been read from it, so a container
+/// file's error can say how far the reader got.
+struct Counted<'a> {
+    rest: &'a [u8],
+    read: Arc<AtomicUsize>,
+}
+
+impl std::io::Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.rest.read(buf)?;
+        self.read.fetch_add(n, Ordering::Relaxed);
+        Ok(n)
     }
 }
 

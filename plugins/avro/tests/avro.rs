@@ -95,6 +95,18 @@ fn errors_say_what_does_not_fit() {
     )
     .unwrap_err();
     assert!(e.0.contains("(at byte "), "{}", e.0);
+    // A container file cut short names how far the reader got.
+    let mut file = Vec::new();
+    encode(
+        cut_record().as_object().unwrap(),
+        &s,
+        Encoding::Container,
+        &mut None,
+        &mut file,
+    )
+    .unwrap();
+    let e = decode(&file[..file.len() - 20], Encoding::Container, None).unwrap_err();
+    assert!(e.0.contains("(at byte "), "{}", e.0);
     // A datum cut short names where it ran out.
     let cut = json!({"seq": 1, "level": "info", "msg": "message", "latency": 1.5, "ok": true, "user": null,
                      "tags": [], "counts": {}, "host": {"name": "h", "port": 1}});
@@ -124,6 +136,11 @@ fn errors_say_what_does_not_fit() {
     datum.push(0);
     let e = decode(&datum, Encoding::Datum, Some(&s)).unwrap_err();
     assert!(e.0.contains("1 bytes left after the datum"), "{}", e.0);
+}
+
+fn cut_record() -> Value {
+    json!({"seq": 1, "level": "info", "msg": "message", "latency": 1.5, "ok": true, "user": null,
+           "tags": [], "counts": {}, "host": {"name": "h", "port": 1}})
 }
 
 fn python_with_fastavro() -> bool {

@@ -6,18 +6,61 @@ use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
     StageKind, TypedPlugin, Verdict,
 };
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::reader::{ChunkReader, Length};
 use serde::Deserialize;
 
-/// Every row of a Parquet file, as fields.
+/// The file's bytes, remembering the last range the reader asked for, so
+/// an error can say where in the file it was reading.
+struct Tracked {
+    bytes: Bytes,
+    last: Arc<AtomicU64>,
+}
+
+impl Length for Tracked {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+}
+
+impl ChunkReader for Tracked {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        self.last.store(start, Ordering::Relaxed);
+        self.bytes.get_read(start)
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.last.store(start, Ordering::Relaxed);
+        self.bytes.get_bytes(start, length)
+    }
+}
+
+/// Every row of a Parquet file, as fields. Errors name the byte offset of
+/// the part of the file being read.
 pub fn decode(file: Bytes) -> Result<Vec<Fields>, String> {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| format!("not a Parquet file: {e}"))?
-        .build()
-        .map_err(|e| format!("cannot read the Parquet file: {e}"))?;
+    let last = Arc::new(AtomicU64::new(file.len().saturating_sub(8) as u64));
+    let at = || last.load(Ordering::Relaxed);
+    let reader = ParquetRecordBatchReaderBuilder::try_new(Tracked {
+        bytes: file,
+        last: last.clone(),
+    })
+    .map_err(|e| format!("not a Parquet file: {e} (reading at byte {})", at()))?
+    .build()
+    .map_err(|e| {
+        format!(
+            "cannot read the Parquet file: {e} (reading at byte {})",
+            at()
+        )
+    })?;
     let mut rows = Vec::new();
     for batch in reader {
-        let batch = batch.map_err(|e| format!("cannot read a row group: {e}"))?;
+        let batch = batch
+            .map_err(|e| format!("cannot read a row group: {e} (reading at byte {})", at()))?;
         let mut out = Vec::new();
         {
             let mut writer = WriterBuilder::new()

@@ -85,6 +85,7 @@ proptest! {
 fn not_parquet_says_so() {
     let e = decode(Bytes::from_static(b"{\"a\":1}\n")).unwrap_err();
     assert!(e.starts_with("not a Parquet file"), "{e}");
+    assert!(e.contains("(reading at byte "), "{e}");
 }
 
 #[cfg(feature = "sink-parquet")]
