@@ -31,7 +31,8 @@ pub struct FileSourceOptions {
     #[serde(default)]
     pub compression: ReadCompression,
     /// How messages are delimited: `newline` (default), `octet-counting`
-    /// (RFC 6587: `LEN SP MSG`), `length-prefixed` (4-byte big-endian).
+    /// (RFC 6587: `LEN SP MSG`), `length-prefixed` (4-byte big-endian),
+    /// `whole` (the whole input is one event, up to `max_line_bytes`).
     #[serde(default)]
     pub framing: logbus_framing::Framing,
 }

@@ -18,7 +18,8 @@ pub struct StdinOptions {
     #[schemars(range(min = 1))]
     pub max_line_bytes: usize,
     /// How messages are delimited: `newline` (default), `octet-counting`
-    /// (RFC 6587: `LEN SP MSG`), `length-prefixed` (4-byte big-endian).
+    /// (RFC 6587: `LEN SP MSG`), `length-prefixed` (4-byte big-endian),
+    /// `whole` (the whole input is one event, up to `max_line_bytes`).
     #[serde(default)]
     pub framing: logbus_framing::Framing,
 }
