@@ -13,6 +13,16 @@ pub mod output;
 pub mod plugin;
 pub mod registry;
 
+/// Runs blocking work (a file write, an fsync) from a stage's task without
+/// stalling the runtime's other tasks: on a multi-thread runtime the worker
+/// hands its other tasks off first; elsewhere it runs inline.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use channel::{

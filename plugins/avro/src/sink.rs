@@ -17,7 +17,7 @@ use apache_avro::types::Value as Avro;
 use apache_avro::{Codec, Schema, Writer};
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, InputBatch, OptionError, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait,
+    StageKind, TypedPlugin, async_trait, blocking,
 };
 use serde::Deserialize;
 use serde_json::Value as Json;
@@ -103,14 +103,6 @@ struct AvroFileSink {
     path: PathBuf,
     schema: Schema,
     options: AvroSinkOptions,
-}
-
-/// Runs blocking file work without stalling the runtime's other tasks.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }
 
 impl AvroFileSink {

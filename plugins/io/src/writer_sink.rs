@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use logbus_framing::Framing;
-use logbus_plugin_api::{Event, InputBatch, Payload, SinkContext, StageError};
+use logbus_plugin_api::{Event, InputBatch, Payload, SinkContext, StageError, blocking};
 
 /// Buffer size at which a write is issued even if more input is ready.
 pub const FLUSH_BYTES: usize = 256 * 1024;
@@ -23,15 +23,6 @@ pub fn encode_message(event: &Event, framing: Framing, buf: &mut Vec<u8>) {
             let json = serde_json::to_vec(fields).expect("writing JSON to a Vec cannot fail");
             logbus_framing::encode(framing, &json, buf);
         }
-    }
-}
-
-/// Runs the blocking write on the current worker without stalling the
-/// others (multi-thread runtime), or inline on a single-thread runtime.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
     }
 }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use arrow_json::reader::infer_json_schema_from_iterator;
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, InputBatch, OptionError, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait,
+    StageKind, TypedPlugin, async_trait, blocking,
 };
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, GzipLevel, ZstdLevel};
@@ -214,13 +214,6 @@ struct ParquetFiles {
     template: String,
     options: ParquetSinkOptions,
     given: Option<GivenSchema>,
-}
-
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }
 
 impl ParquetFiles {

@@ -21,6 +21,23 @@ fn tool(name: &str) -> bool {
     ok
 }
 
+/// Whether python3 can import `module`; required where CI sets
+/// LOGBUS_REQUIRE_TOOLS, reported and skipped elsewhere.
+fn python_has(module: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
+        "python3 with {module} is required here"
+    );
+    if !ok {
+        eprintln!("skipped: no python3 with {module}");
+    }
+    ok
+}
+
 async fn run(text: &str) {
     let p = valid(text, &logbus::catalog::registry());
     let report = start(&p, CancellationToken::new()).unwrap().wait().await;
@@ -146,16 +163,7 @@ async fn framed_files_round_trip_and_a_broken_frame_stops_the_source() {
 /// lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_avro_file_from_fastavro_becomes_json_lines() {
-    let has = Command::new("python3")
-        .args(["-c", "import fastavro"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        has || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
-        "python3 with fastavro is required here"
-    );
-    if !has {
-        eprintln!("skipped: no fastavro");
+    if !python_has("fastavro") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -192,16 +200,7 @@ with open(sys.argv[1], "wb") as f:
 /// not fit the schema are counted as errored, not lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_container_files_we_write_read_in_fastavro() {
-    let has = Command::new("python3")
-        .args(["-c", "import fastavro"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        has || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
-        "python3 with fastavro is required here"
-    );
-    if !has {
-        eprintln!("skipped: no fastavro");
+    if !python_has("fastavro") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -268,16 +267,7 @@ async fn avro_container_files_we_write_read_in_fastavro() {
 /// split into rows by the parquet parser, comes out as JSON lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parquet_file_from_pyarrow_becomes_json_lines() {
-    let has = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        has || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
-        "python3 with pyarrow is required here"
-    );
-    if !has {
-        eprintln!("skipped: no pyarrow");
+    if !python_has("pyarrow") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -309,16 +299,7 @@ async fn a_parquet_file_from_pyarrow_becomes_json_lines() {
 /// events are counted as errored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_files_we_write_read_in_pyarrow() {
-    let has = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        has || std::env::var_os("LOGBUS_REQUIRE_TOOLS").is_none(),
-        "python3 with pyarrow is required here"
-    );
-    if !has {
-        eprintln!("skipped: no pyarrow");
+    if !python_has("pyarrow") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
