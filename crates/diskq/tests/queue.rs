@@ -152,7 +152,7 @@ impl Lcg {
 #[test]
 fn bit_flips_and_truncation_cost_only_the_records_they_hit() {
     let mut rng = Lcg(7);
-    for case in 0..30 {
+    for case in 0..30u64 {
         let dir = tempfile::tempdir().unwrap();
         filled(dir.path());
         let ids = list_segments(dir.path()).unwrap();
