@@ -148,7 +148,156 @@ pub struct QueueSpec {
     /// Frontend settings (with `scope: local`).
     #[serde(default)]
     pub local: Option<LocalSpec>,
+    /// `memory` (the default) loses its contents when the process dies.
+    /// `disk`: every event goes through an append-only log on disk.
+    /// `disk-assisted`: memory first, spilling to the log beyond
+    /// `high_watermark` events.
+    #[serde(default, rename = "type")]
+    pub kind: QueueKind,
+    /// Directory of durable queues; this stage's queue lives in
+    /// `<path>/<stage id>` (its identity across restarts and worker counts).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Most bytes the queue keeps on disk (default 10GiB), e.g. `512MiB`.
+    #[serde(default)]
+    pub max_disk_bytes: Option<ByteSize>,
+    /// What a producer meets at `max_disk_bytes` (default `backpressure`).
+    #[serde(default)]
+    pub when_full: Option<WhenFullSpec>,
+    /// Size at which a segment file is sealed and a new one begun (default 64MiB).
+    #[serde(default)]
+    pub segment_bytes: Option<ByteSize>,
+    /// `batch` (default): fsync before a batch is acknowledged upstream;
+    /// `interval`: fsync every `sync_interval_ms`; `none`: leave it to the OS.
+    #[serde(default)]
+    pub sync: Option<SyncSpec>,
+    /// With `sync: interval` (default 100).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 60000))]
+    pub sync_interval_ms: Option<u64>,
+    /// `none` (default) or `lz4`, per record.
+    #[serde(default)]
+    pub compression: Option<CompressionSpec>,
+    /// Disk-assisted: on a forced stop, write the memory backlog to disk
+    /// (default true).
+    #[serde(default)]
+    pub save_on_shutdown: Option<bool>,
+    /// Disk-assisted: events in memory before batches spill (default 90% of `size`).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub high_watermark: Option<usize>,
+    /// Disk-assisted: spilling stops once memory is down to this and the
+    /// log has been read (default 70% of `size`).
+    #[serde(default)]
+    pub low_watermark: Option<usize>,
 }
+
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueKind {
+    #[default]
+    Memory,
+    Disk,
+    DiskAssisted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFullSpec {
+    Backpressure,
+    DropOldest,
+    DropNewest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncSpec {
+    Batch,
+    Interval,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CompressionSpec {
+    None,
+    Lz4,
+}
+
+/// A size in bytes: an integer, or a string with a unit (`64MiB`, `10GiB`,
+/// `500MB`, `4096`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn parse(text: &str) -> Result<ByteSize, String> {
+        let t = text.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (number, unit) = (&t[..split], t[split..].trim());
+        let factor: u64 = match unit {
+            "" | "B" => 1,
+            "KB" | "kB" => 1000,
+            "KiB" => 1 << 10,
+            "MB" => 1000 * 1000,
+            "MiB" => 1 << 20,
+            "GB" => 1000 * 1000 * 1000,
+            "GiB" => 1 << 30,
+            "TB" => 1000u64.pow(4),
+            "TiB" => 1 << 40,
+            _ => return Err(format!("`{text}` is not a size like 64MiB, 10GiB or 4096")),
+        };
+        let value: f64 = number
+            .parse()
+            .map_err(|_| format!("`{text}` is not a size like 64MiB, 10GiB or 4096"))?;
+        let bytes = value * factor as f64;
+        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+            return Err(format!("`{text}` is out of range"));
+        }
+        Ok(ByteSize(bytes as u64))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a size: an integer, or a string like 64MiB")
+        })? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Text(t) => ByteSize::parse(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl schemars::JsonSchema for ByteSize {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ByteSize".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Bytes: an integer, or a number with a unit (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB).",
+            "oneOf": [
+                { "type": "integer", "minimum": 0 },
+                { "type": "string", "pattern": "^\\s*[0-9]+(\\.[0-9]+)?\\s*(B|KB|kB|KiB|MB|MiB|GB|GiB|TB|TiB)?\\s*$" }
+            ]
+        })
+    }
+}
+
+/// Limits of the durable queue settings.
+pub const MIN_SEGMENT_BYTES: u64 = 4 << 10;
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+const DEFAULT_MAX_DISK_BYTES: u64 = 10 << 30;
 
 /// `queue.local`: the frontends of a local-scope queue.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
@@ -266,6 +415,7 @@ impl CheckOptions for QueueSpec {
                 ));
             }
         }
+        errors.extend(self.check_durable());
         if let Some(size) = self.size
             && !(1..=MAX_CHANNEL_CAPACITY).contains(&size)
         {
@@ -286,6 +436,118 @@ impl CheckOptions for QueueSpec {
         }
         errors
     }
+}
+
+impl QueueSpec {
+    fn check_durable(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        let durable_keys: [(&str, bool); 9] = [
+            ("path", self.path.is_some()),
+            ("max_disk_bytes", self.max_disk_bytes.is_some()),
+            ("when_full", self.when_full.is_some()),
+            ("segment_bytes", self.segment_bytes.is_some()),
+            ("sync", self.sync.is_some()),
+            ("sync_interval_ms", self.sync_interval_ms.is_some()),
+            ("compression", self.compression.is_some()),
+            ("save_on_shutdown", self.save_on_shutdown.is_some()),
+            ("high_watermark", self.high_watermark.is_some()),
+        ];
+        if self.kind == QueueKind::Memory {
+            for (key, set) in durable_keys
+                .into_iter()
+                .chain([("low_watermark", self.low_watermark.is_some())])
+            {
+                if set {
+                    errors.push(OptionError::at(
+                        &[key],
+                        "applies only with `type: disk` or `type: disk-assisted`",
+                    ));
+                }
+            }
+            return errors;
+        }
+        if self.path.as_deref().is_none_or(str::is_empty) {
+            errors.push(OptionError::at(
+                &["type"],
+                "a durable queue needs `path`: the directory that holds it across restarts",
+            ));
+        }
+        if self.kind == QueueKind::Disk {
+            if self.scope == QueueScope::Local {
+                errors.push(OptionError::at(
+                    &["scope"],
+                    "a `disk` queue cannot have local scope; use `type: disk-assisted`, whose memory part can",
+                ));
+            }
+            for (key, set) in [
+                ("save_on_shutdown", self.save_on_shutdown.is_some()),
+                ("high_watermark", self.high_watermark.is_some()),
+                ("low_watermark", self.low_watermark.is_some()),
+            ] {
+                if set {
+                    errors.push(OptionError::at(
+                        &[key],
+                        "applies only with `type: disk-assisted`",
+                    ));
+                }
+            }
+        }
+        if self.sync_interval_ms.is_some() && self.sync != Some(SyncSpec::Interval) {
+            errors.push(OptionError::at(
+                &["sync_interval_ms"],
+                "applies only with `sync: interval`",
+            ));
+        }
+        let segment = self.segment_bytes.map_or(DEFAULT_SEGMENT_BYTES, |b| b.0);
+        if let Some(b) = self.segment_bytes
+            && !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&b.0)
+        {
+            errors.push(OptionError::at(
+                &["segment_bytes"],
+                format!("must be between 4KiB and 1GiB, got {} bytes", b.0),
+            ));
+        }
+        if let Some(max) = self.max_disk_bytes
+            && max.0 < 2 * segment
+        {
+            errors.push(OptionError::at(
+                &["max_disk_bytes"],
+                format!(
+                    "must be at least two segments ({} bytes with segment_bytes {segment}), got {}",
+                    2 * segment,
+                    max.0
+                ),
+            ));
+        }
+        if let (Some(high), Some(low)) = (self.high_watermark, self.low_watermark)
+            && low >= high
+        {
+            errors.push(OptionError::at(
+                &["low_watermark"],
+                format!("must be below `high_watermark` ({high}), got {low}"),
+            ));
+        }
+        if let (Some(high), Some(size)) = (self.high_watermark, self.size)
+            && high > size
+        {
+            errors.push(OptionError::at(
+                &["high_watermark"],
+                format!("must not exceed `size` ({size}), got {high}"),
+            ));
+        }
+        if self.high_watermark == Some(0) {
+            errors.push(OptionError::at(&["high_watermark"], "must be at least 1"));
+        }
+        errors
+    }
+}
+
+/// A stage's durable queue, resolved against the settings.
+#[derive(Debug, Clone)]
+pub struct DurableQueueSpec {
+    pub config: logbus_plugin_api::durable::DiskConfig,
+    pub kind: logbus_plugin_api::durable::DurableKind,
+    pub save_on_shutdown: bool,
 }
 
 #[derive(Clone)]
@@ -345,7 +607,14 @@ impl StageSpec {
     /// consumers' hands included: `B`, plus `N × (F + D)` for a local-scope
     /// queue with `D = min(dequeue_batch, F)`.
     pub fn inflight_bound(&self, settings: &Settings) -> usize {
-        let b = self.capacity(settings);
+        // A durable queue's log is on disk; what it adds in memory is the
+        // batches its workers hold (a `disk` queue has no memory part).
+        let in_hands = self.workers.max(1) * self.dequeue_batch(settings);
+        let b = match self.queue.as_ref().map(|q| q.kind) {
+            Some(QueueKind::Disk) => in_hands,
+            Some(QueueKind::DiskAssisted) => self.capacity(settings) + in_hands,
+            _ => self.capacity(settings),
+        };
         match self.local_config(settings) {
             None => b,
             Some(l) => {
@@ -353,6 +622,52 @@ impl StageSpec {
                 b + l.max_frontends * (l.frontend_size + d)
             }
         }
+    }
+
+    /// The durable store of a `disk` or `disk-assisted` input queue.
+    pub fn durable(&self, settings: &Settings) -> Option<DurableQueueSpec> {
+        use logbus_plugin_api::durable::{DiskConfig, DurableKind, SyncMode, WhenFull};
+        let q = self.queue.as_ref()?;
+        let capacity = self.capacity(settings);
+        let kind = match q.kind {
+            QueueKind::Memory => return None,
+            QueueKind::Disk => DurableKind::Disk,
+            QueueKind::DiskAssisted => {
+                let high = q
+                    .high_watermark
+                    .unwrap_or((capacity * 9 / 10).max(1))
+                    .min(capacity);
+                DurableKind::DiskAssisted {
+                    high_watermark: high,
+                    low_watermark: q
+                        .low_watermark
+                        .unwrap_or(capacity * 7 / 10)
+                        .min(high.saturating_sub(1)),
+                }
+            }
+        };
+        let dir = std::path::Path::new(q.path.as_deref().unwrap_or(".")).join(&self.id);
+        Some(DurableQueueSpec {
+            config: DiskConfig {
+                dir,
+                segment_bytes: q.segment_bytes.map_or(DEFAULT_SEGMENT_BYTES, |b| b.0),
+                max_disk_bytes: q.max_disk_bytes.map_or(DEFAULT_MAX_DISK_BYTES, |b| b.0),
+                when_full: match q.when_full.unwrap_or(WhenFullSpec::Backpressure) {
+                    WhenFullSpec::Backpressure => WhenFull::Backpressure,
+                    WhenFullSpec::DropOldest => WhenFull::DropOldest,
+                    WhenFullSpec::DropNewest => WhenFull::DropNewest,
+                },
+                sync: match q.sync.unwrap_or(SyncSpec::Batch) {
+                    SyncSpec::Batch => SyncMode::Batch,
+                    SyncSpec::Interval => SyncMode::Interval,
+                    SyncSpec::None => SyncMode::None,
+                },
+                sync_interval: std::time::Duration::from_millis(q.sync_interval_ms.unwrap_or(100)),
+                lz4: q.compression == Some(CompressionSpec::Lz4),
+            },
+            kind,
+            save_on_shutdown: q.save_on_shutdown.unwrap_or(true),
+        })
     }
 
     /// Most events one worker takes per dequeue.

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use logbus_plugin_api::durable::DurableSnapshot;
 use logbus_plugin_api::{HistogramSnapshot, LocalQueueSnapshot, StageCounts, StageKind};
 use serde::Serialize;
 
@@ -43,6 +44,10 @@ pub struct ChannelReport {
     /// local-scope queue.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local: Option<LocalQueueSnapshot>,
+    /// The log of a `disk` or `disk-assisted` queue: what it recovered at
+    /// start, holds now, dropped by policy, and its I/O.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DurableSnapshot>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -103,7 +108,13 @@ impl RunReport {
             }
         }
         for ch in &channels {
-            t.lost += ch.sent as i64 - ch.received as i64;
+            // A durable queue also delivers what an earlier process left,
+            // and keeps for the next one what it did not deliver.
+            let (recovered, kept) = ch
+                .disk
+                .as_ref()
+                .map_or((0, 0), |d| (d.recovered, d.not_received()));
+            t.lost += (ch.sent + recovered) as i64 - (ch.received + kept) as i64;
         }
         RunReport {
             totals: t,
@@ -141,6 +152,24 @@ impl fmt::Display for RunReport {
                 f,
                 "  {:<20} {:<10} {:>12} {:>12} {:>10} {:>10} {:>10}",
                 s.id, s.kind, c.events_in, c.events_out, c.discarded, c.errored, c.routed
+            )?;
+        }
+        for c in &self.channels {
+            let Some(d) = &c.disk else { continue };
+            writeln!(
+                f,
+                "  queue {} ({}): recovered {}, spilled {}, left on disk {}, dropped {}, damaged {} regions ({} bytes); {} writes, {} fsyncs, {:.1} MiB written",
+                c.stage,
+                d.kind,
+                d.recovered,
+                d.spilled,
+                d.unread,
+                d.dropped_newest + d.dropped_oldest,
+                d.damaged_regions,
+                d.damaged_bytes,
+                d.writes,
+                d.fsyncs,
+                d.bytes_written as f64 / (1024.0 * 1024.0)
             )?;
         }
         for c in &self.channels {

@@ -23,11 +23,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
+use logbus_plugin_api::durable::Durable;
 use logbus_plugin_api::{
     BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt,
     Output, OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink, SinkContext,
     Source, SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender,
-    channel_with_batch, channel_with_latency, local_channel,
+    channel_with_batch, channel_with_latency, durable_channel, local_channel,
 };
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -204,6 +205,7 @@ pub fn start(
     shutdown: CancellationToken,
 ) -> Result<RunningPipeline, Vec<BuildError>> {
     let mut built = build_all(pipeline, pipeline.stages.iter())?;
+    let mut durables = open_durables(pipeline, pipeline.stages.iter())?;
     let mut sup = Supervisor {
         shutdown: shutdown.clone(),
         running: pipeline.clone(),
@@ -222,7 +224,7 @@ pub fn start(
         started: Instant::now(),
     };
     // Channels first, so every output can be wired before any stage runs.
-    let mut receivers = sup.open_channels(pipeline.stages.iter());
+    let mut receivers = sup.open_channels(pipeline.stages.iter(), &mut durables);
     sup.rewire(pipeline);
     for spec in &pipeline.stages {
         let b = built.remove(&spec.id).expect("every stage was built");
@@ -298,6 +300,7 @@ fn report_parts(inv: &Inventory) -> (Vec<StageReport>, Vec<ChannelReport>) {
                 wait_seconds: c.stats().wait_seconds(),
                 ingest_latency_us: c.stats().ingest_latency_snapshot(),
                 local: c.local(),
+                disk: c.durable(),
             })
             .collect(),
     )
@@ -385,7 +388,11 @@ struct Supervisor {
 type Opened = HashMap<String, (Receiver, Sender)>;
 
 impl Supervisor {
-    fn open_channels<'a>(&mut self, specs: impl Iterator<Item = &'a StageSpec>) -> Opened {
+    fn open_channels<'a>(
+        &mut self,
+        specs: impl Iterator<Item = &'a StageSpec>,
+        durables: &mut HashMap<String, Durable>,
+    ) -> Opened {
         let settings = self.running.settings.clone();
         let mut opened = HashMap::new();
         for spec in specs {
@@ -395,10 +402,14 @@ impl Supervisor {
             if spec.kind != StageKind::Source {
                 let (capacity, batch) = (spec.capacity(&settings), spec.dequeue_batch(&settings));
                 let latency = spec.kind == StageKind::Sink;
-                let (tx, rx) = match spec.local_config(&settings) {
-                    Some(local) => local_channel(capacity, batch, local, latency),
-                    None if latency => channel_with_latency(capacity, batch),
-                    None => channel_with_batch(capacity, batch),
+                let local = spec.local_config(&settings);
+                let (tx, rx) = match (durables.remove(&spec.id), local) {
+                    (Some(durable), local) => {
+                        durable_channel(capacity, batch, latency, local, durable)
+                    }
+                    (None, Some(local)) => local_channel(capacity, batch, local, latency),
+                    (None, None) if latency => channel_with_latency(capacity, batch),
+                    (None, None) => channel_with_batch(capacity, batch),
                 };
                 self.inventory
                     .lock()
@@ -676,7 +687,8 @@ impl Supervisor {
             .filter(|s| summary.added.contains(&s.id))
             .cloned()
             .collect();
-        let mut opened = self.open_channels(added.iter());
+        let mut durables = open_durables(&new, added.iter()).map_err(ReloadError::Build)?;
+        let mut opened = self.open_channels(added.iter(), &mut durables);
         let rewired = self.rewire(&new);
         summary.rewired = rewired
             .into_iter()
@@ -838,14 +850,67 @@ fn worker_input(input: Option<&Receiver>, index: usize, workers: usize) -> Recei
 /// After a failure: the events the stage held (received, never forwarded or
 /// committed) are errored; then keep the input flowing so upstreams can
 /// finish, counting every event that still arrives as errored.
+///
+/// A durable queue's batches are not errored: they go back to its log,
+/// unacknowledged, and are delivered at the next start.
 async fn drain_as_errored(input: &mut Receiver, metrics: &StageMetrics) {
+    // Events it held are errored here, and (from a durable queue) also
+    // stay in the log: this run counts them as failed, the next delivers
+    // them again.
+    input.return_held();
     let held = metrics.snapshot().unaccounted();
     if held > 0 {
         metrics.add_errored(held as u64);
     }
     while let Some(batch) = input.recv().await {
-        metrics.add_in(batch.len() as u64);
-        metrics.add_errored(batch.len() as u64);
+        let n = batch.len() as u64;
+        if !batch.return_to_store() {
+            metrics.add_in(n);
+            metrics.add_errored(n);
+        }
+    }
+}
+
+/// Opens the durable store of every `disk` / `disk-assisted` queue among
+/// `specs`, recovering what an earlier process left.
+fn open_durables<'a>(
+    pipeline: &Pipeline,
+    specs: impl Iterator<Item = &'a StageSpec>,
+) -> Result<HashMap<String, Durable>, Vec<BuildError>> {
+    let mut opened = HashMap::new();
+    let mut errors = Vec::new();
+    for spec in specs {
+        let Some(d) = spec.durable(&pipeline.settings) else {
+            continue;
+        };
+        let dir = d.config.dir.display().to_string();
+        match Durable::open(d.config, d.kind) {
+            Ok((durable, recovery)) => {
+                for note in &recovery.notes {
+                    tracing::warn!(stage = %spec.id, queue = %dir, "{note}");
+                }
+                if recovery.records > 0 {
+                    tracing::info!(
+                        stage = %spec.id,
+                        queue = %dir,
+                        "recovered {} events ({} bytes in {} segments) left by an earlier run",
+                        recovery.records,
+                        recovery.bytes,
+                        recovery.segments
+                    );
+                }
+                opened.insert(spec.id.clone(), durable);
+            }
+            Err(e) => errors.push(BuildError {
+                stage: spec.id.clone(),
+                message: format!("queue: {e}"),
+            }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(opened)
+    } else {
+        Err(errors)
     }
 }
 

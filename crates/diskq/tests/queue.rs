@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use logbus_diskq::{
-    Appended, Config, DiskQueue, Error, ReadBatch, RecordBatch, WhenFull, inspect,
-    list_segments, segment_path,
+    Appended, Config, DiskQueue, Error, ReadBatch, RecordBatch, WhenFull, inspect, list_segments,
+    segment_path,
 };
 
 fn config(dir: &Path) -> Config {

@@ -20,6 +20,7 @@ use std::sync::{Arc, Weak};
 use logbus_ring::spsc;
 use tokio::sync::{Notify, Semaphore};
 
+use crate::durable::Durable;
 use crate::event::Event;
 use crate::histogram::{HistogramSnapshot, Log2Histogram};
 use crate::local::{Local, LocalConfig, LocalQueueSnapshot, Overflow};
@@ -111,6 +112,9 @@ struct Shared {
     /// For a local-scope queue: a BE sender that does not keep it open,
     /// for helpers putting back the part of a batch they do not borrow.
     backend: Option<async_channel::WeakSender<Vec<Event>>>,
+    /// `type: disk` or `disk-assisted`: the log behind (or instead of)
+    /// the memory queue.
+    durable: Option<Durable>,
 }
 
 impl Shared {
@@ -123,6 +127,12 @@ impl Shared {
 
     fn local(&self) -> Option<&Local> {
         self.stats.local.as_ref()
+    }
+
+    /// Whether this channel's memory queue takes events at all (a `disk`
+    /// queue's does not).
+    fn uses_memory(&self) -> bool {
+        self.durable.as_ref().is_none_or(Durable::is_assisted)
     }
 }
 
@@ -163,6 +173,19 @@ pub fn local_channel(
     make_channel_with(capacity, max_batch, latency, Some(config))
 }
 
+/// A queue with a durable store (see [`crate::durable`]): `capacity` is
+/// the memory part of a disk-assisted queue (a `disk` queue keeps no
+/// events in memory but the batches in its consumers' hands).
+pub fn durable_channel(
+    capacity: usize,
+    max_batch: usize,
+    latency: bool,
+    local: Option<LocalConfig>,
+    durable: Durable,
+) -> (Sender, Receiver) {
+    make_channel_full(capacity, max_batch, latency, local, Some(durable))
+}
+
 fn make_channel(capacity: usize, max_batch: usize, latency: bool) -> (Sender, Receiver) {
     make_channel_with(capacity, max_batch, latency, None)
 }
@@ -172,6 +195,16 @@ fn make_channel_with(
     max_batch: usize,
     latency: bool,
     local: Option<LocalConfig>,
+) -> (Sender, Receiver) {
+    make_channel_full(capacity, max_batch, latency, local, None)
+}
+
+fn make_channel_full(
+    capacity: usize,
+    max_batch: usize,
+    latency: bool,
+    local: Option<LocalConfig>,
+    durable: Option<Durable>,
 ) -> (Sender, Receiver) {
     assert!(capacity >= 1, "channel capacity must be at least 1");
     assert!(max_batch >= 1, "max batch must be at least 1");
@@ -197,6 +230,7 @@ fn make_channel_with(
         max_batch,
         receivers: AtomicUsize::new(1),
         backend,
+        durable,
     });
     (
         Sender {
@@ -209,6 +243,8 @@ fn make_channel_with(
             interrupt: None,
             seen: 0,
             frontend: None,
+            disk_turn: false,
+            held: HeldAcks::default(),
         },
     )
 }
@@ -353,6 +389,9 @@ impl Sender {
     }
 
     async fn send_backend(&self, mut batch: Vec<Event>) -> Result<(), SendError> {
+        if self.shared.durable.is_some() {
+            return self.send_durable(batch).await;
+        }
         let capacity = self.shared.max_batch;
         while !batch.is_empty() {
             let chunk = if batch.len() <= capacity {
@@ -388,13 +427,65 @@ impl Sender {
         Ok(())
     }
 
+    /// A durable queue: memory while a disk-assisted queue admits the
+    /// batch, the log otherwise. Returns once the batch is stored.
+    async fn send_durable(&self, mut batch: Vec<Event>) -> Result<(), SendError> {
+        let durable = self.shared.durable.as_ref().expect("a durable channel");
+        while !batch.is_empty() {
+            let n = batch.len().min(self.shared.max_batch);
+            if !durable.memory_admits(self.shared.occupancy(), n) {
+                break;
+            }
+            let Ok(permit) = self.shared.permits.try_acquire_many(n as u32) else {
+                break;
+            };
+            permit.forget();
+            let rest = batch.split_off(n);
+            let chunk = std::mem::replace(&mut batch, rest);
+            self.shared
+                .stats
+                .max_occupancy
+                .fetch_max(self.shared.occupancy(), Ordering::Relaxed);
+            if let Err(e) = self.tx.try_send(chunk) {
+                self.shared.permits.add_permits(n);
+                return Err(SendError(rejoin(e.into_inner(), batch)));
+            }
+            self.shared
+                .stats
+                .sent
+                .fetch_add(n as u64, Ordering::Relaxed);
+            if let Some(local) = self.shared.local() {
+                local.wake_helper();
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if self.tx.is_closed() {
+            return Err(SendError(batch));
+        }
+        match durable.append(&batch).await {
+            Ok(()) => {
+                self.shared
+                    .stats
+                    .sent
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                Err(SendError(batch))
+            }
+        }
+    }
+
     /// Sends without waiting, or gives the batch back when it does not fit now.
     pub fn try_send(&self, batch: Vec<Event>) -> Result<(), TrySendError> {
         let n = batch.len();
         if n == 0 {
             return Ok(());
         }
-        if n > self.shared.max_batch {
+        if n > self.shared.max_batch || !self.shared.uses_memory() {
             return Err(TrySendError::Full(batch));
         }
         match self.shared.permits.try_acquire_many(n as u32) {
@@ -520,6 +611,10 @@ impl ChannelHandle {
     pub fn local(&self) -> Option<LocalQueueSnapshot> {
         Some(self.0.local()?.snapshot(self.0.occupancy()))
     }
+    /// A durable queue's counters.
+    pub fn durable(&self) -> Option<crate::durable::DurableSnapshot> {
+        Some(self.0.durable.as_ref()?.snapshot())
+    }
 }
 
 /// Lets the engine end consumers' streams early (at a batch boundary)
@@ -559,6 +654,19 @@ pub struct Receiver {
     seen: u64,
     /// Set for a frontend's consumer: its slot and its end of the ring.
     frontend: Option<FrontendEnd>,
+    /// A disk-assisted queue's consumer alternates memory and log.
+    disk_turn: bool,
+    /// Acknowledgements of log batches this consumer released, settled at
+    /// its next `recv` (or when it ends normally): a consumer that fails
+    /// before asking again returns them to the log instead.
+    held: HeldAcks,
+}
+
+/// Released log batches: their acknowledgement and event count.
+type HeldAcks = Arc<std::sync::Mutex<Vec<(logbus_diskq::AckToken, u64)>>>;
+
+fn take_held(held: &HeldAcks) -> Vec<(logbus_diskq::AckToken, u64)> {
+    std::mem::take(&mut *held.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 struct FrontendEnd {
@@ -577,6 +685,8 @@ enum Origin {
     /// against the BE, counted as help.
     Borrowed(usize),
     Frontend(usize),
+    /// Read from a durable queue's log: acknowledged when released.
+    Disk,
 }
 
 /// Keeps the wait counters of a receiver that is waiting; settled on
@@ -619,6 +729,10 @@ impl Receiver {
         }
         if self.frontend.is_some() {
             return self.recv_frontend().await;
+        }
+        if self.shared.durable.is_some() {
+            drop(take_held(&self.held));
+            return self.recv_durable().await;
         }
         if let Ok(events) = self.rx.try_recv() {
             return Some(self.accept(events, Origin::Backend));
@@ -731,6 +845,102 @@ impl Receiver {
             if helping && !local.idle.withdraw(fe.slot) {
                 fe.picked = true;
             }
+        }
+    }
+
+    /// A durable queue's consumer: memory and log in turn (a `disk` queue
+    /// has only the log), until every sender is gone and both are empty.
+    async fn recv_durable(&mut self) -> Option<InputBatch> {
+        let shared = self.shared.clone();
+        let durable = shared.durable.as_ref().expect("a durable channel");
+        let mut wait = None;
+        let interrupt = self.interrupt.clone();
+        loop {
+            // Register for every wake-up before looking, so none is missed.
+            let mut raised = interrupt.as_ref().map(|i| Box::pin(i.notify.notified()));
+            if let Some(r) = raised.as_mut() {
+                r.as_mut().enable();
+            }
+            if self.is_interrupted() {
+                return None;
+            }
+            let readable = durable.queue.readable();
+            tokio::pin!(readable);
+            readable.as_mut().enable();
+            self.disk_turn = !self.disk_turn;
+            let disk_first = self.disk_turn || !durable.is_assisted();
+            if !disk_first && let Ok(events) = self.rx.try_recv() {
+                return Some(self.accept(events, Origin::Backend));
+            }
+            if let Some(batch) = self.read_log(durable) {
+                return Some(batch);
+            }
+            if let Ok(events) = self.rx.try_recv() {
+                return Some(self.accept(events, Origin::Backend));
+            }
+            let senders_gone = self.rx.is_closed();
+            if senders_gone {
+                durable.queue.close();
+                if durable.queue.is_drained() && self.rx.is_empty() {
+                    return None;
+                }
+            }
+            if wait.is_none() {
+                wait = Some(WaitGuard::start(&shared));
+            }
+            let interrupted = async {
+                match raised.as_mut() {
+                    Some(r) => r.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut readable => {}
+                _ = interrupted => {}
+                events = self.rx.recv(), if !senders_gone => {
+                    if let Ok(events) = events {
+                        return Some(self.accept(events, Origin::Backend));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One batch from the log, if any is readable now.
+    fn read_log(&mut self, durable: &Durable) -> Option<InputBatch> {
+        let max = self.shared.max_batch;
+        loop {
+            let read = crate::blocking(|| durable.queue.try_read(max));
+            let batch = match read {
+                Ok(Some(batch)) => batch,
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    return None;
+                }
+            };
+            let (data, ranges, ack) = batch.into_parts();
+            let data = bytes::Bytes::from(data);
+            let mut source = None;
+            let mut events = Vec::with_capacity(ranges.len());
+            for range in ranges {
+                match crate::durable::decode_event(&data, range.clone(), &mut source) {
+                    Ok(event) => events.push(event),
+                    Err(why) => {
+                        durable.stats.undecodable.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            queue = %durable.queue.config().dir.display(),
+                            "skipping a queue record that is not an event: {why}"
+                        );
+                    }
+                }
+            }
+            if events.is_empty() {
+                continue;
+            }
+            let mut batch = self.accept(events, Origin::Disk);
+            batch.ack = Some((ack, self.held.clone()));
+            return Some(batch);
         }
     }
 
@@ -869,6 +1079,7 @@ impl Receiver {
             origin,
             ingest_ns,
             shared: self.shared.clone(),
+            ack: None,
         }
     }
 
@@ -895,11 +1106,29 @@ impl Receiver {
             origin: Origin::Frontend(slot),
             ingest_ns,
             shared: self.shared.clone(),
+            ack: None,
         }
     }
 
     pub fn handle(&self) -> ChannelHandle {
         ChannelHandle(self.shared.clone())
+    }
+
+    /// The consumer failed: the log batches it released but whose
+    /// acknowledgement is not settled yet (it may have failed while
+    /// finishing them) go back to the log for the next start. Returns how
+    /// many events that was.
+    pub fn return_held(&mut self) -> u64 {
+        let Some(durable) = &self.shared.durable else {
+            return 0;
+        };
+        let mut n = 0;
+        for (ack, count) in take_held(&self.held) {
+            ack.keep();
+            n += count;
+        }
+        durable.stats.returned.fetch_add(n, Ordering::Relaxed);
+        n
     }
 }
 
@@ -913,6 +1142,8 @@ impl Clone for Receiver {
             interrupt: self.interrupt.clone(),
             seen: self.seen,
             frontend: None,
+            disk_turn: false,
+            held: HeldAcks::default(),
         }
     }
 }
@@ -923,6 +1154,8 @@ impl Drop for Receiver {
     /// receiver closes the channel: blocked senders get their events back,
     /// and whatever was still queued is counted as abandoned.
     fn drop(&mut self) {
+        // Ending normally: what this consumer released is done.
+        drop(take_held(&self.held));
         if let Some(mut fe) = self.frontend.take() {
             let mut left = Vec::new();
             while fe.ring.pop_into(usize::MAX, &mut left) > 0 {}
@@ -962,9 +1195,30 @@ pub struct InputBatch {
     /// released, i.e. after the sink committed it.
     ingest_ns: Option<u64>,
     shared: Arc<Shared>,
+    /// For a batch read from a durable queue's log: dropping it
+    /// acknowledges the records.
+    ack: Option<(logbus_diskq::AckToken, HeldAcks)>,
 }
 
 impl InputBatch {
+    /// The consumer failed before finishing this batch: a batch read from
+    /// a durable queue's log is left there, unacknowledged, for the next
+    /// start (returns `true`); any other batch is simply released.
+    pub fn return_to_store(mut self) -> bool {
+        match self.ack.take() {
+            Some((ack, _)) => {
+                ack.keep();
+                if let Some(d) = &self.shared.durable {
+                    d.stats
+                        .returned
+                        .fetch_add(self.count as u64, Ordering::Relaxed);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.count
     }
@@ -990,6 +1244,11 @@ impl InputBatch {
 
 impl Drop for InputBatch {
     fn drop(&mut self) {
+        if let Some((ack, held)) = self.ack.take() {
+            held.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((ack, self.count as u64));
+        }
         let n = self.count;
         if let Some(ingest) = self.ingest_ns {
             let micros = crate::event::now_ns().saturating_sub(ingest) / 1000;
@@ -1015,6 +1274,7 @@ impl Drop for InputBatch {
                         .fetch_add(n as u64, Ordering::Relaxed);
                 }
             }
+            Origin::Disk => {}
             Origin::Frontend(slot) => {
                 if let Some(local) = self.shared.local() {
                     local.frontends[slot]

@@ -5,6 +5,7 @@
 //! the engine owns the channels between them.
 
 pub mod channel;
+pub mod durable;
 pub mod event;
 pub mod histogram;
 pub mod local;
@@ -27,7 +28,7 @@ pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use channel::{
     ChannelHandle, InputBatch, Interrupt, Receiver, Registration, SendError, Sender, WeakSender,
-    channel, channel_with_batch, channel_with_latency, local_channel,
+    channel, channel_with_batch, channel_with_latency, durable_channel, local_channel,
 };
 pub use event::{Event, EventData, FieldPath, Fields, Meta, Payload, now_ns};
 pub use histogram::{HistogramSnapshot, Log2Histogram};

@@ -1,0 +1,196 @@
+//! Stage queues with a durable store: a `disk` queue, a disk-assisted
+//! queue's spill and return, persistence across a reopen, a failed
+//! consumer's batches staying on disk, and local-scope helpers never
+//! touching the log.
+
+use std::path::Path;
+use std::time::Duration;
+
+use futures::FutureExt;
+use logbus_plugin_api::durable::{DiskConfig, Durable, DurableKind};
+use logbus_plugin_api::{Event, LocalConfig, Meta, Receiver, durable_channel};
+
+fn events(from: usize, n: usize) -> Vec<Event> {
+    (from..from + n)
+        .map(|i| {
+            Event::raw(
+                format!("{i:06}"),
+                Meta {
+                    source: "t".into(),
+                    ingest_ns: i as u64,
+                },
+            )
+        })
+        .collect()
+}
+
+fn numbers(batch: &[Event]) -> Vec<usize> {
+    batch
+        .iter()
+        .map(|e| {
+            std::str::from_utf8(e.as_raw().unwrap())
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn open(dir: &Path, kind: DurableKind) -> Durable {
+    let config = DiskConfig {
+        segment_bytes: 8192,
+        ..DiskConfig::new(dir)
+    };
+    Durable::open(config, kind).unwrap().0
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn receive_all(rx: &mut Receiver) -> Vec<usize> {
+    let mut got = Vec::new();
+    while let Some(mut batch) = rx.recv().await {
+        got.extend(numbers(&batch.take()));
+    }
+    got
+}
+
+#[test]
+fn a_disk_queue_delivers_everything_in_order_and_ends_when_senders_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = durable_channel(64, 16, false, None, open(dir.path(), DurableKind::Disk));
+    let handle = rx.handle();
+    let got = rt().block_on(async move {
+        for i in 0..50 {
+            tx.send(events(i * 10, 10)).await.unwrap();
+        }
+        drop(tx);
+        receive_all(&mut rx).await
+    });
+    assert_eq!(got, (0..500).collect::<Vec<_>>());
+    let d = handle.durable().unwrap();
+    assert_eq!((d.spilled, d.queued, d.unread), (500, 0, 0));
+    assert_eq!(handle.stats().sent(), 500);
+    assert_eq!(handle.stats().received(), 500);
+    // Nothing waited in memory: a disk queue's memory part stays empty.
+    assert_eq!(handle.stats().max_occupancy(), 0);
+}
+
+#[test]
+fn events_survive_a_restart_and_a_failed_consumers_batches_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (tx, mut rx) =
+            durable_channel(64, 16, false, None, open(dir.path(), DurableKind::Disk));
+        rt().block_on(async {
+            tx.send(events(0, 100)).await.unwrap();
+            // One batch done, the next returned by a failing consumer.
+            let done = rx.recv().await.unwrap();
+            assert_eq!(done.len(), 16);
+            drop(done);
+            let failed = rx.recv().await.unwrap();
+            assert!(failed.return_to_store());
+        });
+        let d = rx.handle().durable().unwrap();
+        assert_eq!(d.returned, 16);
+        assert_eq!(d.unread, 100 - 32);
+    }
+    let durable = open(dir.path(), DurableKind::Disk);
+    assert_eq!(durable.recovery().records, 100 - 16);
+    let (tx, mut rx) = durable_channel(64, 16, false, None, durable);
+    drop(tx);
+    let got = rt().block_on(receive_all(&mut rx));
+    assert_eq!(got, (16..100).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_disk_assisted_queue_spills_beyond_the_high_watermark_and_returns_to_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let kind = DurableKind::DiskAssisted {
+        high_watermark: 20,
+        low_watermark: 10,
+    };
+    let (tx, mut rx) = durable_channel(32, 10, false, None, open(dir.path(), kind));
+    let handle = rx.handle();
+    rt().block_on(async {
+        // No consumer yet: 20 fit in memory, the rest spill.
+        for i in 0..10 {
+            tx.send(events(i * 10, 10)).await.unwrap();
+        }
+        let d = handle.durable().unwrap();
+        assert_eq!(d.spilled, 80);
+        assert!(d.spilling);
+        assert_eq!(handle.occupancy(), 20);
+        // Drain everything: memory and log in turn.
+        let mut got = Vec::new();
+        while got.len() < 100 {
+            let mut batch = rx.recv().await.unwrap();
+            got.extend(numbers(&batch.take()));
+        }
+        got.sort_unstable();
+        assert_eq!(got, (0..100).collect::<Vec<_>>());
+        // The log is read and memory is empty: the next batch stays in memory.
+        tx.send(events(100, 5)).await.unwrap();
+        let d = handle.durable().unwrap();
+        assert!(!d.spilling);
+        assert_eq!(d.spilled, 80);
+        assert_eq!(handle.occupancy(), 5);
+        drop(tx);
+        assert_eq!(receive_all(&mut rx).await, (100..105).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn local_scope_helpers_borrow_from_memory_only_never_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let kind = DurableKind::DiskAssisted {
+        high_watermark: 8,
+        low_watermark: 4,
+    };
+    let local = LocalConfig {
+        frontend_size: 16,
+        max_frontends: 1,
+        helper_batch: 4,
+        min_batch: 0,
+        min_batch_timeout: Duration::ZERO,
+    };
+    let (tx, mut rx) = durable_channel(8, 8, false, Some(local), open(dir.path(), kind));
+    let mut helper = rx.frontend(0).unwrap();
+    rt().block_on(async {
+        // Sent to the backend directly: 8 to memory, 32 spill to the log.
+        tx.send(events(0, 40)).await.unwrap();
+        assert_eq!(rx.handle().durable().unwrap().spilled, 32);
+        // The frontend's consumer helps with memory work, 4 at a time...
+        let mut helped = Vec::new();
+        while let Some(Some(mut batch)) = helper.recv().now_or_never() {
+            assert!(batch.is_borrowed());
+            helped.extend(numbers(&batch.take()));
+        }
+        assert_eq!(helped, (0..8).collect::<Vec<_>>());
+        // ...and then sleeps although 32 events wait in the log.
+        assert!(helper.recv().now_or_never().is_none());
+        let d = rx.handle().durable().unwrap();
+        assert_eq!(d.unread, 32);
+        // The shared queue's consumer reads the log.
+        drop(tx);
+        let mut rest = Vec::new();
+        while let Some(mut batch) = rx.recv().await {
+            assert!(!batch.is_borrowed());
+            rest.extend(numbers(&batch.take()));
+        }
+        assert_eq!(rest, (8..40).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn a_sender_gets_its_events_back_once_the_consumer_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = durable_channel(8, 8, false, None, open(dir.path(), DurableKind::Disk));
+    drop(rx);
+    let err = rt().block_on(tx.send(events(0, 3))).unwrap_err();
+    assert_eq!(err.0.len(), 3);
+}
