@@ -158,12 +158,12 @@ impl fmt::Display for RunReport {
             let Some(d) = &c.disk else { continue };
             writeln!(
                 f,
-                "  queue {} ({}): recovered {}, spilled {}, left on disk {}, dropped {}, damaged {} regions ({} bytes); {} writes, {} fsyncs, {:.1} MiB written",
+                "  queue {} ({}): recovered {}, to disk {}, kept on disk {}, dropped {}, damaged {} regions ({} bytes); {} writes, {} fsyncs, {:.1} MiB written",
                 c.stage,
                 d.kind,
                 d.recovered,
                 d.spilled,
-                d.unread,
+                d.queued,
                 d.dropped_newest + d.dropped_oldest,
                 d.damaged_regions,
                 d.damaged_bytes,

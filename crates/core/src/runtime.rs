@@ -329,6 +329,26 @@ impl StatsHandle {
         inv.outputs.get(stage).map(|o| o.tap(capacity))
     }
 
+    /// A forced stop: writes the memory backlog of every disk-assisted
+    /// queue with `save_on_shutdown` to its log. Returns events saved.
+    pub async fn save_queue_backlogs(&self) -> u64 {
+        let channels: Vec<(String, ChannelHandle)> = self
+            .inventory
+            .lock()
+            .expect("inventory lock")
+            .channels
+            .clone();
+        let mut total = 0;
+        for (stage, handle) in channels {
+            let saved = handle.save_backlog().await;
+            if saved > 0 {
+                tracing::warn!(stage = %stage, "saved {saved} queued events to the disk queue");
+            }
+            total += saved;
+        }
+        total
+    }
+
     /// The configuration running now (after any reload).
     pub fn pipeline(&self) -> Pipeline {
         self.inventory
@@ -886,6 +906,7 @@ fn open_durables<'a>(
         let dir = d.config.dir.display().to_string();
         match Durable::open(d.config, d.kind) {
             Ok((durable, recovery)) => {
+                let durable = durable.with_save_on_shutdown(d.save_on_shutdown);
                 for note in &recovery.notes {
                     tracing::warn!(stage = %spec.id, queue = %dir, "{note}");
                 }

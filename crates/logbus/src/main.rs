@@ -3,12 +3,14 @@
 
 use logbus::catalog;
 mod plugins_cmd;
+mod queue_cmd;
 mod test_cmd;
 mod top_cmd;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -115,6 +117,26 @@ enum Command {
     Plugins {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
+    },
+    /// Look at a durable queue's directory (`<queue.path>/<stage id>`).
+    Queue {
+        #[command(subcommand)]
+        command: QueueCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum QueueCommand {
+    /// Segments, record counts, bytes, reader and writer positions.
+    Inspect { dir: PathBuf },
+    /// Verify every record's checksum. Exit 0 clean, 1 damaged.
+    Check {
+        dir: PathBuf,
+        /// Rewrite damaged segments and the state so the queue checks clean
+        /// (keeps every valid unacknowledged record; the queue must not be
+        /// running).
+        #[arg(long)]
+        repair: bool,
     },
 }
 
@@ -251,6 +273,10 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             plugins_cmd::print(&registry, format == OutputFormat::Json)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Queue { command } => match command {
+            QueueCommand::Inspect { dir } => queue_cmd::inspect(&dir),
+            QueueCommand::Check { dir, repair } => queue_cmd::check(&dir, repair),
+        },
     }
 }
 
@@ -328,7 +354,8 @@ fn run(
     let runtime = builder.build().context("starting the runtime")?;
     let report = runtime.block_on(async {
         let shutdown = CancellationToken::new();
-        spawn_signal_handler(shutdown.clone());
+        let running_stats = Arc::new(std::sync::OnceLock::new());
+        spawn_signal_handler(shutdown.clone(), running_stats.clone());
         let bound = pipeline.inflight_bound();
         tracing::info!(
             stages = pipeline.stages.len(),
@@ -345,6 +372,7 @@ fn run(
         };
         match logbus_core::start(&pipeline, shutdown) {
             Ok(running) => {
+                let _ = running_stats.set(running.stats());
                 spawn_reload_handler(pipeline.path.clone(), running.reloader());
                 if let (Some(listener), Some(api)) = (listener, api) {
                     spawn_api(listener, api, &pipeline, &running);
@@ -452,7 +480,14 @@ fn spawn_api(
 /// First SIGINT/SIGTERM: stop the sources and drain. Second: exit now.
 /// The handlers are installed before this returns, so a signal that comes
 /// right after start-up is handled, not fatal.
-fn spawn_signal_handler(shutdown: CancellationToken) {
+///
+/// Before exiting at the second signal, disk-assisted queues with
+/// `save_on_shutdown` write their memory backlog to disk (for at most ten
+/// seconds).
+fn spawn_signal_handler(
+    shutdown: CancellationToken,
+    running: Arc<std::sync::OnceLock<logbus_core::StatsHandle>>,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -475,6 +510,15 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
             _ = int.recv() => {}
         }
         eprintln!("logbus: second signal, exiting without draining");
+        if let Some(stats) = running.get() {
+            let save = stats.save_queue_backlogs();
+            if tokio::time::timeout(std::time::Duration::from_secs(10), save)
+                .await
+                .is_err()
+            {
+                eprintln!("logbus: saving queue backlogs took over 10 s; exiting anyway");
+            }
+        }
         std::process::exit(130);
     });
 }

@@ -115,6 +115,9 @@ struct Shared {
     /// `type: disk` or `disk-assisted`: the log behind (or instead of)
     /// the memory queue.
     durable: Option<Durable>,
+    /// A disk-assisted queue's memory, readable by the engine at a forced
+    /// stop (to save its backlog); never used to receive otherwise.
+    backlog: Option<async_channel::Receiver<Vec<Event>>>,
 }
 
 impl Shared {
@@ -230,6 +233,10 @@ fn make_channel_full(
         max_batch,
         receivers: AtomicUsize::new(1),
         backend,
+        backlog: durable
+            .as_ref()
+            .filter(|d| d.is_assisted() && d.save_on_shutdown)
+            .map(|_| rx.clone()),
         durable,
     });
     (
@@ -614,6 +621,28 @@ impl ChannelHandle {
     /// A durable queue's counters.
     pub fn durable(&self) -> Option<crate::durable::DurableSnapshot> {
         Some(self.0.durable.as_ref()?.snapshot())
+    }
+
+    /// A forced stop: writes what waits in a disk-assisted queue's memory
+    /// (with `save_on_shutdown`) to its log, so the next start delivers it.
+    /// Batches already in consumers' hands are not included. Returns the
+    /// number of events saved.
+    pub async fn save_backlog(&self) -> u64 {
+        let (Some(durable), Some(backlog)) = (&self.0.durable, &self.0.backlog) else {
+            return 0;
+        };
+        let mut saved = 0;
+        while let Ok(batch) = backlog.try_recv() {
+            let n = batch.len();
+            if let Err(e) = durable.append(&batch).await {
+                tracing::error!("saving the queue backlog: {e}");
+                break;
+            }
+            self.0.permits.add_permits(n);
+            saved += n as u64;
+        }
+        durable.stats.saved.fetch_add(saved, Ordering::Relaxed);
+        saved
     }
 }
 
@@ -1017,6 +1046,16 @@ impl Receiver {
                 return Some(self.accept_frontend(events));
             }
             return None;
+        }
+        if let Some(durable) = self.shared.durable.as_ref() {
+            let shared = self.shared.clone();
+            drop(take_held(&self.held));
+            if durable.is_assisted()
+                && let Ok(events) = self.rx.try_recv()
+            {
+                return Some(self.accept(events, Origin::Backend));
+            }
+            return self.read_log(shared.durable.as_ref().expect("durable"));
         }
         let events = self.rx.try_recv().ok()?;
         Some(self.accept(events, Origin::Backend))

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
+pub use logbus_diskq::inspect;
 use logbus_diskq::{Appended, RecordBatch};
 pub use logbus_diskq::{
     Config as DiskConfig, DiskQueue, Recovery, Snapshot as DiskSnapshot, SyncMode, WhenFull,
@@ -50,6 +51,8 @@ pub struct Durable {
     pub(crate) spilling: AtomicBool,
     recovery: Recovery,
     pub(crate) stats: DurableCounters,
+    /// Disk-assisted: on a forced stop, write the memory backlog to the log.
+    pub(crate) save_on_shutdown: bool,
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +61,8 @@ pub(crate) struct DurableCounters {
     pub spilled: AtomicU64,
     /// Events a failed consumer handed back unacknowledged.
     pub returned: AtomicU64,
+    /// Memory events written to the log at a forced stop.
+    pub saved: AtomicU64,
     /// Records that passed their checksum but did not decode as an event.
     pub undecodable: AtomicU64,
 }
@@ -87,6 +92,8 @@ pub struct DurableSnapshot {
     pub damaged_bytes: u64,
     pub undecodable: u64,
     pub returned: u64,
+    /// Memory events written to the log at a forced stop.
+    pub saved: u64,
     /// Whether a disk-assisted queue is spilling now.
     pub spilling: bool,
 }
@@ -115,9 +122,17 @@ impl Durable {
                 spilling: AtomicBool::new(false),
                 recovery: recovery.clone(),
                 stats: DurableCounters::default(),
+                save_on_shutdown: true,
             },
             recovery,
         ))
+    }
+
+    /// Disk-assisted: whether a forced stop writes the memory backlog to
+    /// the log (default true).
+    pub fn with_save_on_shutdown(mut self, save: bool) -> Durable {
+        self.save_on_shutdown = save;
+        self
     }
 
     pub fn is_assisted(&self) -> bool {
@@ -192,6 +207,7 @@ impl Durable {
             damaged_bytes: s.damaged_bytes,
             undecodable: get(&self.stats.undecodable),
             returned: get(&self.stats.returned),
+            saved: get(&self.stats.saved),
             spilling: self.spilling.load(Ordering::Relaxed),
         }
     }

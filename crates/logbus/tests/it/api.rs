@@ -19,7 +19,7 @@ fn free_port() -> u16 {
 }
 
 /// One HTTP/1.1 request; returns (status, body).
-fn http(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+pub(crate) fn http(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let auth = token
@@ -42,6 +42,9 @@ fn http(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, Strin
 pub(crate) struct Engine(Option<Child>);
 
 impl Engine {
+    pub(crate) fn from_child(child: Child) -> Engine {
+        Engine(Some(child))
+    }
     pub(crate) fn id(&self) -> u32 {
         self.0.as_ref().expect("running").id()
     }

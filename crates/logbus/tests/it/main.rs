@@ -6,6 +6,7 @@ mod api;
 mod attached;
 mod cli;
 mod compress;
+mod durable;
 mod js;
 mod reload;
 mod runtime;

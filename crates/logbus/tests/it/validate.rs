@@ -529,3 +529,72 @@ fn local_queue_settings_are_checked_with_their_position() {
     );
     assert!(d.message.contains("frontends"), "{}", d.message);
 }
+
+#[test]
+fn durable_queue_settings_are_checked_with_their_position() {
+    let base = "stages:\n  a: { source: generator }\n  out:\n    sink: blackhole\n    inputs: [a]\n    queue:\n";
+    let ok = format!(
+        "{base}      type: disk-assisted\n      path: /var/lib/logbus/queues\n      max_disk_bytes: 1GiB\n      segment_bytes: 16MiB\n      sync: interval\n      sync_interval_ms: 50\n      compression: lz4\n      when_full: drop_oldest\n      size: 1000\n      high_watermark: 800\n      low_watermark: 200\n"
+    );
+    let loaded = load(&ok);
+    assert!(loaded.diagnostics.is_empty(), "{:#?}", loaded.diagnostics);
+    let p = loaded.pipeline.unwrap();
+    // Memory part + the batches the worker holds.
+    assert_eq!(p.inflight_bound().events, 1000 + 1000);
+    let cases: &[(&str, &str, usize)] = &[
+        // (queue lines, message fragment, line)
+        (
+            "      path: /q\n",
+            "queue.path: applies only with `type: disk`",
+            7,
+        ),
+        ("      type: disk\n", "needs `path`", 7),
+        (
+            "      type: disk\n      path: /q\n      scope: local\n",
+            "cannot have local scope",
+            9,
+        ),
+        (
+            "      type: disk\n      path: /q\n      max_disk_bytes: 10XB\n",
+            "not a size like 64MiB",
+            9,
+        ),
+        (
+            "      type: disk\n      path: /q\n      segment_bytes: 1KiB\n",
+            "between 4KiB and 1GiB",
+            9,
+        ),
+        (
+            "      type: disk\n      path: /q\n      max_disk_bytes: 64MiB\n",
+            "at least two segments",
+            9,
+        ),
+        (
+            "      type: disk\n      path: /q\n      sync_interval_ms: 10\n",
+            "only with `sync: interval`",
+            9,
+        ),
+        (
+            "      type: disk\n      path: /q\n      high_watermark: 10\n",
+            "only with `type: disk-assisted`",
+            9,
+        ),
+        (
+            "      type: disk-assisted\n      path: /q\n      high_watermark: 10\n      low_watermark: 10\n",
+            "below `high_watermark`",
+            10,
+        ),
+        (
+            "      type: disk\n      path: /q\n      sync: always\n",
+            "sync",
+            9,
+        ),
+        ("      type: tape\n", "type", 7),
+    ];
+    for (lines, fragment, line) in cases {
+        let d = one(&format!("{base}{lines}"), "bad-option");
+        assert_eq!(d.stage.as_deref(), Some("out"), "{lines}");
+        assert!(d.message.contains(fragment), "{lines}: {}", d.message);
+        assert_eq!(d.line, Some(*line), "{lines}: {}", d.message);
+    }
+}
