@@ -5,6 +5,7 @@
 use logbus_core::StatsHandle;
 use logbus_core::report::process_cpu_seconds;
 use logbus_plugin_api::LocalQueueSnapshot;
+use logbus_plugin_api::durable::DurableSnapshot;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -164,6 +165,106 @@ impl Snapshot {
     }
 }
 
+type DiskFamily = (&'static str, &'static str, fn(&DurableSnapshot) -> u64);
+
+impl Snapshot {
+    /// Durable (`disk`, `disk-assisted`) queues: backlog on disk, I/O,
+    /// damage and policy drops.
+    fn encode_disk_queues(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let disks: Vec<(&str, &DurableSnapshot)> = self
+            .report
+            .channels
+            .iter()
+            .filter_map(|c| Some((c.stage.as_str(), c.disk.as_ref()?)))
+            .collect();
+        if disks.is_empty() {
+            return Ok(());
+        }
+        let gauges: [DiskFamily; 4] = [
+            (
+                "logbus_queue_disk_queued_events",
+                "Events stored in a durable queue and not yet acknowledged.",
+                |d| d.queued,
+            ),
+            (
+                "logbus_queue_disk_unread_events",
+                "Events stored in a durable queue and not yet read.",
+                |d| d.unread,
+            ),
+            (
+                "logbus_queue_disk_bytes",
+                "Bytes of a durable queue's segment files.",
+                |d| d.disk_bytes,
+            ),
+            (
+                "logbus_queue_disk_spilling",
+                "1 while a disk-assisted queue sends new events to disk.",
+                |d| d.spilling as u64,
+            ),
+        ];
+        for (name, help, get) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (id, d) in &disks {
+                ConstGauge::new(get(d) as i64).encode(family.encode_family(&stage(id))?)?;
+            }
+        }
+        let counters: [DiskFamily; 9] = [
+            (
+                "logbus_queue_disk_written_events",
+                "Events written to a durable queue's log.",
+                |d| d.spilled,
+            ),
+            (
+                "logbus_queue_disk_recovered_events",
+                "Events found in the log at start, left by an earlier run.",
+                |d| d.recovered,
+            ),
+            (
+                "logbus_queue_disk_written_bytes",
+                "Bytes appended to the log.",
+                |d| d.bytes_written,
+            ),
+            (
+                "logbus_queue_disk_fsyncs",
+                "fdatasync calls on the log.",
+                |d| d.fsyncs,
+            ),
+            (
+                "logbus_queue_disk_write_errors",
+                "Failed log writes (retried; producers wait meanwhile).",
+                |d| d.write_errors,
+            ),
+            (
+                "logbus_queue_disk_dropped_events",
+                "Events dropped by `when_full: drop_oldest|drop_newest`.",
+                |d| d.dropped_newest + d.dropped_oldest,
+            ),
+            (
+                "logbus_queue_disk_damaged_regions",
+                "Damaged log regions skipped (each may have held records).",
+                |d| d.damaged_regions,
+            ),
+            (
+                "logbus_queue_disk_damaged_bytes",
+                "Bytes of damaged log regions skipped.",
+                |d| d.damaged_bytes,
+            ),
+            (
+                "logbus_queue_disk_returned_events",
+                "Events a failed consumer left in the log for the next start.",
+                |d| d.returned,
+            ),
+        ];
+        for (name, help, get) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (id, d) in &disks {
+                ConstCounter::new(get(d)).encode(family.encode_family(&stage(id))?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let report = &self.report;
@@ -303,6 +404,7 @@ impl Collector for Snapshot {
             }
         }
         self.encode_local_queues(&mut encoder)?;
+        self.encode_disk_queues(&mut encoder)?;
         if let Some(rss) = process_rss_bytes() {
             let family = encoder.encode_descriptor(
                 "logbus_process_resident_memory_bytes",

@@ -378,7 +378,21 @@ fn a_forced_stop_saves_the_memory_backlog_and_the_next_run_delivers_it() {
     let n = 5000;
     let input = numbered_of(dir.path(), n, 1000);
     let (fifo, mut reader) = stuck_destination(dir.path());
-    let (engine, log) = run_until_emitted(&p, &input, &fifo, free_port(), n as u64);
+    let port = free_port();
+    let (engine, log) = run_until_emitted(&p, &input, &fifo, port, n as u64);
+    // The spill shows in /metrics.
+    let (_, metrics) = http(port, "GET", "/metrics", None);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{{stage=\"out\"}} ")))
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("logbus_queue_disk_spilling"), 1.0);
+    assert!(value("logbus_queue_disk_unread_events") > 3000.0);
+    assert!(value("logbus_queue_disk_fsyncs_total") >= 1.0);
     let pid = engine.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     // The first signal is handled (the drain starts, and stalls) ...
