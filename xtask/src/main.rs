@@ -11,6 +11,9 @@
 //!   LTO-optimised binary with chosen plugins in `target/dist/`, a manifest,
 //!   and its size, start-up time and idle RSS.
 //! - `check-features`: every plugin feature builds alone.
+//! - `disk-bench [--reps N] [--events N] [--dir DIR]`: durable queues under
+//!   each `sync` policy and a spilling disk-assisted queue, against the
+//!   disk's own `dd` bandwidth measured in the same sitting.
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -21,13 +24,14 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
+mod diskbench;
 mod dist;
 mod screen;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
-        bail!("usage: cargo xtask <corpus|bench|screen|dist|check-features> [options]");
+        bail!("usage: cargo xtask <corpus|bench|screen|disk-bench|dist|check-features> [options]");
     };
     let opt = |name: &str| -> Option<String> {
         args.iter()
@@ -83,13 +87,20 @@ fn main() -> anyhow::Result<()> {
             dist::dist(&root, &profile, plugins.as_deref())?;
         }
         "check-features" => dist::check_features(&root)?,
+        "disk-bench" => {
+            let reps: usize = opt("--reps").map_or(Ok(5), |v| v.parse())?;
+            let events: u64 = opt("--events").map_or(Ok(1_000_000), |v| v.parse())?;
+            diskbench::disk_bench(&root, reps, events, opt("--dir").map(PathBuf::from))?;
+        }
         "screen" => {
             let pairs: usize = opt("--pairs").map_or(Ok(5), |v| v.parse())?;
             let events: u64 = opt("--events").map_or(Ok(4_000_000), |v| v.parse())?;
             screen::screen(&root, pairs, events)?;
         }
         other => {
-            bail!("unknown task `{other}`; tasks: corpus, bench, screen, dist, check-features")
+            bail!(
+                "unknown task `{other}`; tasks: corpus, bench, screen, disk-bench, dist, check-features"
+            )
         }
     }
     Ok(())

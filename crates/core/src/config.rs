@@ -128,7 +128,7 @@ pub enum OnError {
 }
 
 /// `queue:` of a parser, transform, formatter or sink: its input queue.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSpec {
     /// `global`: one shared multi-producer/multi-consumer queue read by all
@@ -624,8 +624,9 @@ impl StageSpec {
         }
     }
 
-    /// The durable store of a `disk` or `disk-assisted` input queue.
-    pub fn durable(&self, settings: &Settings) -> Option<DurableQueueSpec> {
+    /// The durable store of a `disk` or `disk-assisted` input queue; a
+    /// relative `path` is relative to `base` (the pipeline file's directory).
+    pub fn durable(&self, settings: &Settings, base: &std::path::Path) -> Option<DurableQueueSpec> {
         use logbus_plugin_api::durable::{DiskConfig, DurableKind, SyncMode, WhenFull};
         let q = self.queue.as_ref()?;
         let capacity = self.capacity(settings);
@@ -646,7 +647,7 @@ impl StageSpec {
                 }
             }
         };
-        let dir = std::path::Path::new(q.path.as_deref().unwrap_or(".")).join(&self.id);
+        let dir = base.join(q.path.as_deref().unwrap_or(".")).join(&self.id);
         Some(DurableQueueSpec {
             config: DiskConfig {
                 dir,

@@ -900,7 +900,11 @@ fn open_durables<'a>(
     let mut opened = HashMap::new();
     let mut errors = Vec::new();
     for spec in specs {
-        let Some(d) = spec.durable(&pipeline.settings) else {
+        let base = pipeline
+            .path
+            .parent()
+            .unwrap_or_else(|| std::path::Path::new("."));
+        let Some(d) = spec.durable(&pipeline.settings, base) else {
             continue;
         };
         let dir = d.config.dir.display().to_string();

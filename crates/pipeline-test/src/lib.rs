@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use logbus_core::config::ERRORS_SUFFIX;
+use logbus_core::config::{ERRORS_SUFFIX, QueueKind, QueueSpec};
 use logbus_core::{OnError, Pipeline, StageSpec, start};
 use logbus_plugin_api::{
     BuildContext, Built, CancellationToken, Event, Meta, OptionError, Plugin, Sink, SinkContext,
@@ -127,15 +127,31 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
     } else {
         stages.push(inject(INPUT_ID));
     }
+    // A test never touches a durable queue's directory: its stages get
+    // the memory queue of the same size.
+    let in_memory = |s: &StageSpec| {
+        let mut s = s.clone();
+        if let Some(q) = s.queue.as_mut().filter(|q| q.kind != QueueKind::Memory) {
+            *q = QueueSpec {
+                kind: QueueKind::Memory,
+                scope: q.scope,
+                size: q.size,
+                dequeue_batch: q.dequeue_batch,
+                local: q.local.clone(),
+                ..QueueSpec::default()
+            };
+        }
+        s
+    };
     for s in &p.stages {
         match s.kind {
             StageKind::Source | StageKind::Sink => {}
             _ if s.id == target.id => {
-                let mut fed = s.clone();
+                let mut fed = in_memory(s);
                 fed.inputs = vec![INPUT_ID.to_string()];
                 stages.push(fed);
             }
-            _ => stages.push(s.clone()),
+            _ => stages.push(in_memory(s)),
         }
     }
     stages.push(StageSpec {
