@@ -135,8 +135,31 @@ pub(crate) fn resume_point(loaded: &Loaded, ids: &[u64]) -> (Position, Vec<Strin
     };
     match loaded {
         Loaded::Valid(saved) => {
-            if ids.is_empty() || ids.contains(&saved.acked.segment) {
+            if ids.contains(&saved.acked.segment) {
                 (saved.acked, Vec::new())
+            } else if ids.is_empty() {
+                // Everything was acknowledged (and the segments removed):
+                // the writer starts that segment afresh.
+                (
+                    Position {
+                        segment: saved.acked.segment.max(1),
+                        offset: SEGMENT_HEADER,
+                    },
+                    Vec::new(),
+                )
+            } else if !ids.iter().any(|&id| id > saved.acked.segment) {
+                // Everything up to a segment that is gone was acknowledged
+                // and nothing after it exists: start afresh there.
+                (
+                    Position {
+                        segment: saved.acked.segment,
+                        offset: SEGMENT_HEADER,
+                    },
+                    vec![format!(
+                        "segment {} (where the acknowledged position was) is missing and nothing follows it; starting a new segment there",
+                        saved.acked.segment
+                    )],
+                )
             } else if let Some(&next) = ids.iter().find(|&&id| id > saved.acked.segment) {
                 (
                     Position {

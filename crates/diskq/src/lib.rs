@@ -112,6 +112,12 @@ pub enum Error {
     Closed { dir: PathBuf },
     #[error("disk queue `{}`: writing failed: {message}", dir.display())]
     Write { dir: PathBuf, message: String },
+    #[error(
+        "disk queue `{}`: an event of {bytes} bytes is larger than a record may be ({} bytes)",
+        dir.display(),
+        record::MAX_RECORD - 1
+    )]
+    TooLarge { dir: PathBuf, bytes: usize },
 }
 
 fn io_error(dir: &Path, action: impl Into<String>) -> impl FnOnce(io::Error) -> Error + '_ {
@@ -179,6 +185,8 @@ pub struct Counters {
     pub dropped_oldest: AtomicU64,
     pub full_waits: AtomicU64,
     pub state_errors: AtomicU64,
+    /// Records lost with a segment that could not be read.
+    pub unreadable: AtomicU64,
 }
 
 /// A snapshot for reports and metrics.
@@ -203,6 +211,8 @@ pub struct Snapshot {
     pub dropped_oldest: u64,
     pub full_waits: u64,
     pub recovered: u64,
+    /// Records lost with a segment that could not be read.
+    pub unreadable: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -230,7 +240,12 @@ struct ReadState {
     cursor: Option<Cursor>,
     /// Records read from the current segment (for `drop_oldest`).
     read_in_segment: u64,
+    /// Consecutive failed reads at `pos`.
+    failures: u32,
 }
+
+/// Failed reads at one position before the rest of its segment is skipped.
+const READ_RETRIES: u32 = 10;
 
 struct InFlight {
     end: Position,
@@ -264,6 +279,10 @@ struct Inner {
     recovered: u64,
     closed: AtomicBool,
     stop: AtomicBool,
+    /// The consumer failed: nothing will free space in this process, so
+    /// appends no longer wait for it (the upstream is being stopped; what
+    /// it still sends is bounded by its channels).
+    consumer_failed: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -294,9 +313,15 @@ impl RecordBatch {
             ..Default::default()
         }
     }
-    pub fn push(&mut self, payload: &[u8]) {
+    /// Adds a record; refuses (returns `false`) a payload larger than a
+    /// record may be, which the reader would take for damage.
+    pub fn push(&mut self, payload: &[u8]) -> bool {
+        if payload.len() + 1 > record::MAX_RECORD {
+            return false;
+        }
         record::encode(payload, self.lz4, &mut self.buf);
         self.records += 1;
+        true
     }
     pub fn len(&self) -> u64 {
         self.records
@@ -406,7 +431,8 @@ impl DiskQueue {
         let (start, notes) = inspect::resume_point(&loaded, &ids);
         let generation = match &loaded {
             Loaded::Valid(saved) => {
-                if start.segment != saved.acked.segment {
+                if start.segment != saved.acked.segment || (start != saved.acked && !ids.is_empty())
+                {
                     recovery.missing_segments += 1;
                 }
                 saved.generation
@@ -434,8 +460,21 @@ impl DiskQueue {
             } else {
                 record::SEGMENT_HEADER
             };
-            let scan = inspect::scan_segment(&path, id, from)
-                .map_err(io_error(&dir, format!("reading segment {id}")))?;
+            let scan = match inspect::scan_segment(&path, id, from) {
+                Ok(scan) => scan,
+                Err(e) => {
+                    // Unreadable (a bad sector): counted as damage, left
+                    // for the reader, which retries and then skips it.
+                    recovery
+                        .notes
+                        .push(format!("segment {id} could not be read: {e}"));
+                    recovery.damaged_regions += 1;
+                    let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+                    disk_bytes += bytes;
+                    segments.insert(id, SegInfo { bytes, records: 0 });
+                    continue;
+                }
+            };
             for note in scan.notes(id) {
                 recovery.notes.push(note);
             }
@@ -455,7 +494,7 @@ impl DiskQueue {
         }
         // Always write into a new segment: what an earlier process left is
         // sealed as it is, torn tail and all.
-        let active = ids.last().map_or(start.segment.max(1), |&last| last + 1);
+        let active = ids.last().map_or(1, |&last| last + 1).max(start.segment);
         let state = StateFile::create(&dir.join("state"), generation, start)
             .map_err(io_error(&dir, "writing state"))?;
         let inner = Arc::new(Inner {
@@ -478,6 +517,7 @@ impl DiskQueue {
                 pos: start,
                 cursor: None,
                 read_in_segment: 0,
+                failures: 0,
             }),
             acks: Mutex::new(AckState {
                 inflight: BTreeMap::new(),
@@ -490,6 +530,7 @@ impl DiskQueue {
             recovered: recovery.records,
             closed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            consumer_failed: AtomicBool::new(false),
             config,
         });
         let file = inner
@@ -527,6 +568,9 @@ impl DiskQueue {
         }
         let inner = &self.inner;
         let size = batch.buf.len() as u64;
+        // `drop_oldest` drops one segment per wait: space comes back only
+        // once the batches before it are acknowledged.
+        let mut dropped = false;
         loop {
             if inner.closed.load(Ordering::Acquire) {
                 return Err(Error::Closed {
@@ -548,7 +592,8 @@ impl DiskQueue {
                     return Ok(Appended::Dropped);
                 }
                 WhenFull::DropOldest => {
-                    if inner.drop_oldest() {
+                    if !dropped && inner.drop_oldest() {
+                        dropped = true;
                         continue;
                     }
                 }
@@ -556,6 +601,7 @@ impl DiskQueue {
             }
             inner.counters.full_waits.fetch_add(1, Ordering::Relaxed);
             space.await;
+            dropped = false;
         }
         let rx = {
             let mut pending = lock(&inner.pending);
@@ -591,6 +637,14 @@ impl DiskQueue {
         self.inner.readable.notified()
     }
 
+    /// The consuming stage failed: stop holding producers back at
+    /// `max_disk_bytes` (no acknowledgement will free space before the
+    /// next start).
+    pub fn consumer_failed(&self) {
+        self.inner.consumer_failed.store(true, Ordering::Release);
+        self.inner.space.notify_waiters();
+    }
+
     /// No more appends will come: readers see the end once they catch up.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
@@ -620,7 +674,8 @@ impl DiskQueue {
         let gone = get(&c.acked) + get(&c.dropped_oldest);
         Snapshot {
             queued: stored.saturating_sub(gone),
-            unread: stored.saturating_sub(get(&c.read) + get(&c.dropped_oldest)),
+            unread: stored
+                .saturating_sub(get(&c.read) + get(&c.dropped_oldest) + get(&c.unreadable)),
             disk_bytes: get(&inner.disk_bytes),
             segments: lock(&inner.segments).len() as u64,
             appended: get(&c.appended),
@@ -636,6 +691,7 @@ impl DiskQueue {
             dropped_oldest: get(&c.dropped_oldest),
             full_waits: get(&c.full_waits),
             recovered: inner.recovered,
+            unreadable: get(&c.unreadable),
         }
     }
 }
@@ -682,6 +738,9 @@ impl Inner {
     }
 
     fn has_room(&self, size: u64) -> bool {
+        if self.consumer_failed.load(Ordering::Acquire) {
+            return true;
+        }
         let used = self.disk_bytes.load(Ordering::Acquire) + lock(&self.pending).buf.len() as u64;
         used + size <= self.config.max_disk_bytes || self.stored_unacked() == 0
     }
@@ -868,8 +927,82 @@ impl Inner {
     }
 
     fn try_read(&self, me: &Arc<Inner>, max: usize) -> Result<Option<ReadBatch>, Error> {
-        let dir = &self.config.dir;
         let mut reader = lock(&self.reader);
+        let (start, read_before) = (reader.pos, reader.read_in_segment);
+        match self.read_locked(me, &mut reader, max) {
+            Ok(batch) => {
+                reader.failures = 0;
+                Ok(batch)
+            }
+            Err(e) => {
+                // Nothing of this call is handed out: read it again next
+                // time. An error that persists at one position is damage:
+                // after a few tries the rest of that segment is skipped
+                // (counted, logged), so a bad sector cannot stall the queue.
+                reader.pos = start;
+                reader.cursor = None;
+                reader.read_in_segment = read_before;
+                reader.failures += 1;
+                if reader.failures >= READ_RETRIES {
+                    reader.failures = 0;
+                    self.skip_segment(&mut reader, &e.to_string());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up on the rest of the reader's segment (unreadable).
+    fn skip_segment(&self, reader: &mut ReadState, why: &str) {
+        let tail = *lock(&self.tail);
+        if reader.pos.segment >= tail.active {
+            return;
+        }
+        let seg = reader.pos.segment;
+        let records = lock(&self.segments).get(&seg).map_or(0, |s| s.records);
+        let lost = records.saturating_sub(reader.read_in_segment);
+        self.counters
+            .damaged_regions
+            .fetch_add(1, Ordering::Relaxed);
+        self.counters.unreadable.fetch_add(lost, Ordering::Relaxed);
+        tracing::error!(
+            dir = %self.config.dir.display(),
+            segment = seg,
+            offset = reader.pos.offset,
+            records = lost,
+            "queue segment unreadable after {READ_RETRIES} tries, skipping the rest of it: {why}"
+        );
+        let start = reader.pos;
+        let next = lock(&self.segments)
+            .range(seg + 1..)
+            .next()
+            .map(|(&id, _)| id)
+            .unwrap_or(tail.active);
+        reader.pos = Position {
+            segment: next,
+            offset: record::SEGMENT_HEADER,
+        };
+        reader.cursor = None;
+        reader.read_in_segment = 0;
+        let mut acks = lock(&self.acks);
+        acks.inflight.insert(
+            start,
+            InFlight {
+                end: reader.pos,
+                records: 0,
+                done: true,
+            },
+        );
+        self.advance(&mut acks);
+    }
+
+    fn read_locked(
+        &self,
+        me: &Arc<Inner>,
+        reader: &mut MutexGuard<'_, ReadState>,
+        max: usize,
+    ) -> Result<Option<ReadBatch>, Error> {
+        let dir = &self.config.dir;
         let start = reader.pos;
         let mut data = Vec::new();
         let mut ranges = Vec::new();
@@ -887,16 +1020,23 @@ impl Inner {
                 let path = segment_path(dir, reader.pos.segment);
                 match File::open(&path) {
                     Ok(file) => reader.cursor = Some(Cursor::new(file, reader.pos.offset, limit)),
-                    Err(e) => {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        // Removed from outside: its records are gone.
                         self.counters
                             .damaged_regions
                             .fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
                             dir = %dir.display(),
                             segment = reader.pos.segment,
-                            "queue segment unreadable, skipping it: {e}"
+                            "queue segment missing, skipping it"
                         );
                         reader.pos.offset = limit;
+                    }
+                    Err(e) => {
+                        return Err(io_error(
+                            dir,
+                            format!("opening segment {}", reader.pos.segment),
+                        )(e));
                     }
                 }
             }
@@ -978,7 +1118,6 @@ impl Inner {
                 done: false,
             },
         );
-        drop(reader);
         let ack = Ack {
             inner: me.clone(),
             start,
@@ -1051,6 +1190,17 @@ impl Inner {
         let mut acked_records = 0;
         while let Some(entry) = acks.inflight.first_entry() {
             if !entry.get().done {
+                break;
+            }
+            if *entry.key() != acks.acked {
+                // Batches are handed out back to back; a gap would skip
+                // records that were never delivered. Never move past one.
+                tracing::error!(
+                    dir = %self.config.dir.display(),
+                    "queue acknowledgement gap at segment {} offset {}; not advancing",
+                    acks.acked.segment,
+                    acks.acked.offset
+                );
                 break;
             }
             let done = entry.remove();

@@ -23,7 +23,7 @@ fn config(dir: &Path) -> Config {
 fn batch(from: u64, n: u64) -> RecordBatch {
     let mut b = RecordBatch::new(false);
     for i in from..from + n {
-        b.push(format!("record {i:06} {}", "x".repeat((i % 50) as usize)).as_bytes());
+        assert!(b.push(format!("record {i:06} {}", "x".repeat((i % 50) as usize)).as_bytes()));
     }
     b
 }
@@ -105,7 +105,7 @@ fn lz4_records_round_trip_and_take_less_disk() {
     let (q, _) = DiskQueue::open(cfg).unwrap();
     let mut b = RecordBatch::new(true);
     let line = format!("record 000007 {}", "abc".repeat(300));
-    b.push(line.as_bytes());
+    assert!(b.push(line.as_bytes()));
     let stored = b.bytes();
     rt().block_on(q.append(b)).unwrap();
     assert!(stored < line.len() / 4);
@@ -648,4 +648,93 @@ fn a_full_filesystem_holds_producers_back_until_space_returns() {
     let mut got: Vec<u64> = text.lines().map(|l| l.parse().unwrap()).collect();
     got.sort_unstable();
     assert_eq!(got, (0..30000).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_state_pointing_past_every_remaining_segment_reads_what_comes_next() {
+    // All segments removed from outside after the position moved on.
+    let dir = tempfile::tempdir().unwrap();
+    filled(dir.path());
+    {
+        let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+        let mut n = 0;
+        while n < 550 {
+            n += q.try_read(550 - n).unwrap().unwrap().len();
+        }
+    }
+    for id in list_segments(dir.path()).unwrap() {
+        std::fs::remove_file(segment_path(dir.path(), id)).unwrap();
+    }
+    let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+    rt().block_on(q.append(batch(7000, 5))).unwrap();
+    assert_eq!(drain(&q), (7000..7005).collect::<Vec<_>>());
+    drop(q);
+
+    // Only a segment *before* the acknowledged one is left.
+    let dir = tempfile::tempdir().unwrap();
+    filled(dir.path());
+    {
+        let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+        let mut n = 0;
+        while n < 550 {
+            n += q.try_read(550 - n).unwrap().unwrap().len();
+        }
+    }
+    let ids = list_segments(dir.path()).unwrap();
+    let acked = ids[0];
+    for &id in &ids[1..] {
+        std::fs::remove_file(segment_path(dir.path(), id)).unwrap();
+    }
+    std::fs::rename(
+        segment_path(dir.path(), acked),
+        segment_path(dir.path(), acked - 1),
+    )
+    .unwrap();
+    let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+    rt().block_on(q.append(batch(8000, 5))).unwrap();
+    assert_eq!(drain(&q), (8000..8005).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_record_larger_than_the_limit_is_refused_not_stored() {
+    let mut b = RecordBatch::new(false);
+    assert!(!b.push(&vec![0u8; logbus_diskq::record::MAX_RECORD]));
+    assert!(b.is_empty());
+    assert!(b.push(&vec![0u8; 1024]));
+}
+
+#[test]
+fn after_its_consumer_failed_a_full_queue_stops_holding_producers_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        max_disk_bytes: 3 * 4096,
+        ..config(dir.path())
+    };
+    let (q, _) = DiskQueue::open(cfg).unwrap();
+    let q = Arc::new(q);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // Fill it while there is room (these appends do not wait)...
+        let mut i = 0;
+        while q.snapshot().disk_bytes + batch(0, 10).bytes() as u64 <= 3 * 4096 {
+            q.append(batch(i * 10, 10)).await.unwrap();
+            i += 1;
+        }
+        // ...then one append waits for space nobody will free...
+        let waiting = {
+            let q = q.clone();
+            tokio::spawn(async move { q.append(batch(9000, 10)).await })
+        };
+        while q.snapshot().full_waits == 0 {
+            tokio::task::yield_now().await;
+        }
+        // ...until the consumer is declared failed.
+        q.consumer_failed();
+        assert_eq!(waiting.await.unwrap().unwrap(), Appended::Stored);
+    });
+    assert!(q.snapshot().disk_bytes > 3 * 4096);
 }

@@ -901,19 +901,30 @@ impl Receiver {
             if !disk_first && let Ok(events) = self.rx.try_recv() {
                 return Some(self.accept(events, Origin::Backend));
             }
-            if let Some(batch) = self.read_log(durable) {
-                return Some(batch);
-            }
+            let read_failed = match self.read_log(durable) {
+                Ok(Some(batch)) => return Some(batch),
+                Ok(None) => false,
+                Err(()) => true,
+            };
             if let Ok(events) = self.rx.try_recv() {
                 return Some(self.accept(events, Origin::Backend));
             }
             let senders_gone = self.rx.is_closed();
             if senders_gone {
                 durable.queue.close();
-                if durable.queue.is_drained() && self.rx.is_empty() {
+                if !read_failed && durable.queue.is_drained() && self.rx.is_empty() {
                     return None;
                 }
             }
+            // A failed read is retried after a pause (the queue skips a
+            // segment that keeps failing), not only when new data comes.
+            let retry = async {
+                if read_failed {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await
+                } else {
+                    std::future::pending().await
+                }
+            };
             if wait.is_none() {
                 wait = Some(WaitGuard::start(&shared));
             }
@@ -926,6 +937,7 @@ impl Receiver {
             tokio::select! {
                 _ = &mut readable => {}
                 _ = interrupted => {}
+                _ = retry => {}
                 events = self.rx.recv(), if !senders_gone => {
                     if let Ok(events) = events {
                         return Some(self.accept(events, Origin::Backend));
@@ -935,17 +947,18 @@ impl Receiver {
         }
     }
 
-    /// One batch from the log, if any is readable now.
-    fn read_log(&mut self, durable: &Durable) -> Option<InputBatch> {
+    /// One batch from the log, if any is readable now; `Err` after a read
+    /// error (logged).
+    fn read_log(&mut self, durable: &Durable) -> Result<Option<InputBatch>, ()> {
         let max = self.shared.max_batch;
         loop {
             let read = crate::blocking(|| durable.queue.try_read(max));
             let batch = match read {
                 Ok(Some(batch)) => batch,
-                Ok(None) => return None,
+                Ok(None) => return Ok(None),
                 Err(e) => {
                     tracing::error!("{e}");
-                    return None;
+                    return Err(());
                 }
             };
             let (data, ranges, ack) = batch.into_parts();
@@ -969,7 +982,7 @@ impl Receiver {
             }
             let mut batch = self.accept(events, Origin::Disk);
             batch.ack = Some((ack, self.held.clone()));
-            return Some(batch);
+            return Ok(Some(batch));
         }
     }
 
@@ -1055,7 +1068,10 @@ impl Receiver {
             {
                 return Some(self.accept(events, Origin::Backend));
             }
-            return self.read_log(shared.durable.as_ref().expect("durable"));
+            return self
+                .read_log(shared.durable.as_ref().expect("durable"))
+                .ok()
+                .flatten();
         }
         let events = self.rx.try_recv().ok()?;
         Some(self.accept(events, Origin::Backend))
@@ -1161,6 +1177,7 @@ impl Receiver {
         let Some(durable) = &self.shared.durable else {
             return 0;
         };
+        durable.queue.consumer_failed();
         let mut n = 0;
         for (ack, count) in take_held(&self.held) {
             ack.keep();

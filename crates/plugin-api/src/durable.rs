@@ -90,6 +90,8 @@ pub struct DurableSnapshot {
     pub full_waits: u64,
     pub damaged_regions: u64,
     pub damaged_bytes: u64,
+    /// Records lost with a segment that could not be read (I/O errors).
+    pub unreadable: u64,
     pub undecodable: u64,
     pub returned: u64,
     /// Memory events written to the log at a forced stop.
@@ -102,7 +104,7 @@ impl DurableSnapshot {
     /// Events this channel accounts for besides `received`: dropped by
     /// policy, or still on disk for the next start.
     pub fn not_received(&self) -> u64 {
-        self.dropped_newest + self.dropped_oldest + self.unread + self.undecodable
+        self.dropped_newest + self.dropped_oldest + self.unread + self.undecodable + self.unreadable
     }
 }
 
@@ -170,7 +172,12 @@ impl Durable {
         for event in events {
             scratch.clear();
             encode_event(event, &mut scratch);
-            records.push(&scratch);
+            if !records.push(&scratch) {
+                return Err(logbus_diskq::Error::TooLarge {
+                    dir: self.queue.config().dir.clone(),
+                    bytes: scratch.len(),
+                });
+            }
         }
         match self.queue.append(records).await? {
             Appended::Stored | Appended::Dropped => {}
@@ -205,6 +212,7 @@ impl Durable {
             full_waits: s.full_waits,
             damaged_regions: s.damaged_regions,
             damaged_bytes: s.damaged_bytes,
+            unreadable: s.unreadable,
             undecodable: get(&self.stats.undecodable),
             returned: get(&self.stats.returned),
             saved: get(&self.stats.saved),
