@@ -9,6 +9,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "stdin", "source-stdin"),
     (StageKind::Source, "file", "source-file"),
     (StageKind::Source, "generator", "source-generator"),
+    (StageKind::Source, "tail", "source-tail"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),
@@ -46,6 +47,7 @@ pub fn registry() -> Registry {
     logbus_codec::register(&mut registry);
     logbus_avro::register(&mut registry);
     logbus_parquet::register(&mut registry);
+    logbus_tail::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

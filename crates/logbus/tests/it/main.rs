@@ -12,6 +12,7 @@ mod reload;
 mod runtime;
 mod schema;
 mod support;
+mod tail;
 mod ui;
 mod validate;
 mod workers;

@@ -26,7 +26,12 @@ fn every_shipped_pipeline_matches_the_schema() {
     let validator = schema();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut checked = 0;
-    for dir in ["pipelines", "examples", "examples/edge-agent"] {
+    for dir in [
+        "pipelines",
+        "examples",
+        "examples/edge-agent",
+        "examples/tail",
+    ] {
         for entry in std::fs::read_dir(root.join(dir)).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().to_string();

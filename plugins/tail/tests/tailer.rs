@@ -1,0 +1,305 @@
+//! The tailer against real files, stepped by hand (scan, read, close) with
+//! the clock passed in: appends, late files, rotation by rename and by
+//! copy-truncate, deletion, restarts from saved positions, a reused inode,
+//! long lines and multi-line events.
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use logbus_tail::checkpoint::{Checkpoints, StateFile};
+use logbus_tail::multiline::{MultilineConfig, Rule};
+use logbus_tail::tailer::{ReadFrom, TailConfig, Tailer, fingerprint_of};
+
+fn config(dir: &Path, read_from: ReadFrom) -> TailConfig {
+    TailConfig {
+        include: vec![glob::Pattern::new(&format!("{}/*.log", dir.display())).unwrap()],
+        exclude: vec![glob::Pattern::new(&format!("{}/skip*.log", dir.display())).unwrap()],
+        read_from,
+        fingerprint_bytes: 16,
+        max_line_bytes: 64,
+        rotate_wait: Duration::from_secs(5),
+        multiline: None,
+        read_chunk: 1 << 16,
+    }
+}
+
+fn append(path: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+fn step(t: &mut Tailer, now: Instant) -> Vec<String> {
+    t.scan(now);
+    let mut out = Vec::new();
+    loop {
+        let lines = t.read(now);
+        if lines.is_empty() {
+            break;
+        }
+        out.extend(
+            lines
+                .into_iter()
+                .map(|l| String::from_utf8(l.bytes).unwrap()),
+        );
+    }
+    out
+}
+
+#[test]
+fn appended_lines_are_read_once_and_a_partial_line_waits_for_its_newline() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    append(&a, "one\ntwo\nhal");
+    append(&dir.path().join("skip-me.log"), "excluded\n");
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let now = Instant::now();
+    assert_eq!(step(&mut t, now), ["one", "two"]);
+    assert_eq!(step(&mut t, now), Vec::<String>::new());
+    append(&a, "f\nthree\n");
+    assert_eq!(step(&mut t, now), ["half", "three"]);
+    assert_eq!(t.followed(), 1);
+}
+
+#[test]
+fn read_from_end_skips_what_was_there_but_not_files_that_appear_later() {
+    let dir = tempfile::tempdir().unwrap();
+    append(&dir.path().join("old.log"), "history\n");
+    let mut t = Tailer::new(config(dir.path(), ReadFrom::End), Checkpoints::default());
+    let now = Instant::now();
+    assert!(step(&mut t, now).is_empty());
+    append(&dir.path().join("old.log"), "fresh\n");
+    append(&dir.path().join("new.log"), "first\nsecond\n");
+    let mut got = step(&mut t, now);
+    got.sort();
+    assert_eq!(got, ["first", "fresh", "second"]);
+}
+
+#[test]
+fn rotation_by_rename_reads_the_old_file_to_its_end_then_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("app.log");
+    append(&a, "0\n1\n");
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let t0 = Instant::now();
+    assert_eq!(step(&mut t, t0), ["0", "1"]);
+    // logrotate: rename, the writer still appends to the old file for a
+    // moment, then a new file takes the name.
+    std::fs::rename(&a, dir.path().join("app.log.1")).unwrap();
+    append(&dir.path().join("app.log.1"), "2\n");
+    append(&a, "3\n4\n");
+    let mut got = step(&mut t, t0);
+    got.sort();
+    assert_eq!(got, ["2", "3", "4"]);
+    assert_eq!(t.followed(), 2);
+    // The old file is dropped once quiet for rotate_wait.
+    assert!(t.close_finished(t0 + Duration::from_secs(4)).is_empty());
+    assert_eq!(t.followed(), 2);
+    t.close_finished(t0 + Duration::from_secs(5));
+    assert_eq!(t.followed(), 1);
+    assert_eq!(t.stats.files_closed, 1);
+    append(&a, "5\n");
+    assert_eq!(step(&mut t, t0), ["5"]);
+}
+
+#[test]
+fn copy_truncate_and_truncation_start_the_file_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("app.log");
+    append(&a, "aaaa\nbbbb\ncccc\n");
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let now = Instant::now();
+    assert_eq!(step(&mut t, now).len(), 3);
+    // copytruncate: copy away, truncate in place, writing goes on.
+    std::fs::copy(&a, dir.path().join("app.log.1.gz-not-matched")).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&a)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    append(&a, "new\n");
+    assert_eq!(step(&mut t, now), ["new"]);
+    assert_eq!(t.stats.truncations, 1);
+}
+
+#[test]
+fn a_file_rewritten_in_place_to_the_same_length_or_longer_is_noticed_by_its_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("app.log");
+    append(&a, "first version of the file\n");
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let now = Instant::now();
+    assert_eq!(step(&mut t, now), ["first version of the file"]);
+    t.scan(now); // takes the fingerprint
+    // Rewritten (same inode) with different, longer content.
+    std::fs::write(&a, "SECOND version, longer than the first\n").unwrap();
+    assert_eq!(step(&mut t, now), ["SECOND version, longer than the first"]);
+    assert_eq!(t.stats.replaced, 1);
+}
+
+#[test]
+fn a_deleted_file_is_read_to_its_end_then_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("app.log");
+    append(&a, "x\n");
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let t0 = Instant::now();
+    assert_eq!(step(&mut t, t0), ["x"]);
+    let mut open = std::fs::OpenOptions::new().append(true).open(&a).unwrap();
+    std::fs::remove_file(&a).unwrap();
+    open.write_all(b"after delete\nunterminated").unwrap();
+    assert_eq!(step(&mut t, t0), ["after delete"]);
+    // The unterminated last line comes out when the file is let go.
+    let last = t.close_finished(t0 + Duration::from_secs(5));
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].bytes, b"unterminated");
+    assert_eq!(t.followed(), 0);
+}
+
+#[test]
+fn a_restart_from_saved_positions_neither_rereads_nor_skips() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let a = logs.join("a.log");
+    append(&a, "1\n2\n3");
+    let mut state = StateFile::new(dir.path(), "src");
+    {
+        let (cps, note) = state.load();
+        assert!(note.is_none() && cps.is_empty());
+        let mut t = Tailer::new(config(&logs, ReadFrom::Beginning), cps);
+        assert_eq!(step(&mut t, Instant::now()), ["1", "2"]);
+        state.save(t.positions()).unwrap();
+    }
+    append(&a, "\n4\n");
+    let (cps, _) = StateFile::new(dir.path(), "src").load();
+    assert_eq!(cps.len(), 1);
+    // read_from: end does not apply to a file with a saved position.
+    let mut t = Tailer::new(config(&logs, ReadFrom::End), cps);
+    assert_eq!(step(&mut t, Instant::now()), ["3", "4"]);
+    assert_eq!(t.stats.resumed, 1);
+}
+
+#[test]
+fn a_saved_position_for_a_reused_inode_is_not_applied_to_the_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    append(&a, "a brand new file here\nline two\n");
+    let meta = std::fs::metadata(&a).unwrap();
+    // A position saved for an earlier file that had this inode.
+    std::fs::write(
+        dir.path().join("src.tail.json"),
+        serde_json::json!({
+            "version": 1,
+            "files": [{
+                "dev": meta.dev(), "ino": meta.ino(),
+                "fingerprint": fingerprint_of(b"some other conte"),
+                "fingerprint_len": 16, "offset": 22, "path": "old.log"
+            }]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (cps, _) = StateFile::new(dir.path(), "src").load();
+    let mut t = Tailer::new(config(dir.path(), ReadFrom::End), cps);
+    assert_eq!(
+        step(&mut t, Instant::now()),
+        ["a brand new file here", "line two"]
+    );
+    // With the right fingerprint the position holds.
+    std::fs::write(
+        dir.path().join("src.tail.json"),
+        serde_json::json!({
+            "version": 1,
+            "files": [{
+                "dev": meta.dev(), "ino": meta.ino(),
+                "fingerprint": fingerprint_of(b"a brand new file"),
+                "fingerprint_len": 16, "offset": 22, "path": "a.log"
+            }]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (cps, _) = StateFile::new(dir.path(), "src").load();
+    let mut t = Tailer::new(config(dir.path(), ReadFrom::Beginning), cps);
+    assert_eq!(step(&mut t, Instant::now()), ["line two"]);
+}
+
+#[test]
+fn a_damaged_state_file_is_reported_and_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("src.tail.json"), "{ not json").unwrap();
+    let (cps, note) = StateFile::new(dir.path(), "src").load();
+    assert!(cps.is_empty());
+    assert!(note.unwrap().contains("damaged"));
+}
+
+#[test]
+fn long_lines_are_cut_into_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let long = "x".repeat(150);
+    append(&a, &format!("{long}\nshort\n"));
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let got = step(&mut t, Instant::now());
+    assert_eq!(
+        got.iter().map(String::len).collect::<Vec<_>>(),
+        [64, 64, 22, 5]
+    );
+    assert_eq!(got.concat(), format!("{long}short"));
+}
+
+#[test]
+fn multi_line_events_are_joined_and_not_checkpointed_until_emitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let mut cfg = config(dir.path(), ReadFrom::Beginning);
+    cfg.max_line_bytes = 4096;
+    cfg.multiline = Some(MultilineConfig {
+        rule: Rule::Start(regex::bytes::Regex::new(r"^\[").unwrap()),
+        timeout: Duration::from_secs(1),
+        max_lines: 100,
+        max_bytes: 4096,
+    });
+    append(&a, "[1] boom\n  at a\n  at b\n[2] next\n");
+    let mut t = Tailer::new(cfg, Checkpoints::default());
+    let t0 = Instant::now();
+    assert_eq!(step(&mut t, t0), ["[1] boom\n  at a\n  at b"]);
+    // "[2] next" waits for its continuation: the saved position stays
+    // before it, so a restart re-reads it rather than losing it.
+    let pos = &t.positions()[0];
+    assert_eq!(pos.offset, "[1] boom\n  at a\n  at b\n".len() as u64);
+    // The timeout emits it.
+    t.scan(t0);
+    let late = t.read(t0 + Duration::from_secs(1));
+    assert_eq!(late.len(), 1);
+    assert_eq!(late[0].bytes, b"[2] next");
+    assert_eq!(
+        t.positions()[0].offset,
+        std::fs::metadata(&a).unwrap().len()
+    );
+}
