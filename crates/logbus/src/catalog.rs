@@ -34,6 +34,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "blackhole", "sink-blackhole"),
     (StageKind::Sink, "avro", "sink-avro"),
     (StageKind::Sink, "parquet", "sink-parquet"),
+    (StageKind::Sink, "http", "sink-http"),
 ];
 
 /// The registry of this build: compiled-in plugins, plus the rest of the
@@ -48,6 +49,7 @@ pub fn registry() -> Registry {
     logbus_avro::register(&mut registry);
     logbus_parquet::register(&mut registry);
     logbus_tail::register(&mut registry);
+    logbus_http::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

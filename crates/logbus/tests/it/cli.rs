@@ -352,6 +352,15 @@ fn shipped_pipelines_validate_and_run() {
                 file.display(),
                 stdout(&o)
             );
+            // A pipeline that follows files runs until stopped: its run is
+            // tested on its own (tail.rs, edge_agent.rs).
+            if std::fs::read_to_string(file)
+                .unwrap()
+                .contains("source: tail")
+            {
+                checked += 1;
+                continue;
+            }
             // Run a copy in a scratch directory, next to copies of the sample inputs.
             let scratch = tempfile::tempdir().unwrap();
             for f in &files {

@@ -7,6 +7,7 @@ mod attached;
 mod cli;
 mod compress;
 mod durable;
+mod edge_agent;
 mod js;
 mod reload;
 mod runtime;

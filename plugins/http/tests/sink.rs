@@ -1,0 +1,331 @@
+//! `sink: http` against a real HTTP server on loopback (axum) that fails
+//! on purpose: 503 with Retry-After, 429, 500, refused connections, a
+//! response slower than the request timeout, and a 400. Every test checks
+//! exactly what the server accepted.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use logbus_plugin_api::{
+    BuildContext, Built, Event, Meta, Plugin, SinkContext, StageMetrics, Typed, channel,
+};
+use serde_json::json;
+
+/// What the server does with the next request.
+#[derive(Clone, Copy, Debug)]
+enum Act {
+    Ok,
+    Status(u16),
+    /// 503 with `Retry-After: 1`.
+    RetryAfter,
+    /// Answers 200 only after this long (the client has given up by then).
+    Slow(Duration),
+}
+
+#[derive(Default)]
+struct Server {
+    script: Mutex<VecDeque<Act>>,
+    /// Bodies of the requests answered 2xx, decoded, one event per line.
+    accepted: Mutex<Vec<String>>,
+    requests: Mutex<Vec<Seen>>,
+}
+
+/// A request as answered: status, `Authorization`, `Content-Encoding`.
+type Seen = (u16, Option<String>, Option<String>);
+
+async fn handle(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    let act = s.script.lock().unwrap().pop_front().unwrap_or(Act::Ok);
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_string());
+    let encoding = header("content-encoding");
+    let text = match encoding.as_deref() {
+        Some("gzip") => {
+            let mut out = String::new();
+            flate2::read::GzDecoder::new(&body[..])
+                .read_to_string(&mut out)
+                .unwrap();
+            out
+        }
+        _ => String::from_utf8(body.to_vec()).unwrap(),
+    };
+    let status = match act {
+        Act::Ok => 200,
+        Act::Status(code) => code,
+        Act::RetryAfter => 503,
+        Act::Slow(d) => {
+            tokio::time::sleep(d).await;
+            200
+        }
+    };
+    s.requests
+        .lock()
+        .unwrap()
+        .push((status, header("authorization"), encoding));
+    if status == 200 {
+        s.accepted
+            .lock()
+            .unwrap()
+            .extend(text.lines().map(str::to_string));
+        return StatusCode::OK.into_response();
+    }
+    let mut r = (StatusCode::from_u16(status).unwrap(), "not now").into_response();
+    if matches!(act, Act::RetryAfter) {
+        r.headers_mut().insert("retry-after", "1".parse().unwrap());
+    }
+    r
+}
+
+async fn serve(listener: tokio::net::TcpListener, server: Arc<Server>) {
+    let app = axum::Router::new()
+        .route("/ingest", axum::routing::post(handle))
+        .with_state(server);
+    axum::serve(listener, app).await.unwrap();
+}
+
+async fn start(script: &[Act]) -> (Arc<Server>, String) {
+    let server = Arc::new(Server::default());
+    server.script.lock().unwrap().extend(script.iter().copied());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/ingest", listener.local_addr().unwrap());
+    tokio::spawn(serve(listener, server.clone()));
+    (server, url)
+}
+
+fn events(from: usize, n: usize) -> Vec<Event> {
+    (from..from + n)
+        .map(|i| {
+            Event::raw(
+                format!("{{\"seq\":{i}}}"),
+                Meta {
+                    source: "t".into(),
+                    ingest_ns: 0,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Runs the sink over `n` events (sent in batches of 7); returns its result
+/// and metrics.
+async fn run_sink(options: serde_json::Value, n: usize) -> (Result<(), String>, Arc<StageMetrics>) {
+    let cx = BuildContext {
+        stage_id: "ship".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let sink = match Typed(logbus_http::sink::HttpSink).build(&options, &cx) {
+        Ok(Built::Sink(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a sink"),
+    };
+    let (tx, rx) = channel(1000);
+    let metrics = Arc::new(StageMetrics::default());
+    let mut sink_cx = SinkContext {
+        id: "ship".into(),
+        input: rx,
+        metrics: metrics.clone(),
+    };
+    let feeder = tokio::spawn(async move {
+        let mut i = 0;
+        while i < n {
+            let k = 7.min(n - i);
+            if tx.send(events(i, k)).await.is_err() {
+                break;
+            }
+            i += k;
+        }
+    });
+    let result = sink.run(&mut sink_cx).await.map_err(|e| e.to_string());
+    drop(sink_cx);
+    feeder.await.unwrap();
+    (result, metrics)
+}
+
+fn seqs(lines: &[String]) -> Vec<usize> {
+    lines
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap() as usize
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_retried_until_accepted_and_every_event_arrives_once_in_order() {
+    let (server, url) = start(&[
+        Act::Status(503),
+        Act::Status(429),
+        Act::Status(500),
+        Act::Ok,
+        Act::Status(502),
+    ])
+    .await;
+    let (result, metrics) = run_sink(
+        json!({
+            "url": url,
+            "compression": "gzip",
+            "bearer_token": "s3cret",
+            "batch_max_events": 10,
+            "batch_timeout_ms": 5,
+            "retry_initial_backoff_ms": 1,
+            "retry_max_backoff_ms": 20,
+        }),
+        100,
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(
+        seqs(&server.accepted.lock().unwrap()),
+        (0..100).collect::<Vec<_>>()
+    );
+    let requests = server.requests.lock().unwrap();
+    let failed = requests.iter().filter(|r| r.0 != 200).count();
+    assert_eq!(failed, 4);
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.1.as_deref() == Some("Bearer s3cret") && r.2.as_deref() == Some("gzip"))
+    );
+    let m = metrics.snapshot();
+    assert_eq!((m.events_in, m.events_out, m.discarded), (100, 100, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured() {
+    let (server, url) = start(&[Act::RetryAfter]).await;
+    let started = std::time::Instant::now();
+    let (result, _) = run_sink(
+        json!({ "url": url, "retry_initial_backoff_ms": 1, "retry_max_backoff_ms": 5000, "batch_timeout_ms": 1 }),
+        3,
+    )
+    .await;
+    result.unwrap();
+    // The server said one second; the 1 ms backoff did not win.
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(seqs(&server.accepted.lock().unwrap()), [0, 1, 2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_is_down_holds_the_batch_until_it_comes_up() {
+    // A port nothing listens on yet: connections are refused.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let server = Arc::new(Server::default());
+    let url = format!("http://{addr}/ingest");
+    let up = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+            serve(listener, server).await;
+        })
+    };
+    let (result, metrics) = run_sink(
+        json!({ "url": url, "retry_initial_backoff_ms": 5, "retry_max_backoff_ms": 50, "batch_timeout_ms": 1 }),
+        20,
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(
+        seqs(&server.accepted.lock().unwrap()),
+        (0..20).collect::<Vec<_>>()
+    );
+    assert_eq!(metrics.snapshot().events_out, 20);
+    up.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_slower_than_the_timeout_is_retried_at_least_once_delivery() {
+    let (server, url) = start(&[Act::Slow(Duration::from_millis(600))]).await;
+    let (result, _) = run_sink(
+        json!({ "url": url, "request_timeout_ms": 200, "retry_initial_backoff_ms": 1, "batch_timeout_ms": 1, "batch_max_events": 5 }),
+        5,
+    )
+    .await;
+    result.unwrap();
+    // Give the slow handler time to finish too: it may count the batch a
+    // second time (the client could not know it would).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let got = seqs(&server.accepted.lock().unwrap());
+    let mut unique = got.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique, [0, 1, 2, 3, 4]);
+    assert!(got.len() <= 10, "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_fails_the_stage_or_is_dropped_and_counted() {
+    let (_server, url) = start(&[Act::Status(400)]).await;
+    let (result, _) = run_sink(json!({ "url": url, "batch_timeout_ms": 1 }), 3).await;
+    let err = result.unwrap_err();
+    assert!(err.contains("HTTP 400") && err.contains(&url), "{err}");
+
+    let (server, url) = start(&[Act::Status(413)]).await;
+    let (result, metrics) = run_sink(
+        json!({ "url": url, "batch_timeout_ms": 1, "batch_max_events": 5, "on_rejected": "drop" }),
+        10,
+    )
+    .await;
+    result.unwrap();
+    let m = metrics.snapshot();
+    assert_eq!(m.discarded, 5);
+    assert_eq!(m.events_out, 5);
+    assert_eq!(seqs(&server.accepted.lock().unwrap()), [5, 6, 7, 8, 9]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_max_attempts_gives_up_with_the_reason() {
+    let (_server, url) = start(&[Act::Status(503); 10]).await;
+    let (result, metrics) = run_sink(
+        json!({ "url": url, "batch_timeout_ms": 1, "retry_initial_backoff_ms": 1, "retry_max_attempts": 3 }),
+        2,
+    )
+    .await;
+    let err = result.unwrap_err();
+    assert!(
+        err.contains("failed 3 times") && err.contains("HTTP 503"),
+        "{err}"
+    );
+    assert_eq!(metrics.snapshot().events_out, 0);
+}
+
+#[test]
+fn bad_options_name_the_key() {
+    let cx = BuildContext {
+        stage_id: "ship".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let errors = |o: serde_json::Value| -> String {
+        match Typed(logbus_http::sink::HttpSink).build(&o, &cx) {
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>()
+                .join("; "),
+            Ok(_) => String::new(),
+        }
+    };
+    assert!(errors(json!({ "url": "ftp://x" })).starts_with("url: "));
+    assert!(errors(json!({ "url": "https://x" })).contains("https is not supported"));
+    assert!(
+        errors(
+            json!({ "url": "http://x", "retry_initial_backoff_ms": 10, "retry_max_backoff_ms": 5 })
+        )
+        .contains("retry_max_backoff_ms")
+    );
+    assert!(
+        errors(json!({ "url": "http://x", "headers": { "bad header": "v" } }))
+            .contains("headers.bad header")
+    );
+    assert!(errors(json!({ "url": "http://x", "method": "GET" })).contains("method"));
+}
