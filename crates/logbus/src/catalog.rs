@@ -10,6 +10,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "file", "source-file"),
     (StageKind::Source, "generator", "source-generator"),
     (StageKind::Source, "tail", "source-tail"),
+    (StageKind::Source, "http", "source-http"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),

@@ -14,6 +14,7 @@ use logbus_plugin_api::Registry;
 pub fn register(registry: &mut Registry) {
     #[cfg(feature = "source-tail")]
     registry.add(logbus_plugin_api::Typed(source::TailSource));
+    let _ = registry;
 }
 
 #[cfg(feature = "source-tail")]

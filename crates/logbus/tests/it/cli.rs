@@ -352,11 +352,12 @@ fn shipped_pipelines_validate_and_run() {
                 file.display(),
                 stdout(&o)
             );
-            // A pipeline that follows files runs until stopped: its run is
-            // tested on its own (tail.rs, edge_agent.rs).
+            // A pipeline that serves or follows files runs until stopped:
+            // its run is tested on its own (tail.rs, edge_agent.rs,
+            // http_intake in cli.rs).
             if std::fs::read_to_string(file)
                 .unwrap()
-                .contains("source: tail")
+                .contains("# runs until stopped")
             {
                 checked += 1;
                 continue;
@@ -620,4 +621,72 @@ fn sighup_reloads_a_valid_file_and_refuses_an_invalid_one() {
     let switch = events.iter().position(|e| e["v"] == "new").unwrap();
     assert!(events[..switch].iter().all(|e| e["v"] == "old"));
     assert!(events[switch..].iter().all(|e| e["v"] == "new"));
+}
+
+#[test]
+fn the_http_intake_example_accepts_posts_and_routes_what_is_not_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/http-intake.yml");
+    let child = logbus()
+        .arg("run")
+        .arg(&example)
+        .env("INTAKE_ADDR", format!("127.0.0.1:{port}"))
+        .env("INTAKE_TOKEN", "t")
+        .env("INTAKE_OUT", dir.path().join("out.ndjson"))
+        .env("INTAKE_REJECTS", dir.path().join("rejects.ndjson"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let engine = crate::api::Engine::from_child(child);
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(30), "never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let url = format!("http://127.0.0.1:{port}/ingest");
+    let mut r = agent
+        .post(&url)
+        .header("Authorization", "Bearer t")
+        .send(&b"{\"n\":1}\nnot json\n{\"n\":2}\n"[..])
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.body_mut().read_to_string().unwrap().trim(),
+        "{\"accepted\":3}"
+    );
+    let r = agent.post(&url).send(&b"{}"[..]).unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    Command::new("kill")
+        .args(["-TERM", &engine.id().to_string()])
+        .status()
+        .unwrap();
+    let o = engine.into_child().wait_with_output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let out = std::fs::read_to_string(dir.path().join("out.ndjson")).unwrap();
+    let ns: Vec<i64> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["n"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ns, [1, 2]);
+    let rejects = std::fs::read_to_string(dir.path().join("rejects.ndjson")).unwrap();
+    assert_eq!(rejects.lines().count(), 1);
+    assert!(rejects.contains("not json"), "{rejects}");
 }

@@ -1,0 +1,310 @@
+//! `source: http` — an HTTP server that turns request bodies into events.
+//! A request is answered only after its events are in the pipeline, so a
+//! 200 means "accepted" and a client that got no answer can safely retry.
+//!
+//! Bounded by construction: at most `max_concurrent_requests` requests hold
+//! a body (each at most `max_body_bytes`, decompressed) while they wait for
+//! the pipeline. When the pipeline stays full, those requests stay waiting
+//! and a new one waits at most `accept_timeout_ms` for a slot before it
+//! gets `503` with `Retry-After` — nothing is buffered beyond that, and a
+//! request that was answered 503 sent nothing (no duplicates on retry).
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes as Body;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use logbus_plugin_api::{
+    BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError, Output, Source,
+    SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+};
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyFormat {
+    /// One event per line (NDJSON or plain text); empty lines are skipped.
+    #[default]
+    Lines,
+    /// The body is a JSON array; each element becomes one event (its JSON text).
+    JsonArray,
+}
+
+/// Options of `source: http`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSourceOptions {
+    /// Address to listen on, e.g. `127.0.0.1:8080` or `0.0.0.0:8080`.
+    pub address: String,
+    /// Path that takes events (POST or PUT); anything else is 404, except
+    /// `GET /health`.
+    #[serde(default = "default_path")]
+    pub path: String,
+    /// `lines` (NDJSON or plain lines, default) or `json_array`.
+    #[serde(default)]
+    pub body: BodyFormat,
+    /// If set, requests must carry `Authorization: Bearer <token>`.
+    #[serde(default)]
+    pub bearer_token: Option<String>,
+    /// Largest body accepted, after decompression (413 beyond).
+    #[serde(default = "default_max_body")]
+    #[schemars(range(min = 1))]
+    pub max_body_bytes: usize,
+    /// Requests waiting for the pipeline at once.
+    #[serde(default = "default_concurrency")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_concurrent_requests: usize,
+    /// How long a request waits for a slot before `503 Retry-After`.
+    #[serde(default = "default_accept_timeout")]
+    #[schemars(range(max = 600000))]
+    pub accept_timeout_ms: u64,
+    /// The `Retry-After` given with a 503, seconds.
+    #[serde(default = "default_retry_after")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub retry_after_secs: u64,
+}
+
+fn default_path() -> String {
+    "/".into()
+}
+fn default_max_body() -> usize {
+    10 << 20
+}
+fn default_concurrency() -> usize {
+    16
+}
+fn default_accept_timeout() -> u64 {
+    5000
+}
+fn default_retry_after() -> u64 {
+    1
+}
+
+impl CheckOptions for HttpSourceOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        if let Err(e) = self.address.parse::<SocketAddr>() {
+            errors.push(OptionError::at(
+                &["address"],
+                format!(
+                    "`{}` is not an address like 127.0.0.1:8080: {e}",
+                    self.address
+                ),
+            ));
+        }
+        if !self.path.starts_with('/') || self.path == "/health" {
+            errors.push(OptionError::at(
+                &["path"],
+                "must start with `/` and must not be `/health`",
+            ));
+        }
+        if self.max_body_bytes == 0 {
+            errors.push(OptionError::at(&["max_body_bytes"], "must be at least 1"));
+        }
+        if !(1..=4096).contains(&self.max_concurrent_requests) {
+            errors.push(OptionError::at(
+                &["max_concurrent_requests"],
+                format!(
+                    "must be between 1 and 4096, got {}",
+                    self.max_concurrent_requests
+                ),
+            ));
+        }
+        if self.bearer_token.as_deref() == Some("") {
+            errors.push(OptionError::at(&["bearer_token"], "must not be empty"));
+        }
+        errors
+    }
+}
+
+pub struct HttpSource;
+
+impl TypedPlugin for HttpSource {
+    type Options = HttpSourceOptions;
+    const NAME: &'static str = "http";
+    const KIND: StageKind = StageKind::Source;
+    const DESCRIPTION: &'static str = "An HTTP server taking NDJSON, plain lines or a JSON array (gzip/zstd bodies, bearer token); answers only once the events are in the pipeline, 503 + Retry-After when it stays full.";
+
+    fn build(&self, options: HttpSourceOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        let address = options
+            .address
+            .parse()
+            .map_err(|e| OptionError::at(&["address"], format!("{e}")))?;
+        Ok(Built::Source(Box::new(Server { options, address })))
+    }
+}
+
+struct Server {
+    options: HttpSourceOptions,
+    address: SocketAddr,
+}
+
+struct Shared {
+    options: HttpSourceOptions,
+    output: Output,
+    source: Arc<str>,
+    slots: Semaphore,
+}
+
+#[async_trait]
+impl Source for Server {
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
+        let listener = tokio::net::TcpListener::bind(self.address)
+            .await
+            .map_err(|e| StageError::io(format!("listening on {}", self.address), e))?;
+        tracing::info!(address = %self.address, "HTTP source listening");
+        let path = self.options.path.clone();
+        let max = self.options.max_body_bytes;
+        let shared = Arc::new(Shared {
+            slots: Semaphore::new(self.options.max_concurrent_requests),
+            options: self.options,
+            output: cx.output,
+            source: cx.id.clone(),
+        });
+        let app = axum::Router::new()
+            .route("/health", axum::routing::get(health))
+            .route(&path, axum::routing::post(ingest).put(ingest))
+            // Compressed bodies are limited after decompression, below; the
+            // raw limit only stops an oversized upload early.
+            .layer(DefaultBodyLimit::max(max))
+            .with_state(shared);
+        let shutdown = cx.shutdown.clone();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+            .map_err(|e| StageError::io("serving HTTP", e))
+    }
+}
+
+async fn health() -> &'static str {
+    "ok\n"
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, format!("{}\n", message.into())).into_response()
+}
+
+async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    let o = &s.options;
+    if let Some(token) = &o.bearer_token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(token.as_str()) {
+            return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+        }
+    }
+    let body = match decode(&headers, body, o.max_body_bytes) {
+        Ok(b) => b,
+        Err((status, why)) => return error(status, why),
+    };
+    let events = match split(&body, o.body, &s.source) {
+        Ok(e) => e,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    let n = events.len();
+    // A slot, or 503 once the pipeline has stayed full this long.
+    let slot = tokio::time::timeout(
+        Duration::from_millis(o.accept_timeout_ms),
+        s.slots.acquire(),
+    )
+    .await;
+    let Ok(Ok(_slot)) = slot else {
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the pipeline is full; retry later",
+        );
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            o.retry_after_secs.to_string().parse().expect("a number"),
+        );
+        return r;
+    };
+    // Held until the pipeline took every event: the answer means accepted.
+    if s.output.send(events).await.is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the pipeline is stopping");
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{{\"accepted\":{n}}}\n"),
+    )
+        .into_response()
+}
+
+/// The body, decompressed per `Content-Encoding`, at most `max` bytes.
+fn decode(headers: &HeaderMap, body: Body, max: usize) -> Result<Bytes, (StatusCode, String)> {
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity")
+        .trim()
+        .to_ascii_lowercase();
+    let format = match encoding.as_str() {
+        "identity" | "" => return Ok(body),
+        "gzip" | "x-gzip" => logbus_compress::ReadCompression::Gzip,
+        "zstd" => logbus_compress::ReadCompression::Zstd,
+        "deflate" => logbus_compress::ReadCompression::Deflate,
+        other => {
+            return Err((
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Content-Encoding `{other}` is not supported (gzip, zstd, deflate)"),
+            ));
+        }
+    };
+    let bad = |e: std::io::Error| (StatusCode::BAD_REQUEST, format!("{encoding} body: {e}"));
+    let reader = logbus_compress::open(&body[..], format).map_err(bad)?;
+    let mut out = Vec::new();
+    // One byte past the limit tells "too large" from "exactly the limit".
+    reader
+        .take(max as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(bad)?;
+    if out.len() > max {
+        return Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {max} bytes once decompressed"),
+        ));
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Events of a body: raw slices of it (lines), or each array element's JSON.
+fn split(body: &Bytes, format: BodyFormat, source: &Arc<str>) -> Result<Vec<Event>, String> {
+    let meta = Meta::now(source.clone());
+    match format {
+        BodyFormat::Lines => {
+            let mut events = Vec::new();
+            let mut start = 0;
+            for end in memchr::memchr_iter(b'\n', body) {
+                push_line(body, start, end, &meta, &mut events);
+                start = end + 1;
+            }
+            push_line(body, start, body.len(), &meta, &mut events);
+            Ok(events)
+        }
+        BodyFormat::JsonArray => {
+            let values: Vec<&serde_json::value::RawValue> = serde_json::from_slice(body)
+                .map_err(|e| format!("the body is not a JSON array: {e}"))?;
+            Ok(values
+                .into_iter()
+                .map(|v| Event::raw(Bytes::copy_from_slice(v.get().as_bytes()), meta.clone()))
+                .collect())
+        }
+    }
+}
+
+fn push_line(body: &Bytes, start: usize, mut end: usize, meta: &Meta, events: &mut Vec<Event>) {
+    if end > start && body[end - 1] == b'\r' {
+        end -= 1;
+    }
+    if end > start && !body[start..end].iter().all(u8::is_ascii_whitespace) {
+        events.push(Event::raw(body.slice(start..end), meta.clone()));
+    }
+}

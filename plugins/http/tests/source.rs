@@ -1,0 +1,281 @@
+//! `source: http` with a real HTTP client (ureq) on loopback: NDJSON,
+//! plain lines, JSON arrays, gzip and zstd bodies, the bearer token, the
+//! size limit, the health endpoint, and 503 + Retry-After while the
+//! pipeline stays full — after which every accepted event is there once.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use logbus_plugin_api::{
+    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, SourceContext,
+    StageMetrics, Typed, channel,
+};
+use serde_json::json;
+
+struct Running {
+    url: String,
+    rx: Receiver,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), logbus_plugin_api::StageError>>,
+}
+
+async fn start(options: serde_json::Value, capacity: usize) -> Running {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut options = options;
+    options["address"] = json!(format!("127.0.0.1:{port}"));
+    let cx = BuildContext {
+        stage_id: "in".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let source = match Typed(logbus_http::source::HttpSource).build(&options, &cx) {
+        Ok(Built::Source(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a source"),
+    };
+    let (tx, rx) = channel(capacity);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(source.run(SourceContext {
+        id: "in".into(),
+        output: Output::new(
+            vec![tx],
+            Arc::new(StageMetrics::default()),
+            OutputRole::Main,
+        ),
+        shutdown: shutdown.clone(),
+    }));
+    let url = format!("http://127.0.0.1:{port}");
+    // Wait until it listens.
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Running {
+        url,
+        rx,
+        shutdown,
+        task,
+    }
+}
+
+/// A blocking request on the blocking pool: (status, Retry-After, body).
+async fn post(
+    url: String,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+) -> (u16, Option<String>, String) {
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut r = agent.post(&url);
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        let mut resp = r.send(&body[..]).unwrap();
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
+        (
+            resp.status().as_u16(),
+            retry,
+            resp.body_mut().read_to_string().unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+fn texts(rx: &mut Receiver) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(mut b) = rx.try_recv() {
+        out.extend(
+            b.take()
+                .iter()
+                .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_of_every_kind_become_events_and_the_answer_counts_them() {
+    let mut s = start(json!({ "path": "/ingest" }), 1000).await;
+    let url = format!("{}/ingest", s.url);
+    let (status, _, body) = post(
+        url.clone(),
+        vec![],
+        b"{\"a\":1}\n\n{\"a\":2}\r\nplain line".to_vec(),
+    )
+    .await;
+    assert_eq!((status, body.trim()), (200, "{\"accepted\":3}"));
+    assert_eq!(texts(&mut s.rx), ["{\"a\":1}", "{\"a\":2}", "plain line"]);
+
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(b"zipped 1\nzipped 2\n").unwrap();
+    let (status, _, _) = post(
+        url.clone(),
+        vec![("Content-Encoding", "gzip".into())],
+        gz.finish().unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(texts(&mut s.rx), ["zipped 1", "zipped 2"]);
+
+    let zst = zstd::encode_all(&b"z\n"[..], 1).unwrap();
+    let (status, _, _) = post(url.clone(), vec![("Content-Encoding", "zstd".into())], zst).await;
+    assert_eq!(status, 200);
+    assert_eq!(texts(&mut s.rx), ["z"]);
+
+    // Wrong path, unsupported encoding, bad gzip.
+    let (status, _, _) = post(format!("{}/other", s.url), vec![], b"x".to_vec()).await;
+    assert_eq!(status, 404);
+    let (status, _, body) = post(
+        url.clone(),
+        vec![("Content-Encoding", "br".into())],
+        b"x".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 415, "{body}");
+    let (status, _, body) = post(
+        url.clone(),
+        vec![("Content-Encoding", "gzip".into())],
+        b"not gzip".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(texts(&mut s.rx).is_empty());
+
+    // Health.
+    let health = tokio::task::spawn_blocking({
+        let u = format!("{}/health", s.url);
+        move || {
+            ureq::get(&u)
+                .call()
+                .unwrap()
+                .body_mut()
+                .read_to_string()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(health.trim(), "ok");
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_arrays_tokens_and_size_limits() {
+    let mut s = start(
+        json!({ "body": "json_array", "bearer_token": "t0k", "max_body_bytes": 100 }),
+        1000,
+    )
+    .await;
+    let auth = || vec![("Authorization", "Bearer t0k".to_string())];
+    let (status, _, _) = post(
+        s.url.clone(),
+        auth(),
+        br#"[{"a":1}, {"b":[2,3]}, "s"]"#.to_vec(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(texts(&mut s.rx), [r#"{"a":1}"#, r#"{"b":[2,3]}"#, r#""s""#]);
+    let (status, _, _) = post(s.url.clone(), vec![], b"[]".to_vec()).await;
+    assert_eq!(status, 401);
+    let (status, _, _) = post(
+        s.url.clone(),
+        vec![("Authorization", "Bearer nope".into())],
+        b"[]".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, _, body) = post(s.url.clone(), auth(), b"{\"not\":\"an array\"}".to_vec()).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _, _) = post(s.url.clone(), auth(), vec![b' '; 101]).await;
+    assert_eq!(status, 413);
+    // A small gzip body that inflates past the limit (a zip bomb) too.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&[b' '; 10_000]).unwrap();
+    let mut headers = auth();
+    headers.push(("Content-Encoding", "gzip".into()));
+    let (status, _, _) = post(s.url.clone(), headers, gz.finish().unwrap()).await;
+    assert_eq!(status, 413);
+    assert!(texts(&mut s.rx).is_empty());
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_that_stays_full_gets_503_with_retry_after_and_loses_nothing() {
+    // A 5-event pipeline nobody reads, one request slot, a short wait.
+    let mut s = start(
+        json!({ "max_concurrent_requests": 1, "accept_timeout_ms": 200, "retry_after_secs": 7 }),
+        5,
+    )
+    .await;
+    let lines = |from: usize| -> Vec<u8> {
+        (from..from + 10)
+            .map(|i| format!("e{i}\n"))
+            .collect::<String>()
+            .into_bytes()
+    };
+    // Ten events into room for five: half go in, the request holds the
+    // only slot and waits for the rest (no answer yet).
+    let waiting = tokio::spawn(post(s.url.clone(), vec![], lines(0)));
+    while s.rx.handle().occupancy() < 5 {
+        tokio::task::yield_now().await;
+    }
+    // The pipeline stays full: the next request is turned away.
+    let (status, retry, _) = post(s.url.clone(), vec![], lines(10)).await;
+    assert_eq!((status, retry.as_deref()), (503, Some("7")));
+    // Drain: the waiting request completes; exactly its 10 events are in.
+    let mut got = Vec::new();
+    while got.len() < 10 {
+        let mut b = s.rx.recv().await.unwrap();
+        got.extend(
+            b.take()
+                .iter()
+                .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()),
+        );
+    }
+    assert_eq!(waiting.await.unwrap().0, 200);
+    assert_eq!(got, (0..10).map(|i| format!("e{i}")).collect::<Vec<_>>());
+    assert!(
+        texts(&mut s.rx).is_empty(),
+        "the refused request sent nothing"
+    );
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+#[test]
+fn bad_options_name_the_key() {
+    let cx = BuildContext {
+        stage_id: "in".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let errors = |o: serde_json::Value| -> String {
+        match Typed(logbus_http::source::HttpSource).build(&o, &cx) {
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>()
+                .join("; "),
+            Ok(_) => String::new(),
+        }
+    };
+    assert!(errors(json!({ "address": "nowhere" })).starts_with("address: "));
+    assert!(errors(json!({ "address": "127.0.0.1:1", "path": "/health" })).starts_with("path: "));
+    assert!(
+        errors(json!({ "address": "127.0.0.1:1", "max_concurrent_requests": 0 }))
+            .contains("max_concurrent_requests")
+    );
+}
