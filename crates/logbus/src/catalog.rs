@@ -11,6 +11,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "generator", "source-generator"),
     (StageKind::Source, "tail", "source-tail"),
     (StageKind::Source, "http", "source-http"),
+    (StageKind::Source, "syslog", "source-syslog"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),
@@ -36,6 +37,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "avro", "sink-avro"),
     (StageKind::Sink, "parquet", "sink-parquet"),
     (StageKind::Sink, "http", "sink-http"),
+    (StageKind::Sink, "syslog", "sink-syslog"),
 ];
 
 /// The registry of this build: compiled-in plugins, plus the rest of the
@@ -51,6 +53,7 @@ pub fn registry() -> Registry {
     logbus_parquet::register(&mut registry);
     logbus_tail::register(&mut registry);
     logbus_http::register(&mut registry);
+    logbus_net::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

@@ -690,3 +690,128 @@ fn the_http_intake_example_accepts_posts_and_routes_what_is_not_json() {
     assert_eq!(rejects.lines().count(), 1);
     assert!(rejects.contains("not json"), "{rejects}");
 }
+
+#[test]
+fn the_syslog_relay_example_forwards_logger_messages_to_another_logbus() {
+    if !std::process::Command::new("logger")
+        .arg("--help")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--octet-count"))
+    {
+        assert!(
+            std::env::var("LOGBUS_REQUIRE_TOOLS").is_err(),
+            "util-linux logger is required"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (relay_port, receiver_port) = (port(), port());
+    // The receiving LogBus: syslog in, JSON lines out.
+    let receiver_yml = write(
+        dir.path(),
+        "receiver.yml",
+        &format!(
+            "stages:\n  in: {{ source: syslog, address: \"127.0.0.1:{receiver_port}\", codec: syslog }}\n  fmt: {{ formatter: json, inputs: [in] }}\n  out: {{ sink: file, inputs: [fmt], path: received.ndjson }}\n"
+        ),
+    );
+    let wait_listening = |port: u16| {
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "port {port} never listened"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let receiver = crate::api::Engine::from_child(
+        logbus()
+            .arg("run")
+            .arg(&receiver_yml)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(receiver_port);
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/syslog-relay.yml");
+    let relay = crate::api::Engine::from_child(
+        logbus()
+            .arg("run")
+            .arg(&example)
+            .env("RELAY_TCP", format!("127.0.0.1:{relay_port}"))
+            .env("RELAY_UDP", format!("127.0.0.1:{relay_port}"))
+            .env("RELAY_TO", format!("127.0.0.1:{receiver_port}"))
+            .env("RELAY_NAME", "edge-7")
+            .env("RELAY_REJECTS", dir.path().join("rejects.ndjson"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(relay_port);
+    let p = relay_port.to_string();
+    for (framing, text) in [("--octet-count", "counted"), ("--tcp", "newline")] {
+        let status = Command::new("logger")
+            .args([
+                "--server",
+                "127.0.0.1",
+                "--port",
+                &p,
+                "--tcp",
+                framing,
+                "-t",
+                "app",
+                text,
+            ])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let out = dir.path().join("received.ndjson");
+    let start = Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        if text.lines().count() >= 2 {
+            break text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "received: {text:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for engine in [relay, receiver] {
+        Command::new("kill")
+            .args(["-TERM", &engine.id().to_string()])
+            .status()
+            .unwrap();
+        let o = engine.into_child().wait_with_output().unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let mut messages: Vec<String> = lines
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["appname"], "app", "{v}");
+            // The relay's tag travels as RFC 5424 structured data.
+            assert_eq!(
+                v["structured_data"]["logbus@32473"]["relay"], "edge-7",
+                "{l}"
+            );
+            v["message"].as_str().unwrap().to_string()
+        })
+        .collect();
+    messages.sort();
+    assert_eq!(messages, ["counted", "newline"]);
+}

@@ -1,0 +1,26 @@
+//! Network plugins: syslog over TCP and UDP, in and out. Each plugin is its
+//! own cargo feature.
+
+use logbus_plugin_api::Registry;
+
+#[cfg(feature = "sink-syslog")]
+pub mod sink;
+#[cfg(feature = "source-syslog")]
+pub mod source;
+
+/// Transport of a syslog stage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+pub fn register(registry: &mut Registry) {
+    #[cfg(feature = "source-syslog")]
+    registry.add(logbus_plugin_api::Typed(source::SyslogSource));
+    #[cfg(feature = "sink-syslog")]
+    registry.add(logbus_plugin_api::Typed(sink::SyslogSink));
+    let _ = registry;
+}

@@ -1,0 +1,300 @@
+//! `source: syslog` — syslog messages over TCP (RFC 6587: newline or octet
+//! counting, detected per connection) or UDP (RFC 5426: one message per
+//! datagram). Messages are raw events; `codec: syslog` parses them.
+//!
+//! Backpressure: a TCP connection's task does not read the socket while its
+//! last messages wait for the pipeline, so the kernel's buffers fill and
+//! the sender's writes block — flow control does the rest. UDP has no flow
+//! control: datagrams that arrive while the pipeline is full wait in the
+//! socket buffer and the kernel drops what does not fit (its counters, not
+//! ours, see them).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use logbus_framing::{Deframer, Framing};
+use logbus_plugin_api::{
+    BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError, Output, Source,
+    SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+};
+use serde::Deserialize;
+use tokio::io::AsyncReadExt;
+use tokio::sync::Semaphore;
+
+use crate::Mode;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TcpFraming {
+    /// Per connection, by its first byte: a digit means octet counting,
+    /// anything else newline-terminated messages.
+    #[default]
+    Auto,
+    Newline,
+    OctetCounting,
+}
+
+/// Options of `source: syslog`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SyslogSourceOptions {
+    /// `tcp` (default) or `udp`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// Address to listen on, e.g. `0.0.0.0:6514` or `127.0.0.1:5140`.
+    pub address: String,
+    /// TCP only: `auto` (default), `newline` or `octet-counting`.
+    #[serde(default)]
+    pub framing: TcpFraming,
+    /// Longest message; newline-framed ones are cut (counted), an
+    /// octet-counted one over the limit closes its connection.
+    #[serde(default = "default_max_message")]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub max_message_bytes: usize,
+    /// TCP only: connections served at once; more are closed on accept.
+    #[serde(default = "default_max_connections")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub max_connections: usize,
+}
+
+fn default_max_message() -> usize {
+    64 * 1024
+}
+fn default_max_connections() -> usize {
+    256
+}
+
+impl CheckOptions for SyslogSourceOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        if let Err(e) = self.address.parse::<SocketAddr>() {
+            errors.push(OptionError::at(
+                &["address"],
+                format!(
+                    "`{}` is not an address like 0.0.0.0:5140: {e}",
+                    self.address
+                ),
+            ));
+        }
+        if self.mode == Mode::Udp && self.framing != TcpFraming::Auto {
+            errors.push(OptionError::at(
+                &["framing"],
+                "applies only with `mode: tcp` (UDP carries one message per datagram)",
+            ));
+        }
+        if self.max_message_bytes == 0 {
+            errors.push(OptionError::at(
+                &["max_message_bytes"],
+                "must be at least 1",
+            ));
+        }
+        if self.max_connections == 0 {
+            errors.push(OptionError::at(&["max_connections"], "must be at least 1"));
+        }
+        errors
+    }
+}
+
+pub struct SyslogSource;
+
+impl TypedPlugin for SyslogSource {
+    type Options = SyslogSourceOptions;
+    const NAME: &'static str = "syslog";
+    const KIND: StageKind = StageKind::Source;
+    const DESCRIPTION: &'static str = "Syslog messages over TCP (newline or octet-counting framing, detected per connection) or UDP; raw events for `codec: syslog`.";
+
+    fn build(
+        &self,
+        options: SyslogSourceOptions,
+        _cx: &BuildContext,
+    ) -> Result<Built, OptionError> {
+        let address = options
+            .address
+            .parse()
+            .map_err(|e| OptionError::at(&["address"], format!("{e}")))?;
+        Ok(Built::Source(Box::new(Listener { options, address })))
+    }
+}
+
+struct Listener {
+    options: SyslogSourceOptions,
+    address: SocketAddr,
+}
+
+#[async_trait]
+impl Source for Listener {
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
+        match self.options.mode {
+            Mode::Tcp => self.tcp(cx).await,
+            Mode::Udp => self.udp(cx).await,
+        }
+    }
+}
+
+impl Listener {
+    async fn tcp(self, cx: SourceContext) -> Result<(), StageError> {
+        let listener = tokio::net::TcpListener::bind(self.address)
+            .await
+            .map_err(|e| StageError::io(format!("listening on tcp {}", self.address), e))?;
+        tracing::info!(address = %self.address, "syslog TCP source listening");
+        let output = Arc::new(cx.output);
+        let slots = Arc::new(Semaphore::new(self.options.max_connections));
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let accepted = tokio::select! {
+                _ = cx.shutdown.cancelled() => break,
+                a = listener.accept() => a,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("accepting a connection: {e}");
+                    continue;
+                }
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::warn!(%peer, "too many connections ({}); closing this one", self.options.max_connections);
+                drop(stream);
+                continue;
+            };
+            let (output, shutdown, id) = (output.clone(), cx.shutdown.clone(), cx.id.clone());
+            let (framing, max) = (self.options.framing, self.options.max_message_bytes);
+            connections.spawn(async move {
+                let _slot = slot;
+                connection(stream, peer, framing, max, &output, &shutdown, &id).await;
+            });
+            // Reap finished connections as we go.
+            while connections.try_join_next().is_some() {}
+        }
+        // Stopping: every connection sends what it read, then ends.
+        while connections.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    async fn udp(self, cx: SourceContext) -> Result<(), StageError> {
+        let socket = tokio::net::UdpSocket::bind(self.address)
+            .await
+            .map_err(|e| StageError::io(format!("listening on udp {}", self.address), e))?;
+        tracing::info!(address = %self.address, "syslog UDP source listening");
+        let max = self.options.max_message_bytes;
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let got = tokio::select! {
+                _ = cx.shutdown.cancelled() => return Ok(()),
+                r = socket.recv_from(&mut buf) => r,
+            };
+            let mut events = Vec::new();
+            match got {
+                Ok((n, _)) => events.extend(datagram(&buf[..n], max, &cx.id)),
+                Err(e) => {
+                    tracing::warn!("receiving a datagram: {e}");
+                    continue;
+                }
+            }
+            // Whatever else is already waiting joins the batch.
+            while events.len() < 1024 {
+                match socket.try_recv_from(&mut buf) {
+                    Ok((n, _)) => events.extend(datagram(&buf[..n], max, &cx.id)),
+                    Err(_) => break,
+                }
+            }
+            if cx.output.send(events).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// One datagram as an event: trailing newlines and NULs dropped, cut at
+/// `max` bytes.
+fn datagram(bytes: &[u8], max: usize, source: &Arc<str>) -> Option<Event> {
+    let mut end = bytes.len();
+    while end > 0 && matches!(bytes[end - 1], b'\n' | b'\r' | 0) {
+        end -= 1;
+    }
+    if end == 0 {
+        return None;
+    }
+    Some(Event::raw(
+        Bytes::copy_from_slice(&bytes[..end.min(max)]),
+        Meta::now(source.clone()),
+    ))
+}
+
+async fn connection(
+    mut stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    framing: TcpFraming,
+    max: usize,
+    output: &Output,
+    shutdown: &logbus_plugin_api::CancellationToken,
+    source: &Arc<str>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut deframer: Option<Deframer> = match framing {
+        TcpFraming::Auto => None,
+        TcpFraming::Newline => Some(Deframer::new(Framing::Newline, max)),
+        TcpFraming::OctetCounting => Some(Deframer::new(Framing::OctetCounting, max)),
+    };
+    let mut messages = Vec::new();
+    loop {
+        let n = tokio::select! {
+            _ = shutdown.cancelled() => 0,
+            r = stream.read(&mut buf) => match r {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::debug!(%peer, "connection read failed: {e}");
+                    0
+                }
+            },
+        };
+        if n == 0 {
+            break;
+        }
+        let d = deframer.get_or_insert_with(|| {
+            let framing = if buf[0].is_ascii_digit() {
+                Framing::OctetCounting
+            } else {
+                Framing::Newline
+            };
+            Deframer::new(framing, max)
+        });
+        if let Err(e) = d.push(&buf[..n], &mut messages) {
+            tracing::warn!(%peer, "closing a syslog connection: {e}");
+            send(output, &mut messages, source).await;
+            return;
+        }
+        // The socket is not read again until the pipeline took these.
+        if !send(output, &mut messages, source).await {
+            return;
+        }
+    }
+    if let Some(d) = deframer.as_mut() {
+        match d.finish() {
+            Ok(Some(last)) => messages.push(last),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(%peer, "syslog connection ended badly: {e}"),
+        }
+    }
+    send(output, &mut messages, source).await;
+}
+
+/// Sends the messages (trailing `\r` and NULs trimmed, empty ones
+/// skipped); `false` once the pipeline is gone.
+async fn send(output: &Output, messages: &mut Vec<Bytes>, source: &Arc<str>) -> bool {
+    if messages.is_empty() {
+        return true;
+    }
+    let meta = Meta::now(source.clone());
+    let events: Vec<Event> = messages
+        .drain(..)
+        .filter_map(|m| {
+            let mut end = m.len();
+            while end > 0 && matches!(m[end - 1], b'\r' | 0) {
+                end -= 1;
+            }
+            (end > 0).then(|| Event::raw(m.slice(..end), meta.clone()))
+        })
+        .collect();
+    output.send(events).await.is_ok()
+}

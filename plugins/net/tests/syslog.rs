@@ -1,0 +1,342 @@
+//! Syslog over TCP and UDP on loopback: the system `logger` as a real
+//! client (octet counting, newline, UDP), LogBus's own sink into its own
+//! source, a receiver that is down at first, TCP flow control as
+//! backpressure, and a connection that breaks the framing.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use logbus_plugin_api::{
+    BuildContext, Built, CancellationToken, Event, Meta, Output, OutputRole, Plugin, Receiver,
+    SinkContext, SourceContext, StageMetrics, Typed, channel,
+};
+use serde_json::json;
+
+fn cx() -> BuildContext {
+    BuildContext {
+        stage_id: "s".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Running {
+    rx: Receiver,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), logbus_plugin_api::StageError>>,
+}
+
+async fn source(options: serde_json::Value, capacity: usize) -> Running {
+    let src = match Typed(logbus_net::source::SyslogSource).build(&options, &cx()) {
+        Ok(Built::Source(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a source"),
+    };
+    let (tx, rx) = channel(capacity);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(src.run(SourceContext {
+        id: "in".into(),
+        output: Output::new(
+            vec![tx],
+            Arc::new(StageMetrics::default()),
+            OutputRole::Main,
+        ),
+        shutdown: shutdown.clone(),
+    }));
+    // Wait until it listens (TCP: it accepts; UDP: give the bind a moment,
+    // senders below retry anyway).
+    let address: std::net::SocketAddr = options["address"].as_str().unwrap().parse().unwrap();
+    if options["mode"] == "udp" {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    } else {
+        while tokio::net::TcpStream::connect(address).await.is_err() {
+            assert!(!task.is_finished(), "the source did not start");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    Running { rx, shutdown, task }
+}
+
+async fn take(rx: &mut Receiver, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let mut b = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("events in time")
+            .expect("stream open");
+        got.extend(
+            b.take()
+                .iter()
+                .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()),
+        );
+    }
+    got
+}
+
+fn logger_available() -> bool {
+    let ok = std::process::Command::new("logger")
+        .arg("--help")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--octet-count"));
+    if !ok {
+        assert!(
+            std::env::var("LOGBUS_REQUIRE_TOOLS").is_err(),
+            "util-linux `logger` (with --octet-count) is required"
+        );
+        eprintln!("skipped: no util-linux logger");
+    }
+    ok
+}
+
+fn logger(args: &[&str]) {
+    let status = std::process::Command::new("logger")
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(status.success(), "logger {args:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logger_over_tcp_both_framings_and_udp() {
+    if !logger_available() {
+        return;
+    }
+    let port = free_port().to_string();
+    let mut s = source(json!({ "address": format!("127.0.0.1:{port}") }), 100).await;
+    logger(&[
+        "--server",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--tcp",
+        "--octet-count",
+        "--rfc5424",
+        "-t",
+        "app",
+        "counted message",
+    ]);
+    logger(&[
+        "--server",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--tcp",
+        "--rfc3164",
+        "-t",
+        "app",
+        "newline message",
+    ]);
+    let got = take(&mut s.rx, 2).await;
+    assert!(
+        got.iter()
+            .any(|m| m.starts_with('<') && m.contains(" app ") && m.ends_with("counted message")),
+        "{got:?}"
+    );
+    assert!(
+        got.iter()
+            .any(|m| m.starts_with('<') && m.contains("app:") && m.ends_with("newline message")),
+        "{got:?}"
+    );
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+
+    let port = free_port().to_string();
+    let mut s = source(
+        json!({ "mode": "udp", "address": format!("127.0.0.1:{port}") }),
+        100,
+    )
+    .await;
+    // UDP may lose a datagram sent before the socket was bound: resend.
+    let got = loop {
+        logger(&[
+            "--server",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--udp",
+            "--rfc5424",
+            "-t",
+            "app",
+            "over udp",
+        ]);
+        if let Ok(got) = tokio::time::timeout(Duration::from_secs(1), take(&mut s.rx, 1)).await {
+            break got;
+        }
+    };
+    assert!(got[0].ends_with("over udp"), "{got:?}");
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+async fn forward(options: serde_json::Value, n: usize) -> Arc<StageMetrics> {
+    let sink = match Typed(logbus_net::sink::SyslogSink).build(&options, &cx()) {
+        Ok(Built::Sink(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a sink"),
+    };
+    let (tx, rx) = channel(1000);
+    let metrics = Arc::new(StageMetrics::default());
+    let mut scx = SinkContext {
+        id: "out".into(),
+        input: rx,
+        metrics: metrics.clone(),
+    };
+    for chunk in (0..n).collect::<Vec<_>>().chunks(50) {
+        let events = chunk
+            .iter()
+            .map(|i| {
+                Event::raw(
+                    format!("<14>1 2026-11-30T10:00:00Z host app - - - message {i}"),
+                    Meta {
+                        source: "t".into(),
+                        ingest_ns: 0,
+                    },
+                )
+            })
+            .collect();
+        tx.send(events).await.unwrap();
+    }
+    drop(tx);
+    sink.run(&mut scx).await.unwrap();
+    metrics
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logbus_to_logbus_over_tcp_and_udp_with_the_receiver_down_at_first() {
+    // TCP, octet counting; the receiver starts after the sender tried.
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let sender = tokio::spawn(forward(
+        json!({ "address": address, "retry_initial_backoff_ms": 10, "retry_max_backoff_ms": 50 }),
+        500,
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut s = source(
+        json!({ "address": address, "framing": "octet-counting" }),
+        1000,
+    )
+    .await;
+    let got = take(&mut s.rx, 500).await;
+    assert_eq!(sender.await.unwrap().snapshot().events_out, 500);
+    let want: Vec<String> = (0..500)
+        .map(|i| format!("<14>1 2026-11-30T10:00:00Z host app - - - message {i}"))
+        .collect();
+    assert_eq!(got, want);
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+
+    // UDP.
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let mut s = source(json!({ "mode": "udp", "address": address }), 1000).await;
+    let metrics = forward(json!({ "mode": "udp", "address": address }), 100).await;
+    assert_eq!(metrics.snapshot().events_out, 100);
+    let got = take(&mut s.rx, 100).await;
+    assert_eq!(got.len(), 100);
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pipeline_stops_reading_the_socket_so_the_sender_blocks() {
+    let port = free_port();
+    let mut s = source(json!({ "address": format!("127.0.0.1:{port}") }), 10).await;
+    let line = format!("<14>{}\n", "x".repeat(1000));
+    let total = 20_000; // ~20 MB: far beyond any socket buffer
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.set_nonblocking(true).unwrap();
+    let bytes = line.repeat(total).into_bytes();
+    let mut written = 0;
+    // Nobody reads the pipeline: the source stops reading, the kernel
+    // buffers fill, and the sender is told to wait.
+    let blocked = loop {
+        match client.write(&bytes[written..]) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break true,
+            Err(e) => panic!("{e}"),
+        }
+        if written == bytes.len() {
+            break false;
+        }
+    };
+    assert!(
+        blocked,
+        "all {written} bytes were taken without backpressure"
+    );
+    assert!(written < bytes.len());
+    // Drain it all while the rest is written: nothing is lost.
+    client.set_nonblocking(false).unwrap();
+    let writer = std::thread::spawn(move || {
+        client.write_all(&bytes[written..]).unwrap();
+    });
+    let got = take(&mut s.rx, total).await;
+    writer.join().unwrap();
+    assert_eq!(got.len(), total);
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_breaks_the_framing_is_closed_and_others_go_on() {
+    let port = free_port();
+    let mut s = source(
+        json!({ "address": format!("127.0.0.1:{port}"), "framing": "octet-counting" }),
+        100,
+    )
+    .await;
+    let mut bad = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    bad.write_all(b"5 hellox3 bad").unwrap();
+    let mut good = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    good.write_all(b"2 ok").unwrap();
+    drop(good);
+    let mut got = take(&mut s.rx, 2).await;
+    got.sort();
+    assert_eq!(got, ["hello", "ok"]);
+    // The bad connection was closed by the source.
+    bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(std::io::Read::read(&mut bad, &mut buf).unwrap_or(0), 0);
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+#[test]
+fn bad_options_name_the_key() {
+    let errors = |p: &dyn Plugin, o: serde_json::Value| -> String {
+        match p.build(&o, &cx()) {
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>()
+                .join("; "),
+            Ok(_) => String::new(),
+        }
+    };
+    let src = Typed(logbus_net::source::SyslogSource);
+    let sink = Typed(logbus_net::sink::SyslogSink);
+    assert!(errors(&src, json!({ "address": "x" })).starts_with("address: "));
+    assert!(
+        errors(
+            &src,
+            json!({ "address": "127.0.0.1:1", "mode": "udp", "framing": "newline" })
+        )
+        .starts_with("framing: ")
+    );
+    assert!(errors(&sink, json!({ "address": "nohost" })).starts_with("address: "));
+    assert!(
+        errors(
+            &sink,
+            json!({ "address": "h:1", "mode": "udp", "framing": "newline" })
+        )
+        .starts_with("framing: ")
+    );
+}
