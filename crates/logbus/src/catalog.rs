@@ -12,6 +12,8 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "tail", "source-tail"),
     (StageKind::Source, "http", "source-http"),
     (StageKind::Source, "syslog", "source-syslog"),
+    (StageKind::Source, "scheduler", "source-scheduler"),
+    (StageKind::Source, "exec", "source-exec"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),
@@ -54,6 +56,7 @@ pub fn registry() -> Registry {
     logbus_tail::register(&mut registry);
     logbus_http::register(&mut registry);
     logbus_net::register(&mut registry);
+    logbus_host::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

@@ -1,0 +1,206 @@
+//! `scheduler` on a paused clock and on the wall clock (cron), and `exec`
+//! with real processes: streaming, restarts, schedules, a command that
+//! cannot start, and a command that outputs faster than the pipeline takes.
+
+use std::sync::Arc;
+
+use logbus_plugin_api::{
+    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, Source,
+    SourceContext, StageError, StageMetrics, Typed, channel,
+};
+use serde_json::json;
+
+fn build(p: &dyn Plugin, options: serde_json::Value) -> Box<dyn Source> {
+    let cx = BuildContext {
+        stage_id: "s".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    match p.build(&options, &cx) {
+        Ok(Built::Source(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a source"),
+    }
+}
+
+fn start(
+    source: Box<dyn Source>,
+    capacity: usize,
+) -> (
+    Receiver,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), StageError>>,
+) {
+    let (tx, rx) = channel(capacity);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(source.run(SourceContext {
+        id: "s".into(),
+        output: Output::new(
+            vec![tx],
+            Arc::new(StageMetrics::default()),
+            OutputRole::Main,
+        ),
+        shutdown: shutdown.clone(),
+    }));
+    (rx, shutdown, task)
+}
+
+async fn take(rx: &mut Receiver, n: usize) -> Vec<logbus_plugin_api::Event> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let mut b = rx.recv().await.expect("more events");
+        got.extend(b.take());
+    }
+    got
+}
+
+fn text(e: &logbus_plugin_api::Event) -> String {
+    String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_interval_schedule_ticks_with_its_fields_and_stops_at_count() {
+    let s = build(
+        &Typed(logbus_host::scheduler::Scheduler),
+        json!({ "interval_ms": 60000, "count": 3, "fields": { "job": "poll" } }),
+    );
+    let (mut rx, _stop, task) = start(s, 10);
+    let started = tokio::time::Instant::now();
+    let got = take(&mut rx, 3).await;
+    task.await.unwrap().unwrap();
+    assert!(rx.recv().await.is_none());
+    // Paused clock: exactly two intervals passed (the first tick is at once).
+    assert_eq!(started.elapsed().as_secs(), 120);
+    let ticks: Vec<u64> = got
+        .iter()
+        .map(|e| e.as_fields().unwrap()["tick"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ticks, [0, 1, 2]);
+    assert!(got.iter().all(|e| e.as_fields().unwrap()["job"] == "poll"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cron_schedule_fires_on_its_seconds() {
+    let s = build(
+        &Typed(logbus_host::scheduler::Scheduler),
+        json!({ "cron": "* * * * * *", "count": 2 }),
+    );
+    let (mut rx, _stop, task) = start(s, 10);
+    let got = take(&mut rx, 2).await;
+    task.await.unwrap().unwrap();
+    let at: Vec<chrono::DateTime<chrono::Utc>> = got
+        .iter()
+        .map(|e| {
+            e.as_fields().unwrap()["scheduled_at"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(at[1] - at[0], chrono::Duration::seconds(1));
+    assert_eq!(at[0].timestamp_subsec_millis(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_streams_lines_and_ends_when_the_command_does_with_restart_never() {
+    let s = build(
+        &Typed(logbus_host::exec::Exec),
+        json!({ "command": ["sh", "-c", "printf 'a\\nb\\r\\nc'; echo oops >&2"], "restart": "never" }),
+    );
+    let (mut rx, _stop, task) = start(s, 10);
+    let got = take(&mut rx, 3).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(got.iter().map(text).collect::<Vec<_>>(), ["a", "b", "c"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_restarts_a_failing_command_and_runs_one_on_a_schedule() {
+    let s = build(
+        &Typed(logbus_host::exec::Exec),
+        json!({ "command": ["sh", "-c", "echo run; exit 3"], "restart_delay_ms": 5 }),
+    );
+    let (mut rx, stop, task) = start(s, 10);
+    let got = take(&mut rx, 3).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert!(got.iter().all(|e| text(e) == "run"));
+
+    let s = build(
+        &Typed(logbus_host::exec::Exec),
+        json!({ "command": ["sh", "-c", "echo tick"], "mode": "scheduled", "interval_ms": 20 }),
+    );
+    let (mut rx, stop, task) = start(s, 10);
+    let got = take(&mut rx, 3).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert!(got.iter().all(|e| text(e) == "tick"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_cannot_start_fails_the_stage_by_name() {
+    let s = build(
+        &Typed(logbus_host::exec::Exec),
+        json!({ "command": ["/no/such/program"] }),
+    );
+    let (_rx, _stop, task) = start(s, 10);
+    let err = task.await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("/no/such/program"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_command_is_held_back_by_the_pipeline_and_killed_at_shutdown() {
+    // `yes` writes forever; nobody reads the 10-event pipeline.
+    let s = build(
+        &Typed(logbus_host::exec::Exec),
+        json!({ "command": ["yes", "line"], "max_line_bytes": 64 }),
+    );
+    let (mut rx, stop, task) = start(s, 10);
+    let h = rx.handle();
+    while h.occupancy() < 10 {
+        tokio::task::yield_now().await;
+    }
+    // It is blocked on the pipeline, not racing ahead: a few more events
+    // may be in its hands, never more than a batch.
+    stop.cancel();
+    let mut n = 0;
+    while let Some(mut b) = rx.recv().await {
+        n += b.take().len();
+    }
+    task.await.unwrap().unwrap();
+    assert!(n >= 10);
+}
+
+#[test]
+fn bad_options_name_the_key() {
+    let cx = BuildContext {
+        stage_id: "s".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let errors = |p: &dyn Plugin, o: serde_json::Value| -> String {
+        match p.build(&o, &cx) {
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>()
+                .join("; "),
+            Ok(_) => String::new(),
+        }
+    };
+    let sched = Typed(logbus_host::scheduler::Scheduler);
+    assert!(errors(&sched, json!({})).contains("exactly one"));
+    assert!(errors(&sched, json!({ "cron": "not cron" })).starts_with("cron: "));
+    assert!(
+        errors(&sched, json!({ "cron": "* * * * *", "interval_ms": 5 })).contains("exactly one")
+    );
+    let exec = Typed(logbus_host::exec::Exec);
+    assert!(errors(&exec, json!({ "command": [] })).starts_with("command: "));
+    assert!(
+        errors(&exec, json!({ "command": ["x"], "mode": "scheduled" })).contains("interval_ms")
+    );
+    assert!(
+        errors(&exec, json!({ "command": ["x"], "interval_ms": 5 }))
+            .contains("only with `mode: scheduled`")
+    );
+}
