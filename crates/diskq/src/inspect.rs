@@ -276,15 +276,7 @@ pub fn repair(dir: &Path) -> Result<Repaired, Error> {
         .write(true)
         .open(dir.join("lock"))
         .map_err(err("opening the lock file"))?;
-    match lock_file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(Error::Locked {
-                dir: dir.to_owned(),
-            });
-        }
-        Err(std::fs::TryLockError::Error(e)) => return Err(err("locking")(e)),
-    }
+    crate::lock_queue(&lock_file, dir)?;
     let ids = list_segments(dir).map_err(err("listing segments"))?;
     let loaded = state::load(&dir.join("state")).map_err(err("reading state"))?;
     let (mut resume, notes) = resume_point(&loaded, &ids);

@@ -129,6 +129,27 @@ fn io_error(dir: &Path, action: impl Into<String>) -> impl FnOnce(io::Error) -> 
     }
 }
 
+/// Takes the queue's lock. A lock still held for a moment is waited for:
+/// a child process forked by any thread holds a copy of the descriptor
+/// until it execs, which can outlive the holder's own close by a little.
+pub(crate) fn lock_queue(lock_file: &File, dir: &Path) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match lock_file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked {
+                    dir: dir.to_owned(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io_error(dir, "locking")(e)),
+        }
+    }
+}
+
 pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:020}.seg"))
 }
@@ -418,13 +439,7 @@ impl DiskQueue {
             .write(true)
             .open(dir.join("lock"))
             .map_err(io_error(&dir, "opening the lock file"))?;
-        match lock_file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(Error::Locked { dir }),
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(io_error(&dir, "locking")(e));
-            }
-        }
+        lock_queue(&lock_file, &dir)?;
         let mut recovery = Recovery::default();
         let ids = list_segments(&dir).map_err(io_error(&dir, "listing segments"))?;
         let loaded = state::load(&dir.join("state")).map_err(io_error(&dir, "reading state"))?;

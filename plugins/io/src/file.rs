@@ -12,6 +12,7 @@ use logbus_plugin_api::{
 };
 use serde::Deserialize;
 
+use crate::file_set::{FileSet, FileSetOptions, PathTemplate, run_file_set};
 use crate::line_reader::{LineReaderOptions, run_line_source};
 use crate::stdio::{check_max_line, default_max_line};
 use crate::writer_sink::run_writer;
@@ -112,18 +113,53 @@ pub struct FileSinkOptions {
     /// or `length-prefixed`.
     #[serde(default)]
     pub framing: logbus_framing::Framing,
+    /// Rotate a file once it holds this many bytes: `path` becomes
+    /// `path.1` (older ones shift up) and a new `path` is started.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub rotate_bytes: Option<u64>,
+    /// Rotated files kept (`path.1` … `path.N`); older ones are deleted.
+    #[serde(default = "default_rotate_keep")]
+    #[schemars(range(max = 1000))]
+    pub rotate_keep: usize,
+    /// With a path template: files kept open at once (the least recently
+    /// written is closed first).
+    #[serde(default = "default_max_open")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub max_open_files: usize,
 }
 
 fn yes() -> bool {
     true
 }
+fn default_rotate_keep() -> usize {
+    5
+}
+fn default_max_open() -> usize {
+    64
+}
 
 impl CheckOptions for FileSinkOptions {
     fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
         if self.path.as_os_str().is_empty() {
-            return vec![OptionError::at(&["path"], "must not be empty")];
+            errors.push(OptionError::at(&["path"], "must not be empty"));
+        } else if let Err(e) = PathTemplate::parse(&self.path.to_string_lossy()) {
+            errors.push(OptionError::at(&["path"], e));
         }
-        Vec::new()
+        if self.rotate_bytes == Some(0) {
+            errors.push(OptionError::at(&["rotate_bytes"], "must be at least 1"));
+        }
+        if self.rotate_keep > 1000 {
+            errors.push(OptionError::at(&["rotate_keep"], "must be at most 1000"));
+        }
+        if !(1..=65536).contains(&self.max_open_files) {
+            errors.push(OptionError::at(
+                &["max_open_files"],
+                "must be between 1 and 65536",
+            ));
+        }
+        errors
     }
 }
 
@@ -133,14 +169,49 @@ impl TypedPlugin for FileSink {
     type Options = FileSinkOptions;
     const NAME: &'static str = "file";
     const KIND: StageKind = StageKind::Sink;
-    const DESCRIPTION: &'static str =
-        "Appends each event as a line to a file: raw events as they are, parsed events as JSON.";
+    const DESCRIPTION: &'static str = "Appends each event as a line to a file: raw events as they are, parsed events as JSON; path templates from fields and time, size rotation.";
 
     fn build(&self, options: FileSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let template = PathTemplate::parse(&options.path.to_string_lossy())
+            .map_err(|e| OptionError::at(&["path"], e))?;
+        if template.is_dynamic() || options.rotate_bytes.is_some() {
+            let set = FileSet::new(
+                cx.base_dir.clone(),
+                template,
+                FileSetOptions {
+                    append: options.append,
+                    create_dirs: options.create_dirs || template_has_dirs(&options.path),
+                    sync: options.sync,
+                    compression: options.compression,
+                    framing: options.framing,
+                    rotate_bytes: options.rotate_bytes,
+                    rotate_keep: options.rotate_keep,
+                    max_open_files: options.max_open_files,
+                },
+            );
+            return Ok(Built::Sink(Box::new(TemplatedWriter { set })));
+        }
         Ok(Built::Sink(Box::new(FileWriter {
             path: cx.resolve(&options.path),
             options,
         })))
+    }
+}
+
+/// Directories that depend on the event must be created as they come.
+fn template_has_dirs(path: &std::path::Path) -> bool {
+    path.parent()
+        .is_some_and(|p| p.to_string_lossy().contains("{{") || p.to_string_lossy().contains('%'))
+}
+
+struct TemplatedWriter {
+    set: FileSet,
+}
+
+#[async_trait]
+impl Sink for TemplatedWriter {
+    async fn run(mut self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        run_file_set(&mut self.set, cx).await
     }
 }
 

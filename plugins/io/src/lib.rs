@@ -7,6 +7,7 @@ use logbus_plugin_api::{Registry, Typed};
 
 pub mod blackhole;
 pub mod file;
+pub mod file_set;
 pub mod generator;
 pub mod line_reader;
 pub mod stdio;
