@@ -14,6 +14,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "syslog", "source-syslog"),
     (StageKind::Source, "scheduler", "source-scheduler"),
     (StageKind::Source, "exec", "source-exec"),
+    (StageKind::Source, "sysinfo", "source-sysinfo"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),

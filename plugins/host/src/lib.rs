@@ -1,6 +1,6 @@
 //! Host-local sources: `scheduler` (an event on a cron expression or an
-//! interval) and `exec` (a command's standard output as events). Each is
-//! its own cargo feature.
+//! interval), `exec` (a command's standard output as events) and
+//! `sysinfo` (host metrics as events). Each is its own cargo feature.
 
 use logbus_plugin_api::Registry;
 
@@ -8,11 +8,15 @@ use logbus_plugin_api::Registry;
 pub mod exec;
 #[cfg(feature = "source-scheduler")]
 pub mod scheduler;
+#[cfg(feature = "source-sysinfo")]
+pub mod sysinfo;
 
 pub fn register(registry: &mut Registry) {
     #[cfg(feature = "source-scheduler")]
     registry.add(logbus_plugin_api::Typed(scheduler::Scheduler));
     #[cfg(feature = "source-exec")]
     registry.add(logbus_plugin_api::Typed(exec::Exec));
+    #[cfg(feature = "source-sysinfo")]
+    registry.add(logbus_plugin_api::Typed(sysinfo::SysInfo));
     let _ = registry;
 }

@@ -1,0 +1,115 @@
+//! `source: sysinfo` against the machine it runs on: the memory total
+//! matches /proc/meminfo, the root filesystem and the loopback interface
+//! are there, and traffic we make on loopback shows in its counters.
+
+use std::sync::Arc;
+
+use logbus_plugin_api::{
+    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, SourceContext,
+    StageMetrics, Typed, channel,
+};
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_metrics_match_what_the_kernel_says() {
+    let cx = BuildContext {
+        stage_id: "host".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let source = match Typed(logbus_host::sysinfo::SysInfo).build(
+        &json!({ "interval_ms": 200, "count": 2, "top_processes": 3 }),
+        &cx,
+    ) {
+        Ok(Built::Source(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a source"),
+    };
+    let (tx, mut rx) = channel(10_000);
+    let task = tokio::spawn(source.run(SourceContext {
+        id: "host".into(),
+        output: Output::new(
+            vec![tx],
+            Arc::new(StageMetrics::default()),
+            OutputRole::Main,
+        ),
+        shutdown: CancellationToken::new(),
+    }));
+    let lo_received = || -> u64 {
+        std::fs::read_to_string("/proc/net/dev")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("lo:").map(str::to_owned))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = lo_received();
+    // 4 MiB over loopback before the second sample.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        std::io::copy(&mut s, &mut std::io::sink()).unwrap();
+    });
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(&mut c, &vec![0u8; 4 << 20]).unwrap();
+    drop(c);
+    let mut events = Vec::new();
+    while let Some(mut b) = rx.recv().await {
+        events.extend(b.take());
+    }
+    task.await.unwrap().unwrap();
+    let of = |kind: &str| -> Vec<Value> {
+        events
+            .iter()
+            .map(|e| Value::Object(e.as_fields().unwrap().clone()))
+            .filter(|v| v["kind"] == kind)
+            .collect()
+    };
+    // Two samples of each.
+    assert_eq!(of("cpu").len(), 2);
+    assert_eq!(of("memory").len(), 2);
+    assert_eq!(of("load").len(), 2);
+    assert_eq!(of("process").len(), 6);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(of("memory")[0]["total_bytes"].as_u64().unwrap(), kib * 1024);
+    let cpu = &of("cpu")[1];
+    let cores = std::thread::available_parallelism().unwrap().get() as u64;
+    assert!(cpu["cores"].as_u64().unwrap() >= cores);
+    let usage = cpu["usage_percent"].as_f64().unwrap();
+    assert!((0.0..=100.0).contains(&usage), "{usage}");
+    assert!(
+        of("disk").iter().any(|d| d["mount_point"] == "/"),
+        "{:?}",
+        of("disk")
+    );
+    let lo: Vec<Value> = of("network")
+        .into_iter()
+        .filter(|n| n["interface"] == "lo")
+        .collect();
+    assert_eq!(lo.len(), 2, "{:?}", of("network"));
+    let reported = lo[1]["received_bytes_total"].as_u64().unwrap();
+    assert!(
+        reported >= before + (4 << 20),
+        "{reported} < {before} + 4 MiB"
+    );
+    assert!(reported <= lo_received());
+    assert!(
+        events
+            .iter()
+            .all(|e| e.as_fields().unwrap()["host"].is_string())
+    );
+}
