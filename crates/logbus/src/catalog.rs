@@ -41,6 +41,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "parquet", "sink-parquet"),
     (StageKind::Sink, "http", "sink-http"),
     (StageKind::Sink, "syslog", "sink-syslog"),
+    (StageKind::Sink, "email", "sink-email"),
 ];
 
 /// The registry of this build: compiled-in plugins, plus the rest of the
@@ -58,6 +59,7 @@ pub fn registry() -> Registry {
     logbus_http::register(&mut registry);
     logbus_net::register(&mut registry);
     logbus_host::register(&mut registry);
+    logbus_email::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

@@ -1,0 +1,274 @@
+//! `sink: email` against a real SMTP server on loopback (Python's aiosmtpd,
+//! storing what it receives in a Maildir): many events per message, the
+//! rate limit and its summary, and a server that is not up yet.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use logbus_plugin_api::{
+    BuildContext, Built, Event, Fields, Meta, Plugin, SinkContext, StageMetrics, Typed, channel,
+};
+use serde_json::json;
+
+struct Smtpd {
+    child: Child,
+    maildir: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Smtpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn aiosmtpd_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import aiosmtpd"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var("LOGBUS_REQUIRE_TOOLS").is_err(),
+            "Python's aiosmtpd is required (pip install aiosmtpd)"
+        );
+        eprintln!("skipped: no aiosmtpd");
+    }
+    ok
+}
+
+fn smtpd(port: u16) -> Smtpd {
+    let dir = tempfile::tempdir().unwrap();
+    let maildir = dir.path().join("mail");
+    let child = Command::new("python3")
+        .args(["-m", "aiosmtpd", "-n", "-l"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["-c", "aiosmtpd.handlers.Mailbox"])
+        .arg(&maildir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "aiosmtpd did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Smtpd {
+        child,
+        maildir,
+        _dir: dir,
+    }
+}
+
+/// Every message received, oldest first.
+fn received(maildir: &Path) -> Vec<String> {
+    let mut files: Vec<(std::time::SystemTime, String, PathBuf)> =
+        std::fs::read_dir(maildir.join("new"))
+            .map(|d| {
+                d.map(|e| {
+                    let e = e.unwrap();
+                    let m = e.metadata().unwrap().modified().unwrap();
+                    (m, e.file_name().to_string_lossy().into_owned(), e.path())
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+    files.sort();
+    files
+        .into_iter()
+        .map(|(_, _, p)| std::fs::read_to_string(p).unwrap())
+        .collect()
+}
+
+fn events(from: usize, n: usize) -> Vec<Event> {
+    (from..from + n)
+        .map(|i| {
+            Event::fields(
+                serde_json::from_value::<Fields>(
+                    json!({"level": "error", "msg": format!("boom {i}")}),
+                )
+                .unwrap(),
+                Meta {
+                    source: "t".into(),
+                    ingest_ns: 0,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Runs the sink over batches (sent one after another, each after `gap`).
+async fn run(options: serde_json::Value, batches: &[usize], gap: Duration) -> Arc<StageMetrics> {
+    let cx = BuildContext {
+        stage_id: "alerts".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let sink = match Typed(logbus_email::sink::EmailSink).build(&options, &cx) {
+        Ok(Built::Sink(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a sink"),
+    };
+    let (tx, rx) = channel(10_000);
+    let metrics = Arc::new(StageMetrics::default());
+    let mut scx = SinkContext {
+        id: "alerts".into(),
+        input: rx,
+        metrics: metrics.clone(),
+    };
+    let batches = batches.to_vec();
+    let feeder = tokio::spawn(async move {
+        let mut at = 0;
+        for n in batches {
+            tx.send(events(at, n)).await.unwrap();
+            at += n;
+            tokio::time::sleep(gap).await;
+        }
+    });
+    sink.run(&mut scx).await.unwrap();
+    feeder.await.unwrap();
+    metrics
+}
+
+fn base(port: u16) -> serde_json::Value {
+    json!({
+        "host": "127.0.0.1",
+        "port": port,
+        "from": "LogBus <logbus@example.com>",
+        "to": ["oncall@example.com", "Ops <ops@example.com>"],
+        "body": "{{level}}: {{msg}}",
+        "batch_timeout_ms": 50,
+        "retry_initial_backoff_ms": 20,
+        "retry_max_backoff_ms": 100,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_batched_into_few_messages() {
+    if !aiosmtpd_available() {
+        return;
+    }
+    let port = free_port();
+    let server = smtpd(port);
+    let mut o = base(port);
+    o["batch_max_events"] = json!(10);
+    let metrics = run(o, &[25], Duration::ZERO).await;
+    let mail = received(&server.maildir);
+    assert_eq!(mail.len(), 3, "{mail:#?}");
+    let all = mail.concat();
+    for i in 0..25 {
+        assert!(
+            all.contains(&format!("error: boom {i}\n")),
+            "boom {i} missing"
+        );
+    }
+    assert!(
+        mail[0].contains("Subject: [logbus] 10 events from alerts"),
+        "{}",
+        mail[0]
+    );
+    assert!(
+        mail.iter()
+            .any(|m| m.contains("Subject: [logbus] 5 events from alerts"))
+    );
+    assert!(
+        mail[0].contains("To: oncall@example.com, Ops <ops@example.com>"),
+        "{}",
+        mail[0]
+    );
+    assert!(mail[0].contains("From: LogBus <logbus@example.com>"));
+    let m = metrics.snapshot();
+    assert_eq!((m.events_in, m.events_out, m.discarded), (25, 25, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_is_held_back_by_the_rate_limit_and_summarised() {
+    if !aiosmtpd_available() {
+        return;
+    }
+    let port = free_port();
+    let server = smtpd(port);
+    let mut o = base(port);
+    o["max_messages"] = json!(2);
+    o["period_ms"] = json!(1500);
+    o["batch_max_events"] = json!(10);
+    // Three batches at once: two messages, the third held back; then, once
+    // the period is over, a fourth message saying so.
+    let metrics = run(o, &[10, 10, 10, 0, 0, 10], Duration::from_millis(300)).await;
+    let mail = received(&server.maildir);
+    assert_eq!(mail.len(), 3, "{mail:#?}");
+    assert!(
+        mail[2].contains("(10 earlier events were held back by the rate limit"),
+        "{}",
+        mail[2]
+    );
+    let m = metrics.snapshot();
+    assert_eq!((m.events_in, m.events_out, m.discarded), (40, 30, 10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_up_yet_is_retried() {
+    if !aiosmtpd_available() {
+        return;
+    }
+    let port = free_port();
+    let starter = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        smtpd(port)
+    });
+    let metrics = run(base(port), &[3], Duration::ZERO).await;
+    let server = starter.await.unwrap();
+    assert_eq!(received(&server.maildir).len(), 1);
+    assert_eq!(metrics.snapshot().events_out, 3);
+}
+
+#[test]
+fn bad_options_name_the_key() {
+    let cx = BuildContext {
+        stage_id: "alerts".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let errors = |o: serde_json::Value| -> String {
+        match Typed(logbus_email::sink::EmailSink).build(&o, &cx) {
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>()
+                .join("; "),
+            Ok(_) => String::new(),
+        }
+    };
+    let ok = json!({ "host": "h", "from": "a@b.c", "to": ["d@e.f"] });
+    assert_eq!(errors(ok.clone()), "");
+    let mut o = ok.clone();
+    o["from"] = json!("not an address");
+    assert!(errors(o).starts_with("from: "));
+    let mut o = ok.clone();
+    o["to"] = json!([]);
+    assert!(errors(o).starts_with("to: "));
+    let mut o = ok.clone();
+    o["tls"] = json!("starttls");
+    assert!(errors(o).contains("not in this build"));
+    let mut o = ok.clone();
+    o["username"] = json!("u");
+    assert!(errors(o).contains("password"));
+    let mut o = ok;
+    o["subject"] = json!("{{unclosed");
+    assert!(errors(o).starts_with("subject: "));
+}
