@@ -15,6 +15,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "scheduler", "source-scheduler"),
     (StageKind::Source, "exec", "source-exec"),
     (StageKind::Source, "sysinfo", "source-sysinfo"),
+    (StageKind::Source, "journald", "source-journald"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),

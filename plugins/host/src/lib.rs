@@ -6,6 +6,8 @@ use logbus_plugin_api::Registry;
 
 #[cfg(feature = "source-exec")]
 pub mod exec;
+#[cfg(feature = "source-journald")]
+pub mod journald;
 #[cfg(feature = "source-scheduler")]
 pub mod scheduler;
 #[cfg(feature = "source-sysinfo")]
@@ -18,5 +20,7 @@ pub fn register(registry: &mut Registry) {
     registry.add(logbus_plugin_api::Typed(exec::Exec));
     #[cfg(feature = "source-sysinfo")]
     registry.add(logbus_plugin_api::Typed(sysinfo::SysInfo));
+    #[cfg(feature = "source-journald")]
+    registry.add(logbus_plugin_api::Typed(journald::Journald));
     let _ = registry;
 }

@@ -1,0 +1,346 @@
+//! `source: journald` — the systemd journal through `journalctl -o export`
+//! (the journal's own stable serialization: no C library to link, and the
+//! same code reads the live journal, a directory of journal files, or
+//! files copied from another machine). Each entry becomes an event whose
+//! fields are the journal's (`MESSAGE`, `PRIORITY`, `_SYSTEMD_UNIT`, ...).
+//!
+//! The entry's cursor is saved (atomically) once the entry is in the
+//! pipeline, and a restart continues after it, so entries are neither
+//! re-read nor skipped. Backpressure: journalctl's output is not read while
+//! the pipeline is full.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, Event, Fields, Meta, OptionError, Output, Source,
+    SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+};
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadFrom {
+    /// With no saved cursor: the whole journal.
+    #[default]
+    Beginning,
+    /// With no saved cursor: only entries from now on.
+    End,
+}
+
+/// Options of `source: journald`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JournaldOptions {
+    /// Only these units (`journalctl --unit`).
+    #[serde(default)]
+    pub units: Vec<String>,
+    /// Only entries at this priority or more urgent: `emerg` … `debug`, or
+    /// 0–7 (`journalctl --priority=N`).
+    #[serde(default)]
+    pub priority: Option<String>,
+    /// Read this directory of journal files instead of the system journal.
+    #[serde(default)]
+    pub directory: Option<PathBuf>,
+    /// Or these journal files.
+    #[serde(default)]
+    pub files: Vec<PathBuf>,
+    /// Where the cursor is saved (`<state_dir>/<stage id>.journald.cursor`).
+    pub state_dir: PathBuf,
+    #[serde(default)]
+    pub read_from: ReadFrom,
+    /// Keep following new entries (default), or stop at the end.
+    #[serde(default = "yes")]
+    pub follow: bool,
+    /// The `journalctl` to run.
+    #[serde(default = "default_journalctl")]
+    pub journalctl: PathBuf,
+    /// How often the cursor is saved (and always at the end).
+    #[serde(default = "default_checkpoint")]
+    #[schemars(range(min = 10))]
+    pub checkpoint_interval_ms: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_journalctl() -> PathBuf {
+    "journalctl".into()
+}
+fn default_checkpoint() -> u64 {
+    1000
+}
+
+const PRIORITIES: [&str; 8] = [
+    "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
+];
+
+impl CheckOptions for JournaldOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        if let Some(p) = &self.priority
+            && !PRIORITIES.contains(&p.as_str())
+            && !p.parse::<u8>().is_ok_and(|n| n <= 7)
+        {
+            errors.push(OptionError::at(
+                &["priority"],
+                format!("`{p}` is not a priority: emerg, alert, crit, err, warning, notice, info, debug or 0-7"),
+            ));
+        }
+        if self.directory.is_some() && !self.files.is_empty() {
+            errors.push(OptionError::at(
+                &["files"],
+                "give `directory` or `files`, not both",
+            ));
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            errors.push(OptionError::at(&["state_dir"], "must not be empty"));
+        }
+        for u in &self.units {
+            if u.is_empty() || u.starts_with('-') {
+                errors.push(OptionError::at(
+                    &["units"],
+                    format!("`{u}` is not a unit name"),
+                ));
+            }
+        }
+        errors
+    }
+}
+
+pub struct Journald;
+
+impl TypedPlugin for Journald {
+    type Options = JournaldOptions;
+    const NAME: &'static str = "journald";
+    const KIND: StageKind = StageKind::Source;
+    const DESCRIPTION: &'static str = "The systemd journal (or journal files) via `journalctl -o export`, with unit and priority filters and a saved cursor.";
+
+    fn build(&self, o: JournaldOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let state = cx
+            .resolve(&o.state_dir)
+            .join(format!("{}.journald.cursor", cx.stage_id));
+        let directory = o.directory.as_ref().map(|d| cx.resolve(d));
+        let files = o.files.iter().map(|f| cx.resolve(f)).collect();
+        Ok(Built::Source(Box::new(Reader {
+            options: o,
+            state,
+            directory,
+            files,
+        })))
+    }
+}
+
+struct Reader {
+    options: JournaldOptions,
+    state: PathBuf,
+    directory: Option<PathBuf>,
+    files: Vec<PathBuf>,
+}
+
+fn save_cursor(path: &PathBuf, cursor: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("cursor.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(cursor.as_bytes())?;
+        f.sync_data()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+#[async_trait]
+impl Source for Reader {
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
+        let o = &self.options;
+        if let Some(dir) = self.state.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StageError::io(format!("creating {}", dir.display()), e))?;
+        }
+        let cursor = std::fs::read_to_string(&self.state)
+            .ok()
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty());
+        let mut command = tokio::process::Command::new(&o.journalctl);
+        command.args(["--output=export", "--no-pager", "--quiet"]);
+        if o.follow {
+            command.arg("--follow");
+        }
+        match &cursor {
+            Some(c) => {
+                command.arg(format!("--after-cursor={c}"));
+            }
+            None if o.read_from == ReadFrom::End => {
+                command.arg("--lines=0");
+            }
+            None if o.follow => {
+                // `--follow` alone starts with the last 10 entries.
+                command.arg("--lines=all");
+            }
+            None => {}
+        }
+        for u in &o.units {
+            command.arg(format!("--unit={u}"));
+        }
+        if let Some(p) = &o.priority {
+            // One level means "this or more urgent".
+            command.arg(format!("--priority={p}"));
+        }
+        if let Some(d) = &self.directory {
+            command.arg(format!("--directory={}", d.display()));
+        }
+        for f in &self.files {
+            command.arg(format!("--file={}", f.display()));
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .map_err(|e| StageError::io(format!("starting {}", o.journalctl.display()), e))?;
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        let errors = tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::warn!("journalctl: {line}");
+            }
+        });
+        let mut reader = Entries::new(BufReader::with_capacity(256 * 1024, stdout));
+        let mut last_cursor: Option<String> = None;
+        let mut saved_at = Instant::now();
+        let every = Duration::from_millis(o.checkpoint_interval_ms);
+        let result = loop {
+            let entry = tokio::select! {
+                _ = cx.shutdown.cancelled() => break Ok(()),
+                e = reader.next() => e,
+            };
+            let mut batch = Vec::new();
+            match entry {
+                Ok(Some(fields)) => batch.push(fields),
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(StageError::io("reading journalctl output", e)),
+            }
+            // Entries already buffered join the batch.
+            while batch.len() < 512 && reader.buffered() {
+                match reader.next().await {
+                    Ok(Some(fields)) => batch.push(fields),
+                    Ok(None) => break,
+                    Err(e) => return Err(StageError::io("reading journalctl output", e)),
+                }
+            }
+            let cursor = batch
+                .last()
+                .and_then(|f| f.get("__CURSOR"))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned);
+            if !send(&cx.output, batch, &cx.id).await {
+                break Ok(());
+            }
+            if cursor.is_some() {
+                last_cursor = cursor;
+            }
+            if saved_at.elapsed() >= every
+                && let Some(c) = &last_cursor
+            {
+                if let Err(e) = save_cursor(&self.state, c) {
+                    tracing::warn!("saving the journal cursor to {}: {e}", self.state.display());
+                }
+                saved_at = Instant::now();
+            }
+        };
+        if let Some(c) = &last_cursor
+            && let Err(e) = save_cursor(&self.state, c)
+        {
+            tracing::warn!("saving the journal cursor to {}: {e}", self.state.display());
+        }
+        let _ = child.start_kill();
+        let status = child.wait().await;
+        let _ = errors.await;
+        if !o.follow
+            && let Ok(status) = status
+            && !status.success()
+            && !cx.shutdown.is_cancelled()
+        {
+            return Err(StageError::Other(format!(
+                "{} exited with {status}",
+                o.journalctl.display()
+            )));
+        }
+        result
+    }
+}
+
+async fn send(output: &Output, batch: Vec<Fields>, source: &Arc<str>) -> bool {
+    let meta = Meta::now(source.clone());
+    let events = batch
+        .into_iter()
+        .map(|f| Event::fields(f, meta.clone()))
+        .collect();
+    output.send(events).await.is_ok()
+}
+
+/// The journal export format: `KEY=value` lines, binary fields as `KEY`,
+/// a little-endian u64 length, the bytes and a newline; entries end with
+/// an empty line.
+struct Entries<R> {
+    reader: BufReader<R>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> Entries<R> {
+    fn new(reader: BufReader<R>) -> Self {
+        Entries { reader }
+    }
+
+    fn buffered(&self) -> bool {
+        !self.reader.buffer().is_empty()
+    }
+
+    async fn next(&mut self) -> std::io::Result<Option<Fields>> {
+        let mut fields = Fields::new();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = self.reader.read_until(b'\n', &mut line).await?;
+            if n == 0 {
+                return Ok((!fields.is_empty()).then_some(fields));
+            }
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            }
+            if line.is_empty() {
+                if fields.is_empty() {
+                    continue;
+                }
+                return Ok(Some(fields));
+            }
+            match line.iter().position(|&b| b == b'=') {
+                Some(eq) => {
+                    let key = String::from_utf8_lossy(&line[..eq]).into_owned();
+                    let value = String::from_utf8_lossy(&line[eq + 1..]).into_owned();
+                    fields.insert(key, value.into());
+                }
+                None => {
+                    // A binary field: the length, the data, a newline.
+                    let key = String::from_utf8_lossy(&line).into_owned();
+                    let len = self.reader.read_u64_le().await? as usize;
+                    if len > 64 << 20 {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("field {key} claims {len} bytes"),
+                        ));
+                    }
+                    let mut data = vec![0u8; len + 1];
+                    self.reader.read_exact(&mut data).await?;
+                    data.pop();
+                    fields.insert(key, String::from_utf8_lossy(&data).into_owned().into());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! `source: journald` reading real journal files, written by
+//! `systemd-journal-remote` from the export format: all entries, unit and
+//! priority filters, a cursor that resumes after a restart, following.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use logbus_plugin_api::{
+    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, SourceContext,
+    StageError, StageMetrics, Typed, channel,
+};
+use serde_json::json;
+
+const REMOTE: &str = "/lib/systemd/systemd-journal-remote";
+
+fn available() -> bool {
+    let ok = Path::new(REMOTE).exists()
+        && std::process::Command::new("journalctl")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("LOGBUS_REQUIRE_TOOLS").is_err(),
+            "journalctl and systemd-journal-remote are required"
+        );
+        eprintln!("skipped: no journalctl / systemd-journal-remote");
+    }
+    ok
+}
+
+/// Writes `dir/name.journal` holding the entries (unit, priority, message).
+fn journal(dir: &Path, name: &str, first_ts: u64, entries: &[(&str, u8, String)]) {
+    let export = dir.join(format!("{name}.export"));
+    let mut f = std::fs::File::create(&export).unwrap();
+    for (i, (unit, prio, msg)) in entries.iter().enumerate() {
+        write!(
+            f,
+            "__REALTIME_TIMESTAMP={}\n__MONOTONIC_TIMESTAMP={}\n_BOOT_ID=0123456789abcdef0123456789abcdef\n_HOSTNAME=test\n_SYSTEMD_UNIT={unit}\nPRIORITY={prio}\nMESSAGE={msg}\n\n",
+            first_ts + i as u64,
+            first_ts + i as u64
+        )
+        .unwrap();
+    }
+    drop(f);
+    let out = std::process::Command::new(REMOTE)
+        .arg(format!(
+            "--output={}",
+            dir.join(format!("{name}.journal")).display()
+        ))
+        .arg(&export)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(export).unwrap();
+}
+
+fn entries(from: usize, n: usize) -> Vec<(&'static str, u8, String)> {
+    (from..from + n)
+        .map(|i| {
+            (
+                if i % 2 == 0 {
+                    "app.service"
+                } else {
+                    "db.service"
+                },
+                if i % 3 == 0 { 3 } else { 6 },
+                format!("entry {i}"),
+            )
+        })
+        .collect()
+}
+
+fn start(
+    options: serde_json::Value,
+    base: &Path,
+) -> (
+    Receiver,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), StageError>>,
+) {
+    let cx = BuildContext {
+        stage_id: "journal".into(),
+        base_dir: base.to_path_buf(),
+        worker: 0,
+    };
+    let source = match Typed(logbus_host::journald::Journald).build(&options, &cx) {
+        Ok(Built::Source(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a source"),
+    };
+    let (tx, rx) = channel(10_000);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(source.run(SourceContext {
+        id: "journal".into(),
+        output: Output::new(
+            vec![tx],
+            Arc::new(StageMetrics::default()),
+            OutputRole::Main,
+        ),
+        shutdown: shutdown.clone(),
+    }));
+    (rx, shutdown, task)
+}
+
+async fn messages(rx: &mut Receiver) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(mut b) = rx.recv().await {
+        for e in b.take() {
+            out.push(
+                e.as_fields().unwrap()["MESSAGE"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_filters_and_resumes_after_its_cursor() {
+    if !available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let journals = dir.path().join("journals");
+    std::fs::create_dir(&journals).unwrap();
+    journal(&journals, "one", 1_700_000_000_000_000, &entries(0, 30));
+    let all = json!({ "directory": "journals", "state_dir": "state", "follow": false });
+
+    // Everything, in order; the fields are the journal's.
+    let (mut rx, _s, task) = start(all.clone(), dir.path());
+    let got = messages(&mut rx).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        got,
+        (0..30).map(|i| format!("entry {i}")).collect::<Vec<_>>()
+    );
+
+    // Filters (a different state file per stage id is not needed: these
+    // runs use their own state directories).
+    let (mut rx, _s, task) = start(
+        json!({ "directory": "journals", "state_dir": "state-unit", "follow": false, "units": ["app.service"] }),
+        dir.path(),
+    );
+    let got = messages(&mut rx).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(got.len(), 15);
+    let (mut rx, _s, task) = start(
+        json!({ "directory": "journals", "state_dir": "state-prio", "follow": false, "priority": "err" }),
+        dir.path(),
+    );
+    let got = messages(&mut rx).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(got.len(), 10);
+
+    // New entries arrive (a second journal file); the saved cursor means
+    // only they are read.
+    journal(&journals, "two", 1_700_000_001_000_000, &entries(30, 5));
+    let (mut rx, _s, task) = start(all, dir.path());
+    let got = messages(&mut rx).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        got,
+        (30..35).map(|i| format!("entry {i}")).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_until_stopped() {
+    if !available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    journal(dir.path(), "one", 1_700_000_000_000_000, &entries(0, 12));
+    let (mut rx, stop, task) = start(
+        json!({ "files": ["one.journal"], "state_dir": "state" }),
+        dir.path(),
+    );
+    let mut got = 0;
+    while got < 12 {
+        got += rx.recv().await.unwrap().take().len();
+    }
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let cursor = std::fs::read_to_string(dir.path().join("state/journal.journald.cursor")).unwrap();
+    assert!(cursor.starts_with("s="), "{cursor}");
+}
+
+#[test]
+fn bad_options_name_the_key() {
+    let cx = BuildContext {
+        stage_id: "j".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    };
+    let errors = |o: serde_json::Value| -> String {
+        match Typed(logbus_host::journald::Journald).build(&o, &cx) {
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>()
+                .join("; "),
+            Ok(_) => String::new(),
+        }
+    };
+    assert!(errors(json!({ "state_dir": "s", "priority": "loud" })).starts_with("priority: "));
+    assert!(
+        errors(json!({ "state_dir": "s", "directory": "d", "files": ["f"] }))
+            .starts_with("files: ")
+    );
+    assert!(errors(json!({})).contains("state_dir"));
+}
