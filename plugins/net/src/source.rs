@@ -279,7 +279,7 @@ async fn connection(
     send(output, &mut messages, source).await;
 }
 
-/// Sends the messages (trailing `\r` and NULs trimmed, empty ones
+/// Sends the messages (trailing `\r`, `\n` and NULs trimmed, empty ones
 /// skipped); `false` once the pipeline is gone.
 async fn send(output: &Output, messages: &mut Vec<Bytes>, source: &Arc<str>) -> bool {
     if messages.is_empty() {
@@ -290,7 +290,8 @@ async fn send(output: &Output, messages: &mut Vec<Bytes>, source: &Arc<str>) -> 
         .drain(..)
         .filter_map(|m| {
             let mut end = m.len();
-            while end > 0 && matches!(m[end - 1], b'\r' | 0) {
+            // rsyslog's templates end in a newline, inside the frame.
+            while end > 0 && matches!(m[end - 1], b'\r' | b'\n' | 0) {
                 end -= 1;
             }
             (end > 0).then(|| Event::raw(m.slice(..end), meta.clone()))

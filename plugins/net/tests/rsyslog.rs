@@ -1,0 +1,231 @@
+//! Interoperability with a real rsyslog (8.x, Debian's package, run
+//! unprivileged in the foreground): LogBus's sink forwarding to rsyslog's
+//! imtcp, and rsyslog's omfwd forwarding (octet-counted RFC 5424) to
+//! LogBus's source.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use logbus_plugin_api::{
+    BuildContext, Built, CancellationToken, Event, Meta, Output, OutputRole, Plugin, SinkContext,
+    SourceContext, StageMetrics, Typed, channel,
+};
+use serde_json::json;
+
+struct Rsyslog(Child);
+
+impl Drop for Rsyslog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn available() -> bool {
+    let ok = Command::new("rsyslogd")
+        .arg("-v")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("LOGBUS_REQUIRE_TOOLS").is_err(),
+            "rsyslogd is required (Debian package rsyslog)"
+        );
+        eprintln!("skipped: no rsyslogd");
+    }
+    ok
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16) {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "port {port} never opened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn rsyslog(dir: &Path, conf: &str) -> Rsyslog {
+    let path = dir.join("rsyslog.conf");
+    std::fs::write(
+        &path,
+        format!("global(workDirectory=\"{}\")\n{conf}", dir.display()),
+    )
+    .unwrap();
+    let child = Command::new("rsyslogd")
+        .arg("-n")
+        .arg("-f")
+        .arg(&path)
+        .arg("-i")
+        .arg(dir.join("rsyslog.pid"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Rsyslog(child)
+}
+
+fn cx() -> BuildContext {
+    BuildContext {
+        stage_id: "s".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logbus_forwards_to_rsyslog() {
+    if !available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let out = dir.path().join("out.log");
+    let _r = rsyslog(
+        dir.path(),
+        &format!(
+            "module(load=\"imtcp\")\ninput(type=\"imtcp\" port=\"{port}\")\naction(type=\"omfile\" file=\"{}\" template=\"RSYSLOG_SyslogProtocol23Format\")\n",
+            out.display()
+        ),
+    );
+    wait_port(port);
+    let sink = match Typed(logbus_net::sink::SyslogSink)
+        .build(&json!({ "address": format!("127.0.0.1:{port}") }), &cx())
+    {
+        Ok(Built::Sink(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a sink"),
+    };
+    let (tx, rx) = channel(1000);
+    let metrics = Arc::new(StageMetrics::default());
+    let mut scx = SinkContext {
+        id: "out".into(),
+        input: rx,
+        metrics: metrics.clone(),
+    };
+    let events: Vec<Event> = (0..50)
+        .map(|i| {
+            Event::raw(
+                format!("<14>1 2026-11-30T10:00:00.000Z edge7 app 42 ID{i} - message {i}"),
+                Meta {
+                    source: "t".into(),
+                    ingest_ns: 0,
+                },
+            )
+        })
+        .collect();
+    tx.send(events).await.unwrap();
+    drop(tx);
+    sink.run(&mut scx).await.unwrap();
+    assert_eq!(metrics.snapshot().events_out, 50);
+    // rsyslog parsed and re-wrote them.
+    let start = Instant::now();
+    let text = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        if text.lines().count() >= 50 {
+            break text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "rsyslog wrote: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for i in 0..50 {
+        let line = text
+            .lines()
+            .find(|l| l.ends_with(&format!(" message {i}")))
+            .unwrap_or_else(|| panic!("message {i} missing in {text}"));
+        assert!(
+            line.starts_with("<14>1 2026-11-30T10:00:00") && line.contains(" edge7 app 42 "),
+            "{line}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rsyslog_forwards_to_logbus() {
+    if !available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (rsyslog_port, logbus_port) = (free_port(), free_port());
+    // LogBus listens first.
+    let src = match Typed(logbus_net::source::SyslogSource).build(
+        &json!({ "address": format!("127.0.0.1:{logbus_port}") }),
+        &cx(),
+    ) {
+        Ok(Built::Source(s)) => s,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a source"),
+    };
+    let (tx, mut rx) = channel(1000);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(src.run(SourceContext {
+        id: "in".into(),
+        output: Output::new(
+            vec![tx],
+            Arc::new(StageMetrics::default()),
+            OutputRole::Main,
+        ),
+        shutdown: shutdown.clone(),
+    }));
+    wait_port(logbus_port);
+    let _r = rsyslog(
+        dir.path(),
+        &format!(
+            "module(load=\"imtcp\")\ninput(type=\"imtcp\" port=\"{rsyslog_port}\")\naction(type=\"omfwd\" target=\"127.0.0.1\" port=\"{logbus_port}\" protocol=\"tcp\" TCP_Framing=\"octet-counted\" template=\"RSYSLOG_SyslogProtocol23Format\")\n"
+        ),
+    );
+    wait_port(rsyslog_port);
+    for i in 0..3 {
+        let status = Command::new("logger")
+            .args([
+                "--server",
+                "127.0.0.1",
+                "--port",
+                &rsyslog_port.to_string(),
+                "--tcp",
+                "--octet-count",
+                "-t",
+                "viarsyslog",
+            ])
+            .arg(format!("hop {i}"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let mut b = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("rsyslog forwarded in time")
+            .unwrap();
+        got.extend(
+            b.take()
+                .iter()
+                .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()),
+        );
+    }
+    got.sort();
+    for (i, m) in got.iter().enumerate() {
+        assert!(
+            m.starts_with('<') && m.contains(" viarsyslog ") && m.ends_with(&format!("hop {i}")),
+            "{m}"
+        );
+    }
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
