@@ -50,6 +50,10 @@ pub struct SyslogSinkOptions {
     #[serde(default = "default_max_backoff")]
     #[schemars(range(min = 1))]
     pub retry_max_backoff_ms: u64,
+    /// TCP only: connect with TLS (RFC 5425). `{}` trusts the built-in
+    /// Mozilla roots; `ca_file` a private CA.
+    #[serde(default)]
+    pub tls: Option<logbus_tls::ClientTls>,
 }
 
 fn default_connect_timeout() -> u64 {
@@ -78,6 +82,9 @@ impl CheckOptions for SyslogSinkOptions {
                 "applies only with `mode: tcp` (UDP sends one message per datagram)",
             ));
         }
+        if self.mode == Mode::Udp && self.tls.is_some() {
+            errors.push(OptionError::at(&["tls"], "applies only with `mode: tcp`"));
+        }
         if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
             errors.push(OptionError::at(
                 &["retry_max_backoff_ms"],
@@ -96,18 +103,37 @@ impl TypedPlugin for SyslogSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Forwards messages over TCP (octet counting or newline) or UDP; reconnects and resends, holding the pipeline while the receiver is away.";
 
-    fn build(&self, options: SyslogSinkOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: SyslogSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let tls = match &options.tls {
+            Some(t) => {
+                let bad = |e: logbus_tls::TlsError| OptionError::at(&["tls"], e.to_string());
+                Some((
+                    t.connector(&cx.base_dir).map_err(bad)?,
+                    t.server_name(&options.address).map_err(bad)?,
+                ))
+            }
+            None => None,
+        };
         Ok(Built::Sink(Box::new(Forwarder {
             options,
+            tls,
             tcp: None,
             udp: None,
         })))
     }
 }
 
+/// A connection to the receiver, plain or TLS.
+trait Conn: tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncWrite + Unpin + Send> Conn for T {}
+
 struct Forwarder {
     options: SyslogSinkOptions,
-    tcp: Option<tokio::net::TcpStream>,
+    tls: Option<(
+        logbus_tls::TlsConnector,
+        rustls_pki_types::ServerName<'static>,
+    )>,
+    tcp: Option<Box<dyn Conn>>,
     udp: Option<tokio::net::UdpSocket>,
 }
 
@@ -168,7 +194,10 @@ impl Forwarder {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
             })??;
             stream.set_nodelay(true)?;
-            self.tcp = Some(stream);
+            self.tcp = Some(match &self.tls {
+                None => Box::new(stream),
+                Some((connector, name)) => Box::new(connector.connect(name.clone(), stream).await?),
+            });
         }
         let framing = match self.options.framing {
             SinkFraming::OctetCounting => Framing::OctetCounting,

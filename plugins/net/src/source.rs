@@ -55,6 +55,9 @@ pub struct SyslogSourceOptions {
     #[serde(default = "default_max_connections")]
     #[schemars(range(min = 1, max = 65536))]
     pub max_connections: usize,
+    /// TCP only: serve TLS (RFC 5425) with this certificate and key.
+    #[serde(default)]
+    pub tls: Option<logbus_tls::ServerTls>,
 }
 
 fn default_max_message() -> usize {
@@ -91,6 +94,9 @@ impl CheckOptions for SyslogSourceOptions {
         if self.max_connections == 0 {
             errors.push(OptionError::at(&["max_connections"], "must be at least 1"));
         }
+        if self.mode == Mode::Udp && self.tls.is_some() {
+            errors.push(OptionError::at(&["tls"], "applies only with `mode: tcp`"));
+        }
         errors
     }
 }
@@ -103,22 +109,30 @@ impl TypedPlugin for SyslogSource {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "Syslog messages over TCP (newline or octet-counting framing, detected per connection) or UDP; raw events for `codec: syslog`.";
 
-    fn build(
-        &self,
-        options: SyslogSourceOptions,
-        _cx: &BuildContext,
-    ) -> Result<Built, OptionError> {
+    fn build(&self, options: SyslogSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let address = options
             .address
             .parse()
             .map_err(|e| OptionError::at(&["address"], format!("{e}")))?;
-        Ok(Built::Source(Box::new(Listener { options, address })))
+        let tls = match &options.tls {
+            Some(t) => Some(
+                t.acceptor(&cx.base_dir)
+                    .map_err(|e| OptionError::at(&["tls"], e.to_string()))?,
+            ),
+            None => None,
+        };
+        Ok(Built::Source(Box::new(Listener {
+            options,
+            address,
+            tls,
+        })))
     }
 }
 
 struct Listener {
     options: SyslogSourceOptions,
     address: SocketAddr,
+    tls: Option<logbus_tls::TlsAcceptor>,
 }
 
 #[async_trait]
@@ -159,9 +173,25 @@ impl Listener {
             };
             let (output, shutdown, id) = (output.clone(), cx.shutdown.clone(), cx.id.clone());
             let (framing, max) = (self.options.framing, self.options.max_message_bytes);
+            let tls = self.tls.clone();
             connections.spawn(async move {
                 let _slot = slot;
-                connection(stream, peer, framing, max, &output, &shutdown, &id).await;
+                match tls {
+                    None => connection(stream, peer, framing, max, &output, &shutdown, &id).await,
+                    Some(acceptor) => {
+                        let handshake = tokio::time::timeout(
+                            std::time::Duration::from_secs(10),
+                            acceptor.accept(stream),
+                        );
+                        match handshake.await {
+                            Ok(Ok(tls)) => {
+                                connection(tls, peer, framing, max, &output, &shutdown, &id).await
+                            }
+                            Ok(Err(e)) => tracing::warn!(%peer, "TLS handshake failed: {e}"),
+                            Err(_) => tracing::warn!(%peer, "TLS handshake timed out"),
+                        }
+                    }
+                }
             });
             // Reap finished connections as we go.
             while connections.try_join_next().is_some() {}
@@ -222,7 +252,7 @@ fn datagram(bytes: &[u8], max: usize, source: &Arc<str>) -> Option<Event> {
 }
 
 async fn connection(
-    mut stream: tokio::net::TcpStream,
+    mut stream: impl tokio::io::AsyncRead + Unpin,
     peer: SocketAddr,
     framing: TcpFraming,
     max: usize,

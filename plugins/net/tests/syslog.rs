@@ -340,3 +340,56 @@ fn bad_options_name_the_key() {
         .starts_with("framing: ")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_from_logbus_to_logbus_and_a_plaintext_client_is_turned_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let mut s = source(
+        json!({ "address": address, "tls": { "cert_file": cert, "key_file": key } }),
+        1000,
+    )
+    .await;
+    // A client speaking plaintext fails the handshake and delivers nothing.
+    let mut plain = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    plain.write_all(b"5 hello").unwrap();
+    drop(plain);
+    let metrics = forward(
+        json!({ "address": address, "tls": { "ca_file": cert, "server_name": "localhost" } }),
+        200,
+    )
+    .await;
+    assert_eq!(metrics.snapshot().events_out, 200);
+    let got = take(&mut s.rx, 200).await;
+    let want: Vec<String> = (0..200)
+        .map(|i| format!("<14>1 2026-11-30T10:00:00Z host app - - - message {i}"))
+        .collect();
+    assert_eq!(got, want);
+    assert!(
+        s.rx.try_recv().is_none(),
+        "the plaintext client got nothing in"
+    );
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+#[test]
+fn a_missing_certificate_is_a_build_error_naming_the_file() {
+    let err = match Typed(logbus_net::source::SyslogSource).build(
+        &json!({ "address": "127.0.0.1:1", "tls": { "cert_file": "/nope/cert.pem", "key_file": "/nope/key.pem" } }),
+        &cx(),
+    ) {
+        Err(e) => format!("{}: {}", e[0].path.join("."), e[0].message),
+        Ok(_) => panic!("built without a certificate"),
+    };
+    assert!(
+        err.starts_with("tls: ") && err.contains("/nope/cert.pem"),
+        "{err}"
+    );
+}
