@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+pub use tokio_rustls;
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// `tls:` of a listening stage.

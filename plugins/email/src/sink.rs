@@ -27,10 +27,14 @@ pub struct EmailSinkOptions {
     pub host: String,
     #[serde(default = "default_port")]
     pub port: u16,
-    /// Only `none` in this build: plain SMTP, for a local relay (STARTTLS
-    /// and implicit TLS are not built in yet).
+    /// `none` (plain SMTP, e.g. to a local relay), `starttls` (upgrade,
+    /// usually port 587) or `tls` (implicit TLS, usually port 465).
     #[serde(default)]
     pub tls: Tls,
+    /// PEM CA certificates to trust besides the built-in Mozilla roots
+    /// (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// AUTH (PLAIN/LOGIN) user; with `password`.
     #[serde(default)]
     pub username: Option<String>,
@@ -168,10 +172,10 @@ impl CheckOptions for EmailSinkOptions {
         if self.host.is_empty() {
             errors.push(OptionError::at(&["host"], "must not be empty"));
         }
-        if self.tls != Tls::None {
+        if self.tls == Tls::None && self.ca_file.is_some() {
             errors.push(OptionError::at(
-                &["tls"],
-                "STARTTLS and TLS are not in this build yet; use `none` with a local relay",
+                &["ca_file"],
+                "applies only with `tls: starttls` or `tls: tls`",
             ));
         }
         if self.username.is_some() != self.password.is_some() {
@@ -229,6 +233,25 @@ impl TypedPlugin for EmailSink {
         let mut builder = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&o.host)
             .port(o.port)
             .timeout(Some(Duration::from_millis(o.timeout_ms)));
+        if o.tls != Tls::None {
+            use lettre::transport::smtp::client::{Certificate, Tls as Mode, TlsParameters};
+            let mut params = TlsParameters::builder(o.host.clone());
+            if let Some(ca) = &o.ca_file {
+                let path = cx.resolve(ca);
+                let pem = std::fs::read(&path)
+                    .map_err(|e| bad("ca_file", format!("reading {}: {e}", path.display())))?;
+                let cert = Certificate::from_pem(&pem)
+                    .map_err(|e| bad("ca_file", format!("{}: {e}", path.display())))?;
+                params = params.add_root_certificate(cert);
+            }
+            let params = params
+                .build_rustls()
+                .map_err(|e| bad("tls", e.to_string()))?;
+            builder = builder.tls(match o.tls {
+                Tls::Starttls => Mode::Required(params),
+                _ => Mode::Wrapper(params),
+            });
+        }
         if let (Some(u), Some(p)) = (&o.username, &o.password) {
             builder = builder.credentials(Credentials::new(u.clone(), p.clone()));
         }

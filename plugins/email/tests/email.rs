@@ -49,10 +49,16 @@ fn aiosmtpd_available() -> bool {
 }
 
 fn smtpd(port: u16) -> Smtpd {
+    smtpd_with(port, &[])
+}
+
+fn smtpd_with(port: u16, extra: &[&str]) -> Smtpd {
     let dir = tempfile::tempdir().unwrap();
     let maildir = dir.path().join("mail");
     let child = Command::new("python3")
-        .args(["-m", "aiosmtpd", "-n", "-l"])
+        .args(["-m", "aiosmtpd", "-n"])
+        .args(extra)
+        .arg("-l")
         .arg(format!("127.0.0.1:{port}"))
         .args(["-c", "aiosmtpd.handlers.Mailbox"])
         .arg(&maildir)
@@ -237,6 +243,36 @@ async fn a_server_that_is_not_up_yet_is_retried() {
     assert_eq!(metrics.snapshot().events_out, 3);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starttls_and_implicit_tls_with_a_private_ca() {
+    if !aiosmtpd_available() {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let cert = certs.path().join("cert.pem");
+    let key = certs.path().join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    for (mode, flags) in [
+        ("starttls", ["--tlscert", c, "--tlskey", k]),
+        ("tls", ["--smtpscert", c, "--smtpskey", k]),
+    ] {
+        let port = free_port();
+        let server = smtpd_with(port, &flags);
+        let mut o = base(port);
+        o["host"] = json!("localhost");
+        o["tls"] = json!(mode);
+        o["ca_file"] = json!(cert);
+        let metrics = run(o, &[4], Duration::ZERO).await;
+        assert_eq!(metrics.snapshot().events_out, 4, "{mode}");
+        let mail = received(&server.maildir);
+        assert_eq!(mail.len(), 1, "{mode}");
+        assert!(mail[0].contains("error: boom 3"), "{mode}: {}", mail[0]);
+    }
+}
+
 #[test]
 fn bad_options_name_the_key() {
     let cx = BuildContext {
@@ -263,8 +299,12 @@ fn bad_options_name_the_key() {
     o["to"] = json!([]);
     assert!(errors(o).starts_with("to: "));
     let mut o = ok.clone();
+    o["ca_file"] = json!("ca.pem");
+    assert!(errors(o).starts_with("ca_file: "));
+    let mut o = ok.clone();
     o["tls"] = json!("starttls");
-    assert!(errors(o).contains("not in this build"));
+    o["ca_file"] = json!("/no/such/ca.pem");
+    assert!(errors(o).contains("/no/such/ca.pem"));
     let mut o = ok.clone();
     o["username"] = json!("u");
     assert!(errors(o).contains("password"));

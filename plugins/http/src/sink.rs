@@ -60,8 +60,12 @@ pub enum OnRejected {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSinkOptions {
-    /// `http://host:port/path` (TLS is not in this build yet).
+    /// `http://` or `https://host:port/path`.
     pub url: String,
+    /// For `https://`: `{ ca_file: ... }` trusts a private CA instead of
+    /// the built-in Mozilla roots.
+    #[serde(default)]
+    pub tls: Option<logbus_tls::ClientTls>,
     /// `POST` (default) or `PUT`.
     #[serde(default)]
     pub method: Method,
@@ -135,15 +139,17 @@ impl CheckOptions for HttpSinkOptions {
     fn check(&self) -> Vec<OptionError> {
         let mut errors = Vec::new();
         match self.url.split_once("://") {
-            Some(("http", rest)) if !rest.is_empty() => {}
-            Some(("https", _)) => errors.push(OptionError::at(
-                &["url"],
-                "https is not supported by this build yet; use http:// (e.g. to a local TLS-terminating proxy)",
-            )),
+            Some(("http" | "https", rest)) if !rest.is_empty() => {}
             _ => errors.push(OptionError::at(
                 &["url"],
-                format!("`{}` is not an http:// URL", self.url),
+                format!("`{}` is not an http:// or https:// URL", self.url),
             )),
+        }
+        if self.tls.as_ref().is_some_and(|t| t.server_name.is_some()) {
+            errors.push(OptionError::at(
+                &["tls", "server_name"],
+                "the URL's host is the name verified; `server_name` applies to syslog only",
+            ));
         }
         for (key, value) in [
             ("batch_max_events", self.batch_max_events as u64),
@@ -195,10 +201,34 @@ impl TypedPlugin for HttpSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Batched HTTP POST/PUT (NDJSON or a JSON array, gzip/zstd) with retries, backoff with jitter and Retry-After; commits only on 2xx.";
 
-    fn build(&self, options: HttpSinkOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: HttpSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let mut tls = ureq::tls::TlsConfig::builder();
+        if let Some(ca) = options.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+            let path = cx.resolve(ca);
+            let pem = std::fs::read(&path).map_err(|e| {
+                OptionError::at(
+                    &["tls", "ca_file"],
+                    format!("reading {}: {e}", path.display()),
+                )
+            })?;
+            let certs = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect::<Vec<_>>();
+            if certs.is_empty() {
+                return Err(OptionError::at(
+                    &["tls", "ca_file"],
+                    format!("{} holds no certificate", path.display()),
+                ));
+            }
+            tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
+        }
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_millis(options.request_timeout_ms)))
             .http_status_as_error(false)
+            .tls_config(tls.build())
             .build()
             .into();
         Ok(Built::Sink(Box::new(HttpWriter { options, agent })))

@@ -67,6 +67,9 @@ pub struct HttpSourceOptions {
     #[serde(default = "default_retry_after")]
     #[schemars(range(min = 1, max = 3600))]
     pub retry_after_secs: u64,
+    /// Serve HTTPS with this certificate and key.
+    #[serde(default)]
+    pub tls: Option<logbus_tls::ServerTls>,
 }
 
 fn default_path() -> String {
@@ -130,18 +133,67 @@ impl TypedPlugin for HttpSource {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "An HTTP server taking NDJSON, plain lines or a JSON array (gzip/zstd bodies, bearer token); answers only once the events are in the pipeline, 503 + Retry-After when it stays full.";
 
-    fn build(&self, options: HttpSourceOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: HttpSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let address = options
             .address
             .parse()
             .map_err(|e| OptionError::at(&["address"], format!("{e}")))?;
-        Ok(Built::Source(Box::new(Server { options, address })))
+        let tls = match &options.tls {
+            Some(t) => Some(
+                t.acceptor(&cx.base_dir)
+                    .map_err(|e| OptionError::at(&["tls"], e.to_string()))?,
+            ),
+            None => None,
+        };
+        Ok(Built::Source(Box::new(Server {
+            options,
+            address,
+            tls,
+        })))
     }
 }
 
 struct Server {
     options: HttpSourceOptions,
     address: SocketAddr,
+    tls: Option<logbus_tls::TlsAcceptor>,
+}
+
+/// Accepts TCP connections and completes the TLS handshake before axum
+/// sees them. (Handshakes are done one at a time, each bounded by a
+/// timeout, so a client that stalls delays others by at most that.)
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: logbus_tls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = logbus_tls::tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, peer) = match self.tcp.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let handshake =
+                tokio::time::timeout(Duration::from_secs(10), self.acceptor.accept(stream));
+            match handshake.await {
+                Ok(Ok(tls)) => return (tls, peer),
+                Ok(Err(e)) => tracing::warn!(%peer, "TLS handshake failed: {e}"),
+                Err(_) => tracing::warn!(%peer, "TLS handshake timed out"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
 }
 
 struct Shared {
@@ -157,7 +209,7 @@ impl Source for Server {
         let listener = tokio::net::TcpListener::bind(self.address)
             .await
             .map_err(|e| StageError::io(format!("listening on {}", self.address), e))?;
-        tracing::info!(address = %self.address, "HTTP source listening");
+        tracing::info!(address = %self.address, tls = self.tls.is_some(), "HTTP source listening");
         let path = self.options.path.clone();
         let max = self.options.max_body_bytes;
         let shared = Arc::new(Shared {
@@ -174,10 +226,23 @@ impl Source for Server {
             .layer(DefaultBodyLimit::max(max))
             .with_state(shared);
         let shutdown = cx.shutdown.clone();
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        let stop = async move { shutdown.cancelled().await };
+        match self.tls {
+            None => axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+                .map_err(|e| StageError::io("serving HTTP", e)),
+            Some(acceptor) => axum::serve(
+                TlsListener {
+                    tcp: listener,
+                    acceptor,
+                },
+                app,
+            )
+            .with_graceful_shutdown(stop)
             .await
-            .map_err(|e| StageError::io("serving HTTP", e))
+            .map_err(|e| StageError::io("serving HTTPS", e)),
+        }
     }
 }
 
