@@ -13,6 +13,8 @@ pub mod metrics;
 pub mod output;
 pub mod plugin;
 pub mod registry;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// Runs blocking work (a file write, an fsync) from a stage's task without
 /// stalling the runtime's other tasks: on a multi-thread runtime the worker

@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use logbus_plugin_api::testing::option_errors;
 use logbus_plugin_api::{
     BuildContext, Built, Event, Fields, Meta, Plugin, SinkContext, StageMetrics, Typed, channel,
 };
@@ -275,21 +276,7 @@ async fn starttls_and_implicit_tls_with_a_private_ca() {
 
 #[test]
 fn bad_options_name_the_key() {
-    let cx = BuildContext {
-        stage_id: "alerts".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    let errors = |o: serde_json::Value| -> String {
-        match Typed(logbus_email::sink::EmailSink).build(&o, &cx) {
-            Err(e) => e
-                .iter()
-                .map(|e| format!("{}: {}", e.path.join("."), e.message))
-                .collect::<Vec<_>>()
-                .join("; "),
-            Ok(_) => String::new(),
-        }
-    };
+    let errors = |o: serde_json::Value| option_errors(&Typed(logbus_email::sink::EmailSink), o);
     let ok = json!({ "host": "h", "from": "a@b.c", "to": ["d@e.f"] });
     assert_eq!(errors(ok.clone()), "");
     let mut o = ok.clone();

@@ -2,48 +2,9 @@
 //! with real processes: streaming, restarts, schedules, a command that
 //! cannot start, and a command that outputs faster than the pipeline takes.
 
-use std::sync::Arc;
-
-use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, Source,
-    SourceContext, StageError, StageMetrics, Typed, channel,
-};
+use logbus_plugin_api::testing::{RunningSource, option_errors, run_source, source};
+use logbus_plugin_api::{Plugin, Receiver, Typed};
 use serde_json::json;
-
-fn build(p: &dyn Plugin, options: serde_json::Value) -> Box<dyn Source> {
-    let cx = BuildContext {
-        stage_id: "s".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    match p.build(&options, &cx) {
-        Ok(Built::Source(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a source"),
-    }
-}
-
-fn start(
-    source: Box<dyn Source>,
-    capacity: usize,
-) -> (
-    Receiver,
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), StageError>>,
-) {
-    let (tx, rx) = channel(capacity);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(source.run(SourceContext {
-        id: "s".into(),
-        output: Output::new(
-            vec![tx],
-            Arc::new(StageMetrics::default()),
-            OutputRole::Main,
-        ),
-        shutdown: shutdown.clone(),
-    }));
-    (rx, shutdown, task)
-}
 
 async fn take(rx: &mut Receiver, n: usize) -> Vec<logbus_plugin_api::Event> {
     let mut got = Vec::new();
@@ -60,11 +21,15 @@ fn text(e: &logbus_plugin_api::Event) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn an_interval_schedule_ticks_with_its_fields_and_stops_at_count() {
-    let s = build(
+    let s = source(
         &Typed(logbus_host::scheduler::Scheduler),
         json!({ "interval_ms": 60000, "count": 3, "fields": { "job": "poll" } }),
     );
-    let (mut rx, _stop, task) = start(s, 10);
+    let RunningSource {
+        mut rx,
+        shutdown: _stop,
+        task,
+    } = run_source(s, 10);
     let started = tokio::time::Instant::now();
     let got = take(&mut rx, 3).await;
     task.await.unwrap().unwrap();
@@ -81,11 +46,15 @@ async fn an_interval_schedule_ticks_with_its_fields_and_stops_at_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cron_schedule_fires_on_its_seconds() {
-    let s = build(
+    let s = source(
         &Typed(logbus_host::scheduler::Scheduler),
         json!({ "cron": "* * * * * *", "count": 2 }),
     );
-    let (mut rx, _stop, task) = start(s, 10);
+    let RunningSource {
+        mut rx,
+        shutdown: _stop,
+        task,
+    } = run_source(s, 10);
     let got = take(&mut rx, 2).await;
     task.await.unwrap().unwrap();
     let at: Vec<chrono::DateTime<chrono::Utc>> = got
@@ -104,11 +73,15 @@ async fn a_cron_schedule_fires_on_its_seconds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_streams_lines_and_ends_when_the_command_does_with_restart_never() {
-    let s = build(
+    let s = source(
         &Typed(logbus_host::exec::Exec),
         json!({ "command": ["sh", "-c", "printf 'a\\nb\\r\\nc'; echo oops >&2"], "restart": "never" }),
     );
-    let (mut rx, _stop, task) = start(s, 10);
+    let RunningSource {
+        mut rx,
+        shutdown: _stop,
+        task,
+    } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     task.await.unwrap().unwrap();
     assert_eq!(got.iter().map(text).collect::<Vec<_>>(), ["a", "b", "c"]);
@@ -116,21 +89,29 @@ async fn exec_streams_lines_and_ends_when_the_command_does_with_restart_never() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_restarts_a_failing_command_and_runs_one_on_a_schedule() {
-    let s = build(
+    let s = source(
         &Typed(logbus_host::exec::Exec),
         json!({ "command": ["sh", "-c", "echo run; exit 3"], "restart_delay_ms": 5 }),
     );
-    let (mut rx, stop, task) = start(s, 10);
+    let RunningSource {
+        mut rx,
+        shutdown: stop,
+        task,
+    } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     stop.cancel();
     task.await.unwrap().unwrap();
     assert!(got.iter().all(|e| text(e) == "run"));
 
-    let s = build(
+    let s = source(
         &Typed(logbus_host::exec::Exec),
         json!({ "command": ["sh", "-c", "echo tick"], "mode": "scheduled", "interval_ms": 20 }),
     );
-    let (mut rx, stop, task) = start(s, 10);
+    let RunningSource {
+        mut rx,
+        shutdown: stop,
+        task,
+    } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     stop.cancel();
     task.await.unwrap().unwrap();
@@ -139,11 +120,15 @@ async fn exec_restarts_a_failing_command_and_runs_one_on_a_schedule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_that_cannot_start_fails_the_stage_by_name() {
-    let s = build(
+    let s = source(
         &Typed(logbus_host::exec::Exec),
         json!({ "command": ["/no/such/program"] }),
     );
-    let (_rx, _stop, task) = start(s, 10);
+    let RunningSource {
+        rx: _rx,
+        shutdown: _stop,
+        task,
+    } = run_source(s, 10);
     let err = task.await.unwrap().unwrap_err().to_string();
     assert!(err.contains("/no/such/program"), "{err}");
 }
@@ -151,11 +136,15 @@ async fn a_command_that_cannot_start_fails_the_stage_by_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_command_is_held_back_by_the_pipeline_and_killed_at_shutdown() {
     // `yes` writes forever; nobody reads the 10-event pipeline.
-    let s = build(
+    let s = source(
         &Typed(logbus_host::exec::Exec),
         json!({ "command": ["yes", "line"], "max_line_bytes": 64 }),
     );
-    let (mut rx, stop, task) = start(s, 10);
+    let RunningSource {
+        mut rx,
+        shutdown: stop,
+        task,
+    } = run_source(s, 10);
     let h = rx.handle();
     while h.occupancy() < 10 {
         tokio::task::yield_now().await;
@@ -173,21 +162,7 @@ async fn a_fast_command_is_held_back_by_the_pipeline_and_killed_at_shutdown() {
 
 #[test]
 fn bad_options_name_the_key() {
-    let cx = BuildContext {
-        stage_id: "s".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    let errors = |p: &dyn Plugin, o: serde_json::Value| -> String {
-        match p.build(&o, &cx) {
-            Err(e) => e
-                .iter()
-                .map(|e| format!("{}: {}", e.path.join("."), e.message))
-                .collect::<Vec<_>>()
-                .join("; "),
-            Ok(_) => String::new(),
-        }
-    };
+    let errors = |p: &dyn Plugin, o: serde_json::Value| option_errors(p, o);
     let sched = Typed(logbus_host::scheduler::Scheduler);
     assert!(errors(&sched, json!({})).contains("exactly one"));
     assert!(errors(&sched, json!({ "cron": "not cron" })).starts_with("cron: "));

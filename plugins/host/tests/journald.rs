@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
+use logbus_plugin_api::testing::option_errors;
 use logbus_plugin_api::{
     BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, SourceContext,
     StageError, StageMetrics, Typed, channel,
@@ -195,21 +196,7 @@ async fn follows_until_stopped() {
 
 #[test]
 fn bad_options_name_the_key() {
-    let cx = BuildContext {
-        stage_id: "j".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    let errors = |o: serde_json::Value| -> String {
-        match Typed(logbus_host::journald::Journald).build(&o, &cx) {
-            Err(e) => e
-                .iter()
-                .map(|e| format!("{}: {}", e.path.join("."), e.message))
-                .collect::<Vec<_>>()
-                .join("; "),
-            Ok(_) => String::new(),
-        }
-    };
+    let errors = |o: serde_json::Value| option_errors(&Typed(logbus_host::journald::Journald), o);
     assert!(errors(json!({ "state_dir": "s", "priority": "loud" })).starts_with("priority: "));
     assert!(
         errors(json!({ "state_dir": "s", "directory": "d", "files": ["f"] }))

@@ -138,13 +138,10 @@ impl TypedPlugin for HttpSource {
             .address
             .parse()
             .map_err(|e| OptionError::at(&["address"], format!("{e}")))?;
-        let tls = match &options.tls {
-            Some(t) => Some(
-                t.acceptor(&cx.base_dir)
-                    .map_err(|e| OptionError::at(&["tls"], e.to_string()))?,
-            ),
-            None => None,
-        };
+        let tls = (options.tls.as_ref())
+            .map(|t| t.acceptor(&cx.base_dir))
+            .transpose()
+            .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
         Ok(Built::Source(Box::new(Server {
             options,
             address,

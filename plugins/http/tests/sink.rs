@@ -12,6 +12,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use logbus_plugin_api::testing::option_errors;
 use logbus_plugin_api::{
     BuildContext, Built, Event, Meta, Plugin, SinkContext, StageMetrics, Typed, channel,
 };
@@ -300,21 +301,7 @@ async fn retry_max_attempts_gives_up_with_the_reason() {
 
 #[test]
 fn bad_options_name_the_key() {
-    let cx = BuildContext {
-        stage_id: "ship".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    let errors = |o: serde_json::Value| -> String {
-        match Typed(logbus_http::sink::HttpSink).build(&o, &cx) {
-            Err(e) => e
-                .iter()
-                .map(|e| format!("{}: {}", e.path.join("."), e.message))
-                .collect::<Vec<_>>()
-                .join("; "),
-            Ok(_) => String::new(),
-        }
-    };
+    let errors = |o: serde_json::Value| option_errors(&Typed(logbus_http::sink::HttpSink), o);
     assert!(errors(json!({ "url": "ftp://x" })).starts_with("url: "));
     assert!(
         errors(

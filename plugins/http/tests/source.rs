@@ -7,6 +7,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
+use logbus_plugin_api::testing::option_errors;
 use logbus_plugin_api::{
     BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, SourceContext,
     StageMetrics, Typed, channel,
@@ -257,21 +258,7 @@ async fn a_pipeline_that_stays_full_gets_503_with_retry_after_and_loses_nothing(
 
 #[test]
 fn bad_options_name_the_key() {
-    let cx = BuildContext {
-        stage_id: "in".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    let errors = |o: serde_json::Value| -> String {
-        match Typed(logbus_http::source::HttpSource).build(&o, &cx) {
-            Err(e) => e
-                .iter()
-                .map(|e| format!("{}: {}", e.path.join("."), e.message))
-                .collect::<Vec<_>>()
-                .join("; "),
-            Ok(_) => String::new(),
-        }
-    };
+    let errors = |o: serde_json::Value| option_errors(&Typed(logbus_http::source::HttpSource), o);
     assert!(errors(json!({ "address": "nowhere" })).starts_with("address: "));
     assert!(errors(json!({ "address": "127.0.0.1:1", "path": "/health" })).starts_with("path: "));
     assert!(

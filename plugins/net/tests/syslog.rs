@@ -7,6 +7,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
+use logbus_plugin_api::testing::option_errors;
 use logbus_plugin_api::{
     BuildContext, Built, CancellationToken, Event, Meta, Output, OutputRole, Plugin, Receiver,
     SinkContext, SourceContext, StageMetrics, Typed, channel,
@@ -311,16 +312,7 @@ async fn a_connection_that_breaks_the_framing_is_closed_and_others_go_on() {
 
 #[test]
 fn bad_options_name_the_key() {
-    let errors = |p: &dyn Plugin, o: serde_json::Value| -> String {
-        match p.build(&o, &cx()) {
-            Err(e) => e
-                .iter()
-                .map(|e| format!("{}: {}", e.path.join("."), e.message))
-                .collect::<Vec<_>>()
-                .join("; "),
-            Ok(_) => String::new(),
-        }
-    };
+    let errors = |p: &dyn Plugin, o: serde_json::Value| option_errors(p, o);
     let src = Typed(logbus_net::source::SyslogSource);
     let sink = Typed(logbus_net::sink::SyslogSink);
     assert!(errors(&src, json!({ "address": "x" })).starts_with("address: "));

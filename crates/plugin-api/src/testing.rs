@@ -1,0 +1,129 @@
+//! Helpers for plugin tests (feature `testing`): build a plugin from JSON
+//! options the way the engine does, run a source into a channel, feed a
+//! sink, and read option errors as `path: message` text. One copy here
+//! instead of one per plugin crate.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::channel::{Receiver, channel};
+use crate::event::Event;
+use crate::metrics::StageMetrics;
+use crate::output::{Output, OutputRole};
+use crate::plugin::{
+    BuildContext, Built, Plugin, Sink, SinkContext, Source, SourceContext, StageError,
+};
+use tokio_util::sync::CancellationToken;
+
+/// The context a test stage is built with: stage id `s`, paths relative
+/// to the current directory.
+pub fn context() -> BuildContext {
+    BuildContext {
+        stage_id: "s".into(),
+        base_dir: ".".into(),
+        worker: 0,
+    }
+}
+
+/// `path: message` of every option error, joined with `; ` (empty when the
+/// options build).
+pub fn option_errors(plugin: &dyn Plugin, options: Value) -> String {
+    match plugin.build(&options, &context()) {
+        Err(errors) => errors
+            .iter()
+            .map(|e| format!("{}: {}", e.path.join("."), e.message))
+            .collect::<Vec<_>>()
+            .join("; "),
+        Ok(_) => String::new(),
+    }
+}
+
+/// Builds a source; panics with the option errors if it does not build.
+pub fn source(plugin: &dyn Plugin, options: Value) -> Box<dyn Source> {
+    match plugin.build(&options, &context()) {
+        Ok(Built::Source(s)) => s,
+        Ok(_) => panic!("{} is not a source", plugin.name()),
+        Err(e) => panic!("{} does not build: {e:?}", plugin.name()),
+    }
+}
+
+/// Builds a sink; panics with the option errors if it does not build.
+pub fn sink(plugin: &dyn Plugin, options: Value) -> Box<dyn Sink> {
+    match plugin.build(&options, &context()) {
+        Ok(Built::Sink(s)) => s,
+        Ok(_) => panic!("{} is not a sink", plugin.name()),
+        Err(e) => panic!("{} does not build: {e:?}", plugin.name()),
+    }
+}
+
+/// A source running on the test's runtime, feeding `rx`.
+pub struct RunningSource {
+    pub rx: Receiver,
+    pub shutdown: CancellationToken,
+    pub task: tokio::task::JoinHandle<Result<(), StageError>>,
+}
+
+impl RunningSource {
+    /// Stops the source and returns how it ended.
+    pub async fn stop(self) -> Result<(), StageError> {
+        self.shutdown.cancel();
+        self.task.await.expect("the source task panicked")
+    }
+}
+
+/// Runs `source` into a channel of `capacity` events.
+pub fn run_source(source: Box<dyn Source>, capacity: usize) -> RunningSource {
+    let (tx, rx) = channel(capacity);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(source.run(SourceContext {
+        id: "s".into(),
+        output: Output::new(
+            vec![tx],
+            Arc::new(StageMetrics::default()),
+            OutputRole::Main,
+        ),
+        shutdown: shutdown.clone(),
+    }));
+    RunningSource { rx, shutdown, task }
+}
+
+/// Receives at least `n` events.
+pub async fn take(rx: &mut Receiver, n: usize) -> Vec<Event> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let mut batch = rx.recv().await.expect("the stream ended early");
+        got.extend(batch.take());
+    }
+    got
+}
+
+/// Receives at least `n` raw events, as text.
+pub async fn take_text(rx: &mut Receiver, n: usize) -> Vec<String> {
+    take(rx, n)
+        .await
+        .iter()
+        .map(|e| String::from_utf8_lossy(e.as_raw().expect("a raw event")).into_owned())
+        .collect()
+}
+
+/// Runs `sink` over `batches` (sent in order, then the input ends);
+/// returns how it ended and its counters.
+pub async fn run_sink(
+    sink: Box<dyn Sink>,
+    batches: Vec<Vec<Event>>,
+) -> (Result<(), StageError>, Arc<StageMetrics>) {
+    let (tx, rx) = channel(batches.iter().map(Vec::len).sum::<usize>().max(1));
+    let metrics = Arc::new(StageMetrics::default());
+    let mut cx = SinkContext {
+        id: "s".into(),
+        input: rx,
+        metrics: metrics.clone(),
+    };
+    for batch in batches {
+        tx.send(batch).await.expect("the sink's input is open");
+    }
+    drop(tx);
+    let result = sink.run(&mut cx).await;
+    (result, metrics)
+}
