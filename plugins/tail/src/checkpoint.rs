@@ -9,7 +9,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::tailer::FileKey;
+/// A file's device and inode (with a fingerprint, its identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+}
 
 /// Where one file was: its identity and the bytes already turned into events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

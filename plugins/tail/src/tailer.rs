@@ -17,6 +17,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub use crate::checkpoint::FileKey;
 use crate::checkpoint::{Checkpoint, Checkpoints};
 use crate::multiline::{Joiner, MultilineConfig};
 
@@ -42,13 +43,6 @@ pub struct TailConfig {
     pub multiline: Option<MultilineConfig>,
     /// Most bytes read from one file per `read` call (fairness).
     pub read_chunk: usize,
-}
-
-/// Device and inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileKey {
-    pub dev: u64,
-    pub ino: u64,
 }
 
 /// One event read from a file.
