@@ -815,3 +815,80 @@ fn the_syslog_relay_example_forwards_logger_messages_to_another_logbus() {
     messages.sort();
     assert_eq!(messages, ["counted", "newline"]);
 }
+
+#[test]
+fn stdin_stops_reading_while_the_pipeline_is_full() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    // The sink writes into a FIFO that is never read: it blocks, the
+    // channels fill, and the stdin source must stop reading.
+    let fifo = dir.path().join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let _never_read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(0o4000)
+        .open(&fifo)
+        .unwrap();
+    let yml = write(
+        dir.path(),
+        "p.yml",
+        &format!(
+            "settings: {{ channel_capacity: 64 }}\nstages:\n  in: {{ source: stdin }}\n  out: {{ sink: file, inputs: [in], path: \"{}\" }}\n",
+            fifo.display()
+        ),
+    );
+    let mut child = crate::api::Engine::from_child(
+        logbus()
+            .arg("run")
+            .arg(&yml)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+    .into_child();
+    let mut stdin = child.stdin.take().unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let total: u64 = 256 << 20;
+    let writer = {
+        let written = written.clone();
+        std::thread::spawn(move || {
+            let chunk = format!("{}\n", "x".repeat(1023)).repeat(1024);
+            while written.load(Ordering::SeqCst) < total {
+                if stdin.write_all(chunk.as_bytes()).is_err() {
+                    break;
+                }
+                written.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            }
+        })
+    };
+    // Wait until the writer is held back: no progress for a while.
+    let mut last = u64::MAX;
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = written.load(Ordering::SeqCst);
+        if now == last {
+            break;
+        }
+        last = now;
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "stdin kept being read"
+        );
+    }
+    // Held back far below what it wanted to write: 64-event channels, a
+    // 256 KiB sink buffer, the reader's chunk and the pipes' buffers.
+    assert!(last < 16 << 20, "{last} bytes were taken from stdin");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    writer.join().unwrap();
+}
