@@ -50,12 +50,14 @@ pub fn check_features(root: &Path) -> anyhow::Result<()> {
 const MINIMAL: &[&str] = &[
     "source-stdin",
     "source-file",
+    "source-http",
     "parser-lines",
     "parser-json",
     "formatter-json",
     "transform-js",
     "sink-stdout",
     "sink-file",
+    "sink-http",
 ];
 
 /// `--plugins` entries are feature names (`sink-file`) or plugin names
