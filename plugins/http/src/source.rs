@@ -156,40 +156,85 @@ struct Server {
     tls: Option<logbus_tls::TlsAcceptor>,
 }
 
-/// Accepts TCP connections and completes the TLS handshake before axum
-/// sees them. (Handshakes are done one at a time, each bounded by a
-/// timeout, so a client that stalls delays others by at most that.)
+/// Accepts TCP connections and completes TLS handshakes concurrently (each
+/// bounded by a timeout) before axum sees them, so a client that stalls
+/// its handshake delays nobody else.
 struct TlsListener {
-    tcp: tokio::net::TcpListener,
-    acceptor: logbus_tls::TlsAcceptor,
+    local: SocketAddr,
+    ready: tokio::sync::mpsc::Receiver<(TlsStream, SocketAddr)>,
+    acceptor_task: tokio::task::JoinHandle<()>,
+}
+
+type TlsStream = logbus_tls::tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// At most this many handshakes in progress; more connections wait in the
+/// kernel's accept queue.
+const MAX_HANDSHAKES: usize = 64;
+
+impl TlsListener {
+    fn new(
+        tcp: tokio::net::TcpListener,
+        acceptor: logbus_tls::TlsAcceptor,
+    ) -> std::io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let (tx, ready) = tokio::sync::mpsc::channel(MAX_HANDSHAKES);
+        let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let acceptor_task = tokio::spawn(async move {
+            loop {
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let (stream, peer) = match tcp.accept().await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!("accepting a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let _slot = slot;
+                    let handshake =
+                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::warn!(%peer, "TLS handshake failed: {e}"),
+                        Err(_) => tracing::warn!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener {
+            local,
+            ready,
+            acceptor_task,
+        })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.acceptor_task.abort();
+    }
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = logbus_tls::tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Io = TlsStream;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let (stream, peer) = match self.tcp.accept().await {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let handshake =
-                tokio::time::timeout(Duration::from_secs(10), self.acceptor.accept(stream));
-            match handshake.await {
-                Ok(Ok(tls)) => return (tls, peer),
-                Ok(Err(e)) => tracing::warn!(%peer, "TLS handshake failed: {e}"),
-                Err(_) => tracing::warn!(%peer, "TLS handshake timed out"),
-            }
+        match self.ready.recv().await {
+            Some(conn) => conn,
+            // The accept task never ends while the listener lives.
+            None => std::future::pending().await,
         }
     }
 
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.tcp.local_addr()
+        Ok(self.local)
     }
 }
 
@@ -230,10 +275,8 @@ impl Source for Server {
                 .await
                 .map_err(|e| StageError::io("serving HTTP", e)),
             Some(acceptor) => axum::serve(
-                TlsListener {
-                    tcp: listener,
-                    acceptor,
-                },
+                TlsListener::new(listener, acceptor)
+                    .map_err(|e| StageError::io("serving HTTPS", e))?,
                 app,
             )
             .with_graceful_shutdown(stop)

@@ -63,6 +63,9 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
     .await
     .unwrap();
     assert!(refused);
+    // A client that connects and never starts its handshake must not hold
+    // up the others (handshakes run concurrently; each times out at 10 s).
+    let _stalled = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     // The sink with the private CA delivers.
     let sink = match Typed(logbus_http::sink::HttpSink).build(
         &json!({ "url": url, "tls": { "ca_file": cert }, "batch_timeout_ms": 1, "compression": "gzip" }),
@@ -92,7 +95,10 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
         .collect();
     stx.send(events).await.unwrap();
     drop(stx);
-    sink.run(&mut scx).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), sink.run(&mut scx))
+        .await
+        .expect("a stalled handshake held up the listener")
+        .unwrap();
     assert_eq!(metrics.snapshot().events_out, 50);
     let mut got = Vec::new();
     while got.len() < 50 {
