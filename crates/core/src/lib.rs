@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod diagnostic;
+pub mod fmt;
 pub mod graph;
 pub mod report;
 pub mod runtime;

@@ -118,6 +118,16 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
+    /// Print FILE in the canonical layout (comments kept). `--write`
+    /// rewrites it; `--check` exits 1 if it is not formatted. Exit 2 when
+    /// it cannot be read or parsed.
+    Fmt {
+        file: PathBuf,
+        #[arg(long, conflicts_with = "check")]
+        write: bool,
+        #[arg(long)]
+        check: bool,
+    },
     /// Look at a durable queue's directory (`<queue.path>/<stage id>`).
     Queue {
         #[command(subcommand)]
@@ -273,11 +283,51 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             plugins_cmd::print(&registry, format == OutputFormat::Json)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Fmt { file, write, check } => fmt_file(&file, write, check),
         Command::Queue { command } => match command {
             QueueCommand::Inspect { dir } => queue_cmd::inspect(&dir),
             QueueCommand::Check { dir, repair } => queue_cmd::check(&dir, repair),
         },
     }
+}
+
+/// `logbus fmt`.
+fn fmt_file(file: &Path, write: bool, check: bool) -> anyhow::Result<ExitCode> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("logbus: cannot read {}: {e}", file.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let formatted = match logbus_core::fmt::format(&text) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if check {
+        if formatted == text {
+            return Ok(ExitCode::SUCCESS);
+        }
+        eprintln!(
+            "{}: not formatted (run `logbus fmt --write`)",
+            file.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    if write {
+        if formatted != text {
+            let tmp = file.with_extension("yml.fmt-tmp");
+            std::fs::write(&tmp, &formatted)
+                .and_then(|()| std::fs::rename(&tmp, file))
+                .with_context(|| format!("writing {}", file.display()))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    emit(&formatted);
+    Ok(ExitCode::SUCCESS)
 }
 
 fn load_or_report(file: &Path, registry: &logbus_plugin_api::Registry) -> Option<Loaded> {

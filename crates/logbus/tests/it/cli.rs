@@ -892,3 +892,72 @@ fn stdin_stops_reading_while_the_pipeline_is_full() {
     child.wait().unwrap();
     writer.join().unwrap();
 }
+
+#[test]
+fn fmt_formats_every_shipped_pipeline_idempotently_and_keeps_its_comments() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for sub in [
+        "pipelines",
+        "examples",
+        "examples/edge-agent",
+        "examples/tail",
+    ] {
+        for entry in std::fs::read_dir(root.join(sub)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "yml") {
+                continue;
+            }
+            let o = logbus().arg("fmt").arg(&path).output().unwrap();
+            assert!(
+                o.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let once = stdout(&o);
+            let copy = write(dir.path(), "copy.yml", &once);
+            let o = logbus().arg("fmt").arg(&copy).output().unwrap();
+            assert_eq!(stdout(&o), once, "{} is not idempotent", path.display());
+            let comments = |t: &str| {
+                t.lines()
+                    .filter(|l| l.trim_start().starts_with('#'))
+                    .count()
+            };
+            let original = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(comments(&once), comments(&original), "{}", path.display());
+            // Formatted, it is already in the canonical layout.
+            let o = logbus()
+                .args(["fmt", "--check"])
+                .arg(&copy)
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "{}", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} files");
+}
+
+#[test]
+fn fmt_check_and_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let messy = "stages:\n    out: {inputs: [read], sink: stdout}   # printed\n    read: { source: stdin }\n";
+    let p = write(dir.path(), "p.yml", messy);
+    let o = logbus().args(["fmt", "--check"]).arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not formatted"));
+    let o = logbus().args(["fmt", "--write"]).arg(&p).output().unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        std::fs::read_to_string(&p).unwrap(),
+        "stages:\n  out:  # printed\n    sink: stdout\n    inputs: [read]\n  read:\n    source: stdin\n"
+    );
+    let o = logbus().args(["fmt", "--check"]).arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    let bad = write(dir.path(), "bad.yml", "stages: [\n");
+    let o = logbus().arg("fmt").arg(&bad).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bad.yml:"));
+}

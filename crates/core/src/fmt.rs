@@ -1,0 +1,524 @@
+//! `logbus fmt`: one canonical layout for pipeline files, so diffs in
+//! review show changes, not styles. Comments are kept (attached to the
+//! node they precede, or to the line they end); `${VAR}` references stay
+//! as written (formatting never expands them).
+//!
+//! The layout: block style with two-space indentation; short lists of
+//! scalars in flow style (`inputs: [a, b]`); maps always in block style
+//! (a `${...}` in a flow map is easy to get wrong); each stage's keys in
+//! the order kind, `inputs`, `codec`/`format`, `on_error`, `workers`,
+//! `queue`, then its options as written; top-level `settings`, `stages`,
+//! `tests` first. Scalars are quoted only when they must be; multi-line
+//! strings are literal blocks.
+//!
+//! Safety: the result is parsed again and must mean exactly what the input
+//! meant, or formatting is refused.
+
+use std::collections::HashMap;
+
+use crate::yaml::{Node, NodeKind, Pos, YamlError, parse};
+
+const STAGE_ORDER: [&str; 11] = [
+    "source",
+    "parser",
+    "transform",
+    "formatter",
+    "sink",
+    "inputs",
+    "codec",
+    "format",
+    "on_error",
+    "workers",
+    "queue",
+];
+const TOP_ORDER: [&str; 3] = ["settings", "stages", "tests"];
+const FLOW_WIDTH: usize = 80;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FmtError {
+    #[error("{pos}: invalid YAML: {message}")]
+    Yaml { message: String, pos: Pos },
+    #[error("the file uses YAML anchors or aliases, which formatting would expand; left as it is")]
+    Anchors,
+    #[error("formatting would change the file's meaning (a bug: please report it); left as it is")]
+    Changed,
+}
+
+impl From<YamlError> for FmtError {
+    fn from(e: YamlError) -> Self {
+        FmtError::Yaml {
+            message: e.message,
+            pos: e.pos,
+        }
+    }
+}
+
+/// Comments of the original text, by line (1-based).
+#[derive(Default)]
+struct Comments {
+    /// Whole-line comments, keyed by the line they stand on.
+    full: Vec<(usize, String)>,
+    /// `key: value  # comment`, keyed by line.
+    trailing: HashMap<usize, String>,
+    /// Whole-line comments by the line of the node they precede (so they
+    /// move with it when keys are reordered).
+    attached: HashMap<usize, Vec<String>>,
+    /// Comments before the first node (the file's header).
+    head: Vec<String>,
+    /// Comments after the last node.
+    tail: Vec<String>,
+}
+
+impl Comments {
+    fn scan(text: &str, content_lines: &[bool]) -> Comments {
+        let mut c = Comments::default();
+        for (i, line) in text.lines().enumerate() {
+            let n = i + 1;
+            if content_lines.get(n).copied().unwrap_or(false) {
+                continue;
+            }
+            if let Some(at) = comment_start(line) {
+                let comment = line[at..].trim_end().to_string();
+                if line[..at].trim().is_empty() {
+                    c.full.push((n, comment));
+                } else {
+                    c.trailing.insert(n, comment);
+                }
+            }
+        }
+        c
+    }
+
+    /// Attaches each whole-line comment to the first node after it.
+    fn attach(&mut self, node_lines: &[usize]) {
+        for (line, comment) in std::mem::take(&mut self.full) {
+            if node_lines.first().is_none_or(|&first| line < first) {
+                self.head.push(comment);
+                continue;
+            }
+            match node_lines.iter().find(|&&l| l > line) {
+                Some(&l) => self.attached.entry(l).or_default().push(comment),
+                None => self.tail.push(comment),
+            }
+        }
+    }
+
+    /// The whole-line comments that precede the node on `line`.
+    fn before(&mut self, line: usize) -> Vec<String> {
+        self.attached.remove(&line).unwrap_or_default()
+    }
+
+    fn rest(&mut self) -> Vec<String> {
+        let mut rest: Vec<(usize, Vec<String>)> = self.attached.drain().collect();
+        rest.sort();
+        let mut out: Vec<String> = rest.into_iter().flat_map(|(_, c)| c).collect();
+        out.append(&mut self.tail);
+        out
+    }
+}
+
+/// Lines where keys and list items start.
+fn node_lines(node: &Node, out: &mut Vec<usize>) {
+    match &node.kind {
+        NodeKind::Scalar { .. } => {}
+        NodeKind::Seq(items) => items.iter().for_each(|n| {
+            out.push(n.pos.line);
+            node_lines(n, out);
+        }),
+        NodeKind::Map(entries) => entries.iter().for_each(|(k, v)| {
+            out.push(k.pos.line);
+            node_lines(v, out);
+        }),
+    }
+}
+
+/// Where a comment starts on a line: a `#` at the start or after
+/// whitespace, outside quotes.
+fn comment_start(line: &str) -> Option<usize> {
+    let (mut single, mut double, mut prev_space) = (false, false, true);
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        match b {
+            b'\'' if !double => single = !single,
+            b'"' if !single => double = !double,
+            b'\\' if double => i += 1,
+            b'#' if !single && !double && prev_space => return Some(i),
+            _ => {}
+        }
+        prev_space = b == b' ' || b == b'\t';
+        i += 1;
+    }
+    None
+}
+
+/// Lines that hold the content of multi-line scalars (where `#` is text).
+fn content_lines(node: &Node, lines: &mut Vec<bool>) {
+    match &node.kind {
+        NodeKind::Scalar { text, .. } => {
+            let extra = text.trim_end_matches('\n').matches('\n').count() + 1;
+            if text.contains('\n') {
+                for l in node.pos.line + 1..=node.pos.line + extra {
+                    if l < lines.len() {
+                        lines[l] = true;
+                    }
+                }
+            }
+        }
+        NodeKind::Seq(items) => items.iter().for_each(|n| content_lines(n, lines)),
+        NodeKind::Map(entries) => entries.iter().for_each(|(k, v)| {
+            content_lines(k, lines);
+            content_lines(v, lines);
+        }),
+    }
+}
+
+/// Whether the text uses anchors or aliases (which the tree resolves).
+fn uses_anchors(text: &str) -> bool {
+    use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+    use yaml_rust2::scanner::Marker;
+    struct Seen(bool);
+    impl MarkedEventReceiver for Seen {
+        fn on_event(&mut self, ev: Event, _: Marker) {
+            match ev {
+                Event::Alias(_) => self.0 = true,
+                Event::Scalar(_, _, anchor, _)
+                | Event::SequenceStart(anchor, _)
+                | Event::MappingStart(anchor, _)
+                    if anchor > 0 =>
+                {
+                    self.0 = true
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut seen = Seen(false);
+    let _ = Parser::new_from_str(text).load(&mut seen, false);
+    seen.0
+}
+
+/// Formats a pipeline file.
+pub fn format(text: &str) -> Result<String, FmtError> {
+    let Some(root) = parse(text)? else {
+        return Ok(String::new());
+    };
+    if uses_anchors(text) {
+        return Err(FmtError::Anchors);
+    }
+    let mut lines = vec![false; text.lines().count() + 2];
+    content_lines(&root, &mut lines);
+    let mut comments = Comments::scan(text, &lines);
+    let mut anchors = Vec::new();
+    node_lines(&root, &mut anchors);
+    anchors.sort_unstable();
+    anchors.dedup();
+    comments.attach(&anchors);
+    let mut out = String::new();
+    for c in std::mem::take(&mut comments.head) {
+        out.push_str(&c);
+        out.push('\n');
+    }
+    let mut w = Writer {
+        out: &mut out,
+        comments: &mut comments,
+    };
+    match &root.kind {
+        NodeKind::Map(entries) => w.map(entries, 0, Context::Top),
+        _ => w.value_line(&root, 0),
+    }
+    for c in comments.rest() {
+        out.push_str(&c);
+        out.push('\n');
+    }
+    // The result must mean what the input meant.
+    let again = parse(&out)?.ok_or(FmtError::Changed)?;
+    if again.to_json() != root.to_json() {
+        return Err(FmtError::Changed);
+    }
+    Ok(out)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Context {
+    Top,
+    Stages,
+    Stage,
+    Other,
+}
+
+struct Writer<'a> {
+    out: &'a mut String,
+    comments: &'a mut Comments,
+}
+
+fn indent(n: usize) -> String {
+    " ".repeat(n)
+}
+
+impl Writer<'_> {
+    fn comments_before(&mut self, line: usize, at: usize) {
+        for c in self.comments.before(line) {
+            self.out.push_str(&indent(at));
+            self.out.push_str(&c);
+            self.out.push('\n');
+        }
+    }
+
+    fn end_line(&mut self, line: usize) {
+        if let Some(c) = self.comments.trailing.remove(&line) {
+            self.out.push_str("  ");
+            self.out.push_str(&c);
+        }
+        self.out.push('\n');
+    }
+
+    fn map(&mut self, entries: &[(Node, Node)], at: usize, cx: Context) {
+        let order: &[&str] = match cx {
+            Context::Top => &TOP_ORDER,
+            Context::Stage => &STAGE_ORDER,
+            _ => &[],
+        };
+        let mut sorted: Vec<&(Node, Node)> = entries.iter().collect();
+        sorted.sort_by_key(|(k, _)| {
+            let key = k.as_str().unwrap_or("");
+            order.iter().position(|o| *o == key).unwrap_or(order.len())
+        });
+        for (key, value) in sorted {
+            self.comments_before(key.pos.line, at);
+            self.out.push_str(&indent(at));
+            self.out.push_str(&scalar_text(key, true));
+            self.out.push(':');
+            let child = match (cx, key.as_str()) {
+                (Context::Top, Some("stages")) => Context::Stages,
+                (Context::Stages, _) => Context::Stage,
+                _ => Context::Other,
+            };
+            self.value_after_key(value, key.pos.line, at, child);
+        }
+    }
+
+    fn value_after_key(&mut self, value: &Node, key_line: usize, at: usize, cx: Context) {
+        match &value.kind {
+            NodeKind::Map(entries) if entries.is_empty() => {
+                self.out.push_str(" {}");
+                self.end_line(key_line);
+            }
+            NodeKind::Map(entries) => {
+                self.end_line(key_line);
+                self.map(entries, at + 2, cx);
+            }
+            NodeKind::Seq(items) if items.is_empty() => {
+                self.out.push_str(" []");
+                self.end_line(key_line);
+            }
+            NodeKind::Seq(items) => match flow_seq(items, at) {
+                Some(flow) => {
+                    self.out.push(' ');
+                    self.out.push_str(&flow);
+                    self.end_line(key_line);
+                    self.end_line_extra(value, key_line);
+                }
+                None => {
+                    self.end_line(key_line);
+                    self.seq(items, at + 2);
+                }
+            },
+            NodeKind::Scalar { .. } => {
+                self.out.push(' ');
+                self.scalar_value(value, at);
+                self.end_line(value.pos.line.max(key_line));
+            }
+        }
+    }
+
+    /// Trailing comments on the lines of a flow list that spanned lines.
+    fn end_line_extra(&mut self, value: &Node, key_line: usize) {
+        if let NodeKind::Seq(items) = &value.kind {
+            for item in items {
+                if item.pos.line != key_line
+                    && let Some(c) = self.comments.trailing.remove(&item.pos.line)
+                {
+                    self.out.pop();
+                    self.out.push_str("  ");
+                    self.out.push_str(&c);
+                    self.out.push('\n');
+                }
+            }
+        }
+    }
+
+    fn seq(&mut self, items: &[Node], at: usize) {
+        for item in items {
+            self.comments_before(item.pos.line, at);
+            self.out.push_str(&indent(at));
+            self.out.push_str("- ");
+            match &item.kind {
+                NodeKind::Map(entries) if !entries.is_empty() => {
+                    // The first entry shares the dash's line.
+                    let (first, rest) = entries.split_first().expect("not empty");
+                    let mut tmp = String::new();
+                    {
+                        let mut inner = Writer {
+                            out: &mut tmp,
+                            comments: self.comments,
+                        };
+                        inner.map(std::slice::from_ref(first), at + 2, Context::Other);
+                        inner.map(rest, at + 2, Context::Other);
+                    }
+                    self.out.push_str(tmp.trim_start_matches(' '));
+                }
+                NodeKind::Seq(inner) if !inner.is_empty() => {
+                    self.out.push('\n');
+                    self.seq(inner, at + 2);
+                }
+                _ => {
+                    self.value_line_inline(item, at + 2);
+                }
+            }
+        }
+    }
+
+    fn value_line_inline(&mut self, node: &Node, at: usize) {
+        match &node.kind {
+            NodeKind::Map(_) => self.out.push_str("{}"),
+            NodeKind::Seq(_) => self.out.push_str("[]"),
+            NodeKind::Scalar { .. } => self.scalar_value(node, at),
+        }
+        self.end_line(node.pos.line);
+    }
+
+    fn value_line(&mut self, node: &Node, at: usize) {
+        self.out.push_str(&indent(at));
+        self.value_line_inline(node, at);
+    }
+
+    fn scalar_value(&mut self, node: &Node, at: usize) {
+        let NodeKind::Scalar { text, plain } = &node.kind else {
+            unreachable!("a scalar")
+        };
+        if !*plain && text.contains('\n') && text.chars().all(|c| c == '\n' || !c.is_control()) {
+            self.literal_block(text, at);
+        } else {
+            self.out.push_str(&scalar_text(node, false));
+        }
+    }
+
+    /// `|`, `|-` or `|+` with the content indented under the key.
+    fn literal_block(&mut self, text: &str, at: usize) {
+        let trailing = text.len() - text.trim_end_matches('\n').len();
+        let chomp = match trailing {
+            0 => "-",
+            1 => "",
+            _ => "+",
+        };
+        let body = text.trim_end_matches('\n');
+        let first_indented = body.starts_with(' ');
+        self.out.push('|');
+        if first_indented {
+            self.out.push('2');
+        }
+        self.out.push_str(chomp);
+        let pad = indent(at + 2);
+        for line in body.split('\n') {
+            self.out.push('\n');
+            if !line.is_empty() {
+                self.out.push_str(&pad);
+                self.out.push_str(line);
+            }
+        }
+        for _ in 1..trailing {
+            self.out.push('\n');
+        }
+    }
+}
+
+/// `[a, b, c]` when every item is a scalar that needs no block and the
+/// line stays short.
+fn flow_seq(items: &[Node], at: usize) -> Option<String> {
+    let mut parts = Vec::new();
+    for item in items {
+        match &item.kind {
+            NodeKind::Scalar { text, .. } if !text.contains('\n') => {
+                parts.push(scalar_text(item, true))
+            }
+            _ => return None,
+        }
+    }
+    let flow = format!("[{}]", parts.join(", "));
+    (at + flow.len() < FLOW_WIDTH).then_some(flow)
+}
+
+/// A scalar as YAML text: plain where that reads back the same, else
+/// single-quoted, else double-quoted. `in_flow`: also quote `,[]{}`.
+fn scalar_text(node: &Node, in_flow: bool) -> String {
+    let NodeKind::Scalar { text, plain } = &node.kind else {
+        return "{}".into();
+    };
+    if *plain && !(in_flow && text.contains([',', '[', ']', '{', '}'])) {
+        return text.clone();
+    }
+    if plain_safe(text, in_flow) {
+        return text.clone();
+    }
+    if !text.contains('\n') && text.chars().all(|c| !c.is_control()) {
+        return format!("'{}'", text.replace('\'', "''"));
+    }
+    serde_json::to_string(text).expect("a string serializes")
+}
+
+/// Whether `text` as a plain scalar reads back as this same string.
+fn plain_safe(text: &str, in_flow: bool) -> bool {
+    if text.is_empty() || text != text.trim() || text.chars().any(char::is_control) {
+        return false;
+    }
+    let first = text.chars().next().expect("not empty");
+    if "-?:,[]{}#&*!|>'\"%@`".contains(first) {
+        return false;
+    }
+    if text.contains(": ") || text.contains(" #") || text.ends_with(':') {
+        return false;
+    }
+    if in_flow && text.contains([',', '[', ']', '{', '}']) {
+        return false;
+    }
+    // Would the core schema read it as something other than a string?
+    let as_plain = Node {
+        kind: NodeKind::Scalar {
+            text: text.to_string(),
+            plain: true,
+        },
+        pos: Pos::default(),
+    };
+    as_plain.to_json().is_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_messy_file_gets_the_canonical_layout_with_its_comments() {
+        let messy = "# A pipeline\nstages:\n    out:   # the sink\n        path:   \"out.ndjson\"\n        inputs:\n          - fmt\n        sink: file\n    # the reader\n    read: { source: stdin }\n    fmt: {inputs: [read], formatter: json, on_error: 'drop'}\nsettings: {channel_capacity: 64}\n";
+        let want = "# A pipeline\nsettings:\n  channel_capacity: 64\nstages:\n  out:  # the sink\n    sink: file\n    inputs: [fmt]\n    path: out.ndjson\n  # the reader\n  read:\n    source: stdin\n  fmt:\n    formatter: json\n    inputs: [read]\n    on_error: drop\n";
+        let got = format(messy).unwrap();
+        assert_eq!(got, want, "\n{got}");
+        assert_eq!(format(&got).unwrap(), got, "idempotent");
+    }
+
+    #[test]
+    fn strings_keep_their_meaning() {
+        let text = "a: '3'\nb: 'yes sir'\nc: 'true'\nd: '${X:-1}'\ne: ' padded'\nf: \"it's\"\ng: \"#no\"\nh: |\n  line one\n  # not a comment\n  line three\ni: \"tab\\there\"\nj: x # trailing\n";
+        let got = format(text).unwrap();
+        let want = "a: '3'\nb: yes sir\nc: 'true'\nd: ${X:-1}\ne: ' padded'\nf: it's\ng: '#no'\nh: |\n  line one\n  # not a comment\n  line three\ni: \"tab\\there\"\nj: x  # trailing\n";
+        assert_eq!(got, want, "\n{got}");
+    }
+
+    #[test]
+    fn anchors_and_bad_yaml_are_refused() {
+        assert!(matches!(format("a: &x 1\nb: *x\n"), Err(FmtError::Anchors)));
+        assert!(matches!(format("a: [1,\n"), Err(FmtError::Yaml { .. })));
+        assert_eq!(format("").unwrap(), "");
+    }
+}
