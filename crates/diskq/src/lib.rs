@@ -844,7 +844,7 @@ impl Inner {
                             // Cut what may have been written; failing that,
                             // seal this segment and continue in a new one.
                             if file.set_len(written).is_err() {
-                                match self.roll(active + 1) {
+                                match self.create_segment(active + 1) {
                                     Ok(next) => {
                                         self.seal(active, written);
                                         (active, file, written) =
@@ -903,7 +903,7 @@ impl Inner {
                 dirty = false;
             }
             if written >= self.config.segment_bytes {
-                match self.roll(active + 1) {
+                match self.create_segment(active + 1) {
                     Ok(next) => {
                         if dirty {
                             let _ = file.sync_data();
@@ -923,10 +923,6 @@ impl Inner {
             let _ = file.sync_data();
         }
         self.readable.notify_waiters();
-    }
-
-    fn roll(&self, id: u64) -> io::Result<File> {
-        self.create_segment(id)
     }
 
     /// Publishes that `id` ended at `len` and the writer moved to `id + 1`.

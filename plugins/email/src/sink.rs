@@ -14,7 +14,7 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
-    StageError, StageKind, TypedPlugin, async_trait,
+    StageError, StageKind, TypedPlugin, async_trait, retry_delay,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -425,10 +425,12 @@ impl Mailer {
                     )));
                 }
                 Err(e) => {
-                    let cap = Duration::from_millis(o.retry_max_backoff_ms);
-                    let exp = Duration::from_millis(o.retry_initial_backoff_ms)
-                        .saturating_mul(1u32 << (attempt - 1).min(20));
-                    let delay = exp.min(cap).mul_f64(0.5 + fastrand::f64() / 2.0);
+                    let delay = retry_delay(
+                        Duration::from_millis(o.retry_initial_backoff_ms),
+                        Duration::from_millis(o.retry_max_backoff_ms),
+                        attempt,
+                    )
+                    .mul_f64(0.5 + fastrand::f64() / 2.0);
                     tracing::warn!(
                         host = %o.host,
                         attempt,

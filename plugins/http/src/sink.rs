@@ -15,7 +15,7 @@ use std::time::Duration;
 use logbus_compress::{CompressWriter, Compression};
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, InputBatch, OptionError, Payload, Sink, SinkContext,
-    StageError, StageKind, TypedPlugin, async_trait,
+    StageError, StageKind, TypedPlugin, async_trait, retry_delay,
 };
 use serde::Deserialize;
 
@@ -406,10 +406,13 @@ impl HttpWriter {
                         )));
                     }
                     let cap = Duration::from_millis(o.retry_max_backoff_ms);
-                    let exp = Duration::from_millis(o.retry_initial_backoff_ms)
-                        .saturating_mul(1u32 << (attempt - 1).min(20));
+                    let exp = retry_delay(
+                        Duration::from_millis(o.retry_initial_backoff_ms),
+                        cap,
+                        attempt,
+                    );
                     // Full jitter, but never sooner than the server asked.
-                    let jittered = exp.min(cap).mul_f64(fastrand::f64());
+                    let jittered = exp.mul_f64(fastrand::f64());
                     let delay = after.map_or(jittered, |a| a.min(cap).max(jittered));
                     tracing::warn!(
                         url = %o.url,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use logbus_framing::{Framing, encode};
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, OptionError, Payload, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait,
+    StageKind, TypedPlugin, async_trait, retry_delay,
 };
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
@@ -150,8 +150,9 @@ impl Sink for Forwarder {
         while let Some(batch) = cx.input.recv().await {
             cx.metrics.add_in(batch.len() as u64);
             let messages: Vec<Vec<u8>> = batch.events().iter().map(message).collect();
-            let mut backoff = Duration::from_millis(self.options.retry_initial_backoff_ms);
+            let mut attempt = 0;
             loop {
+                attempt += 1;
                 let result = match self.options.mode {
                     Mode::Tcp => self.write_tcp(&messages).await,
                     Mode::Udp => self.write_udp(&messages).await,
@@ -159,6 +160,11 @@ impl Sink for Forwarder {
                 match result {
                     Ok(()) => break,
                     Err(e) => {
+                        let backoff = retry_delay(
+                            Duration::from_millis(self.options.retry_initial_backoff_ms),
+                            Duration::from_millis(self.options.retry_max_backoff_ms),
+                            attempt,
+                        );
                         tracing::warn!(
                             address = %self.options.address,
                             "syslog forwarding failed, retrying in {backoff:?}: {e}"
@@ -166,8 +172,6 @@ impl Sink for Forwarder {
                         self.tcp = None;
                         self.udp = None;
                         tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2)
-                            .min(Duration::from_millis(self.options.retry_max_backoff_ms));
                     }
                 }
             }
