@@ -7,6 +7,7 @@
 //!   builds the release binary, feeds the corpus (repeated K times) on stdin
 //!   from a file, so no feeder competes for CPU, and reports events/s and peak
 //!   RSS per run and the median. Compared binaries run alternately with it.
+//!   `--cpus LIST` pins every run with `taskset`.
 //! - `dist [--profile minimal|default|full] [--plugins a,b]`: a static,
 //!   LTO-optimised binary with chosen plugins in `target/dist/`, a manifest,
 //!   and its size, start-up time and idle RSS.
@@ -79,7 +80,18 @@ fn main() -> anyhow::Result<()> {
                     )),
                 })
                 .collect::<anyhow::Result<_>>()?;
-            bench(&root, &pipeline, reps, repeat, compare, compare_pipelines)?;
+            // `--cpus LIST`: every run pinned with `taskset -c LIST`, so a
+            // watcher (xtask/watched-run.sh, WATCHER_CPUS) can have the others.
+            let cpus = opt("--cpus");
+            bench(
+                &root,
+                &pipeline,
+                reps,
+                repeat,
+                compare,
+                compare_pipelines,
+                cpus.as_deref(),
+            )?;
         }
         "dist" => {
             let profile = opt("--profile").unwrap_or_else(|| "default".into());
@@ -210,9 +222,18 @@ fn run_once(
     input: &Path,
     stats: &Path,
     expected: u64,
+    cpus: Option<&str>,
 ) -> anyhow::Result<RunResult> {
     let started = Instant::now();
-    let out = Command::new(binary)
+    let mut command = match cpus {
+        Some(list) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", list]).arg(binary);
+            c
+        }
+        None => Command::new(binary),
+    };
+    let out = command
         .arg("run")
         .arg(pipeline)
         .arg("--stats-json")
@@ -256,6 +277,7 @@ fn bench(
     repeat: usize,
     compare: Vec<(String, PathBuf)>,
     compare_pipelines: Vec<(String, PathBuf)>,
+    cpus: Option<&str>,
 ) -> anyhow::Result<()> {
     let target =
         std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
@@ -311,6 +333,7 @@ fn bench(
                 &input,
                 &bench_dir.join("stats.json"),
                 expected,
+                cpus,
             )?;
             println!(
                 "rep {rep} {label}: {:.0} events/s, {:.1} MiB/s, peak RSS {:.1} MiB",
