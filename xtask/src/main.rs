@@ -12,6 +12,11 @@
 //!   LTO-optimised binary with chosen plugins in `target/dist/`, a manifest,
 //!   and its size, start-up time and idle RSS.
 //! - `check-features`: every plugin feature builds alone.
+//! - `load profile|quick [--pipeline FILE] [--reps N] [--out DIR]
+//!   [--peer NAME[@tcp]=COMMAND]... [--quorum Q] [--start-rate R]`: the
+//!   open-loop load profile (docs/load-testing.md); `load sweep
+//!   [--capacities 256,1024,...] [--reps N] [--events N]`: peak RSS against
+//!   the computed in-flight bound.
 //! - `disk-bench [--reps N] [--events N] [--dir DIR]`: durable queues under
 //!   each `sync` policy and a spilling disk-assisted queue, against the
 //!   disk's own `dd` bandwidth measured in the same sitting.
@@ -27,12 +32,15 @@ use sha2::{Digest, Sha256};
 
 mod diskbench;
 mod dist;
+mod load;
 mod screen;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
-        bail!("usage: cargo xtask <corpus|bench|screen|disk-bench|dist|check-features> [options]");
+        bail!(
+            "usage: cargo xtask <corpus|bench|load|screen|disk-bench|dist|check-features> [options]"
+        );
     };
     let opt = |name: &str| -> Option<String> {
         args.iter()
@@ -104,6 +112,64 @@ fn main() -> anyhow::Result<()> {
             let events: u64 = opt("--events").map_or(Ok(1_000_000), |v| v.parse())?;
             diskbench::disk_bench(&root, reps, events, opt("--dir").map(PathBuf::from))?;
         }
+        "load" => {
+            let sub = args.get(1).map(String::as_str).unwrap_or("");
+            let pipeline = opt("--pipeline")
+                .map_or_else(|| root.join("pipelines/reference.yml"), PathBuf::from);
+            let out = opt("--out").map(PathBuf::from);
+            match sub {
+                "profile" | "quick" => {
+                    let quick = sub == "quick";
+                    let mut plan = if quick {
+                        load::Plan::quick()
+                    } else {
+                        load::Plan::full()
+                    };
+                    if let Some(r) = opt("--start-rate") {
+                        plan.start_rate = r.parse().context("--start-rate")?;
+                    }
+                    if let Some(r) = opt("--resolution") {
+                        plan.resolution = r.parse().context("--resolution")?;
+                    }
+                    let peers = args
+                        .windows(2)
+                        .filter(|w| w[0] == "--peer")
+                        .map(|w| load::TargetSpec::parse_peer(&w[1]))
+                        .collect::<anyhow::Result<Vec<_>>>()?;
+                    let reps: usize =
+                        opt("--reps").map_or(Ok(if quick { 2 } else { 10 }), |v| v.parse())?;
+                    let quorum: f64 = opt("--quorum").map_or(Ok(0.8), |v| v.parse())?;
+                    if reps == 0 || !(0.0..=1.0).contains(&quorum) {
+                        bail!("--reps must be at least 1 and --quorum within 0..1");
+                    }
+                    load::profile(
+                        &root,
+                        load::Options {
+                            pipeline,
+                            reps,
+                            out,
+                            peers,
+                            quorum,
+                            corpus_lines: opt("--lines").map_or(Ok(100_000), |v| v.parse())?,
+                            plan,
+                        },
+                    )?;
+                }
+                "sweep" => {
+                    let capacities: Vec<usize> = opt("--capacities")
+                        .unwrap_or_else(|| "256,1024,4096,16384".into())
+                        .split(',')
+                        .map(|c| c.trim().parse().context("--capacities takes N,N,..."))
+                        .collect::<anyhow::Result<_>>()?;
+                    let reps: usize = opt("--reps").map_or(Ok(3), |v| v.parse())?;
+                    let events: u64 = opt("--events").map_or(Ok(1_000_000), |v| v.parse())?;
+                    load::sweep_task(&root, &pipeline, &capacities, reps, events, out)?;
+                }
+                other => bail!(
+                    "usage: cargo xtask load <profile|quick|sweep> [options], not `{other}` (see xtask/src/main.rs)"
+                ),
+            }
+        }
         "screen" => {
             let pairs: usize = opt("--pairs").map_or(Ok(5), |v| v.parse())?;
             let events: u64 = opt("--events").map_or(Ok(4_000_000), |v| v.parse())?;
@@ -111,7 +177,7 @@ fn main() -> anyhow::Result<()> {
         }
         other => {
             bail!(
-                "unknown task `{other}`; tasks: corpus, bench, screen, disk-bench, dist, check-features"
+                "unknown task `{other}`; tasks: corpus, bench, load, screen, disk-bench, dist, check-features"
             )
         }
     }

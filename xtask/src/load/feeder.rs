@@ -1,0 +1,246 @@
+//! The open-loop feeder. Each event is written with the time it was
+//! *scheduled* to arrive (`"t_sched":µs`), so an event held back by a full
+//! pipe is charged for the wait: a closed-loop feeder would slow down with
+//! the engine and hide exactly the latency this harness exists to show.
+//!
+//! The pipe is non-blocking so the feeder knows why it is late. Lag while
+//! the engine pushes back (EAGAIN) is the engine's; lag while the pipe
+//! accepts everything is the feeder's own, and a dwell with too much of it
+//! is refused rather than reported.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use super::{Shared, new_histogram};
+
+/// One fixed-rate dwell: `count` events at `rate`/s from `start_us`.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    pub dwell: usize,
+    pub start_us: u64,
+    pub rate: f64,
+    pub count: u64,
+}
+
+impl Schedule {
+    pub fn at(&self, i: u64) -> u64 {
+        self.start_us + (i as f64 * 1e6 / self.rate) as u64
+    }
+
+    /// Events due by `now_us` (the first is due at `start_us`).
+    pub fn due_by(&self, now_us: u64) -> u64 {
+        if now_us < self.start_us {
+            return 0;
+        }
+        let due = ((now_us - self.start_us) as f64 * self.rate / 1e6) as u64 + 1;
+        due.min(self.count)
+    }
+}
+
+/// What the feeder learned about its own timeliness, per dwell.
+pub struct FeedReport {
+    /// Lag (write time − scheduled time, µs) of batches written while the
+    /// pipe accepted everything: the feeder's own lateness.
+    pub own_lag: Vec<Histogram<u64>>,
+    /// Lag of batches written while catching up after the engine pushed back.
+    pub pushed_back_lag: Vec<Histogram<u64>>,
+    pub events: u64,
+}
+
+/// The corpus as lines without their leading `{`, ready to be prefixed.
+pub struct Corpus {
+    tails: Vec<Vec<u8>>,
+}
+
+impl Corpus {
+    pub fn load(body: &[u8]) -> anyhow::Result<Corpus> {
+        let mut tails = Vec::new();
+        for (n, line) in body.split(|&b| b == b'\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            let Some(rest) = line.strip_prefix(b"{") else {
+                anyhow::bail!("corpus line {} is not a JSON object", n + 1);
+            };
+            let mut tail = rest.to_vec();
+            tail.push(b'\n');
+            tails.push(tail);
+        }
+        if tails.is_empty() {
+            anyhow::bail!("the corpus is empty");
+        }
+        Ok(Corpus { tails })
+    }
+}
+
+/// Writes the scheduled events to `out` until the command channel closes
+/// and every scheduled event is written (or the reader side goes away).
+pub fn run(
+    out: File,
+    corpus: Arc<Corpus>,
+    shared: Arc<Shared>,
+    commands: Receiver<Schedule>,
+    max_own_lag_us: u64,
+) -> FeedReport {
+    set_nonblocking(&out);
+    let mut report = FeedReport {
+        own_lag: Vec::new(),
+        pushed_back_lag: Vec::new(),
+        events: 0,
+    };
+    let mut out = out;
+    let mut buf: Vec<u8> = Vec::with_capacity(512 * 1024);
+    let mut pending: &[u8];
+    let mut seq: u64 = 0;
+    let mut current: Option<Schedule> = None;
+    let mut sent_in_dwell: u64 = 0;
+    // True from the first EAGAIN until the feeder has caught up with its
+    // schedule again: lag in that window is the engine's doing.
+    let mut pushed_back = false;
+    let mut closed = false;
+    'outer: loop {
+        if current.is_none() {
+            let next = if closed {
+                None
+            } else {
+                match commands.try_recv() {
+                    Ok(s) => Some(s),
+                    Err(TryRecvError::Empty) => {
+                        match commands.recv_timeout(Duration::from_millis(5)) {
+                            Ok(s) => Some(s),
+                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                                closed = true;
+                                None
+                            }
+                        }
+                    }
+                    Err(TryRecvError::Disconnected) => {
+                        closed = true;
+                        None
+                    }
+                }
+            };
+            match next {
+                Some(s) => {
+                    while report.own_lag.len() <= s.dwell {
+                        report.own_lag.push(new_histogram());
+                        report.pushed_back_lag.push(new_histogram());
+                    }
+                    current = Some(s);
+                    sent_in_dwell = 0;
+                }
+                None => break,
+            }
+        }
+        let s = current.expect("set above");
+        let now = shared.now_us();
+        let due = s.due_by(now);
+        if due <= sent_in_dwell {
+            // Nothing due yet: sleep until the next event, in short steps so
+            // batches stay small and the added delay stays well under 1 ms.
+            let next_at = s.at(sent_in_dwell);
+            let wait = next_at.saturating_sub(now).clamp(20, 200);
+            std::thread::sleep(Duration::from_micros(wait));
+            continue;
+        }
+        // Build one batch: at most 256 events, each with its own stamp.
+        let upto = due.min(sent_in_dwell + 256);
+        let first_sched = s.at(sent_in_dwell);
+        buf.clear();
+        for i in sent_in_dwell..upto {
+            let tail = &corpus.tails[(seq % corpus.tails.len() as u64) as usize];
+            seq += 1;
+            let _ = write!(buf, "{{\"t_sched\":{},", s.at(i));
+            buf.extend_from_slice(tail);
+        }
+        let lag = now.saturating_sub(first_sched);
+        let own = !pushed_back;
+        if own {
+            let _ = report.own_lag[s.dwell].record(lag.max(1));
+            if lag > max_own_lag_us {
+                shared
+                    .feeder_late_events
+                    .fetch_add(upto - sent_in_dwell, Ordering::Relaxed);
+            }
+        } else {
+            let _ = report.pushed_back_lag[s.dwell].record(lag.max(1));
+        }
+        pending = &buf;
+        while !pending.is_empty() {
+            match out.write(pending) {
+                Ok(0) => break 'outer,
+                Ok(n) => pending = &pending[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    pushed_back = true;
+                    wait_writable(&out, 20);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // The target closed its input (it exited): stop feeding.
+                Err(_) => break 'outer,
+            }
+        }
+        let written = upto - sent_in_dwell;
+        sent_in_dwell = upto;
+        report.events += written;
+        shared.fed.fetch_add(written, Ordering::Relaxed);
+        if sent_in_dwell >= s.due_by(shared.now_us()) {
+            // Caught up with the schedule.
+            pushed_back = false;
+        }
+        if sent_in_dwell == s.count {
+            current = None;
+        }
+    }
+    report
+}
+
+fn set_nonblocking(f: &File) {
+    if let Ok(flags) = rustix::fs::fcntl_getfl(f) {
+        let _ = rustix::fs::fcntl_setfl(f, flags | rustix::fs::OFlags::NONBLOCK);
+    }
+}
+
+fn wait_writable(f: &File, timeout_ms: i32) {
+    let mut fds = [rustix::event::PollFd::new(f, rustix::event::PollFlags::OUT)];
+    let timeout = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: i64::from(timeout_ms) * 1_000_000,
+    };
+    let _ = rustix::event::poll(&mut fds, Some(&timeout));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_spaces_events_by_the_rate_and_caps_at_the_count() {
+        let s = Schedule {
+            dwell: 0,
+            start_us: 1_000,
+            rate: 1_000.0,
+            count: 5,
+        };
+        assert_eq!(s.at(0), 1_000);
+        assert_eq!(s.at(3), 4_000);
+        assert_eq!(s.due_by(999), 0);
+        assert_eq!(s.due_by(1_000), 1);
+        assert_eq!(s.due_by(2_500), 2);
+        assert_eq!(s.due_by(1_000_000), 5);
+    }
+
+    #[test]
+    fn corpus_lines_must_be_objects() {
+        assert!(Corpus::load(b"{\"a\":1}\n[1]\n").is_err());
+        assert!(Corpus::load(b"\n").is_err());
+        let c = Corpus::load(b"{\"a\":1}\n").unwrap();
+        assert_eq!(c.tails[0], b"\"a\":1}\n");
+    }
+}

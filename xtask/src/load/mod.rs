@@ -1,0 +1,1232 @@
+//! `cargo xtask load`: open-loop load profiles of a pipeline, and of peer
+//! shippers on the same corpus, dwells and machine.
+//!
+//! Why open-loop: a feeder that waits for the engine measures the feeder.
+//! Here events are offered at a scheduled rate whatever the engine does, each
+//! stamped with its scheduled arrival, and the controller only ever holds a
+//! fixed rate for a dwell (never a ramp), so "held" and "tripped" mean the
+//! same thing at every rung. Capacity comes out as an interval from
+//! bisection, not as the rung of a grid; latency as pooled HDR histograms;
+//! and a run whose counts do not reconcile, or whose feeder fell behind on
+//! its own, is reported as failed instead of being averaged in.
+//!
+//! Threads per run: the feeder (writes the schedule), the collector (reads
+//! the output, charges latency), the sampler (RSS, CPU, queue depth ten
+//! times a second) and the controller (this module, choosing dwells).
+
+mod collector;
+mod feeder;
+mod report;
+mod sweep;
+mod target;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+
+pub use target::TargetSpec;
+
+/// State shared by the threads of one run.
+pub struct Shared {
+    origin: Instant,
+    pub fed: AtomicU64,
+    pub received: AtomicU64,
+    pub feeder_late_events: AtomicU64,
+    /// Scheduled start (µs) of every dwell so far, in order.
+    pub dwell_starts: Mutex<Vec<u64>>,
+    pub schedules: Mutex<Vec<feeder::Schedule>>,
+}
+
+impl Shared {
+    pub fn new() -> Shared {
+        Shared {
+            origin: Instant::now(),
+            fed: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            feeder_late_events: AtomicU64::new(0),
+            dwell_starts: Mutex::new(Vec::new()),
+            schedules: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    /// Events whose scheduled arrival is at or before `at_us`.
+    pub fn scheduled_by(&self, at_us: u64) -> u64 {
+        let schedules = self.schedules.lock().expect("schedules lock");
+        schedules.iter().map(|s| s.due_by(at_us)).sum()
+    }
+
+    /// Events scheduled so far and not yet committed.
+    pub fn backlog_at(&self, at_us: u64) -> u64 {
+        self.scheduled_by(at_us)
+            .saturating_sub(self.received.load(Ordering::Relaxed))
+    }
+}
+
+/// Microsecond latencies from 1 µs up, three significant figures; grows as
+/// needed so a minutes-long stall is recorded, not clipped.
+pub fn new_histogram() -> Histogram<u64> {
+    let mut h = Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    h.auto(true);
+    h
+}
+
+/// Dwell lengths and the controller's rules; `full` and `quick` presets.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Plan {
+    pub start_rate: f64,
+    pub grid_factor: f64,
+    /// Bisection stops when hi/lo ≤ 1 + resolution.
+    pub resolution: f64,
+    pub grid_secs: f64,
+    pub hold_secs: f64,
+    pub overload_factor: f64,
+    pub overload_secs: f64,
+    pub latency_secs: f64,
+    pub drain_timeout_secs: f64,
+    /// A dwell holds when its backlog grew by at most this many seconds of
+    /// its offered rate (or 500 events, whichever is more: batches in flight).
+    pub held_backlog_secs: f64,
+    /// The feeder's own lag above this (while the engine was not pushing
+    /// back) makes a dwell feeder-late.
+    pub max_feeder_lag_ms: f64,
+    /// Share of a dwell's events that may be feeder-late before the run is
+    /// refused.
+    pub max_feeder_late_share: f64,
+}
+
+impl Plan {
+    pub fn full() -> Plan {
+        Plan {
+            start_rate: 20_000.0,
+            grid_factor: 1.25,
+            resolution: 0.03,
+            grid_secs: 5.0,
+            hold_secs: 10.0,
+            overload_factor: 1.5,
+            overload_secs: 4.0,
+            latency_secs: 10.0,
+            drain_timeout_secs: 60.0,
+            held_backlog_secs: 0.05,
+            max_feeder_lag_ms: 5.0,
+            max_feeder_late_share: 0.01,
+        }
+    }
+
+    pub fn quick() -> Plan {
+        Plan {
+            start_rate: 25_000.0,
+            grid_factor: 1.6,
+            resolution: 0.1,
+            grid_secs: 2.0,
+            hold_secs: 3.0,
+            overload_secs: 2.0,
+            latency_secs: 3.0,
+            drain_timeout_secs: 30.0,
+            ..Plan::full()
+        }
+    }
+}
+
+/// Percentiles of one histogram, in microseconds.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+}
+
+impl Percentiles {
+    pub fn of(h: &Histogram<u64>) -> Percentiles {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        Percentiles {
+            count: h.len(),
+            p50_us: h.value_at_quantile(0.50),
+            p90_us: h.value_at_quantile(0.90),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+            max_us: h.max(),
+        }
+    }
+}
+
+/// One fixed-rate dwell and what happened in it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Dwell {
+    pub index: usize,
+    pub kind: String,
+    pub rate: f64,
+    /// Seconds from the start of the run.
+    pub start_s: f64,
+    pub secs: f64,
+    pub offered: u64,
+    /// Events committed during the dwell's time window (whenever scheduled).
+    pub delivered: u64,
+    pub delivered_rate: f64,
+    pub backlog_start: u64,
+    pub backlog_end: u64,
+    pub held: bool,
+    /// Events the feeder wrote late with nobody pushing back.
+    pub feeder_late: u64,
+    /// Latency of the events scheduled in this dwell (filled at run end).
+    pub latency: Percentiles,
+    pub feeder_own_lag: Percentiles,
+}
+
+/// A pause with nothing offered until everything scheduled is committed.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Drain {
+    pub after_dwell: usize,
+    pub start_s: f64,
+    pub secs: f64,
+    pub events: u64,
+    pub rate: f64,
+    pub complete: bool,
+}
+
+/// Ten times a second.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Sample {
+    pub t: f64,
+    pub offered: u64,
+    pub fed: u64,
+    pub committed: u64,
+    pub backlog: u64,
+    pub out_rate: f64,
+    pub rss: u64,
+    pub cpu: f64,
+    /// Occupancy of each stage's input channel (LogBus only).
+    pub queues: Vec<(String, u64)>,
+    pub lat_p50_us: u64,
+    pub lat_p99_us: u64,
+    pub lat_max_us: u64,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Reconciliation {
+    pub fed: u64,
+    pub committed: u64,
+    pub unstamped: u64,
+    /// The engine's own totals and per-stage counts (LogBus only).
+    pub engine_totals: Option<Value>,
+    pub stage_counts: Vec<(String, u64)>,
+    pub ok: bool,
+    pub problems: Vec<String>,
+}
+
+/// Everything one repetition of one target produced.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Run {
+    pub target: String,
+    pub rep: usize,
+    pub dwells: Vec<Dwell>,
+    pub drains: Vec<Drain>,
+    #[serde(skip)]
+    pub samples: Vec<Sample>,
+    /// Capacity: the highest rate held, and the lowest tripped above it.
+    pub capacity_lo: f64,
+    pub capacity_hi: Option<f64>,
+    pub hold_confirmed: bool,
+    pub recovered: bool,
+    pub overload_delivered_rate: f64,
+    pub hold_delivered_rate: f64,
+    pub idle_rss: u64,
+    pub peak_rss: u64,
+    pub cpu_seconds: f64,
+    pub elapsed_secs: f64,
+    pub reconciliation: Reconciliation,
+    /// Why this run is left out of the aggregate (empty: it is in).
+    pub excluded_because: Vec<String>,
+    #[serde(skip)]
+    pub latency: Vec<Histogram<u64>>,
+}
+
+struct Controller<'a> {
+    shared: Arc<Shared>,
+    feed: Option<Sender<feeder::Schedule>>,
+    plan: &'a Plan,
+    pid: u32,
+    label: String,
+    dwells: Vec<Dwell>,
+    drains: Vec<Drain>,
+}
+
+impl Controller<'_> {
+    fn alive(&self) -> bool {
+        target::proc_usage(self.pid).is_some()
+    }
+
+    fn dwell(&mut self, kind: &str, rate: f64, secs: f64) -> anyhow::Result<bool> {
+        let index = self.dwells.len();
+        let shared = self.shared.clone();
+        let start = shared.now_us() + 2_000;
+        let count = ((rate * secs).round() as u64).max(1);
+        let schedule = feeder::Schedule {
+            dwell: index,
+            start_us: start,
+            rate,
+            count,
+        };
+        shared.dwell_starts.lock().expect("lock").push(start);
+        shared.schedules.lock().expect("lock").push(schedule);
+        let backlog_start = shared.backlog_at(start);
+        let received0 = shared.received.load(Ordering::Relaxed);
+        let late0 = shared.feeder_late_events.load(Ordering::Relaxed);
+        self.feed
+            .as_ref()
+            .expect("feeding")
+            .send(schedule)
+            .context("the feeder stopped")?;
+        let end = start + (secs * 1e6) as u64;
+        let bar = ProgressBar::new((secs * 10.0) as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix} [{bar:30}] {msg}")
+                .expect("template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{} {kind:<10} {:>9.0}/s", self.label, rate));
+        loop {
+            let now = shared.now_us();
+            if now >= end {
+                break;
+            }
+            if !self.alive() {
+                bar.abandon();
+                bail!("the target exited during dwell {index} ({kind} at {rate:.0}/s)");
+            }
+            bar.set_position(now.saturating_sub(start) / 100_000);
+            bar.set_message(format!("backlog {}", shared.backlog_at(now)));
+            std::thread::sleep(Duration::from_millis(100).min(Duration::from_micros(end - now)));
+        }
+        let received1 = shared.received.load(Ordering::Relaxed);
+        let backlog_end = shared.backlog_at(end);
+        // Held: the backlog stayed flat. What a dwell inherited is not its
+        // fault; what it added beyond a little jitter is.
+        let grew = backlog_end.saturating_sub(backlog_start);
+        let held = grew as f64 <= (rate * self.plan.held_backlog_secs).max(500.0);
+        let delivered = received1 - received0;
+        bar.finish_and_clear();
+        let d = Dwell {
+            index,
+            kind: kind.to_string(),
+            rate,
+            start_s: start as f64 / 1e6,
+            secs,
+            offered: count,
+            delivered,
+            delivered_rate: delivered as f64 / secs,
+            backlog_start,
+            backlog_end,
+            held,
+            feeder_late: shared.feeder_late_events.load(Ordering::Relaxed) - late0,
+            latency: Percentiles::default(),
+            feeder_own_lag: Percentiles::default(),
+        };
+        println!(
+            "{} {kind:<10} {:>9.0}/s  delivered {:>9.0}/s  backlog {:>7} -> {:>7}  {}",
+            self.label,
+            rate,
+            d.delivered_rate,
+            backlog_start,
+            backlog_end,
+            if held { "held" } else { "TRIPPED" }
+        );
+        self.dwells.push(d);
+        Ok(held)
+    }
+
+    /// Offers nothing until everything scheduled so far is committed.
+    fn drain(&mut self) -> anyhow::Result<()> {
+        let shared = self.shared.clone();
+        let start = shared.now_us();
+        let target = shared.scheduled_by(u64::MAX);
+        let received0 = shared.received.load(Ordering::Relaxed);
+        let deadline = start + (self.plan.drain_timeout_secs * 1e6) as u64;
+        let mut complete = true;
+        while shared.received.load(Ordering::Relaxed) < target {
+            if shared.now_us() > deadline {
+                complete = false;
+                break;
+            }
+            if !self.alive() {
+                bail!("the target exited while draining");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let secs = (shared.now_us() - start) as f64 / 1e6;
+        let events = shared.received.load(Ordering::Relaxed) - received0;
+        self.drains.push(Drain {
+            after_dwell: self.dwells.len().saturating_sub(1),
+            start_s: start as f64 / 1e6,
+            secs,
+            events,
+            rate: if secs > 0.0 {
+                events as f64 / secs
+            } else {
+                0.0
+            },
+            complete,
+        });
+        if !complete {
+            println!(
+                "{} drain did not finish within {} s ({} events left)",
+                self.label,
+                self.plan.drain_timeout_secs,
+                target.saturating_sub(shared.received.load(Ordering::Relaxed))
+            );
+        }
+        Ok(())
+    }
+
+    /// The controller's fixed sequence; returns the capacity interval.
+    fn profile(&mut self) -> anyhow::Result<(f64, Option<f64>)> {
+        let plan = self.plan;
+        // Walk up the grid until a dwell trips.
+        let mut rate = plan.start_rate;
+        let mut lo: Option<f64> = None;
+        let hi: Option<f64>;
+        loop {
+            if self.dwell("grid", rate, plan.grid_secs)? {
+                lo = Some(rate);
+                rate *= plan.grid_factor;
+                if rate > 50e6 {
+                    bail!("no trip below 50M events/s: is the output really read?");
+                }
+            } else {
+                hi = Some(rate);
+                self.drain()?;
+                break;
+            }
+        }
+        // The first rung tripped: walk down instead.
+        let mut hi = hi.expect("set when the loop ends");
+        if lo.is_none() {
+            let mut down = hi;
+            for _ in 0..12 {
+                down /= plan.grid_factor;
+                if self.dwell("grid-down", down, plan.grid_secs)? {
+                    lo = Some(down);
+                    break;
+                }
+                hi = down;
+                self.drain()?;
+            }
+        }
+        let Some(mut lo) = lo else {
+            bail!("no rate held, down to {:.0}/s", hi / plan.grid_factor);
+        };
+        // Narrow the interval by geometric bisection.
+        while hi / lo > 1.0 + plan.resolution {
+            let mid = (lo * hi).sqrt();
+            if self.dwell("bisect", mid, plan.grid_secs)? {
+                lo = mid;
+            } else {
+                hi = mid;
+                self.drain()?;
+            }
+        }
+        self.drain()?;
+        self.dwell("hold", lo, plan.hold_secs)?;
+        self.dwell("overload", lo * plan.overload_factor, plan.overload_secs)?;
+        self.drain()?;
+        self.dwell("probe-90", lo * 0.9, plan.hold_secs)?;
+        self.dwell("rehold", lo, plan.hold_secs)?;
+        self.drain()?;
+        for pct in [50, 70, 90] {
+            self.dwell(
+                &format!("latency-{pct}"),
+                lo * pct as f64 / 100.0,
+                plan.latency_secs,
+            )?;
+            self.drain()?;
+        }
+        Ok((lo, Some(hi)))
+    }
+}
+
+/// Samples RSS, CPU, committed count, queue depth and the latency window.
+fn sample_loop(
+    shared: Arc<Shared>,
+    pid: u32,
+    api: Option<String>,
+    window: Arc<Mutex<Histogram<u64>>>,
+    stop: Arc<AtomicBool>,
+) -> Vec<Sample> {
+    let agent = ureq::Agent::new_with_config(
+        ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_millis(200)))
+            .build(),
+    );
+    let mut samples = Vec::new();
+    let mut last_committed = 0u64;
+    let mut last_t = 0.0f64;
+    while !stop.load(Ordering::Relaxed) {
+        let now = shared.now_us();
+        let (rss, cpu) = target::proc_usage(pid).unwrap_or((0, 0.0));
+        let queues = api
+            .as_ref()
+            .and_then(|addr| channel_depths(&agent, addr))
+            .unwrap_or_default();
+        let lat = {
+            let mut w = window.lock().expect("window lock");
+            let p = Percentiles::of(&w);
+            w.reset();
+            p
+        };
+        let committed = shared.received.load(Ordering::Relaxed);
+        let t = now as f64 / 1e6;
+        let offered = shared.scheduled_by(now);
+        samples.push(Sample {
+            t,
+            offered,
+            fed: shared.fed.load(Ordering::Relaxed),
+            committed,
+            backlog: offered.saturating_sub(committed),
+            out_rate: if t > last_t {
+                (committed - last_committed) as f64 / (t - last_t)
+            } else {
+                0.0
+            },
+            rss,
+            cpu,
+            queues,
+            lat_p50_us: lat.p50_us,
+            lat_p99_us: lat.p99_us,
+            lat_max_us: lat.max_us,
+        });
+        last_committed = committed;
+        last_t = t;
+        let next = now + 100_000;
+        let after = shared.now_us();
+        if next > after {
+            std::thread::sleep(Duration::from_micros(next - after));
+        }
+    }
+    samples
+}
+
+fn channel_depths(agent: &ureq::Agent, addr: &str) -> Option<Vec<(String, u64)>> {
+    let body = agent
+        .get(format!("http://{addr}/api/stats"))
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()?;
+    let v: Value = serde_json::from_str(&body).ok()?;
+    Some(
+        v["channels"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| Some((c["stage"].as_str()?.to_string(), c["occupancy"].as_u64()?)))
+            .collect(),
+    )
+}
+
+/// Whether the feeder's own lateness in a dwell could have decided its
+/// outcome. Late writes add backlog, so a dwell that held despite them
+/// stands for capacity; a trip stands when the backlog grew by more than
+/// the late events plus the usual slack. Dwells timed for latency (and the
+/// hold and re-hold) are strict either way: late writes are charged to the
+/// target's latency.
+fn feeder_late_matters(d: &Dwell, plan: &Plan) -> bool {
+    if d.feeder_late as f64 <= plan.max_feeder_late_share * d.offered as f64 {
+        return false;
+    }
+    let timed =
+        matches!(d.kind.as_str(), "hold" | "rehold" | "probe-90") || d.kind.starts_with("latency-");
+    if timed {
+        return true;
+    }
+    if d.held {
+        return false;
+    }
+    let grew = d.backlog_end.saturating_sub(d.backlog_start) as f64;
+    let slack = (d.rate * plan.held_backlog_secs).max(500.0);
+    grew <= d.feeder_late as f64 + slack
+}
+
+/// One repetition of one target: a fresh process taken through the plan.
+pub fn run_one(
+    spec: &TargetSpec,
+    plan: &Plan,
+    corpus: &Arc<feeder::Corpus>,
+    work: &Path,
+    rep: usize,
+) -> anyhow::Result<Run> {
+    let tag = format!("{}-rep{rep}", spec.name());
+    let label = format!("[{} rep {rep}]", spec.name());
+    let mut running = target::Running::start(spec, work, &tag)?;
+    let shared = Arc::new(Shared::new());
+    let window = Arc::new(Mutex::new(new_histogram()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let input = running.input.take().expect("input");
+    let output = running.output.take().expect("output");
+    let max_lag = (plan.max_feeder_lag_ms * 1000.0) as u64;
+    let feeder = {
+        let (corpus, shared) = (corpus.clone(), shared.clone());
+        std::thread::spawn(move || feeder::run(input, corpus, shared, rx, max_lag))
+    };
+    let collector = {
+        let (shared, window) = (shared.clone(), window.clone());
+        std::thread::spawn(move || collector::run(output, shared, window))
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (shared, window, stop, api) = (
+            shared.clone(),
+            window.clone(),
+            stop.clone(),
+            running.api.clone(),
+        );
+        let pid = running.pid;
+        std::thread::spawn(move || sample_loop(shared, pid, api, window, stop))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let idle_rss = target::proc_usage(running.pid).map_or(0, |u| u.0);
+    let mut controller = Controller {
+        shared: shared.clone(),
+        feed: Some(tx),
+        plan,
+        pid: running.pid,
+        label: label.clone(),
+        dwells: Vec::new(),
+        drains: Vec::new(),
+    };
+    let outcome = controller.profile();
+    if outcome.is_err() {
+        // The target may be wedged with the feeder waiting on it.
+        let _ = running.child.kill();
+    }
+    // Stop feeding: the feeder finishes what is scheduled and closes the
+    // target's input, which is how LogBus is told to drain and exit.
+    controller.feed = None;
+    let feed_report = feeder.join().expect("feeder thread");
+    let cpu_before_exit = target::proc_usage(running.pid).map_or(0.0, |u| u.1);
+    // Peers do not exit at end of input: wait for their output to catch up,
+    // then stop them.
+    let deadline = Instant::now() + Duration::from_secs_f64(plan.drain_timeout_secs);
+    let exited = loop {
+        if let Some(status) = running.child.try_wait()? {
+            break Some(status);
+        }
+        let caught_up = shared.received.load(Ordering::Relaxed) >= feed_report.events;
+        if (matches!(spec, TargetSpec::Peer { .. }) && caught_up) || Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if exited.is_none() {
+        if let Some(pid) = rustix::process::Pid::from_raw(running.pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let grace = Instant::now() + Duration::from_secs(10);
+        while running.child.try_wait()?.is_none() {
+            if Instant::now() > grace {
+                let _ = running.child.kill();
+                let _ = running.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let collected = collector.join().expect("collector thread");
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.join().expect("sampler thread");
+    let (capacity_lo, capacity_hi) = match &outcome {
+        Ok(c) => *c,
+        Err(_) => (0.0, None),
+    };
+    let mut dwells = controller.dwells;
+    for d in &mut dwells {
+        if let Some(h) = collected.by_dwell.get(d.index) {
+            d.latency = Percentiles::of(h);
+        }
+        if let Some(h) = feed_report.own_lag.get(d.index) {
+            d.feeder_own_lag = Percentiles::of(h);
+        }
+    }
+    let mut excluded = Vec::new();
+    if let Err(e) = &outcome {
+        excluded.push(format!("the profile did not finish: {e:#}"));
+    }
+    let find = |kind: &str| dwells.iter().find(|d| d.kind == kind);
+    let hold_confirmed = find("hold").is_some_and(|d| d.held);
+    if outcome.is_ok() && !hold_confirmed {
+        excluded.push(format!(
+            "hold-unconfirmed: the hold dwell at {capacity_lo:.0}/s tripped"
+        ));
+    }
+    for d in dwells.iter().filter(|d| feeder_late_matters(d, plan)) {
+        {
+            excluded.push(format!(
+                "feeder-late: in dwell {} ({} at {:.0}/s) the feeder wrote {} of {} events more than {} ms late with the target not pushing back, enough to decide the dwell",
+                d.index, d.kind, d.rate, d.feeder_late, d.offered, plan.max_feeder_lag_ms
+            ));
+        }
+    }
+    let reconciliation = reconcile(
+        feed_report.events,
+        &collected,
+        running.stats_json.as_deref(),
+        exited.is_some(),
+    );
+    if !reconciliation.ok {
+        excluded.push(format!(
+            "reconciliation failed: {}",
+            reconciliation.problems.join("; ")
+        ));
+        println!(
+            "{label} RECONCILIATION FAILED: {}",
+            reconciliation.problems.join("; ")
+        );
+    }
+    let peak_rss = samples.iter().map(|s| s.rss).max().unwrap_or(0).max(
+        reconciliation
+            .engine_totals
+            .as_ref()
+            .and_then(|_| stats_value(running.stats_json.as_deref(), "peak_rss_bytes"))
+            .unwrap_or(0),
+    );
+    if !reconciliation.ok || exited.is_some_and(|s| !s.success()) {
+        println!("{label} stderr: {}", running.stderr_tail());
+    }
+    Ok(Run {
+        target: spec.name().to_string(),
+        rep,
+        capacity_lo,
+        capacity_hi,
+        hold_confirmed,
+        recovered: find("rehold").is_some_and(|d| d.held),
+        overload_delivered_rate: find("overload").map_or(0.0, |d| d.delivered_rate),
+        hold_delivered_rate: find("hold").map_or(0.0, |d| d.delivered_rate),
+        dwells,
+        drains: controller.drains,
+        samples,
+        idle_rss,
+        peak_rss,
+        cpu_seconds: cpu_before_exit,
+        elapsed_secs: shared.now_us() as f64 / 1e6,
+        reconciliation,
+        excluded_because: excluded,
+        latency: collected.by_dwell,
+    })
+}
+
+fn stats_value(path: Option<&Path>, key: &str) -> Option<u64> {
+    let v: Value = serde_json::from_slice(&std::fs::read(path?).ok()?).ok()?;
+    v[key].as_u64()
+}
+
+/// Emitted = committed, end to end and (for LogBus) at every stage.
+fn reconcile(
+    fed: u64,
+    collected: &collector::Collected,
+    stats_json: Option<&Path>,
+    exited: bool,
+) -> Reconciliation {
+    let mut r = Reconciliation {
+        fed,
+        committed: collected.lines,
+        unstamped: collected.unstamped,
+        ..Reconciliation::default()
+    };
+    if collected.lines != fed {
+        r.problems.push(format!(
+            "the feeder wrote {fed} events and {} came out",
+            collected.lines
+        ));
+    }
+    if collected.unstamped > 0 {
+        r.problems.push(format!(
+            "{} lines came out without their t_sched stamp",
+            collected.unstamped
+        ));
+    }
+    if let Some(path) = stats_json {
+        if !exited {
+            r.problems
+                .push("LogBus did not exit by itself at end of input".to_string());
+        }
+        match std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        {
+            None => r
+                .problems
+                .push(format!("no engine stats at {}", path.display())),
+            Some(v) => {
+                let totals = v["totals"].clone();
+                for key in ["emitted", "committed"] {
+                    if totals[key].as_u64() != Some(fed) {
+                        r.problems.push(format!(
+                            "the engine counted {key} = {} against {fed} fed",
+                            totals[key]
+                        ));
+                    }
+                }
+                if totals["lost"].as_i64() != Some(0) {
+                    r.problems
+                        .push(format!("the engine reports lost = {}", totals["lost"]));
+                }
+                // The tripwire: every stage accounts for every event.
+                for s in v["stages"].as_array().into_iter().flatten() {
+                    let id = s["id"].as_str().unwrap_or("?").to_string();
+                    let passed = s["events_out"].as_u64().unwrap_or(0)
+                        + s["discarded"].as_u64().unwrap_or(0)
+                        + s["errored"].as_u64().unwrap_or(0);
+                    if passed != fed {
+                        r.problems
+                            .push(format!("stage `{id}` passed {passed} events, not {fed}"));
+                    }
+                    r.stage_counts.push((id, passed));
+                }
+                r.engine_totals = Some(totals);
+            }
+        }
+    }
+    r.ok = r.problems.is_empty();
+    r
+}
+
+/// Options of `cargo xtask load profile|quick|sweep`.
+pub struct Options {
+    pub pipeline: PathBuf,
+    pub reps: usize,
+    pub out: Option<PathBuf>,
+    pub peers: Vec<TargetSpec>,
+    pub quorum: f64,
+    pub corpus_lines: usize,
+    pub plan: Plan,
+}
+
+/// The release binary, the output folder and the corpus every task shares.
+struct Setup {
+    binary: PathBuf,
+    out: PathBuf,
+    corpus: Arc<feeder::Corpus>,
+    corpus_sha: String,
+}
+
+fn setup(root: &Path, out: Option<PathBuf>, corpus_lines: usize) -> anyhow::Result<Setup> {
+    let target =
+        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "logbus"])
+        .current_dir(root)
+        .status()?;
+    if !status.success() {
+        bail!("release build failed");
+    }
+    let binary = target.join("release/logbus");
+    let out = match out {
+        Some(o) => o,
+        None => {
+            let stamp = report::now_stamp();
+            root.join("target/load").join(stamp)
+        }
+    };
+    std::fs::create_dir_all(out.join("runs"))?;
+    std::fs::create_dir_all(out.join("work"))?;
+    let corpus_path = root
+        .join("target/bench")
+        .join(format!("corpus-{corpus_lines}.ndjson"));
+    let corpus_sha = crate::write_corpus(&corpus_path, corpus_lines)?;
+    let corpus = Arc::new(feeder::Corpus::load(&std::fs::read(&corpus_path)?)?);
+    println!(
+        "corpus {} ({corpus_lines} lines) sha256 {corpus_sha}; results in {}",
+        corpus_path.display(),
+        out.display()
+    );
+    Ok(Setup {
+        binary,
+        out,
+        corpus,
+        corpus_sha,
+    })
+}
+
+/// How fast the feeder alone can offer the corpus, into a reader that
+/// discards it: the ceiling on any rate this harness can claim to offer.
+fn feeder_ceiling(corpus: &Arc<feeder::Corpus>, events: u64) -> anyhow::Result<f64> {
+    let (mut reader, writer) = std::io::pipe()?;
+    let sink = std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+    let shared = Arc::new(Shared::new());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = shared.now_us();
+    shared.dwell_starts.lock().expect("lock").push(start);
+    tx.send(feeder::Schedule {
+        dwell: 0,
+        start_us: start,
+        rate: 1e12,
+        count: events,
+    })?;
+    drop(tx);
+    let began = Instant::now();
+    let file = std::fs::File::from(std::os::fd::OwnedFd::from(writer));
+    let report = feeder::run(file, corpus.clone(), shared, rx, u64::MAX);
+    let secs = began.elapsed().as_secs_f64();
+    let _ = sink.join();
+    Ok(report.events as f64 / secs)
+}
+
+/// `cargo xtask load profile` and `quick`.
+pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
+    let setup = setup(root, opts.out.clone(), opts.corpus_lines)?;
+    let ceiling = feeder_ceiling(&setup.corpus, 1_000_000)?;
+    println!("feeder ceiling: {ceiling:.0} events/s into a discarding reader");
+    let pipeline = std::fs::canonicalize(&opts.pipeline)
+        .with_context(|| format!("pipeline {}", opts.pipeline.display()))?;
+    let bound = sweep::validate_bound(&setup.binary, &pipeline)?;
+    let mut targets = vec![TargetSpec::LogBus {
+        binary: setup.binary.clone(),
+        pipeline,
+    }];
+    targets.extend(opts.peers.iter().cloned());
+    let names: Vec<String> = targets.iter().map(|t| t.name().to_string()).collect();
+    let mut runs = Vec::new();
+    for rep in 1..=opts.reps {
+        // Alternate which target goes first, so drift hits them alike.
+        let order: Vec<&TargetSpec> = if rep % 2 == 1 {
+            targets.iter().collect()
+        } else {
+            targets.iter().rev().collect()
+        };
+        for spec in order {
+            let run = run_one(
+                spec,
+                &opts.plan,
+                &setup.corpus,
+                &setup.out.join("work"),
+                rep,
+            )?;
+            report::write_run_jsonl(&setup.out.join("runs"), &run)?;
+            println!(
+                "[{} rep {rep}] capacity [{:.0}, {}) events/s, {}",
+                run.target,
+                run.capacity_lo,
+                run.capacity_hi.map_or("?".into(), |h| format!("{h:.0}")),
+                if run.excluded_because.is_empty() {
+                    "valid".to_string()
+                } else {
+                    format!("EXCLUDED: {}", run.excluded_because.join("; "))
+                }
+            );
+            runs.push(run);
+        }
+    }
+    let provenance = report::provenance(
+        root,
+        &setup.corpus_sha,
+        opts.corpus_lines,
+        &setup.binary,
+        &opts.plan,
+        json!({
+            "feeder_max_rate": ceiling,
+            "reps": opts.reps,
+            "quorum": opts.quorum,
+            "targets": names,
+            "inflight_bound_events": bound.0,
+        }),
+    );
+    std::fs::write(
+        setup.out.join("provenance.json"),
+        serde_json::to_string_pretty(&provenance)?,
+    )?;
+    let summaries = report::summary(
+        &setup.out,
+        &runs,
+        &names,
+        opts.quorum,
+        &opts.plan,
+        &provenance,
+        Some(bound),
+    )?;
+    report::replay(&setup.out, &runs)?;
+    println!();
+    for s in &summaries {
+        println!(
+            "{}: {} of {} runs valid; capacity {}; overload {:.3}× of hold; p99 at 70 %: {}; recovered {}/{}; peak RSS {:.1} MiB",
+            s.name,
+            s.valid,
+            s.runs,
+            s.capacity_floor
+                .map_or("not reported (no quorum)".to_string(), |c| format!(
+                    "[{c:.0}, {:.0})",
+                    s.capacity_hi_median
+                )),
+            s.overload_ratio_median,
+            s.p99_at_70_us
+                .map_or("-".into(), |u| format!("{:.2} ms", u as f64 / 1000.0)),
+            s.recovered,
+            s.valid,
+            s.peak_rss_max as f64 / 1048576.0
+        );
+        if let Some(c) = s.capacity_floor
+            && ceiling < 2.0 * c
+        {
+            println!(
+                "WARNING: the feeder's ceiling ({ceiling:.0}/s) is under twice {}'s capacity: the overload dwell may measure the feeder",
+                s.name
+            );
+        }
+    }
+    println!(
+        "\nsummary: {}\nreplay:  {}\nraw:     {}",
+        setup.out.join("summary.md").display(),
+        setup.out.join("replay.html").display(),
+        setup.out.join("runs").display()
+    );
+    let failed: Vec<String> = runs
+        .iter()
+        .filter(|r| !r.reconciliation.ok)
+        .map(|r| format!("{} rep {}", r.target, r.rep))
+        .collect();
+    if !failed.is_empty() {
+        bail!("reconciliation FAILED for {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// `cargo xtask load sweep`.
+pub fn sweep_task(
+    root: &Path,
+    pipeline: &Path,
+    capacities: &[usize],
+    reps: usize,
+    events: u64,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let setup = setup(root, out, 100_000)?;
+    let pipeline = std::fs::canonicalize(pipeline)
+        .with_context(|| format!("pipeline {}", pipeline.display()))?;
+    sweep::sweep(
+        &setup.binary,
+        &pipeline,
+        &setup.corpus,
+        capacities,
+        reps,
+        events,
+        &setup.out,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stdio peer that forwards lines at most `limit` per second,
+    /// dropping every `drop`-th when `drop` > 0.
+    const PEER: &str = r#"
+import os, sys, time
+limit = float(sys.argv[1]); drop = int(sys.argv[2])
+n = 0; rest = b""; nxt = time.monotonic()
+while True:
+    chunk = os.read(0, 1 << 16)
+    if not chunk:
+        break
+    lines = (rest + chunk).split(b"\n"); rest = lines.pop()
+    out = []
+    for l in lines:
+        n += 1
+        if drop and n % drop == 0:
+            continue
+        out.append(l + b"\n")
+    nxt = max(nxt, time.monotonic() - 0.005) + len(lines) / limit
+    d = nxt - time.monotonic()
+    if d > 0:
+        time.sleep(d)
+    sys.stdout.buffer.write(b"".join(out)); sys.stdout.buffer.flush()
+"#;
+
+    fn tiny_plan() -> Plan {
+        Plan {
+            start_rate: 4_000.0,
+            grid_factor: 2.0,
+            resolution: 0.25,
+            grid_secs: 0.6,
+            hold_secs: 0.6,
+            overload_factor: 1.5,
+            overload_secs: 0.5,
+            latency_secs: 0.5,
+            drain_timeout_secs: 10.0,
+            held_backlog_secs: 0.02,
+            max_feeder_lag_ms: 50.0,
+            max_feeder_late_share: 0.05,
+        }
+    }
+
+    fn corpus() -> Arc<feeder::Corpus> {
+        let mut rng = crate::Rng(7);
+        let body: String = (0..200)
+            .map(|i| crate::corpus_line(&mut rng, i) + "\n")
+            .collect();
+        Arc::new(feeder::Corpus::load(body.as_bytes()).unwrap())
+    }
+
+    fn peer(dir: &Path, limit: u32, drop: u32) -> TargetSpec {
+        let script = dir.join("peer.py");
+        std::fs::write(&script, PEER).unwrap();
+        TargetSpec::Peer {
+            name: "limited".into(),
+            command: format!("python3 {} {limit} {drop}", script.display()),
+            io: target::Io::Stdio,
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-load-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_controller_brackets_a_peer_with_a_known_limit_and_reconciles() {
+        let dir = scratch("limit");
+        let run = run_one(&peer(&dir, 16_000, 0), &tiny_plan(), &corpus(), &dir, 1).unwrap();
+        let kinds: Vec<&str> = run.dwells.iter().map(|d| d.kind.as_str()).collect();
+        assert_eq!(kinds.first(), Some(&"grid"));
+        for kind in [
+            "bisect",
+            "hold",
+            "overload",
+            "probe-90",
+            "rehold",
+            "latency-70",
+        ] {
+            assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+        }
+        let hi = run.capacity_hi.unwrap();
+        assert!(
+            hi / run.capacity_lo <= 1.25 + 1e-9,
+            "{} {hi}",
+            run.capacity_lo
+        );
+        // Loose on purpose: the point is the bracket, not this machine's speed.
+        assert!(
+            (4_000.0..=17_600.0).contains(&run.capacity_lo),
+            "capacity {} for a 16,000/s peer",
+            run.capacity_lo
+        );
+        assert!(run.reconciliation.ok, "{:?}", run.reconciliation.problems);
+        assert_eq!(run.reconciliation.fed, run.reconciliation.committed);
+        let l50 = &run
+            .dwells
+            .iter()
+            .find(|d| d.kind == "latency-50")
+            .unwrap()
+            .latency;
+        assert!(l50.count > 0 && l50.p50_us > 0);
+        assert!(run.samples.len() >= 10 && run.samples.iter().any(|s| s.rss > 0));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_target_that_loses_events_fails_reconciliation_loudly() {
+        let dir = scratch("drop");
+        // Drains wait for events that never come: keep them short.
+        let plan = Plan {
+            drain_timeout_secs: 0.5,
+            ..tiny_plan()
+        };
+        let run = run_one(&peer(&dir, 16_000, 1_000), &plan, &corpus(), &dir, 1).unwrap();
+        assert!(!run.reconciliation.ok);
+        assert!(
+            run.reconciliation.problems[0].contains("came out"),
+            "{:?}",
+            run.reconciliation.problems
+        );
+        assert!(
+            run.excluded_because
+                .iter()
+                .any(|e| e.starts_with("reconciliation failed"))
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn engine_counts_that_disagree_with_the_feeder_are_named() {
+        let dir = scratch("stats");
+        let stats = dir.join("stats.json");
+        std::fs::write(
+            &stats,
+            r#"{"totals":{"emitted":10,"committed":9,"lost":1},
+               "stages":[{"id":"read","events_out":10,"discarded":0,"errored":0},
+                         {"id":"shape","events_out":9,"discarded":0,"errored":0}]}"#,
+        )
+        .unwrap();
+        let collected = collector::Collected {
+            by_dwell: Vec::new(),
+            lines: 10,
+            unstamped: 0,
+        };
+        let r = reconcile(10, &collected, Some(&stats), true);
+        assert!(!r.ok);
+        let all = r.problems.join("\n");
+        assert!(all.contains("committed = 9"), "{all}");
+        assert!(all.contains("lost = 1"), "{all}");
+        assert!(all.contains("stage `shape` passed 9"), "{all}");
+        assert!(!all.contains("stage `read`"), "{all}");
+        let r = reconcile(10, &collected, Some(&dir.join("missing.json")), false);
+        assert!(r.problems.iter().any(|p| p.contains("did not exit")));
+        assert!(r.problems.iter().any(|p| p.contains("no engine stats")));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn feeder_lateness_counts_only_where_it_could_decide_the_dwell() {
+        let plan = Plan::full();
+        let dwell = |kind: &str, held: bool, late: u64, grew: u64| Dwell {
+            index: 0,
+            kind: kind.into(),
+            rate: 100_000.0,
+            start_s: 0.0,
+            secs: 5.0,
+            offered: 500_000,
+            delivered: 0,
+            delivered_rate: 0.0,
+            backlog_start: 0,
+            backlog_end: grew,
+            held,
+            feeder_late: late,
+            latency: Percentiles::default(),
+            feeder_own_lag: Percentiles::default(),
+        };
+        // Under the share: never.
+        assert!(!feeder_late_matters(
+            &dwell("latency-70", true, 4_000, 0),
+            &plan
+        ));
+        // Timed dwells: always over the share.
+        assert!(feeder_late_matters(
+            &dwell("latency-70", true, 10_000, 0),
+            &plan
+        ));
+        // A held grid dwell held anyway.
+        assert!(!feeder_late_matters(&dwell("grid", true, 10_000, 0), &plan));
+        // A trip far beyond the late events stands; one within them does not.
+        assert!(!feeder_late_matters(
+            &dwell("grid", false, 10_000, 100_000),
+            &plan
+        ));
+        assert!(feeder_late_matters(
+            &dwell("grid", false, 10_000, 12_000),
+            &plan
+        ));
+    }
+}
