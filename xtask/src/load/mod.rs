@@ -94,9 +94,10 @@ pub struct Plan {
     pub overload_secs: f64,
     pub latency_secs: f64,
     pub drain_timeout_secs: f64,
-    /// A dwell holds when its backlog grew by at most this many seconds of
-    /// its offered rate (or 500 events, whichever is more: batches in flight).
-    pub held_backlog_secs: f64,
+    /// A dwell holds when its backlog grew by at most this share of the
+    /// events it offered (or 500 events, whichever is more: batches in
+    /// flight), so long and short dwells are judged alike.
+    pub held_backlog_share: f64,
     /// The feeder's own lag above this (while the engine was not pushing
     /// back) makes a dwell feeder-late.
     pub max_feeder_lag_ms: f64,
@@ -117,7 +118,7 @@ impl Plan {
             overload_secs: 4.0,
             latency_secs: 10.0,
             drain_timeout_secs: 60.0,
-            held_backlog_secs: 0.05,
+            held_backlog_share: 0.01,
             max_feeder_lag_ms: 5.0,
             max_feeder_late_share: 0.01,
         }
@@ -318,7 +319,7 @@ impl Controller<'_> {
         // Held: the backlog stayed flat. What a dwell inherited is not its
         // fault; what it added beyond a little jitter is.
         let grew = backlog_end.saturating_sub(backlog_start);
-        let held = grew as f64 <= (rate * self.plan.held_backlog_secs).max(500.0);
+        let held = grew as f64 <= (count as f64 * self.plan.held_backlog_share).max(500.0);
         let delivered = received1 - received0;
         bar.finish_and_clear();
         let d = Dwell {
@@ -557,7 +558,7 @@ fn feeder_late_matters(d: &Dwell, plan: &Plan) -> bool {
         return false;
     }
     let grew = d.backlog_end.saturating_sub(d.backlog_start) as f64;
-    let slack = (d.rate * plan.held_backlog_secs).max(500.0);
+    let slack = (d.offered as f64 * plan.held_backlog_share).max(500.0);
     grew <= d.feeder_late as f64 + slack
 }
 
@@ -1065,7 +1066,7 @@ while True:
             overload_secs: 0.5,
             latency_secs: 0.5,
             drain_timeout_secs: 10.0,
-            held_backlog_secs: 0.02,
+            held_backlog_share: 0.03,
             max_feeder_lag_ms: 50.0,
             max_feeder_late_share: 0.05,
         }
