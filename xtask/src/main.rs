@@ -131,6 +131,9 @@ fn main() -> anyhow::Result<()> {
                     if let Some(r) = opt("--resolution") {
                         plan.resolution = r.parse().context("--resolution")?;
                     }
+                    if let Some(n) = opt("--target-nice") {
+                        plan.target_nice = n.parse().context("--target-nice")?;
+                    }
                     let peers = args
                         .windows(2)
                         .filter(|w| w[0] == "--peer")

@@ -45,11 +45,14 @@ impl Schedule {
 
 /// What the feeder learned about its own timeliness, per dwell.
 pub struct FeedReport {
-    /// Lag (write time − scheduled time, µs) of batches written while the
-    /// pipe accepted everything: the feeder's own lateness.
+    /// The feeder's own lag per batch (µs): write time − scheduled time,
+    /// less the time it spent waiting on a full pipe since it was last on
+    /// schedule (that part is the target's doing).
     pub own_lag: Vec<Histogram<u64>>,
-    /// Lag of batches written while catching up after the engine pushed back.
-    pub pushed_back_lag: Vec<Histogram<u64>>,
+    /// Events written more than the allowed own lag late, per dwell.
+    pub late: Vec<u64>,
+    /// Events written in full (and lines of a batch cut short by the target
+    /// closing its input, which it may have read).
     pub events: u64,
 }
 
@@ -91,7 +94,7 @@ pub fn run(
     set_nonblocking(&out);
     let mut report = FeedReport {
         own_lag: Vec::new(),
-        pushed_back_lag: Vec::new(),
+        late: Vec::new(),
         events: 0,
     };
     let mut out = out;
@@ -100,9 +103,9 @@ pub fn run(
     let mut seq: u64 = 0;
     let mut current: Option<Schedule> = None;
     let mut sent_in_dwell: u64 = 0;
-    // True from the first EAGAIN until the feeder has caught up with its
-    // schedule again: lag in that window is the engine's doing.
-    let mut pushed_back = false;
+    // Time spent waiting on a full pipe since the feeder was last on
+    // schedule: lag up to this much is the target's doing.
+    let mut blocked_us: u64 = 0;
     let mut closed = false;
     'outer: loop {
         if current.is_none() {
@@ -131,7 +134,7 @@ pub fn run(
                 Some(s) => {
                     while report.own_lag.len() <= s.dwell {
                         report.own_lag.push(new_histogram());
-                        report.pushed_back_lag.push(new_histogram());
+                        report.late.push(0);
                     }
                     current = Some(s);
                     sent_in_dwell = 0;
@@ -160,30 +163,34 @@ pub fn run(
             let _ = write!(buf, "{{\"t_sched\":{},", s.at(i));
             buf.extend_from_slice(tail);
         }
-        let lag = now.saturating_sub(first_sched);
-        let own = !pushed_back;
-        if own {
-            let _ = report.own_lag[s.dwell].record(lag.max(1));
-            if lag > max_own_lag_us {
-                shared
-                    .feeder_late_events
-                    .fetch_add(upto - sent_in_dwell, Ordering::Relaxed);
-            }
-        } else {
-            let _ = report.pushed_back_lag[s.dwell].record(lag.max(1));
+        let own_lag = now.saturating_sub(first_sched).saturating_sub(blocked_us);
+        let _ = report.own_lag[s.dwell].record(own_lag.max(1));
+        if own_lag > max_own_lag_us {
+            report.late[s.dwell] += upto - sent_in_dwell;
         }
         pending = &buf;
         while !pending.is_empty() {
+            if shared.stop_feeding.load(Ordering::Relaxed) {
+                count_partial(&buf, pending.len(), &mut report, &shared);
+                break 'outer;
+            }
             match out.write(pending) {
-                Ok(0) => break 'outer,
+                Ok(0) => {
+                    count_partial(&buf, pending.len(), &mut report, &shared);
+                    break 'outer;
+                }
                 Ok(n) => pending = &pending[n..],
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    pushed_back = true;
+                    let waited = shared.now_us();
                     wait_writable(&out, 20);
+                    blocked_us += shared.now_us() - waited;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 // The target closed its input (it exited): stop feeding.
-                Err(_) => break 'outer,
+                Err(_) => {
+                    count_partial(&buf, pending.len(), &mut report, &shared);
+                    break 'outer;
+                }
             }
         }
         let written = upto - sent_in_dwell;
@@ -191,14 +198,23 @@ pub fn run(
         report.events += written;
         shared.fed.fetch_add(written, Ordering::Relaxed);
         if sent_in_dwell >= s.due_by(shared.now_us()) {
-            // Caught up with the schedule.
-            pushed_back = false;
+            // On schedule again.
+            blocked_us = 0;
         }
         if sent_in_dwell == s.count {
             current = None;
         }
     }
     report
+}
+
+/// A batch cut short: its complete lines may have been read, so they
+/// count as fed (reconciliation compares them with what came out).
+fn count_partial(buf: &[u8], unwritten: usize, report: &mut FeedReport, shared: &Shared) {
+    let written = &buf[..buf.len() - unwritten];
+    let lines = written.iter().filter(|&&b| b == b'\n').count() as u64;
+    report.events += lines;
+    shared.fed.fetch_add(lines, Ordering::Relaxed);
 }
 
 fn set_nonblocking(f: &File) {

@@ -38,7 +38,8 @@ pub struct Shared {
     origin: Instant,
     pub fed: AtomicU64,
     pub received: AtomicU64,
-    pub feeder_late_events: AtomicU64,
+    /// Set when a run is abandoned: the feeder stops even mid-batch.
+    pub stop_feeding: AtomicBool,
     /// Scheduled start (µs) of every dwell so far, in order.
     pub dwell_starts: Mutex<Vec<u64>>,
     pub schedules: Mutex<Vec<feeder::Schedule>>,
@@ -50,7 +51,7 @@ impl Shared {
             origin: Instant::now(),
             fed: AtomicU64::new(0),
             received: AtomicU64::new(0),
-            feeder_late_events: AtomicU64::new(0),
+            stop_feeding: AtomicBool::new(false),
             dwell_starts: Mutex::new(Vec::new()),
             schedules: Mutex::new(Vec::new()),
         }
@@ -104,9 +105,46 @@ pub struct Plan {
     /// Share of a dwell's events that may be feeder-late before the run is
     /// refused.
     pub max_feeder_late_share: f64,
+    /// The target runs under `nice -n` this much, so the feeder and
+    /// collector (light, but timing-critical) are not starved when the
+    /// target saturates the cores they share; 0 runs it as is.
+    pub target_nice: u32,
 }
 
 impl Plan {
+    /// Refuses plans the controller could never finish.
+    pub fn check(&self) -> anyhow::Result<()> {
+        // NaN fails every comparison: `above` is false for it.
+        let above = |v: f64, floor: f64| v.is_finite() && v > floor;
+        if !above(self.start_rate, 0.0) {
+            bail!("the start rate must be above 0, got {}", self.start_rate);
+        }
+        if !above(self.grid_factor, 1.0) {
+            bail!("the grid factor must be above 1, got {}", self.grid_factor);
+        }
+        if !above(self.resolution, 0.0) {
+            bail!("the resolution must be above 0, got {}", self.resolution);
+        }
+        if !above(self.overload_factor, 1.0) {
+            bail!(
+                "the overload factor must be above 1, got {}",
+                self.overload_factor
+            );
+        }
+        for (name, secs) in [
+            ("grid", self.grid_secs),
+            ("hold", self.hold_secs),
+            ("overload", self.overload_secs),
+            ("latency", self.latency_secs),
+            ("drain timeout", self.drain_timeout_secs),
+        ] {
+            if !above(secs, 0.0) {
+                bail!("the {name} duration must be above 0 s, got {secs}");
+            }
+        }
+        Ok(())
+    }
+
     pub fn full() -> Plan {
         Plan {
             start_rate: 20_000.0,
@@ -121,6 +159,7 @@ impl Plan {
             held_backlog_share: 0.01,
             max_feeder_lag_ms: 5.0,
             max_feeder_late_share: 0.01,
+            target_nice: 5,
         }
     }
 
@@ -180,12 +219,18 @@ pub struct Dwell {
     pub delivered: u64,
     pub delivered_rate: f64,
     pub backlog_start: u64,
+    /// The backlog a quarter into the dwell, where judging starts.
+    pub backlog_settled: u64,
     pub backlog_end: u64,
     pub held: bool,
-    /// Events the feeder wrote late with nobody pushing back.
+    /// Events of this dwell the feeder wrote late by its own fault
+    /// (filled at run end).
     pub feeder_late: u64,
     /// Latency of the events scheduled in this dwell (filled at run end).
     pub latency: Percentiles,
+    /// The same histogram in full: HDR V2 deflate, base64 (what the
+    /// summary pools, so any figure can be recomputed from the raw file).
+    pub latency_hdr: String,
     pub feeder_own_lag: Percentiles,
 }
 
@@ -269,7 +314,7 @@ struct Controller<'a> {
 
 impl Controller<'_> {
     fn alive(&self) -> bool {
-        target::proc_usage(self.pid).is_some()
+        target::proc_alive(self.pid)
     }
 
     fn dwell(&mut self, kind: &str, rate: f64, secs: f64) -> anyhow::Result<bool> {
@@ -287,7 +332,11 @@ impl Controller<'_> {
         shared.schedules.lock().expect("lock").push(schedule);
         let backlog_start = shared.backlog_at(start);
         let received0 = shared.received.load(Ordering::Relaxed);
-        let late0 = shared.feeder_late_events.load(Ordering::Relaxed);
+        // The backlog is judged from a quarter into the dwell, once the
+        // pipeline has filled to its working depth (rate × latency), so a
+        // dwell after a drain is not charged for filling it.
+        let settle = start + (secs * 0.25e6) as u64;
+        let mut backlog_settled: Option<u64> = None;
         self.feed
             .as_ref()
             .expect("feeding")
@@ -310,16 +359,22 @@ impl Controller<'_> {
                 bar.abandon();
                 bail!("the target exited during dwell {index} ({kind} at {rate:.0}/s)");
             }
+            if backlog_settled.is_none() && now >= settle {
+                backlog_settled = Some(shared.backlog_at(now));
+            }
             bar.set_position(now.saturating_sub(start) / 100_000);
             bar.set_message(format!("backlog {}", shared.backlog_at(now)));
-            std::thread::sleep(Duration::from_millis(100).min(Duration::from_micros(end - now)));
+            let next = if now < settle { settle } else { end };
+            std::thread::sleep(Duration::from_millis(100).min(Duration::from_micros(next - now)));
         }
         let received1 = shared.received.load(Ordering::Relaxed);
         let backlog_end = shared.backlog_at(end);
-        // Held: the backlog stayed flat. What a dwell inherited is not its
-        // fault; what it added beyond a little jitter is.
-        let grew = backlog_end.saturating_sub(backlog_start);
-        let held = grew as f64 <= (count as f64 * self.plan.held_backlog_share).max(500.0);
+        // Held: the backlog stayed flat after settling. What a dwell
+        // inherited is not its fault; what it added beyond a little jitter is.
+        let settled = backlog_settled.unwrap_or(backlog_start);
+        let grew = backlog_end.saturating_sub(settled);
+        let judged = count as f64 * 0.75;
+        let held = grew as f64 <= (judged * self.plan.held_backlog_share).max(500.0);
         let delivered = received1 - received0;
         bar.finish_and_clear();
         let d = Dwell {
@@ -332,10 +387,12 @@ impl Controller<'_> {
             delivered,
             delivered_rate: delivered as f64 / secs,
             backlog_start,
+            backlog_settled: settled,
             backlog_end,
             held,
-            feeder_late: shared.feeder_late_events.load(Ordering::Relaxed) - late0,
+            feeder_late: 0,
             latency: Percentiles::default(),
+            latency_hdr: String::new(),
             feeder_own_lag: Percentiles::default(),
         };
         println!(
@@ -384,9 +441,8 @@ impl Controller<'_> {
             complete,
         });
         if !complete {
-            println!(
-                "{} drain did not finish within {} s ({} events left)",
-                self.label,
+            bail!(
+                "a drain did not finish within {} s ({} events still not committed): the target stopped keeping up or stopped reading",
                 self.plan.drain_timeout_secs,
                 target.saturating_sub(shared.received.load(Ordering::Relaxed))
             );
@@ -429,7 +485,7 @@ impl Controller<'_> {
             }
         }
         let Some(mut lo) = lo else {
-            bail!("no rate held, down to {:.0}/s", hi / plan.grid_factor);
+            bail!("no rate held, down to {hi:.0}/s");
         };
         // Narrow the interval by geometric bisection.
         while hi / lo > 1.0 + plan.resolution {
@@ -442,10 +498,14 @@ impl Controller<'_> {
             }
         }
         self.drain()?;
-        self.dwell("hold", lo, plan.hold_secs)?;
+        if !self.dwell("hold", lo, plan.hold_secs)? {
+            self.drain()?;
+        }
         self.dwell("overload", lo * plan.overload_factor, plan.overload_secs)?;
         self.drain()?;
-        self.dwell("probe-90", lo * 0.9, plan.hold_secs)?;
+        if !self.dwell("probe-90", lo * 0.9, plan.hold_secs)? {
+            self.drain()?;
+        }
         self.dwell("rehold", lo, plan.hold_secs)?;
         self.drain()?;
         for pct in [50, 70, 90] {
@@ -468,21 +528,34 @@ fn sample_loop(
     window: Arc<Mutex<Histogram<u64>>>,
     stop: Arc<AtomicBool>,
 ) -> Vec<Sample> {
-    let agent = ureq::Agent::new_with_config(
-        ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_millis(200)))
-            .build(),
-    );
+    // Queue depths come over HTTP on their own thread, so a slow answer
+    // never delays the RSS and CPU samples.
+    let depths: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let poller = api.map(|addr| {
+        let (depths, stop) = (depths.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let agent = ureq::Agent::new_with_config(
+                ureq::Agent::config_builder()
+                    .timeout_global(Some(Duration::from_millis(500)))
+                    .build(),
+            );
+            while !stop.load(Ordering::Relaxed) {
+                let began = Instant::now();
+                if let Some(d) = channel_depths(&agent, &addr) {
+                    *depths.lock().expect("depths lock") = d;
+                }
+                std::thread::sleep(Duration::from_millis(100).saturating_sub(began.elapsed()));
+            }
+        })
+    });
     let mut samples = Vec::new();
     let mut last_committed = 0u64;
     let mut last_t = 0.0f64;
     while !stop.load(Ordering::Relaxed) {
         let now = shared.now_us();
-        let (rss, cpu) = target::proc_usage(pid).unwrap_or((0, 0.0));
-        let queues = api
-            .as_ref()
-            .and_then(|addr| channel_depths(&agent, addr))
-            .unwrap_or_default();
+        let rss = target::proc_rss(pid).unwrap_or(0);
+        let cpu = target::proc_cpu(pid).unwrap_or(0.0);
+        let queues = depths.lock().expect("depths lock").clone();
         let lat = {
             let mut w = window.lock().expect("window lock");
             let p = Percentiles::of(&w);
@@ -517,6 +590,9 @@ fn sample_loop(
         if next > after {
             std::thread::sleep(Duration::from_micros(next - after));
         }
+    }
+    if let Some(p) = poller {
+        let _ = p.join();
     }
     samples
 }
@@ -557,8 +633,8 @@ fn feeder_late_matters(d: &Dwell, plan: &Plan) -> bool {
     if d.held {
         return false;
     }
-    let grew = d.backlog_end.saturating_sub(d.backlog_start) as f64;
-    let slack = (d.offered as f64 * plan.held_backlog_share).max(500.0);
+    let grew = d.backlog_end.saturating_sub(d.backlog_settled) as f64;
+    let slack = (d.offered as f64 * 0.75 * plan.held_backlog_share).max(500.0);
     grew <= d.feeder_late as f64 + slack
 }
 
@@ -572,7 +648,7 @@ pub fn run_one(
 ) -> anyhow::Result<Run> {
     let tag = format!("{}-rep{rep}", spec.name());
     let label = format!("[{} rep {rep}]", spec.name());
-    let mut running = target::Running::start(spec, work, &tag)?;
+    let mut running = target::Running::start(spec, work, &tag, plan.target_nice)?;
     let shared = Arc::new(Shared::new());
     let window = Arc::new(Mutex::new(new_histogram()));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -599,7 +675,7 @@ pub fn run_one(
         std::thread::spawn(move || sample_loop(shared, pid, api, window, stop))
     };
     std::thread::sleep(Duration::from_millis(500));
-    let idle_rss = target::proc_usage(running.pid).map_or(0, |u| u.0);
+    let idle_rss = target::proc_rss(running.pid).unwrap_or(0);
     let mut controller = Controller {
         shared: shared.clone(),
         feed: Some(tx),
@@ -612,13 +688,13 @@ pub fn run_one(
     let outcome = controller.profile();
     if outcome.is_err() {
         // The target may be wedged with the feeder waiting on it.
+        shared.stop_feeding.store(true, Ordering::Relaxed);
         let _ = running.child.kill();
     }
     // Stop feeding: the feeder finishes what is scheduled and closes the
     // target's input, which is how LogBus is told to drain and exit.
     controller.feed = None;
     let feed_report = feeder.join().expect("feeder thread");
-    let cpu_before_exit = target::proc_usage(running.pid).map_or(0.0, |u| u.1);
     // Peers do not exit at end of input: wait for their output to catch up,
     // then stop them.
     let deadline = Instant::now() + Duration::from_secs_f64(plan.drain_timeout_secs);
@@ -646,9 +722,18 @@ pub fn run_one(
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+    // A file-reading collector stops at end of file once the target is gone.
+    if let Some(done) = &running.output_done {
+        done.store(true, Ordering::Relaxed);
+    }
     let collected = collector.join().expect("collector thread");
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.join().expect("sampler thread");
+    // CPU: the engine's own figure at exit where it gives one (it includes
+    // the final drain), else the last sample taken while it ran.
+    let cpu_seconds = stats_f64(running.stats_json.as_deref(), "cpu_seconds")
+        .unwrap_or(0.0)
+        .max(samples.iter().map(|s| s.cpu).fold(0.0, f64::max));
     let (capacity_lo, capacity_hi) = match &outcome {
         Ok(c) => *c,
         Err(_) => (0.0, None),
@@ -657,10 +742,12 @@ pub fn run_one(
     for d in &mut dwells {
         if let Some(h) = collected.by_dwell.get(d.index) {
             d.latency = Percentiles::of(h);
+            d.latency_hdr = encode_histogram(h);
         }
         if let Some(h) = feed_report.own_lag.get(d.index) {
             d.feeder_own_lag = Percentiles::of(h);
         }
+        d.feeder_late = feed_report.late.get(d.index).copied().unwrap_or(0);
     }
     let mut excluded = Vec::new();
     if let Err(e) = &outcome {
@@ -721,12 +808,29 @@ pub fn run_one(
         samples,
         idle_rss,
         peak_rss,
-        cpu_seconds: cpu_before_exit,
+        cpu_seconds,
         elapsed_secs: shared.now_us() as f64 / 1e6,
         reconciliation,
         excluded_because: excluded,
         latency: collected.by_dwell,
     })
+}
+
+/// A histogram as HDR V2 deflate bytes in base64 (readable by every HDR
+/// implementation's decoder).
+pub fn encode_histogram(h: &Histogram<u64>) -> String {
+    use base64::Engine as _;
+    use hdrhistogram::serialization::Serializer as _;
+    let mut bytes = Vec::new();
+    match hdrhistogram::serialization::V2DeflateSerializer::new().serialize(h, &mut bytes) {
+        Ok(_) => base64::engine::general_purpose::STANDARD.encode(bytes),
+        Err(_) => String::new(),
+    }
+}
+
+fn stats_f64(path: Option<&Path>, key: &str) -> Option<f64> {
+    let v: Value = serde_json::from_slice(&std::fs::read(path?).ok()?).ok()?;
+    v[key].as_f64()
 }
 
 fn stats_value(path: Option<&Path>, key: &str) -> Option<u64> {
@@ -888,6 +992,7 @@ fn feeder_ceiling(corpus: &Arc<feeder::Corpus>, events: u64) -> anyhow::Result<f
 
 /// `cargo xtask load profile` and `quick`.
 pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
+    opts.plan.check()?;
     let setup = setup(root, opts.out.clone(), opts.corpus_lines)?;
     let ceiling = feeder_ceiling(&setup.corpus, 1_000_000)?;
     println!("feeder ceiling: {ceiling:.0} events/s into a discarding reader");
@@ -900,6 +1005,30 @@ pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
     }];
     targets.extend(opts.peers.iter().cloned());
     let names: Vec<String> = targets.iter().map(|t| t.name().to_string()).collect();
+    let provenance_of = |extra: Value| {
+        report::provenance(
+            root,
+            &setup.corpus_sha,
+            opts.corpus_lines,
+            &setup.binary,
+            Some(&opts.plan),
+            extra,
+        )
+    };
+    let extra = json!({
+        "feeder_max_rate": ceiling,
+        "reps": opts.reps,
+        "quorum": opts.quorum,
+        "targets": names,
+        "peers": opts.peers.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>(),
+        "inflight_bound_events": bound.0,
+    });
+    // Written first, so raw files from a run that aborts are never orphans.
+    let provenance = provenance_of(extra);
+    std::fs::write(
+        setup.out.join("provenance.json"),
+        serde_json::to_string_pretty(&provenance)?,
+    )?;
     let mut runs = Vec::new();
     for rep in 1..=opts.reps {
         // Alternate which target goes first, so drift hits them alike.
@@ -931,24 +1060,6 @@ pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
             runs.push(run);
         }
     }
-    let provenance = report::provenance(
-        root,
-        &setup.corpus_sha,
-        opts.corpus_lines,
-        &setup.binary,
-        &opts.plan,
-        json!({
-            "feeder_max_rate": ceiling,
-            "reps": opts.reps,
-            "quorum": opts.quorum,
-            "targets": names,
-            "inflight_bound_events": bound.0,
-        }),
-    );
-    std::fs::write(
-        setup.out.join("provenance.json"),
-        serde_json::to_string_pretty(&provenance)?,
-    )?;
     let summaries = report::summary(
         &setup.out,
         &runs,
@@ -1016,6 +1127,24 @@ pub fn sweep_task(
     let setup = setup(root, out, 100_000)?;
     let pipeline = std::fs::canonicalize(pipeline)
         .with_context(|| format!("pipeline {}", pipeline.display()))?;
+    let provenance = report::provenance(
+        root,
+        &setup.corpus_sha,
+        100_000,
+        &setup.binary,
+        None,
+        json!({
+            "task": "sweep",
+            "pipeline": pipeline.display().to_string(),
+            "capacities": capacities,
+            "reps": reps,
+            "events_per_run": events,
+        }),
+    );
+    std::fs::write(
+        setup.out.join("provenance.json"),
+        serde_json::to_string_pretty(&provenance)?,
+    )?;
     sweep::sweep(
         &setup.binary,
         &pipeline,
@@ -1031,28 +1160,46 @@ pub fn sweep_task(
 mod tests {
     use super::*;
 
-    /// A stdio peer that forwards lines at most `limit` per second,
-    /// dropping every `drop`-th when `drop` > 0.
+    /// A peer that forwards lines at most `limit` per second, dropping
+    /// every `drop`-th when `drop` > 0. It speaks whichever transport the
+    /// harness set up: stdio, TCP (LOAD_IN_PORT/LOAD_OUT_PORT) or a file
+    /// (LOAD_OUT_FILE).
     const PEER: &str = r#"
-import os, sys, time
+import os, socket, sys, time
 limit = float(sys.argv[1]); drop = int(sys.argv[2])
+read = lambda: os.read(0, 1 << 16)
+class Out:
+    def __init__(self, f): self.f = f
+    def send(self, b): self.f.write(b); self.f.flush()
+out = Out(sys.stdout.buffer)
+if os.environ.get("LOAD_IN_PORT"):
+    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", int(os.environ["LOAD_IN_PORT"]))); srv.listen(1)
+    conn, _ = srv.accept()
+    read = lambda: conn.recv(1 << 16)
+    o = socket.create_connection(("127.0.0.1", int(os.environ["LOAD_OUT_PORT"])))
+    class Sock:
+        def send(self, b): o.sendall(b)
+    out = Sock()
+elif os.environ.get("LOAD_OUT_FILE"):
+    out = Out(open(os.environ["LOAD_OUT_FILE"], "ab"))
 n = 0; rest = b""; nxt = time.monotonic()
 while True:
-    chunk = os.read(0, 1 << 16)
+    chunk = read()
     if not chunk:
         break
     lines = (rest + chunk).split(b"\n"); rest = lines.pop()
-    out = []
+    lines_out = []
     for l in lines:
         n += 1
         if drop and n % drop == 0:
             continue
-        out.append(l + b"\n")
+        lines_out.append(l + b"\n")
     nxt = max(nxt, time.monotonic() - 0.005) + len(lines) / limit
     d = nxt - time.monotonic()
     if d > 0:
         time.sleep(d)
-    sys.stdout.buffer.write(b"".join(out)); sys.stdout.buffer.flush()
+    out.send(b"".join(lines_out))
 "#;
 
     fn tiny_plan() -> Plan {
@@ -1069,6 +1216,7 @@ while True:
             held_backlog_share: 0.03,
             max_feeder_lag_ms: 50.0,
             max_feeder_late_share: 0.05,
+            target_nice: 5,
         }
     }
 
@@ -1081,12 +1229,16 @@ while True:
     }
 
     fn peer(dir: &Path, limit: u32, drop: u32) -> TargetSpec {
+        peer_over(dir, limit, drop, target::Io::Stdio)
+    }
+
+    fn peer_over(dir: &Path, limit: u32, drop: u32, io: target::Io) -> TargetSpec {
         let script = dir.join("peer.py");
         std::fs::write(&script, PEER).unwrap();
         TargetSpec::Peer {
             name: "limited".into(),
             command: format!("python3 {} {limit} {drop}", script.display()),
-            io: target::Io::Stdio,
+            io,
         }
     }
 
@@ -1135,6 +1287,87 @@ while True:
         assert!(l50.count > 0 && l50.p50_us > 0);
         assert!(run.samples.len() >= 10 && run.samples.iter().any(|s| s.rss > 0));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn peers_over_tcp_and_through_a_file_are_driven_and_reconciled() {
+        for io in [target::Io::Tcp, target::Io::File] {
+            let dir = scratch(&format!("{io:?}"));
+            let run = run_one(
+                &peer_over(&dir, 16_000, 0, io.clone()),
+                &tiny_plan(),
+                &corpus(),
+                &dir,
+                1,
+            )
+            .unwrap();
+            assert!(
+                run.excluded_because.is_empty()
+                    || run
+                        .excluded_because
+                        .iter()
+                        .all(|e| e.starts_with("hold-unconfirmed")),
+                "{io:?}: {:?}",
+                run.excluded_because
+            );
+            assert!(
+                run.reconciliation.ok,
+                "{io:?}: {:?}",
+                run.reconciliation.problems
+            );
+            assert!(
+                run.capacity_lo >= 4_000.0 && run.capacity_lo <= 17_600.0,
+                "{io:?}: {}",
+                run.capacity_lo
+            );
+            let l50 = &run.dwells.iter().find(|d| d.kind == "latency-50").unwrap();
+            assert!(l50.latency.count > 0, "{io:?}");
+            assert!(!l50.latency_hdr.is_empty());
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    #[test]
+    fn a_peer_that_never_starts_listening_is_reported_not_waited_for() {
+        let dir = scratch("silent");
+        let spec = TargetSpec::Peer {
+            name: "silent".into(),
+            command: "sleep 1".into(),
+            io: target::Io::Tcp,
+        };
+        let err = run_one(&spec, &tiny_plan(), &corpus(), &dir, 1)
+            .err()
+            .unwrap();
+        assert!(
+            format!("{err:#}").contains("exited before it was ready"),
+            "{err:#}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn plans_the_controller_could_not_finish_are_refused() {
+        for broken in [
+            Plan {
+                resolution: 0.0,
+                ..tiny_plan()
+            },
+            Plan {
+                start_rate: -1.0,
+                ..tiny_plan()
+            },
+            Plan {
+                grid_factor: 1.0,
+                ..tiny_plan()
+            },
+            Plan {
+                hold_secs: f64::NAN,
+                ..tiny_plan()
+            },
+        ] {
+            assert!(broken.check().is_err(), "{broken:?}");
+        }
+        assert!(tiny_plan().check().is_ok() && Plan::quick().check().is_ok());
     }
 
     #[test]
@@ -1202,10 +1435,12 @@ while True:
             delivered: 0,
             delivered_rate: 0.0,
             backlog_start: 0,
+            backlog_settled: 0,
             backlog_end: grew,
             held,
             feeder_late: late,
             latency: Percentiles::default(),
+            latency_hdr: String::new(),
             feeder_own_lag: Percentiles::default(),
         };
         // Under the share: never.

@@ -64,7 +64,7 @@ pub fn provenance(
     corpus_sha: &str,
     corpus_lines: usize,
     binary: &Path,
-    plan: &Plan,
+    plan: Option<&Plan>,
     extra: Value,
 ) -> Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -89,7 +89,10 @@ pub fn provenance(
         "corpus_lines": corpus_lines,
         "binary": binary.display().to_string(),
         "binary_sha256": sha256_file(binary),
-        "build_profile": if binary.components().any(|c| c.as_os_str() == "release") { "release" } else { "other" },
+        // The harness builds it with `cargo build --release -p logbus`.
+        "build_profile": "release",
+        "rustc": command_line("rustc", &["-V"]),
+        "rustflags": std::env::var("RUSTFLAGS").unwrap_or_default(),
         "machine": {
             "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "model": model,
@@ -99,7 +102,7 @@ pub fn provenance(
         },
         "date": command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
         "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "plan": serde_json::to_value(plan).unwrap_or(Value::Null),
+        "plan": plan.and_then(|p| serde_json::to_value(p).ok()),
         "extra": extra,
     })
 }
@@ -201,7 +204,15 @@ pub fn summary(
         let mut los: Vec<f64> = valid.iter().map(|r| r.capacity_lo).collect();
         los.sort_by(|a, b| b.total_cmp(a));
         let capacity_floor = (los.len() >= needed).then(|| los[needed - 1]);
-        let hi_median = median(valid.iter().filter_map(|r| r.capacity_hi).collect());
+        // The upper end: the median first trip of the runs that held the
+        // floor (each tripped above its own floor, so above this one).
+        let hi_median = median(
+            valid
+                .iter()
+                .filter(|r| capacity_floor.is_some_and(|c| r.capacity_lo >= c))
+                .filter_map(|r| r.capacity_hi)
+                .collect(),
+        );
         let _ = writeln!(md, "## {name}\n");
         let _ = writeln!(
             md,
@@ -214,7 +225,7 @@ pub fn summary(
             Some(c) => {
                 let _ = writeln!(
                     md,
-                    "**Capacity: [{c:.0}, {hi_median:.0}) events/s** — held by the quorum at the floor; the upper end is the median first trip above it.\n"
+                    "**Capacity: [{c:.0}, {hi_median:.0}) events/s** — the floor is held by the quorum; the upper end is the median first trip of the runs that held it.\n"
                 );
             }
             None => {
@@ -380,7 +391,7 @@ pub fn summary(
                 .collect();
             let _ = writeln!(
                 md,
-                "Dwell order (rep {}): {}. A drain follows every trip and the overload, and precedes each latency dwell.\n",
+                "Dwell order (rep {}): {}. A drain (nothing offered until all is committed) follows every trip and the overload, and precedes each latency dwell.\n",
                 first.rep,
                 order.join(" → ")
             );

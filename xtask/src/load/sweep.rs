@@ -84,7 +84,7 @@ fn flood(
     tag: &str,
     events: u64,
 ) -> anyhow::Result<Flood> {
-    let mut running = Running::start(spec, work, tag)?;
+    let mut running = Running::start(spec, work, tag, 0)?;
     let shared = Arc::new(Shared::new());
     let window = Arc::new(Mutex::new(new_histogram()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -100,7 +100,7 @@ fn flood(
         std::thread::spawn(move || sample_loop(shared, pid, api, window, stop))
     };
     std::thread::sleep(Duration::from_millis(500));
-    let idle_rss = super::target::proc_usage(running.pid).map_or(0, |u| u.0);
+    let idle_rss = super::target::proc_rss(running.pid).unwrap_or(0);
     let (tx, rx) = std::sync::mpsc::channel();
     let schedule = feeder::Schedule {
         dwell: 0,

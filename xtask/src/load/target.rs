@@ -8,6 +8,8 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -19,6 +21,9 @@ pub enum Io {
     /// The target listens on `$LOAD_IN_PORT` and connects to
     /// `$LOAD_OUT_PORT`, newline-framed both ways.
     Tcp,
+    /// The target reads its stdin and appends committed lines to the file
+    /// `$LOAD_OUT_FILE` (a file sink), which the harness follows.
+    File,
 }
 
 #[derive(Debug, Clone)]
@@ -42,16 +47,17 @@ impl TargetSpec {
         }
     }
 
-    /// `NAME[@stdio|@tcp]=COMMAND`.
+    /// `NAME[@stdio|@tcp|@file]=COMMAND`.
     pub fn parse_peer(spec: &str) -> anyhow::Result<TargetSpec> {
         let Some((head, command)) = spec.split_once('=') else {
-            bail!("--peer takes NAME[@stdio|@tcp]=COMMAND, got `{spec}`");
+            bail!("--peer takes NAME[@stdio|@tcp|@file]=COMMAND, got `{spec}`");
         };
         let (name, io) = match head.split_once('@') {
             None | Some((_, "stdio")) => (head.split('@').next().unwrap_or(head), Io::Stdio),
             Some((name, "tcp")) => (name, Io::Tcp),
+            Some((name, "file")) => (name, Io::File),
             Some((_, other)) => {
-                bail!("--peer `{head}`: unknown transport `{other}` (stdio or tcp)")
+                bail!("--peer `{head}`: unknown transport `{other}` (stdio, tcp or file)")
             }
         };
         if name.is_empty() || name == "logbus" || command.trim().is_empty() {
@@ -73,11 +79,24 @@ pub struct Running {
     pub output: Option<Box<dyn Read + Send>>,
     pub api: Option<String>,
     pub stats_json: Option<PathBuf>,
+    /// Set once the target is gone, for outputs with no end of their own
+    /// (a followed file).
+    pub output_done: Option<Arc<AtomicBool>>,
     stderr_path: PathBuf,
 }
 
 impl Running {
-    pub fn start(spec: &TargetSpec, work: &Path, tag: &str) -> anyhow::Result<Running> {
+    /// Starts the target under `nice -n nice` (when above 0).
+    pub fn start(spec: &TargetSpec, work: &Path, tag: &str, nice: u32) -> anyhow::Result<Running> {
+        let niced = |program: &Path| {
+            if nice > 0 {
+                let mut c = Command::new("nice");
+                c.arg("-n").arg(nice.to_string()).arg(program);
+                c
+            } else {
+                Command::new(program)
+            }
+        };
         std::fs::create_dir_all(work)?;
         let stderr_path = work.join(format!("{tag}.stderr"));
         let stderr = File::create(&stderr_path)?;
@@ -87,7 +106,7 @@ impl Running {
                 let api = format!("127.0.0.1:{port}");
                 let stats = work.join(format!("{tag}.stats.json"));
                 let _ = std::fs::remove_file(&stats);
-                let mut child = Command::new(binary)
+                let mut child = niced(binary)
                     .arg("run")
                     .arg(pipeline)
                     .arg("--api")
@@ -111,6 +130,7 @@ impl Running {
                     output: Some(output),
                     api: Some(api.clone()),
                     stats_json: Some(stats),
+                    output_done: None,
                     stderr_path,
                 };
                 running.wait_ready(|| api_answers(&api))?;
@@ -118,7 +138,11 @@ impl Running {
             }
             TargetSpec::Peer { command, io, .. } => {
                 let mut cmd = Command::new("sh");
-                cmd.arg("-c").arg(format!("exec {command}"));
+                if nice > 0 {
+                    cmd.arg("-c").arg(format!("exec nice -n {nice} {command}"));
+                } else {
+                    cmd.arg("-c").arg(format!("exec {command}"));
+                }
                 cmd.env("LOAD_WORK_DIR", work).stderr(stderr);
                 match io {
                     Io::Stdio => {
@@ -138,6 +162,33 @@ impl Running {
                             output: Some(output),
                             api: None,
                             stats_json: None,
+                            output_done: None,
+                            stderr_path,
+                        })
+                    }
+                    Io::File => {
+                        let out_file = work.join(format!("{tag}.out"));
+                        File::create(&out_file)?;
+                        let mut child = cmd
+                            .env("LOAD_OUT_FILE", &out_file)
+                            .stdin(Stdio::piped())
+                            .stdout(Stdio::null())
+                            .spawn()
+                            .with_context(|| format!("starting peer `{command}`"))?;
+                        let pid = child.id();
+                        let input = File::from(OwnedFd::from(child.stdin.take().expect("piped")));
+                        let done = Arc::new(AtomicBool::new(false));
+                        Ok(Running {
+                            child,
+                            pid,
+                            input: Some(input),
+                            output: Some(Box::new(Following {
+                                file: File::open(&out_file)?,
+                                done: done.clone(),
+                            })),
+                            api: None,
+                            stats_json: None,
+                            output_done: Some(done),
                             stderr_path,
                         })
                     }
@@ -160,6 +211,7 @@ impl Running {
                             output: Some(Box::new(Accepting::new(out_listener))),
                             api: None,
                             stats_json: None,
+                            output_done: None,
                             stderr_path,
                         };
                         let addr = format!("127.0.0.1:{in_port}");
@@ -224,16 +276,60 @@ impl Accepting {
     }
 }
 
+/// How long a TCP peer has to connect to the harness with its output.
+const ACCEPT_WITHIN: Duration = Duration::from_secs(60);
+
 impl Read for Accepting {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         if self.stream.is_none() {
             let Some(listener) = self.listener.take() else {
                 return Ok(0);
             };
-            let (stream, _) = listener.accept()?;
+            listener.set_nonblocking(true)?;
+            let deadline = Instant::now() + ACCEPT_WITHIN;
+            let stream = loop {
+                match listener.accept() {
+                    Ok((stream, _)) => break stream,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "the peer never connected to LOAD_OUT_PORT",
+                            ));
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            stream.set_nonblocking(false)?;
             self.stream = Some(stream);
         }
         self.stream.as_mut().expect("accepted").read(buf)
+    }
+}
+
+/// The output side of a file peer: follows the file as it grows, and ends
+/// at end of file once the target is gone. Polls every millisecond, which
+/// bounds the latency it adds.
+struct Following {
+    file: File,
+    done: Arc<AtomicBool>,
+}
+
+impl Read for Following {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let n = self.file.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if self.done.load(Ordering::Relaxed) {
+                // One last look: the target may have written just before.
+                return self.file.read(buf);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
@@ -245,8 +341,8 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Resident set size and CPU seconds (user + system) of a process.
-pub fn proc_usage(pid: u32) -> Option<(u64, f64)> {
+/// Resident set size of a live process (a zombie has none).
+pub fn proc_rss(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let rss_kib: u64 = status
         .lines()
@@ -256,6 +352,11 @@ pub fn proc_usage(pid: u32) -> Option<(u64, f64)> {
         .trim()
         .parse()
         .ok()?;
+    Some(rss_kib * 1024)
+}
+
+/// CPU seconds (user + system) of a process, exited-but-unreaped included.
+pub fn proc_cpu(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name; utime and stime are the
     // 14th and 15th fields of the whole line.
@@ -264,7 +365,18 @@ pub fn proc_usage(pid: u32) -> Option<(u64, f64)> {
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     let ticks = rustix::param::clock_ticks_per_second().max(1) as f64;
-    Some((rss_kib * 1024, (utime + stime) / ticks))
+    Some((utime + stime) / ticks)
+}
+
+/// Running and not a zombie.
+pub fn proc_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after = stat[stat.rfind(')')? + 2..].to_string();
+            after.chars().next()
+        })
+        .is_some_and(|state| state != 'Z' && state != 'X')
 }
 
 #[cfg(test)]
@@ -288,6 +400,10 @@ mod tests {
             panic!()
         };
         assert_eq!((name.as_str(), io), ("vector", Io::Stdio));
+        let TargetSpec::Peer { io, .. } = TargetSpec::parse_peer("f@file=cmd").unwrap() else {
+            panic!()
+        };
+        assert_eq!(io, Io::File);
         for bad in ["novalue", "x@udp=cmd", "logbus=cmd", "=cmd", "x= "] {
             assert!(TargetSpec::parse_peer(bad).is_err(), "{bad}");
         }
@@ -295,8 +411,19 @@ mod tests {
 
     #[test]
     fn this_process_reports_its_own_usage() {
-        let (rss, cpu) = proc_usage(std::process::id()).unwrap();
-        assert!(rss > 1024 * 1024);
-        assert!(cpu >= 0.0);
+        let me = std::process::id();
+        assert!(proc_rss(me).unwrap() > 1024 * 1024);
+        assert!(proc_cpu(me).unwrap() >= 0.0);
+        assert!(proc_alive(me));
+        // A child that exited but is not reaped: no RSS, not alive, CPU known.
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        while proc_alive(pid) {
+            std::thread::yield_now();
+        }
+        assert_eq!(proc_rss(pid), None);
+        assert!(proc_cpu(pid).is_some());
+        child.wait().unwrap();
+        assert!(!proc_alive(pid));
     }
 }
