@@ -158,6 +158,13 @@ fn main() -> anyhow::Result<()> {
                         },
                     )?;
                 }
+                "report" => {
+                    let Some(dir) = args.get(2).filter(|a| !a.starts_with("--")) else {
+                        bail!("usage: cargo xtask load report DIR [--quorum Q]");
+                    };
+                    let quorum = opt("--quorum").map(|q| q.parse()).transpose()?;
+                    load::report_task(Path::new(dir), quorum)?;
+                }
                 "sweep" => {
                     let capacities: Vec<usize> = opt("--capacities")
                         .unwrap_or_else(|| "256,1024,4096,16384".into())
@@ -169,7 +176,7 @@ fn main() -> anyhow::Result<()> {
                     load::sweep_task(&root, &pipeline, &capacities, reps, events, out)?;
                 }
                 other => bail!(
-                    "usage: cargo xtask load <profile|quick|sweep> [options], not `{other}` (see xtask/src/main.rs)"
+                    "usage: cargo xtask load <profile|quick|sweep|report> [options], not `{other}` (see docs/load-testing.md)"
                 ),
             }
         }

@@ -83,7 +83,7 @@ pub fn new_histogram() -> Histogram<u64> {
 }
 
 /// Dwell lengths and the controller's rules; `full` and `quick` presets.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Plan {
     pub start_rate: f64,
     pub grid_factor: f64,
@@ -105,9 +105,13 @@ pub struct Plan {
     /// Share of a dwell's events that may be feeder-late before the run is
     /// refused.
     pub max_feeder_late_share: f64,
+    /// Step-downs allowed when the hold at the bisection floor trips.
+    #[serde(default)]
+    pub hold_retries: u32,
     /// The target runs under `nice -n` this much, so the feeder and
     /// collector (light, but timing-critical) are not starved when the
     /// target saturates the cores they share; 0 runs it as is.
+    #[serde(default)]
     pub target_nice: u32,
 }
 
@@ -159,6 +163,7 @@ impl Plan {
             held_backlog_share: 0.01,
             max_feeder_lag_ms: 5.0,
             max_feeder_late_share: 0.01,
+            hold_retries: 2,
             target_nice: 5,
         }
     }
@@ -179,7 +184,7 @@ impl Plan {
 }
 
 /// Percentiles of one histogram, in microseconds.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Percentiles {
     pub count: u64,
     pub p50_us: u64,
@@ -206,7 +211,7 @@ impl Percentiles {
 }
 
 /// One fixed-rate dwell and what happened in it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Dwell {
     pub index: usize,
     pub kind: String,
@@ -228,6 +233,9 @@ pub struct Dwell {
     pub feeder_late: u64,
     /// Latency of the events scheduled in this dwell (filled at run end).
     pub latency: Percentiles,
+    /// Why this dwell is left out of the pooled figures (its run stays in).
+    #[serde(default)]
+    pub left_out: Option<String>,
     /// The same histogram in full: HDR V2 deflate, base64 (what the
     /// summary pools, so any figure can be recomputed from the raw file).
     pub latency_hdr: String,
@@ -235,7 +243,7 @@ pub struct Dwell {
 }
 
 /// A pause with nothing offered until everything scheduled is committed.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Drain {
     pub after_dwell: usize,
     pub start_s: f64,
@@ -246,7 +254,7 @@ pub struct Drain {
 }
 
 /// Ten times a second.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Sample {
     pub t: f64,
     pub offered: u64,
@@ -263,7 +271,7 @@ pub struct Sample {
     pub lat_max_us: u64,
 }
 
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Reconciliation {
     pub fed: u64,
     pub committed: u64,
@@ -276,14 +284,20 @@ pub struct Reconciliation {
 }
 
 /// Everything one repetition of one target produced.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Run {
     pub target: String,
     pub rep: usize,
+    /// In the JSONL these are records of their own.
+    #[serde(default)]
     pub dwells: Vec<Dwell>,
+    #[serde(default)]
     pub drains: Vec<Drain>,
     #[serde(skip)]
     pub samples: Vec<Sample>,
+    /// Why the controller could not finish the plan, if it could not.
+    #[serde(default)]
+    pub failure: Option<String>,
     /// Capacity: the highest rate held, and the lowest tripped above it.
     pub capacity_lo: f64,
     pub capacity_hi: Option<f64>,
@@ -392,6 +406,7 @@ impl Controller<'_> {
             held,
             feeder_late: 0,
             latency: Percentiles::default(),
+            left_out: None,
             latency_hdr: String::new(),
             feeder_own_lag: Percentiles::default(),
         };
@@ -498,8 +513,22 @@ impl Controller<'_> {
             }
         }
         self.drain()?;
-        if !self.dwell("hold", lo, plan.hold_secs)? {
+        // Capacity is what holds for a whole hold dwell. A bisection floor
+        // found by short dwells can sit on the knife edge, so a tripped hold
+        // steps down by the resolution and tries again, `hold_retries`
+        // times, before the run is called hold-unconfirmed.
+        for attempt in 0..=plan.hold_retries {
+            if self.dwell("hold", lo, plan.hold_secs)? {
+                break;
+            }
+            if let Some(d) = self.dwells.last_mut() {
+                d.kind = "hold-tripped".to_string();
+            }
             self.drain()?;
+            if attempt < plan.hold_retries {
+                hi = lo;
+                lo /= 1.0 + plan.resolution;
+            }
         }
         self.dwell("overload", lo * plan.overload_factor, plan.overload_secs)?;
         self.drain()?;
@@ -749,25 +778,9 @@ pub fn run_one(
         }
         d.feeder_late = feed_report.late.get(d.index).copied().unwrap_or(0);
     }
-    let mut excluded = Vec::new();
-    if let Err(e) = &outcome {
-        excluded.push(format!("the profile did not finish: {e:#}"));
-    }
     let find = |kind: &str| dwells.iter().find(|d| d.kind == kind);
+    // Tripped attempts are renamed `hold-tripped`: a `hold` dwell held.
     let hold_confirmed = find("hold").is_some_and(|d| d.held);
-    if outcome.is_ok() && !hold_confirmed {
-        excluded.push(format!(
-            "hold-unconfirmed: the hold dwell at {capacity_lo:.0}/s tripped"
-        ));
-    }
-    for d in dwells.iter().filter(|d| feeder_late_matters(d, plan)) {
-        {
-            excluded.push(format!(
-                "feeder-late: in dwell {} ({} at {:.0}/s) the feeder wrote {} of {} events more than {} ms late with the target not pushing back, enough to decide the dwell",
-                d.index, d.kind, d.rate, d.feeder_late, d.offered, plan.max_feeder_lag_ms
-            ));
-        }
-    }
     let reconciliation = reconcile(
         feed_report.events,
         &collected,
@@ -775,10 +788,6 @@ pub fn run_one(
         exited.is_some(),
     );
     if !reconciliation.ok {
-        excluded.push(format!(
-            "reconciliation failed: {}",
-            reconciliation.problems.join("; ")
-        ));
         println!(
             "{label} RECONCILIATION FAILED: {}",
             reconciliation.problems.join("; ")
@@ -794,9 +803,10 @@ pub fn run_one(
     if !reconciliation.ok || exited.is_some_and(|s| !s.success()) {
         println!("{label} stderr: {}", running.stderr_tail());
     }
-    Ok(Run {
+    let mut run = Run {
         target: spec.name().to_string(),
         rep,
+        failure: outcome.as_ref().err().map(|e| format!("{e:#}")),
         capacity_lo,
         capacity_hi,
         hold_confirmed,
@@ -811,9 +821,165 @@ pub fn run_one(
         cpu_seconds,
         elapsed_secs: shared.now_us() as f64 / 1e6,
         reconciliation,
-        excluded_because: excluded,
+        excluded_because: Vec::new(),
         latency: collected.by_dwell,
-    })
+    };
+    judge(&mut run, plan);
+    Ok(run)
+}
+
+/// Dwells whose outcome decides the capacity figure.
+fn decides_capacity(kind: &str) -> bool {
+    matches!(
+        kind,
+        "grid" | "grid-down" | "bisect" | "hold" | "hold-tripped"
+    )
+}
+
+/// The rules, in one place for a live profile and for `load report`:
+/// why a run is left out of the aggregate, and which of its dwells are
+/// left out of the pooled figures while the run stays in.
+pub fn judge(run: &mut Run, plan: &Plan) {
+    let mut excluded = Vec::new();
+    if let Some(failure) = &run.failure {
+        excluded.push(format!("the profile did not finish: {failure}"));
+    } else if !run.hold_confirmed {
+        let tries = run
+            .dwells
+            .iter()
+            .filter(|d| d.kind == "hold-tripped")
+            .count();
+        excluded.push(format!(
+            "hold-unconfirmed: {tries} hold dwell(s) tripped, the last at {:.0}/s",
+            run.capacity_lo
+        ));
+    }
+    for d in &mut run.dwells {
+        d.left_out = None;
+        if !feeder_late_matters(d, plan) {
+            continue;
+        }
+        let why = format!(
+            "feeder-late: {} of {} events written more than {} ms late by the feeder's own fault",
+            d.feeder_late, d.offered, plan.max_feeder_lag_ms
+        );
+        if decides_capacity(&d.kind) {
+            excluded.push(format!(
+                "{why} in dwell {} ({} at {:.0}/s), which decided capacity",
+                d.index, d.kind, d.rate
+            ));
+        } else {
+            d.left_out = Some(why);
+        }
+    }
+    if !run.reconciliation.ok {
+        excluded.push(format!(
+            "reconciliation failed: {}",
+            run.reconciliation.problems.join("; ")
+        ));
+    }
+    run.excluded_because = excluded;
+}
+
+/// Reads back every run of a profile from its JSONL files.
+pub fn load_runs(dir: &Path) -> anyhow::Result<Vec<Run>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("runs"))
+        .with_context(|| format!("reading {}", dir.join("runs").display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    let mut runs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        let (mut samples, mut dwells, mut drains, mut run) =
+            (Vec::new(), Vec::new(), Vec::new(), None);
+        for (n, line) in text.lines().enumerate() {
+            let at = || format!("{}:{}", file.display(), n + 1);
+            let v: Value = serde_json::from_str(line).with_context(at)?;
+            match v["type"].as_str() {
+                Some("sample") => {
+                    samples.push(serde_json::from_value::<Sample>(v).with_context(at)?)
+                }
+                Some("dwell") => dwells.push(serde_json::from_value::<Dwell>(v).with_context(at)?),
+                Some("drain") => drains.push(serde_json::from_value::<Drain>(v).with_context(at)?),
+                Some("run") => run = Some(serde_json::from_value::<Run>(v).with_context(at)?),
+                other => bail!("{}: unknown record type {other:?}", at()),
+            }
+        }
+        let mut run = run.with_context(|| format!("{}: no run record", file.display()))?;
+        dwells.sort_by_key(|d: &Dwell| d.index);
+        run.latency = vec![new_histogram(); dwells.last().map_or(0, |d| d.index + 1)];
+        for d in &dwells {
+            run.latency[d.index] = decode_histogram(&d.latency_hdr)
+                .with_context(|| format!("{}: dwell {} histogram", file.display(), d.index))?;
+        }
+        run.samples = samples;
+        run.dwells = dwells;
+        run.drains = drains;
+        runs.push(run);
+    }
+    if runs.is_empty() {
+        bail!("no runs in {}", dir.join("runs").display());
+    }
+    runs.sort_by_key(|r| r.rep);
+    Ok(runs)
+}
+
+pub fn decode_histogram(text: &str) -> anyhow::Result<Histogram<u64>> {
+    use base64::Engine as _;
+    if text.is_empty() {
+        return Ok(new_histogram());
+    }
+    let bytes = base64::engine::general_purpose::STANDARD.decode(text)?;
+    let mut h: Histogram<u64> = hdrhistogram::serialization::Deserializer::new()
+        .deserialize(&mut std::io::Cursor::new(bytes))
+        .map_err(|e| anyhow::anyhow!("not an HDR histogram: {e:?}"))?;
+    h.auto(true);
+    Ok(h)
+}
+
+/// `cargo xtask load report DIR`: the summary and replay rebuilt from a
+/// profile's raw files, with the rules of this build.
+pub fn report_task(dir: &Path, quorum: Option<f64>) -> anyhow::Result<()> {
+    let provenance: Value = serde_json::from_slice(
+        &std::fs::read(dir.join("provenance.json"))
+            .with_context(|| format!("reading {}", dir.join("provenance.json").display()))?,
+    )?;
+    let plan: Plan = serde_json::from_value(provenance["plan"].clone())
+        .context("provenance.json has no plan (a sweep folder?)")?;
+    let extra = &provenance["extra"];
+    let quorum = quorum.or(extra["quorum"].as_f64()).unwrap_or(0.8);
+    let mut runs = load_runs(dir)?;
+    for run in &mut runs {
+        judge(run, &plan);
+    }
+    let names: Vec<String> = match extra["targets"].as_array() {
+        Some(t) => t
+            .iter()
+            .filter_map(|n| n.as_str().map(String::from))
+            .collect(),
+        None => {
+            let mut n: Vec<String> = runs.iter().map(|r| r.target.clone()).collect();
+            n.dedup();
+            n
+        }
+    };
+    let bound = extra["inflight_bound_events"].as_u64().map(|events| {
+        let capacity = extra["inflight_bound_channel_capacity"]
+            .as_u64()
+            .unwrap_or(0);
+        (events, capacity as usize)
+    });
+    report::summary(dir, &runs, &names, quorum, &plan, &provenance, bound)?;
+    report::replay(dir, &runs)?;
+    println!(
+        "rebuilt {} and {} from {} runs",
+        dir.join("summary.md").display(),
+        dir.join("replay.html").display(),
+        runs.len()
+    );
+    Ok(())
 }
 
 /// A histogram as HDR V2 deflate bytes in base64 (readable by every HDR
@@ -1022,6 +1188,7 @@ pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
         "targets": names,
         "peers": opts.peers.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>(),
         "inflight_bound_events": bound.0,
+        "inflight_bound_channel_capacity": bound.1,
     });
     // Written first, so raw files from a run that aborts are never orphans.
     let provenance = provenance_of(extra);
@@ -1086,7 +1253,7 @@ pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
             s.p99_at_70_us
                 .map_or("-".into(), |u| format!("{:.2} ms", u as f64 / 1000.0)),
             s.recovered,
-            s.valid,
+            s.recovery_judged,
             s.peak_rss_max as f64 / 1048576.0
         );
         if let Some(c) = s.capacity_floor
@@ -1216,6 +1383,7 @@ while True:
             held_backlog_share: 0.03,
             max_feeder_lag_ms: 50.0,
             max_feeder_late_share: 0.05,
+            hold_retries: 2,
             target_nice: 5,
         }
     }
@@ -1346,6 +1514,37 @@ while True:
     }
 
     #[test]
+    fn a_profile_is_rebuilt_from_its_raw_files_with_the_same_figures() {
+        let dir = scratch("raw");
+        let run = run_one(&peer(&dir, 16_000, 0), &tiny_plan(), &corpus(), &dir, 1).unwrap();
+        std::fs::create_dir_all(dir.join("runs")).unwrap();
+        report::write_run_jsonl(&dir.join("runs"), &run).unwrap();
+        let mut back = load_runs(&dir).unwrap();
+        assert_eq!(back.len(), 1);
+        let back = &mut back[0];
+        judge(back, &tiny_plan());
+        assert_eq!(back.dwells.len(), run.dwells.len());
+        assert_eq!(back.samples.len(), run.samples.len());
+        assert_eq!(back.capacity_lo, run.capacity_lo);
+        assert_eq!(back.excluded_because, run.excluded_because);
+        for d in &run.dwells {
+            let (a, b) = (&run.latency[d.index], &back.latency[d.index]);
+            assert_eq!(
+                (a.len(), a.value_at_quantile(0.99), a.max()),
+                (b.len(), b.value_at_quantile(0.99), b.max())
+            );
+        }
+        // A damaged line is named by file and line.
+        let file = dir.join("runs/limited-rep1.jsonl");
+        let mut text = std::fs::read_to_string(&file).unwrap();
+        text.push_str("{not json\n");
+        std::fs::write(&file, text).unwrap();
+        let err = format!("{:#}", load_runs(&dir).err().unwrap());
+        assert!(err.contains("limited-rep1.jsonl:"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn plans_the_controller_could_not_finish_are_refused() {
         for broken in [
             Plan {
@@ -1440,6 +1639,7 @@ while True:
             held,
             feeder_late: late,
             latency: Percentiles::default(),
+            left_out: None,
             latency_hdr: String::new(),
             feeder_own_lag: Percentiles::default(),
         };

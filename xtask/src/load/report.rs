@@ -146,6 +146,7 @@ pub struct TargetSummary {
     pub overload_ratio_median: f64,
     pub p99_at_70_us: Option<u64>,
     pub recovered: usize,
+    pub recovery_judged: usize,
     pub peak_rss_max: u64,
 }
 
@@ -276,6 +277,7 @@ pub fn summary(
         let mut p99_at_70 = None;
         for kind in [
             "hold",
+            "hold-tripped",
             "overload",
             "probe-90",
             "rehold",
@@ -287,8 +289,13 @@ pub fn summary(
             let mut rates = Vec::new();
             let mut held = 0;
             let mut n = 0;
+            let mut left_out = 0;
             for r in &valid {
                 for d in r.dwells.iter().filter(|d| d.kind == kind) {
+                    if d.left_out.is_some() {
+                        left_out += 1;
+                        continue;
+                    }
                     if let Some(h) = r.latency.get(d.index) {
                         let _ = pooled.add(h);
                     }
@@ -297,7 +304,7 @@ pub fn summary(
                     n += 1;
                 }
             }
-            if n == 0 {
+            if n == 0 && left_out == 0 {
                 continue;
             }
             let p = Percentiles::of(&pooled);
@@ -306,7 +313,7 @@ pub fn summary(
             }
             let _ = writeln!(
                 md,
-                "| {kind} | {:.0} | {} | {} | {} | {} | {} | {} | {held}/{n} |",
+                "| {kind} | {:.0} | {} | {} | {} | {} | {} | {} | {held}/{n}{} |",
                 median(rates),
                 p.count,
                 ms(p.p50_us),
@@ -314,6 +321,11 @@ pub fn summary(
                 ms(p.p99_us),
                 ms(p.p999_us),
                 ms(p.max_us),
+                if left_out > 0 {
+                    format!(" ({left_out} left out: feeder-late)")
+                } else {
+                    String::new()
+                }
             );
         }
         let ratios: Vec<f64> = valid
@@ -322,7 +334,16 @@ pub fn summary(
             .map(|r| r.overload_delivered_rate / r.hold_delivered_rate)
             .collect();
         let overload_ratio_median = median(ratios.clone());
-        let recovered = valid.iter().filter(|r| r.recovered).count();
+        // A re-hold the feeder was late for says nothing either way.
+        let rehold_judged: Vec<&&Run> = valid
+            .iter()
+            .filter(|r| {
+                r.dwells
+                    .iter()
+                    .any(|d| d.kind == "rehold" && d.left_out.is_none())
+            })
+            .collect();
+        let recovered = rehold_judged.iter().filter(|r| r.recovered).count();
         // Memory is a fact of every run, excluded or not.
         let peak_rss_max = all.iter().map(|r| r.peak_rss).max().unwrap_or(0);
         if ratios.is_empty() {
@@ -330,12 +351,20 @@ pub fn summary(
         } else {
             let _ = writeln!(
                 md,
-                "\nOverload ({}× capacity): delivered {:.3}× the hold dwell's rate (median; {:.3}–{:.3}). Recovery: {recovered} of {} valid runs re-held capacity after the overload.\n",
+                "\nOverload ({}× capacity): delivered {:.3}× the hold dwell's rate (median; {:.3}–{:.3}). Recovery: {recovered} of {} valid runs re-held capacity after the overload{}.\n",
                 plan.overload_factor,
                 overload_ratio_median,
                 ratios.iter().copied().fold(f64::INFINITY, f64::min),
                 ratios.iter().copied().fold(0.0, f64::max),
-                valid.len(),
+                rehold_judged.len(),
+                if rehold_judged.len() < valid.len() {
+                    format!(
+                        " ({} re-holds left out: feeder-late)",
+                        valid.len() - rehold_judged.len()
+                    )
+                } else {
+                    String::new()
+                },
             );
         }
         let peaks: Vec<f64> = all.iter().map(|r| r.peak_rss as f64).collect();
@@ -350,7 +379,12 @@ pub fn summary(
         {
             let _ = write!(
                 md,
-                "; `logbus validate` computes an in-flight bound of {events} events (channel capacity {capacity}), {} MiB of 1 KiB corpus lines",
+                "; `logbus validate` computes an in-flight bound of {events} events{}, {} MiB of 1 KiB corpus lines",
+                if capacity > 0 {
+                    format!(" (channel capacity {capacity})")
+                } else {
+                    String::new()
+                },
                 mib(events * 1024)
             );
         }
@@ -405,6 +439,7 @@ pub fn summary(
             overload_ratio_median,
             p99_at_70_us: p99_at_70,
             recovered,
+            recovery_judged: rehold_judged.len(),
             peak_rss_max,
         });
     }
