@@ -158,6 +158,19 @@ fn main() -> anyhow::Result<()> {
                         },
                     )?;
                 }
+                "dwell" => {
+                    let rate: f64 = opt("--rate")
+                        .context("load dwell needs --rate EVENTS_PER_SEC")?
+                        .parse()
+                        .context("--rate")?;
+                    let secs: f64 = opt("--secs").map_or(Ok(10.0), |v| v.parse())?;
+                    let reps: usize = opt("--reps").map_or(Ok(3), |v| v.parse())?;
+                    if !(rate > 0.0 && secs > 0.0 && reps > 0) {
+                        bail!("load dwell needs --rate, --secs and --reps above 0");
+                    }
+                    let nice: u32 = opt("--target-nice").map_or(Ok(5), |v| v.parse())?;
+                    load::dwell_task(&root, &pipeline, rate, secs, reps, out, nice)?;
+                }
                 "report" => {
                     let Some(dir) = args.get(2).filter(|a| !a.starts_with("--")) else {
                         bail!("usage: cargo xtask load report DIR [--quorum Q]");

@@ -465,6 +465,13 @@ impl Controller<'_> {
         Ok(())
     }
 
+    /// One dwell at a chosen rate, then a drain (`load dwell`).
+    fn fixed(&mut self, rate: f64, secs: f64) -> anyhow::Result<(f64, Option<f64>)> {
+        self.dwell("fixed", rate, secs)?;
+        self.drain()?;
+        Ok((rate, None))
+    }
+
     /// The controller's fixed sequence; returns the capacity interval.
     fn profile(&mut self) -> anyhow::Result<(f64, Option<f64>)> {
         let plan = self.plan;
@@ -675,6 +682,18 @@ pub fn run_one(
     work: &Path,
     rep: usize,
 ) -> anyhow::Result<Run> {
+    run_script(spec, plan, corpus, work, rep, None)
+}
+
+/// A run of the whole plan, or (`fixed`) of one dwell at a given rate.
+fn run_script(
+    spec: &TargetSpec,
+    plan: &Plan,
+    corpus: &Arc<feeder::Corpus>,
+    work: &Path,
+    rep: usize,
+    fixed: Option<(f64, f64)>,
+) -> anyhow::Result<Run> {
     let tag = format!("{}-rep{rep}", spec.name());
     let label = format!("[{} rep {rep}]", spec.name());
     let mut running = target::Running::start(spec, work, &tag, plan.target_nice)?;
@@ -714,7 +733,10 @@ pub fn run_one(
         dwells: Vec::new(),
         drains: Vec::new(),
     };
-    let outcome = controller.profile();
+    let outcome = match fixed {
+        Some((rate, secs)) => controller.fixed(rate, secs),
+        None => controller.profile(),
+    };
     if outcome.is_err() {
         // The target may be wedged with the feeder waiting on it.
         shared.stop_feeding.store(true, Ordering::Relaxed);
@@ -841,13 +863,14 @@ fn decides_capacity(kind: &str) -> bool {
 /// left out of the pooled figures while the run stays in.
 pub fn judge(run: &mut Run, plan: &Plan) {
     let mut excluded = Vec::new();
+    let has_hold = run.dwells.iter().any(|d| d.kind.starts_with("hold"));
     if let Some(failure) = &run.failure {
         excluded.push(format!("the profile did not finish: {failure}"));
-    } else if !run.hold_confirmed {
+    } else if has_hold && !run.hold_confirmed {
         let tries = run
             .dwells
             .iter()
-            .filter(|d| d.kind == "hold-tripped")
+            .filter(|d| d.kind.starts_with("hold") && !d.held)
             .count();
         excluded.push(format!(
             "hold-unconfirmed: {tries} hold dwell(s) tripped, the last at {:.0}/s",
@@ -1168,6 +1191,7 @@ pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
     let mut targets = vec![TargetSpec::LogBus {
         binary: setup.binary.clone(),
         pipeline,
+        api: true,
     }];
     targets.extend(opts.peers.iter().cloned());
     let names: Vec<String> = targets.iter().map(|t| t.name().to_string()).collect();
@@ -1278,6 +1302,87 @@ pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
         .collect();
     if !failed.is_empty() {
         bail!("reconciliation FAILED for {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// `cargo xtask load dwell`: one dwell at a chosen rate, `reps` times,
+/// with the API on and off alternately, for latency questions that need no
+/// capacity search.
+pub fn dwell_task(
+    root: &Path,
+    pipeline: &Path,
+    rate: f64,
+    secs: f64,
+    reps: usize,
+    out: Option<PathBuf>,
+    target_nice: u32,
+) -> anyhow::Result<()> {
+    let setup = setup(root, out, 100_000)?;
+    let pipeline = std::fs::canonicalize(pipeline)
+        .with_context(|| format!("pipeline {}", pipeline.display()))?;
+    let plan = Plan {
+        target_nice,
+        ..Plan::full()
+    };
+    let mut pooled: Vec<(bool, Histogram<u64>)> =
+        vec![(true, new_histogram()), (false, new_histogram())];
+    for rep in 1..=reps {
+        let order = if rep % 2 == 1 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for api in order {
+            let spec = TargetSpec::LogBus {
+                binary: setup.binary.clone(),
+                pipeline: pipeline.clone(),
+                api,
+            };
+            let run = run_script(
+                &spec,
+                &plan,
+                &setup.corpus,
+                &setup.out.join("work"),
+                rep,
+                Some((rate, secs)),
+            )?;
+            if let Some(f) = &run.failure {
+                bail!("rep {rep} (api {api}): {f}");
+            }
+            let d = &run.dwells[0];
+            println!(
+                "rep {rep} api {}: delivered {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, feeder own lag p99 {:.2} ms{}",
+                if api { "on " } else { "off" },
+                d.delivered_rate,
+                d.latency.p50_us as f64 / 1000.0,
+                d.latency.p99_us as f64 / 1000.0,
+                d.latency.max_us as f64 / 1000.0,
+                d.feeder_own_lag.p99_us as f64 / 1000.0,
+                if run.excluded_because.is_empty() {
+                    String::new()
+                } else {
+                    format!(" EXCLUDED: {}", run.excluded_because.join("; "))
+                }
+            );
+            if run.excluded_because.is_empty() {
+                let slot = &mut pooled[usize::from(!api)].1;
+                let _ = slot.add(&run.latency[0]);
+            }
+        }
+    }
+    for (api, h) in &pooled {
+        let p = Percentiles::of(h);
+        println!(
+            "api {}: pooled over valid reps at {rate:.0}/s: {} events, p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
+            if *api { "on " } else { "off" },
+            p.count,
+            p.p50_us as f64 / 1000.0,
+            p.p90_us as f64 / 1000.0,
+            p.p99_us as f64 / 1000.0,
+            p.p999_us as f64 / 1000.0,
+            p.max_us as f64 / 1000.0
+        );
     }
     Ok(())
 }
@@ -1534,6 +1639,21 @@ while True:
                 (b.len(), b.value_at_quantile(0.99), b.max())
             );
         }
+        // The replay is one file that needs no network.
+        report::replay(&dir, std::slice::from_ref(back)).unwrap();
+        let page = std::fs::read_to_string(dir.join("replay.html")).unwrap();
+        assert!(!page.contains("http://") && !page.contains("https://"));
+        let data = page.split("type=\"application/json\">").nth(1).unwrap();
+        let data = data
+            .split("</script>")
+            .next()
+            .unwrap()
+            .replace("<\\/", "</");
+        let runs: Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(
+            runs[0]["dwells"].as_array().unwrap().len(),
+            back.dwells.len()
+        );
         // A damaged line is named by file and line.
         let file = dir.join("runs/limited-rep1.jsonl");
         let mut text = std::fs::read_to_string(&file).unwrap();

@@ -443,6 +443,45 @@ pub fn summary(
             peak_rss_max,
         });
     }
+    // Side by side: the same repetition's runs of two targets ran minutes
+    // apart, so their ratio cancels most of the machine's drift.
+    if let Some(first) = targets.first() {
+        for other in targets.iter().skip(1) {
+            let mut ratios = Vec::new();
+            for a in runs
+                .iter()
+                .filter(|r| &r.target == first && r.excluded_because.is_empty())
+            {
+                if let Some(b) = runs
+                    .iter()
+                    .find(|r| &r.target == other && r.rep == a.rep && r.excluded_because.is_empty())
+                    && b.capacity_lo > 0.0
+                {
+                    ratios.push((a.rep, a.capacity_lo / b.capacity_lo));
+                }
+            }
+            if ratios.is_empty() {
+                continue;
+            }
+            let values: Vec<f64> = ratios.iter().map(|r| r.1).collect();
+            let _ = writeln!(
+                md,
+                "## {first} against {other}, paired by repetition
+
+Capacity of {first} ÷ capacity of {other} in the same repetition (both valid), {} pairs: median **{:.2}×** ({:.2}–{:.2}). Per pair: {}.
+",
+                values.len(),
+                median(values.clone()),
+                values.iter().copied().fold(f64::INFINITY, f64::min),
+                values.iter().copied().fold(0.0, f64::max),
+                ratios
+                    .iter()
+                    .map(|(rep, r)| format!("rep {rep} {r:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
     std::fs::write(out.join("summary.md"), md)?;
     Ok(summaries)
 }

@@ -178,6 +178,7 @@ pub fn sweep(
             let spec = TargetSpec::LogBus {
                 binary: binary.to_path_buf(),
                 pipeline: file.clone(),
+                api: true,
             };
             let tag = format!("sweep-{capacity}-rep{rep}");
             let f = flood(&spec, corpus, &out.join("work"), &tag, events)?;

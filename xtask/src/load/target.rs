@@ -31,6 +31,9 @@ pub enum TargetSpec {
     LogBus {
         binary: PathBuf,
         pipeline: PathBuf,
+        /// `--api` on, for per-channel queue depth (polled ten times a
+        /// second); off to measure without that load.
+        api: bool,
     },
     Peer {
         name: String,
@@ -101,16 +104,21 @@ impl Running {
         let stderr_path = work.join(format!("{tag}.stderr"));
         let stderr = File::create(&stderr_path)?;
         match spec {
-            TargetSpec::LogBus { binary, pipeline } => {
+            TargetSpec::LogBus {
+                binary,
+                pipeline,
+                api: with_api,
+            } => {
                 let port = free_port()?;
                 let api = format!("127.0.0.1:{port}");
                 let stats = work.join(format!("{tag}.stats.json"));
                 let _ = std::fs::remove_file(&stats);
-                let mut child = niced(binary)
-                    .arg("run")
-                    .arg(pipeline)
-                    .arg("--api")
-                    .arg(&api)
+                let mut command = niced(binary);
+                command.arg("run").arg(pipeline);
+                if *with_api {
+                    command.arg("--api").arg(&api);
+                }
+                let mut child = command
                     .arg("--stats-json")
                     .arg(&stats)
                     .env("LOGBUS_OUT", "/dev/stdout")
@@ -128,12 +136,14 @@ impl Running {
                     pid,
                     input: Some(input),
                     output: Some(output),
-                    api: Some(api.clone()),
+                    api: with_api.then(|| api.clone()),
                     stats_json: Some(stats),
                     output_done: None,
                     stderr_path,
                 };
-                running.wait_ready(|| api_answers(&api))?;
+                // Without the API there is nothing to ask; input written
+                // early waits in the pipe, charged to the engine.
+                running.wait_ready(|| !*with_api || api_answers(&api))?;
                 Ok(running)
             }
             TargetSpec::Peer { command, io, .. } => {
