@@ -174,16 +174,7 @@ pub fn disk_bench(
     events: u64,
     dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let target =
-        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "logbus"])
-        .current_dir(root)
-        .status()?;
-    if !status.success() {
-        bail!("release build failed");
-    }
-    let binary = target.join("release/logbus");
+    let (target, binary) = crate::build_release(root)?;
     let dir = dir.unwrap_or_else(|| target.join("disk-bench"));
     std::fs::create_dir_all(&dir)?;
     let variants = variants(events, &dir);

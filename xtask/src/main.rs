@@ -290,7 +290,26 @@ fn write_corpus(out: &Path, lines: usize) -> anyhow::Result<String> {
     Ok(format!("{:x}", hash.finalize()))
 }
 
+/// Builds the release binary; returns the target directory and the binary.
+fn build_release(root: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let target =
+        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "logbus"])
+        .current_dir(root)
+        .status()?;
+    if !status.success() {
+        bail!("release build failed");
+    }
+    let binary = target.join("release/logbus");
+    Ok((target, binary))
+}
+
+/// The median (0 for no values).
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     if n % 2 == 1 {
@@ -368,16 +387,7 @@ fn bench(
     compare_pipelines: Vec<(String, PathBuf)>,
     cpus: Option<&str>,
 ) -> anyhow::Result<()> {
-    let target =
-        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "logbus"])
-        .current_dir(root)
-        .status()?;
-    if !status.success() {
-        bail!("release build failed");
-    }
-    let this = target.join("release/logbus");
+    let (target, this) = crate::build_release(root)?;
     let mut variants = vec![(
         "this build".to_string(),
         this.clone(),

@@ -4,7 +4,7 @@
 //! cost. Variants run alternately in one sitting; the result is the median
 //! of the paired ratios.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -128,16 +128,7 @@ pub fn run_once(
 }
 
 pub fn screen(root: &Path, pairs: usize, events: u64) -> anyhow::Result<()> {
-    let target =
-        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "logbus"])
-        .current_dir(root)
-        .status()?;
-    if !status.success() {
-        bail!("release build failed");
-    }
-    let binary = target.join("release/logbus");
+    let (target, binary) = crate::build_release(root)?;
     let dir = target.join("bench/screen");
     std::fs::create_dir_all(&dir)?;
     let screen = Screen {

@@ -1118,16 +1118,7 @@ struct Setup {
 }
 
 fn setup(root: &Path, out: Option<PathBuf>, corpus_lines: usize) -> anyhow::Result<Setup> {
-    let target =
-        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
-    let status = std::process::Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "logbus"])
-        .current_dir(root)
-        .status()?;
-    if !status.success() {
-        bail!("release build failed");
-    }
-    let binary = target.join("release/logbus");
+    let (_, binary) = crate::build_release(root)?;
     let out = match out {
         Some(o) => o,
         None => {

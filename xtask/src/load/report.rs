@@ -11,6 +11,7 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
 use super::{Percentiles, Plan, Run, new_histogram};
+use crate::median;
 
 pub fn write_run_jsonl(dir: &Path, run: &Run) -> anyhow::Result<()> {
     let path = dir.join(format!("{}-rep{}.jsonl", run.target, run.rep));
@@ -105,19 +106,6 @@ pub fn provenance(
         "plan": plan.and_then(|p| serde_json::to_value(p).ok()),
         "extra": extra,
     })
-}
-
-pub fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn ms(us: u64) -> String {

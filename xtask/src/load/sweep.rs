@@ -211,8 +211,8 @@ pub fn sweep(
     let mut points = Vec::new();
     for ((capacity, _, bound), fs) in variants.iter().zip(&results) {
         let peaks: Vec<f64> = fs.iter().map(|f| f.peak_rss as f64).collect();
-        let idle = super::report::median(fs.iter().map(|f| f.idle_rss as f64).collect());
-        let peak = super::report::median(peaks.clone());
+        let idle = crate::median(fs.iter().map(|f| f.idle_rss as f64).collect());
+        let peak = crate::median(peaks.clone());
         points.push((*bound as f64, peak));
         let _ = writeln!(
             md,
