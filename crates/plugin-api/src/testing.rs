@@ -88,11 +88,15 @@ pub fn run_source(source: Box<dyn Source>, capacity: usize) -> RunningSource {
     RunningSource { rx, shutdown, task }
 }
 
-/// Receives at least `n` events.
+/// Receives at least `n` events; panics when none comes for 20 s, so a
+/// broken source fails its test instead of hanging it.
 pub async fn take(rx: &mut Receiver, n: usize) -> Vec<Event> {
     let mut got = Vec::new();
     while got.len() < n {
-        let mut batch = rx.recv().await.expect("the stream ended early");
+        let mut batch = tokio::time::timeout(std::time::Duration::from_secs(20), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no event within 20 s ({} of {n} so far)", got.len()))
+            .expect("the stream ended early");
         got.extend(batch.take());
     }
     got

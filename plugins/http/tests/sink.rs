@@ -12,10 +12,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use logbus_plugin_api::testing::option_errors;
-use logbus_plugin_api::{
-    BuildContext, Built, Event, Meta, Plugin, SinkContext, StageMetrics, Typed, channel,
-};
+use logbus_plugin_api::testing::{self, option_errors};
+use logbus_plugin_api::{Event, Meta, SinkContext, StageMetrics, Typed, channel};
 use serde_json::json;
 
 /// What the server does with the next request.
@@ -114,16 +112,7 @@ fn events(from: usize, n: usize) -> Vec<Event> {
 /// Runs the sink over `n` events (sent in batches of 7); returns its result
 /// and metrics.
 async fn run_sink(options: serde_json::Value, n: usize) -> (Result<(), String>, Arc<StageMetrics>) {
-    let cx = BuildContext {
-        stage_id: "ship".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    let sink = match Typed(logbus_http::sink::HttpSink).build(&options, &cx) {
-        Ok(Built::Sink(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a sink"),
-    };
+    let sink = testing::sink(&Typed(logbus_http::sink::HttpSink), options);
     let (tx, rx) = channel(1000);
     let metrics = Arc::new(StageMetrics::default());
     let mut sink_cx = SinkContext {

@@ -4,14 +4,10 @@
 //! pipeline stays full — after which every accepted event is there once.
 
 use std::io::Write;
-use std::sync::Arc;
 use std::time::Duration;
 
-use logbus_plugin_api::testing::option_errors;
-use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, SourceContext,
-    StageMetrics, Typed, channel,
-};
+use logbus_plugin_api::testing::{self, RunningSource, option_errors};
+use logbus_plugin_api::{CancellationToken, Receiver, Typed};
 use serde_json::json;
 
 struct Running {
@@ -29,27 +25,10 @@ async fn start(options: serde_json::Value, capacity: usize) -> Running {
         .port();
     let mut options = options;
     options["address"] = json!(format!("127.0.0.1:{port}"));
-    let cx = BuildContext {
-        stage_id: "in".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    let source = match Typed(logbus_http::source::HttpSource).build(&options, &cx) {
-        Ok(Built::Source(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a source"),
-    };
-    let (tx, rx) = channel(capacity);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(source.run(SourceContext {
-        id: "in".into(),
-        output: Output::new(
-            vec![tx],
-            Arc::new(StageMetrics::default()),
-            OutputRole::Main,
-        ),
-        shutdown: shutdown.clone(),
-    }));
+    let RunningSource { rx, shutdown, task } = testing::run_source(
+        testing::source(&Typed(logbus_http::source::HttpSource), options),
+        capacity,
+    );
     let url = format!("http://127.0.0.1:{port}");
     // Wait until it listens.
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

@@ -2,22 +2,11 @@
 //! private CA; a client that does not trust the certificate gets nothing
 //! in; a missing certificate file is named at build time.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Event, Meta, Output, OutputRole, Plugin, SinkContext,
-    SourceContext, StageMetrics, Typed, channel,
-};
+use logbus_plugin_api::testing::{self, option_errors};
+use logbus_plugin_api::{Event, Meta, Typed};
 use serde_json::json;
-
-fn cx() -> BuildContext {
-    BuildContext {
-        stage_id: "s".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_sink_delivers_to_the_http_source_over_tls() {
@@ -32,25 +21,13 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
         .local_addr()
         .unwrap()
         .port();
-    let source = match Typed(logbus_http::source::HttpSource).build(
-        &json!({ "address": format!("127.0.0.1:{port}"), "tls": { "cert_file": cert, "key_file": key } }),
-        &cx(),
-    ) {
-        Ok(Built::Source(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a source"),
-    };
-    let (tx, mut rx) = channel(10_000);
-    let shutdown = CancellationToken::new();
-    let server = tokio::spawn(source.run(SourceContext {
-        id: "in".into(),
-        output: Output::new(
-            vec![tx],
-            Arc::new(StageMetrics::default()),
-            OutputRole::Main,
+    let mut server = testing::run_source(
+        testing::source(
+            &Typed(logbus_http::source::HttpSource),
+            json!({ "address": format!("127.0.0.1:{port}"), "tls": { "cert_file": cert, "key_file": key } }),
         ),
-        shutdown: shutdown.clone(),
-    }));
+        10_000,
+    );
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -67,21 +44,10 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
     // up the others (handshakes run concurrently; each times out at 10 s).
     let _stalled = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     // The sink with the private CA delivers.
-    let sink = match Typed(logbus_http::sink::HttpSink).build(
-        &json!({ "url": url, "tls": { "ca_file": cert }, "batch_timeout_ms": 1, "compression": "gzip" }),
-        &cx(),
-    ) {
-        Ok(Built::Sink(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a sink"),
-    };
-    let (stx, srx) = channel(1000);
-    let metrics = Arc::new(StageMetrics::default());
-    let mut scx = SinkContext {
-        id: "out".into(),
-        input: srx,
-        metrics: metrics.clone(),
-    };
+    let sink = testing::sink(
+        &Typed(logbus_http::sink::HttpSink),
+        json!({ "url": url, "tls": { "ca_file": cert }, "batch_timeout_ms": 1, "compression": "gzip" }),
+    );
     let events: Vec<Event> = (0..50)
         .map(|i| {
             Event::raw(
@@ -93,49 +59,35 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
             )
         })
         .collect();
-    stx.send(events).await.unwrap();
-    drop(stx);
-    tokio::time::timeout(Duration::from_secs(5), sink.run(&mut scx))
-        .await
-        .expect("a stalled handshake held up the listener")
-        .unwrap();
+    let (result, metrics) = tokio::time::timeout(
+        Duration::from_secs(5),
+        testing::run_sink(sink, vec![events]),
+    )
+    .await
+    .expect("a stalled handshake held up the listener");
+    result.unwrap();
     assert_eq!(metrics.snapshot().events_out, 50);
-    let mut got = Vec::new();
-    while got.len() < 50 {
-        let mut b = rx.recv().await.unwrap();
-        got.extend(
-            b.take()
-                .iter()
-                .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()),
-        );
-    }
+    let got = testing::take_text(&mut server.rx, 50).await;
     assert_eq!(
         got,
         (0..50)
             .map(|i| format!("{{\"n\":{i}}}"))
             .collect::<Vec<_>>()
     );
-    shutdown.cancel();
-    server.await.unwrap().unwrap();
+    server.stop().await.unwrap();
 }
 
 #[test]
 fn certificate_files_are_checked_when_the_stage_is_built() {
-    let err = match Typed(logbus_http::source::HttpSource).build(
-        &json!({ "address": "127.0.0.1:1", "tls": { "cert_file": "/nope.pem", "key_file": "/nope.key" } }),
-        &cx(),
-    ) {
-        Err(e) => format!("{}: {}", e[0].path.join("."), e[0].message),
-        Ok(_) => panic!("built"),
-    };
+    let err = option_errors(
+        &Typed(logbus_http::source::HttpSource),
+        json!({ "address": "127.0.0.1:1", "tls": { "cert_file": "/nope.pem", "key_file": "/nope.key" } }),
+    );
     assert!(err.contains("/nope.pem"), "{err}");
-    let err = match Typed(logbus_http::sink::HttpSink).build(
-        &json!({ "url": "https://x/", "tls": { "ca_file": "/nope-ca.pem" } }),
-        &cx(),
-    ) {
-        Err(e) => format!("{}: {}", e[0].path.join("."), e[0].message),
-        Ok(_) => panic!("built"),
-    };
+    let err = option_errors(
+        &Typed(logbus_http::sink::HttpSink),
+        json!({ "url": "https://x/", "tls": { "ca_file": "/nope-ca.pem" } }),
+    );
     assert!(
         err.starts_with("tls.ca_file: ") && err.contains("/nope-ca.pem"),
         "{err}"

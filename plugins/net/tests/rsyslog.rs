@@ -5,13 +5,10 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Event, Meta, Output, OutputRole, Plugin, SinkContext,
-    SourceContext, StageMetrics, Typed, channel,
-};
+use logbus_plugin_api::testing;
+use logbus_plugin_api::{Event, Meta, Typed};
 use serde_json::json;
 
 struct Rsyslog(Child);
@@ -77,14 +74,6 @@ fn rsyslog(dir: &Path, conf: &str) -> Rsyslog {
     Rsyslog(child)
 }
 
-fn cx() -> BuildContext {
-    BuildContext {
-        stage_id: "s".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logbus_forwards_to_rsyslog() {
     if !available() {
@@ -101,20 +90,10 @@ async fn logbus_forwards_to_rsyslog() {
         ),
     );
     wait_port(port);
-    let sink = match Typed(logbus_net::sink::SyslogSink)
-        .build(&json!({ "address": format!("127.0.0.1:{port}") }), &cx())
-    {
-        Ok(Built::Sink(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a sink"),
-    };
-    let (tx, rx) = channel(1000);
-    let metrics = Arc::new(StageMetrics::default());
-    let mut scx = SinkContext {
-        id: "out".into(),
-        input: rx,
-        metrics: metrics.clone(),
-    };
+    let sink = testing::sink(
+        &Typed(logbus_net::sink::SyslogSink),
+        json!({ "address": format!("127.0.0.1:{port}") }),
+    );
     let events: Vec<Event> = (0..50)
         .map(|i| {
             Event::raw(
@@ -126,9 +105,8 @@ async fn logbus_forwards_to_rsyslog() {
             )
         })
         .collect();
-    tx.send(events).await.unwrap();
-    drop(tx);
-    sink.run(&mut scx).await.unwrap();
+    let (result, metrics) = testing::run_sink(sink, vec![events]).await;
+    result.unwrap();
     assert_eq!(metrics.snapshot().events_out, 50);
     // rsyslog parsed and re-wrote them.
     let start = Instant::now();
@@ -163,25 +141,13 @@ async fn rsyslog_forwards_to_logbus() {
     let dir = tempfile::tempdir().unwrap();
     let (rsyslog_port, logbus_port) = (free_port(), free_port());
     // LogBus listens first.
-    let src = match Typed(logbus_net::source::SyslogSource).build(
-        &json!({ "address": format!("127.0.0.1:{logbus_port}") }),
-        &cx(),
-    ) {
-        Ok(Built::Source(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a source"),
-    };
-    let (tx, mut rx) = channel(1000);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(src.run(SourceContext {
-        id: "in".into(),
-        output: Output::new(
-            vec![tx],
-            Arc::new(StageMetrics::default()),
-            OutputRole::Main,
+    let mut running = testing::run_source(
+        testing::source(
+            &Typed(logbus_net::source::SyslogSource),
+            json!({ "address": format!("127.0.0.1:{logbus_port}") }),
         ),
-        shutdown: shutdown.clone(),
-    }));
+        1000,
+    );
     wait_port(logbus_port);
     let _r = rsyslog(
         dir.path(),
@@ -207,18 +173,7 @@ async fn rsyslog_forwards_to_logbus() {
             .unwrap();
         assert!(status.success());
     }
-    let mut got = Vec::new();
-    while got.len() < 3 {
-        let mut b = tokio::time::timeout(Duration::from_secs(20), rx.recv())
-            .await
-            .expect("rsyslog forwarded in time")
-            .unwrap();
-        got.extend(
-            b.take()
-                .iter()
-                .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()),
-        );
-    }
+    let mut got = testing::take_text(&mut running.rx, 3).await;
     got.sort();
     for (i, m) in got.iter().enumerate() {
         assert!(
@@ -226,6 +181,5 @@ async fn rsyslog_forwards_to_logbus() {
             "{m}"
         );
     }
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await.unwrap();
 }

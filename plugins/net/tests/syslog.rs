@@ -7,20 +7,11 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use logbus_plugin_api::testing::option_errors;
-use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Event, Meta, Output, OutputRole, Plugin, Receiver,
-    SinkContext, SourceContext, StageMetrics, Typed, channel,
+use logbus_plugin_api::testing::{
+    self, RunningSource, option_errors, run_sink, run_source, take_text,
 };
+use logbus_plugin_api::{Event, Meta, Plugin, StageMetrics, Typed};
 use serde_json::json;
-
-fn cx() -> BuildContext {
-    BuildContext {
-        stage_id: "s".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    }
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -30,29 +21,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-struct Running {
-    rx: Receiver,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), logbus_plugin_api::StageError>>,
-}
-
-async fn source(options: serde_json::Value, capacity: usize) -> Running {
-    let src = match Typed(logbus_net::source::SyslogSource).build(&options, &cx()) {
-        Ok(Built::Source(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a source"),
-    };
-    let (tx, rx) = channel(capacity);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(src.run(SourceContext {
-        id: "in".into(),
-        output: Output::new(
-            vec![tx],
-            Arc::new(StageMetrics::default()),
-            OutputRole::Main,
-        ),
-        shutdown: shutdown.clone(),
-    }));
+/// The syslog source running, once it listens.
+async fn source(options: serde_json::Value, capacity: usize) -> RunningSource {
+    let running = run_source(
+        testing::source(&Typed(logbus_net::source::SyslogSource), options.clone()),
+        capacity,
+    );
     // Wait until it listens (TCP: it accepts; UDP: give the bind a moment,
     // senders below retry anyway).
     let address: std::net::SocketAddr = options["address"].as_str().unwrap().parse().unwrap();
@@ -60,27 +34,11 @@ async fn source(options: serde_json::Value, capacity: usize) -> Running {
         tokio::time::sleep(Duration::from_millis(50)).await;
     } else {
         while tokio::net::TcpStream::connect(address).await.is_err() {
-            assert!(!task.is_finished(), "the source did not start");
+            assert!(!running.task.is_finished(), "the source did not start");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    Running { rx, shutdown, task }
-}
-
-async fn take(rx: &mut Receiver, n: usize) -> Vec<String> {
-    let mut got = Vec::new();
-    while got.len() < n {
-        let mut b = tokio::time::timeout(Duration::from_secs(20), rx.recv())
-            .await
-            .expect("events in time")
-            .expect("stream open");
-        got.extend(
-            b.take()
-                .iter()
-                .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()),
-        );
-    }
-    got
+    running
 }
 
 fn logger_available() -> bool {
@@ -136,7 +94,7 @@ async fn logger_over_tcp_both_framings_and_udp() {
         "app",
         "newline message",
     ]);
-    let got = take(&mut s.rx, 2).await;
+    let got = take_text(&mut s.rx, 2).await;
     assert!(
         got.iter()
             .any(|m| m.starts_with('<') && m.contains(" app ") && m.ends_with("counted message")),
@@ -169,7 +127,8 @@ async fn logger_over_tcp_both_framings_and_udp() {
             "app",
             "over udp",
         ]);
-        if let Ok(got) = tokio::time::timeout(Duration::from_secs(1), take(&mut s.rx, 1)).await {
+        if let Ok(got) = tokio::time::timeout(Duration::from_secs(1), take_text(&mut s.rx, 1)).await
+        {
             break got;
         }
     };
@@ -179,35 +138,30 @@ async fn logger_over_tcp_both_framings_and_udp() {
 }
 
 async fn forward(options: serde_json::Value, n: usize) -> Arc<StageMetrics> {
-    let sink = match Typed(logbus_net::sink::SyslogSink).build(&options, &cx()) {
-        Ok(Built::Sink(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a sink"),
-    };
-    let (tx, rx) = channel(1000);
-    let metrics = Arc::new(StageMetrics::default());
-    let mut scx = SinkContext {
-        id: "out".into(),
-        input: rx,
-        metrics: metrics.clone(),
-    };
-    for chunk in (0..n).collect::<Vec<_>>().chunks(50) {
-        let events = chunk
-            .iter()
-            .map(|i| {
-                Event::raw(
-                    format!("<14>1 2026-11-30T10:00:00Z host app - - - message {i}"),
-                    Meta {
-                        source: "t".into(),
-                        ingest_ns: 0,
-                    },
-                )
-            })
-            .collect();
-        tx.send(events).await.unwrap();
-    }
-    drop(tx);
-    sink.run(&mut scx).await.unwrap();
+    let batches = (0..n)
+        .collect::<Vec<_>>()
+        .chunks(50)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|i| {
+                    Event::raw(
+                        format!("<14>1 2026-11-30T10:00:00Z host app - - - message {i}"),
+                        Meta {
+                            source: "t".into(),
+                            ingest_ns: 0,
+                        },
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let (result, metrics) = run_sink(
+        testing::sink(&Typed(logbus_net::sink::SyslogSink), options),
+        batches,
+    )
+    .await;
+    result.unwrap();
     metrics
 }
 
@@ -226,7 +180,7 @@ async fn logbus_to_logbus_over_tcp_and_udp_with_the_receiver_down_at_first() {
         1000,
     )
     .await;
-    let got = take(&mut s.rx, 500).await;
+    let got = take_text(&mut s.rx, 500).await;
     assert_eq!(sender.await.unwrap().snapshot().events_out, 500);
     let want: Vec<String> = (0..500)
         .map(|i| format!("<14>1 2026-11-30T10:00:00Z host app - - - message {i}"))
@@ -241,7 +195,7 @@ async fn logbus_to_logbus_over_tcp_and_udp_with_the_receiver_down_at_first() {
     let mut s = source(json!({ "mode": "udp", "address": address }), 1000).await;
     let metrics = forward(json!({ "mode": "udp", "address": address }), 100).await;
     assert_eq!(metrics.snapshot().events_out, 100);
-    let got = take(&mut s.rx, 100).await;
+    let got = take_text(&mut s.rx, 100).await;
     assert_eq!(got.len(), 100);
     s.shutdown.cancel();
     s.task.await.unwrap().unwrap();
@@ -279,7 +233,7 @@ async fn a_full_pipeline_stops_reading_the_socket_so_the_sender_blocks() {
     let writer = std::thread::spawn(move || {
         client.write_all(&bytes[written..]).unwrap();
     });
-    let got = take(&mut s.rx, total).await;
+    let got = take_text(&mut s.rx, total).await;
     writer.join().unwrap();
     assert_eq!(got.len(), total);
     s.shutdown.cancel();
@@ -299,7 +253,7 @@ async fn a_connection_that_breaks_the_framing_is_closed_and_others_go_on() {
     let mut good = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     good.write_all(b"2 ok").unwrap();
     drop(good);
-    let mut got = take(&mut s.rx, 2).await;
+    let mut got = take_text(&mut s.rx, 2).await;
     got.sort();
     assert_eq!(got, ["hello", "ok"]);
     // The bad connection was closed by the source.
@@ -358,7 +312,7 @@ async fn tls_from_logbus_to_logbus_and_a_plaintext_client_is_turned_away() {
     )
     .await;
     assert_eq!(metrics.snapshot().events_out, 200);
-    let got = take(&mut s.rx, 200).await;
+    let got = take_text(&mut s.rx, 200).await;
     let want: Vec<String> = (0..200)
         .map(|i| format!("<14>1 2026-11-30T10:00:00Z host app - - - message {i}"))
         .collect();
@@ -373,13 +327,10 @@ async fn tls_from_logbus_to_logbus_and_a_plaintext_client_is_turned_away() {
 
 #[test]
 fn a_missing_certificate_is_a_build_error_naming_the_file() {
-    let err = match Typed(logbus_net::source::SyslogSource).build(
-        &json!({ "address": "127.0.0.1:1", "tls": { "cert_file": "/nope/cert.pem", "key_file": "/nope/key.pem" } }),
-        &cx(),
-    ) {
-        Err(e) => format!("{}: {}", e[0].path.join("."), e[0].message),
-        Ok(_) => panic!("built without a certificate"),
-    };
+    let err = option_errors(
+        &Typed(logbus_net::source::SyslogSource),
+        json!({ "address": "127.0.0.1:1", "tls": { "cert_file": "/nope/cert.pem", "key_file": "/nope/key.pem" } }),
+    );
     assert!(
         err.starts_with("tls: ") && err.contains("/nope/cert.pem"),
         "{err}"
