@@ -41,7 +41,21 @@ pub fn option_errors(plugin: &dyn Plugin, options: Value) -> String {
 
 /// Builds a source; panics with the option errors if it does not build.
 pub fn source(plugin: &dyn Plugin, options: Value) -> Box<dyn Source> {
-    match plugin.build(&options, &context()) {
+    source_in(plugin, options, std::path::Path::new("."))
+}
+
+/// Like [`source`], with relative paths in the options resolved against
+/// `base_dir` (as the engine does against the pipeline file's folder).
+pub fn source_in(
+    plugin: &dyn Plugin,
+    options: Value,
+    base_dir: &std::path::Path,
+) -> Box<dyn Source> {
+    let cx = BuildContext {
+        base_dir: base_dir.to_path_buf(),
+        ..context()
+    };
+    match plugin.build(&options, &cx) {
         Ok(Built::Source(s)) => s,
         Ok(_) => panic!("{} is not a source", plugin.name()),
         Err(e) => panic!("{} does not build: {e:?}", plugin.name()),

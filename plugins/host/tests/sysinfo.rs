@@ -2,39 +2,19 @@
 //! matches /proc/meminfo, the root filesystem and the loopback interface
 //! are there, and traffic we make on loopback shows in its counters.
 
-use std::sync::Arc;
-
-use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, SourceContext,
-    StageMetrics, Typed, channel,
-};
+use logbus_plugin_api::Typed;
+use logbus_plugin_api::testing::{self, RunningSource};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_metrics_match_what_the_kernel_says() {
-    let cx = BuildContext {
-        stage_id: "host".into(),
-        base_dir: ".".into(),
-        worker: 0,
-    };
-    let source = match Typed(logbus_host::sysinfo::SysInfo).build(
-        &json!({ "interval_ms": 200, "count": 2, "top_processes": 3 }),
-        &cx,
-    ) {
-        Ok(Built::Source(s)) => s,
-        Err(e) => panic!("{e:?}"),
-        Ok(_) => panic!("not a source"),
-    };
-    let (tx, mut rx) = channel(10_000);
-    let task = tokio::spawn(source.run(SourceContext {
-        id: "host".into(),
-        output: Output::new(
-            vec![tx],
-            Arc::new(StageMetrics::default()),
-            OutputRole::Main,
+    let RunningSource { mut rx, task, .. } = testing::run_source(
+        testing::source(
+            &Typed(logbus_host::sysinfo::SysInfo),
+            json!({ "interval_ms": 200, "count": 2, "top_processes": 3 }),
         ),
-        shutdown: CancellationToken::new(),
-    }));
+        10_000,
+    );
     let lo_received = || -> u64 {
         std::fs::read_to_string("/proc/net/dev")
             .unwrap()

@@ -4,37 +4,15 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use logbus_plugin_api::testing;
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, SourceContext,
-    StageMetrics, Typed, channel,
+    BuildContext, CancellationToken, Output, OutputRole, Plugin, SourceContext, StageMetrics,
+    Typed, channel,
 };
 use serde_json::json;
 
 fn build(options: serde_json::Value, base: &std::path::Path) -> Box<dyn logbus_plugin_api::Source> {
-    let cx = BuildContext {
-        stage_id: "logs".into(),
-        base_dir: base.to_path_buf(),
-        worker: 0,
-    };
-    match Typed(logbus_tail::source::TailSource).build(&options, &cx) {
-        Ok(Built::Source(s)) => s,
-        Ok(_) => panic!("not a source"),
-        Err(e) => panic!("{e:?}"),
-    }
-}
-
-async fn take(rx: &mut Receiver, n: usize) -> Vec<String> {
-    let mut got = Vec::new();
-    while got.len() < n {
-        let mut batch = rx.recv().await.expect("more events");
-        got.extend(
-            batch
-                .take()
-                .iter()
-                .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap()),
-        );
-    }
-    got
+    testing::source_in(&Typed(logbus_tail::source::TailSource), options, base)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,7 +57,7 @@ async fn backpressure_stops_the_reading_and_a_restart_resumes_where_shutdown_lef
     }
     assert!(!state.exists(), "a position was saved while blocked");
     // Drain it all, then stop.
-    let got = take(&mut rx, n).await;
+    let got = testing::take_text(&mut rx, n).await;
     assert_eq!(got.len(), n);
     assert!(
         got.iter()
@@ -111,7 +89,7 @@ async fn backpressure_stops_the_reading_and_a_restart_resumes_where_shutdown_lef
         ),
         shutdown: shutdown.clone(),
     }));
-    assert_eq!(take(&mut rx, 1).await, ["after restart"]);
+    assert_eq!(testing::take_text(&mut rx, 1).await, ["after restart"]);
     shutdown.cancel();
     task.await.unwrap().unwrap();
     assert!(rx.recv().await.is_none(), "nothing else was sent");
