@@ -82,11 +82,8 @@ pub fn run(
 /// The dwell whose schedule began last at or before `t` (µs).
 fn dwell_of(t: u64, starts: &mut Vec<u64>, shared: &Shared) -> usize {
     if starts.last().is_none_or(|&last| t >= last) {
-        // Maybe a newer dwell began: refresh the local copy.
-        let all = shared.dwell_starts.lock().expect("dwell starts lock");
-        if all.len() != starts.len() {
-            starts.clone_from(&all);
-        }
+        // Maybe a newer dwell began.
+        shared.refresh_dwell_starts(starts);
     }
     starts.partition_point(|&s| s <= t).saturating_sub(1)
 }
@@ -127,11 +124,9 @@ mod tests {
     #[test]
     fn events_are_charged_to_the_dwell_they_were_scheduled_in() {
         let shared = Shared::new();
-        shared
-            .dwell_starts
-            .lock()
-            .unwrap()
-            .extend([0, 1_000, 5_000]);
+        for start in [0, 1_000, 5_000] {
+            shared.add_dwell_start(start);
+        }
         let mut local = Vec::new();
         assert_eq!(dwell_of(10, &mut local, &shared), 0);
         assert_eq!(dwell_of(1_000, &mut local, &shared), 1);
@@ -153,7 +148,7 @@ mod tests {
             }
         }
         let shared = Arc::new(Shared::new());
-        shared.dwell_starts.lock().unwrap().push(0);
+        shared.add_dwell_start(0);
         let window = Arc::new(Mutex::new(new_histogram()));
         let got = run(
             Chunks(vec![

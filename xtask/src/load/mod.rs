@@ -21,7 +21,7 @@ mod sweep;
 mod target;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,7 +41,10 @@ pub struct Shared {
     /// Set when a run is abandoned: the feeder stops even mid-batch.
     pub stop_feeding: AtomicBool,
     /// Scheduled start (µs) of every dwell so far, in order.
-    pub dwell_starts: Mutex<Vec<u64>>,
+    dwell_starts: Mutex<Vec<u64>>,
+    /// How many dwell starts there are: the collector reads this for every
+    /// chunk and takes the lock only when a dwell was added.
+    dwell_count: AtomicUsize,
     pub schedules: Mutex<Vec<feeder::Schedule>>,
 }
 
@@ -53,7 +56,24 @@ impl Shared {
             received: AtomicU64::new(0),
             stop_feeding: AtomicBool::new(false),
             dwell_starts: Mutex::new(Vec::new()),
+            dwell_count: AtomicUsize::new(0),
             schedules: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Records that a dwell's schedule starts at `start_us`.
+    pub fn add_dwell_start(&self, start_us: u64) {
+        self.dwell_starts
+            .lock()
+            .expect("dwell starts lock")
+            .push(start_us);
+        self.dwell_count.fetch_add(1, Ordering::Release);
+    }
+
+    /// `local` brought up to date with every dwell start so far.
+    pub fn refresh_dwell_starts(&self, local: &mut Vec<u64>) {
+        if local.len() != self.dwell_count.load(Ordering::Acquire) {
+            local.clone_from(&self.dwell_starts.lock().expect("dwell starts lock"));
         }
     }
 
@@ -342,7 +362,7 @@ impl Controller<'_> {
             rate,
             count,
         };
-        shared.dwell_starts.lock().expect("lock").push(start);
+        shared.add_dwell_start(start);
         shared.schedules.lock().expect("lock").push(schedule);
         let backlog_start = shared.backlog_at(start);
         let received0 = shared.received.load(Ordering::Relaxed);
@@ -1154,7 +1174,7 @@ fn feeder_ceiling(corpus: &Arc<feeder::Corpus>, events: u64) -> anyhow::Result<f
     let shared = Arc::new(Shared::new());
     let (tx, rx) = std::sync::mpsc::channel();
     let start = shared.now_us();
-    shared.dwell_starts.lock().expect("lock").push(start);
+    shared.add_dwell_start(start);
     tx.send(feeder::Schedule {
         dwell: 0,
         start_us: start,

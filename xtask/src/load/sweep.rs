@@ -108,11 +108,7 @@ fn flood(
         rate: 1e12,
         count: events,
     };
-    shared
-        .dwell_starts
-        .lock()
-        .expect("lock")
-        .push(schedule.start_us);
+    shared.add_dwell_start(schedule.start_us);
     tx.send(schedule)?;
     drop(tx);
     let report = feeder::run(input, corpus.clone(), shared.clone(), rx, u64::MAX);
