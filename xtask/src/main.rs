@@ -117,6 +117,11 @@ fn main() -> anyhow::Result<()> {
             let pipeline = opt("--pipeline")
                 .map_or_else(|| root.join("pipelines/reference.yml"), PathBuf::from);
             let out = opt("--out").map(PathBuf::from);
+            let peers = args
+                .windows(2)
+                .filter(|w| w[0] == "--peer")
+                .map(|w| load::TargetSpec::parse_peer(&w[1]))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             match sub {
                 "profile" | "quick" => {
                     let quick = sub == "quick";
@@ -134,11 +139,6 @@ fn main() -> anyhow::Result<()> {
                     if let Some(n) = opt("--target-nice") {
                         plan.target_nice = n.parse().context("--target-nice")?;
                     }
-                    let peers = args
-                        .windows(2)
-                        .filter(|w| w[0] == "--peer")
-                        .map(|w| load::TargetSpec::parse_peer(&w[1]))
-                        .collect::<anyhow::Result<Vec<_>>>()?;
                     let reps: usize =
                         opt("--reps").map_or(Ok(if quick { 2 } else { 10 }), |v| v.parse())?;
                     let quorum: f64 = opt("--quorum").map_or(Ok(0.8), |v| v.parse())?;
@@ -169,7 +169,7 @@ fn main() -> anyhow::Result<()> {
                         bail!("load dwell needs --rate, --secs and --reps above 0");
                     }
                     let nice: u32 = opt("--target-nice").map_or(Ok(5), |v| v.parse())?;
-                    load::dwell_task(&root, &pipeline, rate, secs, reps, out, nice)?;
+                    load::dwell_task(&root, &pipeline, rate, secs, reps, out, nice, peers)?;
                 }
                 "report" => {
                     let Some(dir) = args.get(2).filter(|a| !a.starts_with("--")) else {

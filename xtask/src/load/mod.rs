@@ -1328,6 +1328,7 @@ pub fn dwell_task(
     reps: usize,
     out: Option<PathBuf>,
     target_nice: u32,
+    peers: Vec<TargetSpec>,
 ) -> anyhow::Result<()> {
     let setup = setup(root, out, 100_000)?;
     let pipeline = std::fs::canonicalize(pipeline)
@@ -1336,22 +1337,26 @@ pub fn dwell_task(
         target_nice,
         ..Plan::full()
     };
-    let mut pooled: Vec<(bool, Histogram<u64>)> =
-        vec![(true, new_histogram()), (false, new_histogram())];
+    let logbus = |api: bool| TargetSpec::LogBus {
+        binary: setup.binary.clone(),
+        pipeline: pipeline.clone(),
+        api,
+    };
+    // Without peers the question is what the API costs; with peers, how
+    // they compare with LogBus as the profile runs it (API off).
+    let mut targets: Vec<(String, TargetSpec)> = vec![("logbus".into(), logbus(false))];
+    if peers.is_empty() {
+        targets.push(("logbus-api".into(), logbus(true)));
+    }
+    targets.extend(peers.into_iter().map(|p| (p.name().to_string(), p)));
+    let mut pooled: Vec<Histogram<u64>> = targets.iter().map(|_| new_histogram()).collect();
     for rep in 1..=reps {
-        let order = if rep % 2 == 1 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for api in order {
-            let spec = TargetSpec::LogBus {
-                binary: setup.binary.clone(),
-                pipeline: pipeline.clone(),
-                api,
-            };
+        // Rotate the order so no target always runs first (or last).
+        for k in 0..targets.len() {
+            let i = (k + rep - 1) % targets.len();
+            let (label, spec) = &targets[i];
             let run = run_script(
-                &spec,
+                spec,
                 &plan,
                 &setup.corpus,
                 &setup.out.join("work"),
@@ -1359,16 +1364,16 @@ pub fn dwell_task(
                 Some((rate, secs)),
             )?;
             if let Some(f) = &run.failure {
-                bail!("rep {rep} (api {api}): {f}");
+                bail!("rep {rep} ({label}): {f}");
             }
             let d = &run.dwells[0];
             println!(
-                "rep {rep} api {}: delivered {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, feeder own lag p99 {:.2} ms{}",
-                if api { "on " } else { "off" },
+                "rep {rep} {label}: delivered {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, cpu {:.2} s, feeder own lag p99 {:.2} ms{}",
                 d.delivered_rate,
                 d.latency.p50_us as f64 / 1000.0,
                 d.latency.p99_us as f64 / 1000.0,
                 d.latency.max_us as f64 / 1000.0,
+                run.cpu_seconds,
                 d.feeder_own_lag.p99_us as f64 / 1000.0,
                 if run.excluded_because.is_empty() {
                     String::new()
@@ -1377,16 +1382,14 @@ pub fn dwell_task(
                 }
             );
             if run.excluded_because.is_empty() {
-                let slot = &mut pooled[usize::from(!api)].1;
-                let _ = slot.add(&run.latency[0]);
+                let _ = pooled[i].add(&run.latency[0]);
             }
         }
     }
-    for (api, h) in &pooled {
+    for ((label, _), h) in targets.iter().zip(&pooled) {
         let p = Percentiles::of(h);
         println!(
-            "api {}: pooled over valid reps at {rate:.0}/s: {} events, p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
-            if *api { "on " } else { "off" },
+            "{label}: pooled over valid reps at {rate:.0}/s: {} events, p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
             p.count,
             p.p50_us as f64 / 1000.0,
             p.p90_us as f64 / 1000.0,
