@@ -169,7 +169,18 @@ fn main() -> anyhow::Result<()> {
                         bail!("load dwell needs --rate, --secs and --reps above 0");
                     }
                     let nice: u32 = opt("--target-nice").map_or(Ok(5), |v| v.parse())?;
-                    load::dwell_task(&root, &pipeline, rate, secs, reps, out, nice, peers)?;
+                    load::dwell_task(
+                        &root,
+                        load::DwellOptions {
+                            pipeline,
+                            rate,
+                            secs,
+                            reps,
+                            out,
+                            target_nice: nice,
+                            peers,
+                        },
+                    )?;
                 }
                 "report" => {
                     let Some(dir) = args.get(2).filter(|a| !a.starts_with("--")) else {

@@ -1320,18 +1320,29 @@ pub fn profile(root: &Path, opts: Options) -> anyhow::Result<()> {
 /// `cargo xtask load dwell`: one dwell at a chosen rate, `reps` times,
 /// with the API on and off alternately, for latency questions that need no
 /// capacity search.
-pub fn dwell_task(
-    root: &Path,
-    pipeline: &Path,
-    rate: f64,
-    secs: f64,
-    reps: usize,
-    out: Option<PathBuf>,
-    target_nice: u32,
-    peers: Vec<TargetSpec>,
-) -> anyhow::Result<()> {
+/// What `cargo xtask load dwell` runs: one dwell per run at `rate`.
+pub struct DwellOptions {
+    pub pipeline: PathBuf,
+    pub rate: f64,
+    pub secs: f64,
+    pub reps: usize,
+    pub out: Option<PathBuf>,
+    pub target_nice: u32,
+    pub peers: Vec<TargetSpec>,
+}
+
+pub fn dwell_task(root: &Path, options: DwellOptions) -> anyhow::Result<()> {
+    let DwellOptions {
+        pipeline,
+        rate,
+        secs,
+        reps,
+        out,
+        target_nice,
+        peers,
+    } = options;
     let setup = setup(root, out, 100_000)?;
-    let pipeline = std::fs::canonicalize(pipeline)
+    let pipeline = std::fs::canonicalize(&pipeline)
         .with_context(|| format!("pipeline {}", pipeline.display()))?;
     let plan = Plan {
         target_nice,
