@@ -36,7 +36,15 @@ pub struct Settings {
     /// The HTTP API: metrics, stats, graph, reload. Off unless set.
     #[serde(default)]
     pub api: Option<ApiSettings>,
+    /// Runtime worker threads that run the stages (default: one per CPU
+    /// core; `logbus run --threads` overrides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub threads: Option<usize>,
 }
+
+/// Most runtime worker threads `settings.threads` and `--threads` accept.
+pub const MAX_THREADS: usize = 1024;
 
 /// `settings.api`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
@@ -87,30 +95,34 @@ impl Default for Settings {
         Settings {
             channel_capacity: default_channel_capacity(),
             api: None,
+            threads: None,
         }
     }
 }
 
 impl CheckOptions for Settings {
     fn check(&self) -> Vec<OptionError> {
-        if let Some(errors) = self
+        let mut errors = self
             .api
             .as_ref()
             .map(ApiSettings::check)
-            .filter(|e| !e.is_empty())
-        {
-            return errors;
-        }
+            .unwrap_or_default();
         if self.channel_capacity == 0 || self.channel_capacity > MAX_CHANNEL_CAPACITY {
-            return vec![OptionError::at(
+            errors.push(OptionError::at(
                 &["channel_capacity"],
                 format!(
                     "must be between 1 and {MAX_CHANNEL_CAPACITY} events, got {}",
                     self.channel_capacity
                 ),
-            )];
+            ));
         }
-        Vec::new()
+        if let Some(n) = self.threads.filter(|n| !(1..=MAX_THREADS).contains(n)) {
+            errors.push(OptionError::at(
+                &["threads"],
+                format!("must be between 1 and {MAX_THREADS} worker threads, got {n}"),
+            ));
+        }
+        errors
     }
 }
 

@@ -14,8 +14,8 @@ pub mod schema;
 pub mod yaml;
 
 pub use config::{
-    ApiSettings, Loaded, OnError, Pipeline, QueueScope, QueueSpec, Settings, StageSpec, load_file,
-    load_str,
+    ApiSettings, Loaded, MAX_THREADS, OnError, Pipeline, QueueScope, QueueSpec, Settings,
+    StageSpec, load_file, load_str,
 };
 pub use diagnostic::{Diagnostic, Severity};
 pub use report::RunReport;

@@ -83,6 +83,9 @@ pub struct RunReport {
     pub peak_rss_bytes: Option<u64>,
     /// CPU time (user + system) the process used, seconds.
     pub cpu_seconds: Option<f64>,
+    /// Worker threads of the runtime that ran the stages
+    /// (`settings.threads`, `--threads`, or one per core).
+    pub worker_threads: Option<usize>,
 }
 
 impl RunReport {
@@ -124,6 +127,9 @@ impl RunReport {
             elapsed_seconds: elapsed.as_secs_f64(),
             peak_rss_bytes: peak_rss_bytes(),
             cpu_seconds: process_cpu_seconds(),
+            worker_threads: tokio::runtime::Handle::try_current()
+                .ok()
+                .map(|h| h.metrics().num_workers()),
         }
     }
 

@@ -81,8 +81,9 @@ enum Command {
         /// token (`settings.api.token` or LOGBUS_API_TOKEN).
         #[arg(long)]
         api: Option<String>,
-        /// Worker threads (default: one per CPU core).
-        #[arg(long)]
+        /// Runtime worker threads (overrides `settings.threads`; default:
+        /// one per CPU core).
+        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=logbus_core::MAX_THREADS as u64))]
         threads: Option<usize>,
     },
     /// Print the pipeline's DAG.
@@ -220,6 +221,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 }
                 return Ok(ExitCode::from(1));
             }
+            let threads = threads.or(pipeline.settings.threads);
             run(pipeline, stats_json.as_deref(), api, threads)
         }
         Command::Graph { file, format } => {
@@ -399,7 +401,7 @@ fn run(
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all().thread_name("logbus-worker");
     if let Some(n) = threads {
-        builder.worker_threads(n.max(1));
+        builder.worker_threads(n);
     }
     let runtime = builder.build().context("starting the runtime")?;
     let report = runtime.block_on(async {

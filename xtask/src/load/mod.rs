@@ -328,6 +328,10 @@ pub struct Run {
     pub idle_rss: u64,
     pub peak_rss: u64,
     pub cpu_seconds: f64,
+    /// The engine's runtime worker threads, from its own report (LogBus
+    /// only).
+    #[serde(default)]
+    pub worker_threads: Option<u64>,
     pub elapsed_secs: f64,
     pub reconciliation: Reconciliation,
     /// Why this run is left out of the aggregate (empty: it is in).
@@ -861,6 +865,7 @@ fn run_script(
         idle_rss,
         peak_rss,
         cpu_seconds,
+        worker_threads: stats_value(running.stats_json.as_deref(), "worker_threads"),
         elapsed_secs: shared.now_us() as f64 / 1e6,
         reconciliation,
         excluded_because: Vec::new(),

@@ -961,3 +961,41 @@ fn fmt_check_and_write() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("bad.yml:"));
 }
+
+#[test]
+fn the_runtime_has_the_threads_the_settings_or_the_flag_ask_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "p.yml",
+        "settings: { threads: 3 }\nstages:\n  gen: { source: generator, count: 10 }\n  out: { sink: blackhole, inputs: [gen] }\n",
+    );
+    let run = |extra: &[&str]| -> Value {
+        let stats = dir.path().join("stats.json");
+        let o = logbus()
+            .arg("run")
+            .arg(&p)
+            .args(extra)
+            .arg("--stats-json")
+            .arg(&stats)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap()
+    };
+    assert_eq!(run(&[])["worker_threads"], 3, "from settings.threads");
+    assert_eq!(
+        run(&["--threads", "1"])["worker_threads"],
+        1,
+        "--threads wins"
+    );
+
+    let o = logbus()
+        .args(["run", "--threads", "0"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--threads"), "{err}");
+}

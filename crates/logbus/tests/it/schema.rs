@@ -89,6 +89,10 @@ fn the_schema_rejects_what_validate_rejects_for_options() {
             "bad setting",
             "  o: { sink: stdout, inputs: [a] }\nsettings: { channel_capacity: 0 }",
         ),
+        (
+            "zero threads",
+            "  o: { sink: stdout, inputs: [a] }\nsettings: { threads: 0 }",
+        ),
     ];
     for (what, stages) in cases {
         let text = format!("stages:\n  a: {{ source: stdin }}\n{stages}\n");

@@ -166,6 +166,16 @@ fn out_of_range_values_are_rejected() {
     );
     assert_eq!(at(&s), (2, 3));
     assert!(s.message.contains("must be between 1 and"), "{}", s.message);
+    let t = one(
+        "settings:\n  channel_capacity: 64\n  threads: 0\nstages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a] }\n",
+        "settings",
+    );
+    assert_eq!(at(&t), (3, 3));
+    assert!(
+        t.message.contains("threads") && t.message.contains("between 1 and 1024"),
+        "{}",
+        t.message
+    );
 }
 
 #[test]
