@@ -1,6 +1,6 @@
 //! `sink: email` against a real SMTP server on loopback (Python's aiosmtpd,
 //! storing what it receives in a Maildir): many events per message, the
-//! rate limit and its summary, and a server that is not up yet.
+//! rate limit and its summary, a server that is not up yet, TLS, and AUTH.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use logbus_plugin_api::testing::option_errors;
 use logbus_plugin_api::{
-    BuildContext, Built, Event, Fields, Meta, Plugin, SinkContext, StageMetrics, Typed, channel,
+    BuildContext, Built, Event, Fields, Meta, Plugin, SinkContext, StageError, StageMetrics, Typed,
+    channel,
 };
 use serde_json::json;
 
@@ -49,6 +50,38 @@ fn aiosmtpd_available() -> bool {
     ok
 }
 
+/// A server that requires AUTH as `logbus` / `s3cret` (tests/smtpd_auth.py).
+fn smtpd_auth(port: u16) -> Smtpd {
+    let dir = tempfile::tempdir().unwrap();
+    let maildir = dir.path().join("mail");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtpd_auth.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg(port.to_string())
+        .arg(&maildir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    Smtpd {
+        child,
+        maildir,
+        _dir: dir,
+    }
+}
+
+fn wait_listening(port: u16) {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the SMTP server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn smtpd(port: u16) -> Smtpd {
     smtpd_with(port, &[])
 }
@@ -67,14 +100,7 @@ fn smtpd_with(port: u16, extra: &[&str]) -> Smtpd {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "aiosmtpd did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(port);
     Smtpd {
         child,
         maildir,
@@ -121,6 +147,17 @@ fn events(from: usize, n: usize) -> Vec<Event> {
 
 /// Runs the sink over batches (sent one after another, each after `gap`).
 async fn run(options: serde_json::Value, batches: &[usize], gap: Duration) -> Arc<StageMetrics> {
+    let (result, metrics) = try_run(options, batches, gap).await;
+    result.unwrap();
+    metrics
+}
+
+/// Like [`run`], returning how the sink ended instead of expecting success.
+async fn try_run(
+    options: serde_json::Value,
+    batches: &[usize],
+    gap: Duration,
+) -> (Result<(), StageError>, Arc<StageMetrics>) {
     let cx = BuildContext {
         stage_id: "alerts".into(),
         base_dir: ".".into(),
@@ -147,9 +184,9 @@ async fn run(options: serde_json::Value, batches: &[usize], gap: Duration) -> Ar
             tokio::time::sleep(gap).await;
         }
     });
-    sink.run(&mut scx).await.unwrap();
+    let result = sink.run(&mut scx).await;
     feeder.await.unwrap();
-    metrics
+    (result, metrics)
 }
 
 fn base(port: u16) -> serde_json::Value {
@@ -272,6 +309,40 @@ async fn starttls_and_implicit_tls_with_a_private_ca() {
         assert_eq!(mail.len(), 1, "{mode}");
         assert!(mail[0].contains("error: boom 3"), "{mode}: {}", mail[0]);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_with_the_right_password_delivers_and_a_wrong_or_missing_one_fails() {
+    if !aiosmtpd_available() {
+        return;
+    }
+    let port = free_port();
+    let server = smtpd_auth(port);
+    let mut o = base(port);
+    o["username"] = json!("logbus");
+    o["password"] = json!("s3cret");
+    let metrics = run(o.clone(), &[3], Duration::ZERO).await;
+    assert_eq!(metrics.snapshot().events_out, 3);
+    let mail = received(&server.maildir);
+    assert_eq!(mail.len(), 1, "{mail:#?}");
+    assert!(mail[0].contains("error: boom 2"), "{}", mail[0]);
+
+    // A refusal is permanent: the stage fails at once, naming the server
+    // and the reply, and commits nothing.
+    o["password"] = json!("wrong");
+    let (result, metrics) = try_run(o, &[2], Duration::ZERO).await;
+    let err = result.expect_err("a wrong password is refused").to_string();
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")) && err.contains("535"),
+        "{err}"
+    );
+    assert_eq!(metrics.snapshot().events_out, 0);
+
+    let (result, metrics) = try_run(base(port), &[2], Duration::ZERO).await;
+    let err = result.expect_err("no credentials is refused").to_string();
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert_eq!(metrics.snapshot().events_out, 0);
+    assert_eq!(received(&server.maildir).len(), 1);
 }
 
 #[test]
