@@ -170,6 +170,7 @@ mod tests {
             Meta {
                 source: "t".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         )
     }
@@ -224,6 +225,7 @@ mod tests {
             Meta {
                 source: "t".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         );
         assert!(expectations(&expect(json!({"events": ["plain line"]})), &[raw]).is_ok());

@@ -24,6 +24,7 @@ fn batch() -> Vec<Event> {
                 Meta {
                     source: "bench".into(),
                     ingest_ns: 0,
+                    origin: None,
                 },
             )
         })

@@ -1357,6 +1357,7 @@ mod tests {
                     Meta {
                         source: "t".into(),
                         ingest_ns: 0,
+                        origin: None,
                     },
                 )
             })
@@ -1484,6 +1485,7 @@ mod tests {
             Meta {
                 source: "t".into(),
                 ingest_ns: old,
+                origin: None,
             },
         );
         tx.send(vec![event]).await.unwrap();

@@ -30,6 +30,10 @@ use crate::event::{Event, Fields, Meta, Payload};
 
 const TAG_RAW: u8 = 1;
 const TAG_FIELDS: u8 = 2;
+/// The same, with `origin length | origin` after the source name (records
+/// of events whose source said where it found them).
+const TAG_RAW_ORIGIN: u8 = 3;
+const TAG_FIELDS_ORIGIN: u8 = 4;
 
 /// Which durable mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,19 +230,27 @@ impl Durable {
     }
 }
 
-/// `tag | ingest_ns | source length | source | payload`, where the payload
-/// is the raw bytes or the fields as JSON.
+/// `tag | ingest_ns | source length | source | [origin length | origin] |
+/// payload`, where the payload is the raw bytes or the fields as JSON and
+/// the origin is there only under the `*_ORIGIN` tags. Records written
+/// before origins existed (tags 1 and 2) read back unchanged.
 pub fn encode_event(event: &Event, out: &mut Vec<u8>) {
     let meta = event.meta();
-    let source = meta.source.as_bytes();
-    let source = &source[..source.len().min(u16::MAX as usize)];
-    match event.payload() {
-        Payload::Raw(_) => out.push(TAG_RAW),
-        Payload::Fields(_) => out.push(TAG_FIELDS),
-    }
+    let source = clip(meta.source.as_bytes());
+    let origin = meta.origin.as_deref().map(|o| clip(o.as_bytes()));
+    out.push(match (event.payload(), origin.is_some()) {
+        (Payload::Raw(_), false) => TAG_RAW,
+        (Payload::Fields(_), false) => TAG_FIELDS,
+        (Payload::Raw(_), true) => TAG_RAW_ORIGIN,
+        (Payload::Fields(_), true) => TAG_FIELDS_ORIGIN,
+    });
     out.extend_from_slice(&meta.ingest_ns.to_le_bytes());
     out.extend_from_slice(&(source.len() as u16).to_le_bytes());
     out.extend_from_slice(source);
+    if let Some(origin) = origin {
+        out.extend_from_slice(&(origin.len() as u16).to_le_bytes());
+        out.extend_from_slice(origin);
+    }
     match event.payload() {
         Payload::Raw(bytes) => out.extend_from_slice(bytes),
         Payload::Fields(fields) => {
@@ -275,18 +287,50 @@ pub fn decode_event(
             s
         }
     };
-    let meta = Meta { source, ingest_ns };
+    let (origin, payload_at) = match tag {
+        TAG_RAW | TAG_FIELDS => (None, payload_at),
+        TAG_RAW_ORIGIN | TAG_FIELDS_ORIGIN => {
+            let len_at = payload_at;
+            if b.len() < len_at + 2 {
+                return Err("record ends before the origin".into());
+            }
+            let len = u16::from_le_bytes(b[len_at..len_at + 2].try_into().expect("2 bytes"));
+            let end = len_at + 2 + len as usize;
+            if b.len() < end {
+                return Err("record ends inside the origin".into());
+            }
+            let origin = std::str::from_utf8(&b[len_at + 2..end])
+                .map_err(|_| "origin is not UTF-8".to_string())?;
+            (Some(Arc::from(origin)), end)
+        }
+        other => return Err(format!("unknown event tag {other}")),
+    };
+    let meta = Meta {
+        source,
+        ingest_ns,
+        origin,
+    };
     let payload = &b[payload_at..];
-    match tag {
-        TAG_RAW => Ok(Event::raw(
+    if tag == TAG_RAW || tag == TAG_RAW_ORIGIN {
+        Ok(Event::raw(
             data.slice(range.start + payload_at..range.end),
             meta,
-        )),
-        TAG_FIELDS => serde_json::from_slice::<Fields>(payload)
+        ))
+    } else {
+        serde_json::from_slice::<Fields>(payload)
             .map(|f| Event::fields(f, meta))
-            .map_err(|e| format!("fields do not decode: {e}")),
-        other => Err(format!("unknown event tag {other}")),
+            .map_err(|e| format!("fields do not decode: {e}"))
     }
+}
+
+/// At most `u16::MAX` bytes, cut at a character boundary so what is kept
+/// stays UTF-8.
+fn clip(s: &[u8]) -> &[u8] {
+    let mut n = s.len().min(u16::MAX as usize);
+    while n < s.len() && n > 0 && (s[n] & 0xC0) == 0x80 {
+        n -= 1;
+    }
+    &s[..n]
 }
 
 #[cfg(test)]
@@ -299,15 +343,25 @@ mod tests {
         let meta = Meta {
             source: "src-1".into(),
             ingest_ns: 123_456_789,
+            origin: None,
         };
         let raw = Event::raw(&b"a line \xff with bytes"[..], meta.clone());
         let fields = Event::fields(
             serde_json::from_value(json!({"z": 1, "a": {"b": [true, null, "x"]}})).unwrap(),
-            meta,
+            meta.clone(),
+        );
+        let from_file = Meta {
+            origin: Some("/var/log/app/é.log".into()),
+            ..meta
+        };
+        let raw_from_file = Event::raw(&b"tailed"[..], from_file.clone());
+        let fields_from_file = Event::fields(
+            serde_json::from_value(json!({"msg": "parsed"})).unwrap(),
+            from_file,
         );
         let mut data = Vec::new();
         let mut ranges = Vec::new();
-        for e in [&raw, &fields] {
+        for e in [&raw, &fields, &raw_from_file, &fields_from_file] {
             let at = data.len();
             encode_event(e, &mut data);
             ranges.push(at..data.len());
@@ -318,7 +372,8 @@ mod tests {
             .into_iter()
             .map(|r| decode_event(&data, r, &mut cache).unwrap())
             .collect();
-        assert_eq!(back, vec![raw, fields]);
+        assert_eq!(back, vec![raw, fields, raw_from_file, fields_from_file]);
+        assert_eq!(back[2].meta().origin.as_deref(), Some("/var/log/app/é.log"));
         // Field order survives.
         let keys: Vec<&String> = back[1].as_fields().unwrap().keys().collect();
         assert_eq!(keys, ["z", "a"]);
@@ -332,6 +387,10 @@ mod tests {
             b"\x01short",
             b"\x09\0\0\0\0\0\0\0\0\0\0",
             b"\x02\0\0\0\0\0\0\0\0\x01\0s{oops",
+            // An origin cut short, its length, and one that is not UTF-8.
+            b"\x03\0\0\0\0\0\0\0\0\x01\0s\x09\0/var",
+            b"\x03\0\0\0\0\0\0\0\0\x01\0s\x09",
+            b"\x04\0\0\0\0\0\0\0\0\x01\0s\x01\0\xff{}",
         ] {
             let data = Bytes::copy_from_slice(bad);
             assert!(

@@ -29,6 +29,11 @@ pub struct Meta {
     pub source: Arc<str>,
     /// When the source read the event, nanoseconds since the Unix epoch.
     pub ingest_ns: u64,
+    /// Where the source found the event, when it knows and says: the path
+    /// of the file `source: tail` read it from. Parsers keep it (they only
+    /// replace the payload), so a later `transform: fields` can write it
+    /// into a field (`from_meta`).
+    pub origin: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -111,6 +116,7 @@ impl Meta {
         Meta {
             source,
             ingest_ns: now_ns(),
+            origin: None,
         }
     }
 }
@@ -202,6 +208,7 @@ mod tests {
         Meta {
             source: "src".into(),
             ingest_ns: 1,
+            origin: None,
         }
     }
 

@@ -252,6 +252,7 @@ mod tests {
                     Meta {
                         source: "t".into(),
                         ingest_ns: 0,
+                        origin: None,
                     },
                 )
             })

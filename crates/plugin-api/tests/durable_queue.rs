@@ -18,6 +18,7 @@ fn events(from: usize, n: usize) -> Vec<Event> {
                 Meta {
                     source: "t".into(),
                     ingest_ns: i as u64,
+                    origin: None,
                 },
             )
         })

@@ -25,6 +25,7 @@ fn events(n: usize) -> Vec<Event> {
                 Meta {
                     source: "t".into(),
                     ingest_ns: 0,
+                    origin: None,
                 },
             )
         })

@@ -103,6 +103,7 @@ fn events(from: usize, n: usize) -> Vec<Event> {
                 Meta {
                     source: "t".into(),
                     ingest_ns: 0,
+                    origin: None,
                 },
             )
         })

@@ -4,6 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::BufWriter;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use logbus_compress::{CompressWriter, Compression, ReadCompression};
 use logbus_plugin_api::{
@@ -82,6 +83,7 @@ impl Source for FileReader {
         let opts = LineReaderOptions {
             max_line_bytes: self.max_line_bytes,
             framing: self.framing,
+            origin: Some(Arc::from(what.as_str())),
         };
         let reader = logbus_compress::open(file, self.compression)
             .map_err(|e| StageError::io(format!("reading {what}"), e))?;

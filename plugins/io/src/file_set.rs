@@ -338,6 +338,7 @@ mod tests {
             Meta {
                 source: "t".into(),
                 ingest_ns,
+                origin: None,
             },
         )
     }

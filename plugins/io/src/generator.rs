@@ -158,6 +158,7 @@ impl Source for Generator {
             let meta = Meta {
                 source: source.clone(),
                 ingest_ns: ts,
+                origin: None,
             };
             let mut events = Vec::with_capacity(n as usize);
             for _ in 0..n {

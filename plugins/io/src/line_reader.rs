@@ -32,6 +32,8 @@ pub struct LineReaderOptions {
     /// logged); with a counted framing, a longer message stops the source.
     pub max_line_bytes: usize,
     pub framing: Framing,
+    /// Every event's `Meta::origin` (a file's path; none for stdin).
+    pub origin: Option<Arc<str>>,
 }
 
 enum Chunk {
@@ -53,6 +55,7 @@ pub async fn run_line_source<R: Read + Send + 'static>(
     let max_line = opts.max_line_bytes.max(1);
     let thread_what = what.clone();
     let framing = opts.framing;
+    let origin = opts.origin;
     std::thread::Builder::new()
         .name(format!("logbus-read-{}", cx.id))
         .spawn(move || {
@@ -61,7 +64,11 @@ pub async fn run_line_source<R: Read + Send + 'static>(
                 &thread_what,
                 framing,
                 max_line,
-                source,
+                Meta {
+                    source,
+                    ingest_ns: 0,
+                    origin,
+                },
                 &tx,
                 &thread_stop,
             )
@@ -95,7 +102,8 @@ fn read_lines<R: Read>(
     what: &str,
     framing: Framing,
     max_line: usize,
-    source: Arc<str>,
+    // Source and origin of every event; the read time is set per read.
+    template: Meta,
     tx: &mpsc::Sender<Chunk>,
     stop: &AtomicBool,
 ) {
@@ -103,10 +111,10 @@ fn read_lines<R: Read>(
     let mut deframer = Deframer::new(framing, max_line);
     let mut warned_long = false;
     let mut messages = Vec::new();
-    let finish = |deframer: &mut Deframer, source: &Arc<str>| -> Option<Chunk> {
+    let finish = |deframer: &mut Deframer, template: &Meta| -> Option<Chunk> {
         let meta = Meta {
-            source: source.clone(),
             ingest_ns: now_ns(),
+            ..template.clone()
         };
         match deframer.finish() {
             // Bytes already read belong to an event, even without their newline.
@@ -117,7 +125,7 @@ fn read_lines<R: Read>(
     };
     loop {
         if stop.load(Ordering::Acquire) {
-            if let Some(chunk) = finish(&mut deframer, &source) {
+            if let Some(chunk) = finish(&mut deframer, &template) {
                 let _ = tx.blocking_send(chunk);
             }
             return;
@@ -131,14 +139,14 @@ fn read_lines<R: Read>(
             }
         };
         if n == 0 {
-            if let Some(chunk) = finish(&mut deframer, &source) {
+            if let Some(chunk) = finish(&mut deframer, &template) {
                 let _ = tx.blocking_send(chunk);
             }
             return;
         }
         let meta = Meta {
-            source: source.clone(),
             ingest_ns: now_ns(),
+            ..template.clone()
         };
         let cut_before = deframer.cut;
         if let Err(e) = deframer.push(&scratch[..n], &mut messages) {

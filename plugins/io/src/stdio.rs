@@ -68,6 +68,7 @@ impl Source for Stdin {
         let opts = LineReaderOptions {
             max_line_bytes: self.options.max_line_bytes,
             framing: self.options.framing,
+            origin: None,
         };
         run_line_source(std::io::stdin(), "standard input".into(), opts, cx).await
     }

@@ -18,6 +18,7 @@ fn event(service: &str, n: usize) -> Event {
         Meta {
             source: "t".into(),
             ingest_ns: 1_795_000_000_000_000_000,
+            origin: None,
         },
     )
 }

@@ -38,6 +38,7 @@ fn event(v: Value) -> Event {
         Meta {
             source: "t".into(),
             ingest_ns: 7,
+            origin: None,
         },
     )
 }
@@ -227,6 +228,7 @@ fn raw_events_arrive_as_message() {
         Meta {
             source: "t".into(),
             ingest_ns: 0,
+            origin: None,
         },
     );
     p.process(&mut e).unwrap();

@@ -101,6 +101,7 @@ async fn logbus_forwards_to_rsyslog() {
                 Meta {
                     source: "t".into(),
                     ingest_ns: 0,
+                    origin: None,
                 },
             )
         })

@@ -150,6 +150,7 @@ async fn forward(options: serde_json::Value, n: usize) -> Arc<StageMetrics> {
                         Meta {
                             source: "t".into(),
                             ingest_ns: 0,
+                            origin: None,
                         },
                     )
                 })

@@ -333,13 +333,32 @@ pub mod source {
             let mut tailer = Tailer::new(self.config, checkpoints);
             let mut last_save = Instant::now();
             let source: Arc<str> = cx.id.clone();
-            let send = |lines: Vec<Line>, output: &Output| -> Result<bool, StageError> {
+            // Each event's origin is its file's path, one shared `Arc` per
+            // run of lines from the same file.
+            let mut origin: Option<(PathBuf, Arc<str>)> = None;
+            let mut send = |lines: Vec<Line>, output: &Output| -> Result<bool, StageError> {
                 if lines.is_empty() {
                     return Ok(true);
                 }
                 let events: Vec<Event> = lines
                     .into_iter()
-                    .map(|l| Event::raw(Bytes::from(l.bytes), Meta::now(source.clone())))
+                    .map(|l| {
+                        let path = match &origin {
+                            Some((p, arc)) if *p == l.path => arc.clone(),
+                            _ => {
+                                let arc: Arc<str> = Arc::from(l.path.to_string_lossy().as_ref());
+                                origin = Some((l.path, arc.clone()));
+                                arc
+                            }
+                        };
+                        Event::raw(
+                            Bytes::from(l.bytes),
+                            Meta {
+                                origin: Some(path),
+                                ..Meta::now(source.clone())
+                            },
+                        )
+                    })
                     .collect();
                 // Waits while the pipeline is full: backpressure stops the
                 // reading here.

@@ -95,6 +95,40 @@ async fn backpressure_stops_the_reading_and_a_restart_resumes_where_shutdown_lef
     assert!(rx.recv().await.is_none(), "nothing else was sent");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_says_which_file_it_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    std::fs::write(logs.join("a.log"), "a1\na2\n").unwrap();
+    std::fs::write(logs.join("b.log"), "b1\n").unwrap();
+    let source = build(
+        json!({ "paths": ["logs/*.log"], "state_dir": "state", "poll_interval_ms": 10 }),
+        dir.path(),
+    );
+    let mut running = testing::run_source(source, 100);
+    let mut got: Vec<(String, String)> = testing::take(&mut running.rx, 3)
+        .await
+        .iter()
+        .map(|e| {
+            let line = String::from_utf8_lossy(e.as_raw().unwrap()).into_owned();
+            let origin = e.meta().origin.as_deref().expect("an origin").to_string();
+            (line, origin)
+        })
+        .collect();
+    got.sort();
+    let path = |name: &str| logs.join(name).to_string_lossy().into_owned();
+    assert_eq!(
+        got,
+        [
+            ("a1".to_string(), path("a.log")),
+            ("a2".to_string(), path("a.log")),
+            ("b1".to_string(), path("b.log")),
+        ]
+    );
+    running.stop().await.unwrap();
+}
+
 #[test]
 fn bad_options_are_reported_by_key() {
     let cx = BuildContext {

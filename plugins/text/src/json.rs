@@ -178,6 +178,7 @@ mod tests {
             Meta {
                 source: "src".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         )
     }
@@ -223,6 +224,7 @@ mod tests {
             Meta {
                 source: "src".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         );
         assert!(

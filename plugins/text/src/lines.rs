@@ -98,6 +98,7 @@ mod tests {
             Meta {
                 source: "t".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         )
     }
@@ -151,6 +152,7 @@ mod tests {
             Meta {
                 source: "t".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         );
         assert!(p.process(&mut e).is_err());
@@ -159,6 +161,7 @@ mod tests {
             Meta {
                 source: "t".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         );
         assert!(p.process(&mut e).is_err());

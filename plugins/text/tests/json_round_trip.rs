@@ -26,6 +26,7 @@ fn meta() -> Meta {
     Meta {
         source: "t".into(),
         ingest_ns: 0,
+        origin: None,
     }
 }
 

@@ -24,15 +24,30 @@ pub struct FieldsOptions {
     /// `field: value` — set fields to constant values (third).
     #[serde(default)]
     pub set: Fields,
+    /// `field: origin|source` — set fields from the event's metadata
+    /// (fourth): `origin`, where the source found it (a tailed file's
+    /// path; skipped when the source did not say), or `source`, the id of
+    /// the source stage.
+    #[serde(default)]
+    pub from_meta: std::collections::BTreeMap<String, MetaKey>,
     /// Fields to remove (last).
     #[serde(default)]
     pub delete: Vec<String>,
+}
+
+/// What of an event's metadata `from_meta` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MetaKey {
+    Origin,
+    Source,
 }
 
 struct Plan {
     copy: Vec<(FieldPath, FieldPath)>,
     rename: Vec<(FieldPath, FieldPath)>,
     set: Vec<(FieldPath, Value)>,
+    from_meta: Vec<(FieldPath, MetaKey)>,
     delete: Vec<FieldPath>,
 }
 
@@ -69,6 +84,13 @@ impl FieldsOptions {
                 Err(e) => errors.push(e),
             }
         }
+        let mut from_meta = Vec::new();
+        for (k, key) in &self.from_meta {
+            match field_path(k, &["from_meta", k]) {
+                Ok(p) => from_meta.push((p, *key)),
+                Err(e) => errors.push(e),
+            }
+        }
         let mut delete = Vec::new();
         for (i, k) in self.delete.iter().enumerate() {
             match field_path(k, &["delete", &i.to_string()]) {
@@ -79,12 +101,13 @@ impl FieldsOptions {
         if copy.is_empty()
             && rename.is_empty()
             && set.is_empty()
+            && from_meta.is_empty()
             && delete.is_empty()
             && errors.is_empty()
         {
             errors.push(OptionError::at(
                 &[],
-                "nothing to do: give at least one of copy, rename, set, delete",
+                "nothing to do: give at least one of copy, rename, set, from_meta, delete",
             ));
         }
         if errors.is_empty() {
@@ -92,6 +115,7 @@ impl FieldsOptions {
                 copy,
                 rename,
                 set,
+                from_meta,
                 delete,
             })
         } else {
@@ -122,6 +146,11 @@ impl TypedPlugin for FieldsTransform {
 
 impl Processor for Plan {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
+        // Read before the fields are borrowed for writing; only when asked.
+        let meta = (!self.from_meta.is_empty()).then(|| {
+            let m = event.meta();
+            (m.origin.clone(), m.source.clone())
+        });
         let fields = event.fields_mut().ok_or_else(|| needs_fields("fields"))?;
         for (from, to) in &self.copy {
             if let Some(v) = from.get(fields).cloned() {
@@ -135,6 +164,17 @@ impl Processor for Plan {
         }
         for (path, value) in &self.set {
             path.set(fields, value.clone());
+        }
+        if let Some((origin, source)) = &meta {
+            for (path, key) in &self.from_meta {
+                let value = match key {
+                    MetaKey::Origin => origin.as_deref(),
+                    MetaKey::Source => Some(&**source),
+                };
+                if let Some(v) = value {
+                    path.set(fields, Value::String(v.to_string()));
+                }
+            }
         }
         for path in &self.delete {
             path.remove(fields);
@@ -164,6 +204,7 @@ mod tests {
             Meta {
                 source: "s".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         );
         plan.process(&mut e).unwrap();
@@ -174,6 +215,45 @@ mod tests {
     }
 
     #[test]
+    fn from_meta_writes_the_origin_and_source_and_skips_an_unknown_origin() {
+        let opts: FieldsOptions = serde_json::from_value(json!({
+            "from_meta": {"log.file": "origin", "via": "source"},
+            "delete": ["via"],
+            "set": {"via": "overwritten by from_meta, then deleted"}
+        }))
+        .unwrap();
+        let mut plan = opts.plan().unwrap();
+        let event = |origin: Option<&str>| {
+            Event::fields(
+                serde_json::from_value(json!({"msg": "hi"})).unwrap(),
+                Meta {
+                    source: "logs".into(),
+                    ingest_ns: 0,
+                    origin: origin.map(Into::into),
+                },
+            )
+        };
+        let mut tailed = event(Some("/var/log/app.log"));
+        plan.process(&mut tailed).unwrap();
+        assert_eq!(
+            Value::Object(tailed.as_fields().unwrap().clone()),
+            json!({"msg": "hi", "log": {"file": "/var/log/app.log"}})
+        );
+        let mut unknown = event(None);
+        plan.process(&mut unknown).unwrap();
+        assert_eq!(
+            Value::Object(unknown.as_fields().unwrap().clone()),
+            json!({"msg": "hi"})
+        );
+
+        let opts: FieldsOptions =
+            serde_json::from_value(json!({"from_meta": {"via": "source"}})).unwrap();
+        let mut e = event(None);
+        opts.plan().unwrap().process(&mut e).unwrap();
+        assert_eq!(e.as_fields().unwrap()["via"], "logs");
+    }
+
+    #[test]
     fn option_errors_point_at_the_entry() {
         let opts: FieldsOptions =
             serde_json::from_value(json!({"rename": {"a": 3}, "delete": ["ok", "x..y"]})).unwrap();
@@ -181,6 +261,9 @@ mod tests {
         assert_eq!(errs.len(), 2);
         assert_eq!(errs[0].path, ["rename", "a"]);
         assert_eq!(errs[1].path, ["delete", "1"]);
+        let opts: FieldsOptions =
+            serde_json::from_value(json!({"from_meta": {"x..y": "origin"}})).unwrap();
+        assert_eq!(opts.check()[0].path, ["from_meta", "x..y"]);
         let empty = FieldsOptions::default();
         assert_eq!(empty.check().len(), 1);
     }

@@ -225,6 +225,7 @@ mod tests {
             logbus_plugin_api::Meta {
                 source: "s".into(),
                 ingest_ns: 0,
+                origin: None,
             },
         );
         matches!(f.process(&mut e).unwrap(), Verdict::Keep)

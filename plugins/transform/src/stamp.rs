@@ -147,6 +147,7 @@ mod tests {
             Meta {
                 source: "s".into(),
                 ingest_ns: 42,
+                origin: None,
             },
         );
         s.process(&mut e).unwrap();
@@ -159,6 +160,7 @@ mod tests {
             Meta {
                 source: "s".into(),
                 ingest_ns: 42,
+                origin: None,
             },
         );
         assert!(s.process(&mut raw).is_err());

@@ -999,3 +999,26 @@ fn the_runtime_has_the_threads_the_settings_or_the_flag_ask_for() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--threads"), "{err}");
 }
+
+#[test]
+fn a_file_source_names_its_file_and_from_meta_writes_it_into_the_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write(dir.path(), "in.ndjson", "{\"a\":1}\n{\"a\":2}\n");
+    let p = write(
+        dir.path(),
+        "p.yml",
+        "stages:\n  read: { source: file, path: in.ndjson }\n  json: { parser: json, inputs: [read] }\n  meta: { transform: fields, inputs: [json], from_meta: { log.file: origin, via: source } }\n  out: { sink: stdout, inputs: [meta] }\n",
+    );
+    let o = logbus().arg("run").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", stdout(&o));
+    for (i, v) in lines.iter().enumerate() {
+        assert_eq!(v["a"], i + 1);
+        assert_eq!(v["log"]["file"], input.to_string_lossy().as_ref());
+        assert_eq!(v["via"], "read");
+    }
+}

@@ -44,6 +44,18 @@ fn messages(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The `file` (the example's `from_meta: {file: origin}`) of the event
+/// whose `message` is `message`.
+fn file_of(dir: &Path, message: &str) -> String {
+    std::fs::read_to_string(dir.join("out.ndjson"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["message"] == message)
+        .and_then(|v| v["file"].as_str().map(str::to_string))
+        .unwrap_or_else(|| panic!("no event `{message}` with a `file`"))
+}
+
 fn wait_for(dir: &Path, n: usize) -> Vec<String> {
     let start = Instant::now();
     loop {
@@ -130,6 +142,14 @@ fn tail_follows_rotation_and_truncation_joins_multi_line_events_and_resumes_afte
     ];
     want.sort();
     assert_eq!(got, want);
+    for (message, file) in [
+        ("started", "app.log"),
+        ("before truncate", "other.log"),
+        ("late file", "late.log"),
+    ] {
+        let want = logs.join(file).to_string_lossy().into_owned();
+        assert_eq!(file_of(dir.path(), message), want, "{message}");
+    }
 
     // Restart: nothing is read again; what is appended meanwhile comes out.
     append(
