@@ -561,6 +561,13 @@ impl Controller<'_> {
                 lo /= 1.0 + plan.resolution;
             }
         }
+        // The control for recovery: the same rate held once more, with no
+        // overload in between. A floor near the knife edge (or a machine
+        // that slows) can fail a second hold on its own; the re-hold after
+        // the overload is read against this.
+        if !self.dwell("control", lo, plan.hold_secs)? {
+            self.drain()?;
+        }
         self.dwell("overload", lo * plan.overload_factor, plan.overload_secs)?;
         self.drain()?;
         if !self.dwell("probe-90", lo * 0.9, plan.hold_secs)? {
@@ -685,8 +692,8 @@ fn feeder_late_matters(d: &Dwell, plan: &Plan) -> bool {
     if d.feeder_late as f64 <= plan.max_feeder_late_share * d.offered as f64 {
         return false;
     }
-    let timed =
-        matches!(d.kind.as_str(), "hold" | "rehold" | "probe-90") || d.kind.starts_with("latency-");
+    let timed = matches!(d.kind.as_str(), "hold" | "control" | "rehold" | "probe-90")
+        || d.kind.starts_with("latency-");
     if timed {
         return true;
     }
@@ -1560,6 +1567,7 @@ while True:
         for kind in [
             "bisect",
             "hold",
+            "control",
             "overload",
             "probe-90",
             "rehold",

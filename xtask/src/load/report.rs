@@ -266,6 +266,7 @@ pub fn summary(
         for kind in [
             "hold",
             "hold-tripped",
+            "control",
             "overload",
             "probe-90",
             "rehold",
@@ -332,6 +333,24 @@ pub fn summary(
             })
             .collect();
         let recovered = rehold_judged.iter().filter(|r| r.recovered).count();
+        // The control: of the runs whose hold rate held twice before the
+        // overload, how many held it again after. (Runs recorded before the
+        // control dwell existed have none.)
+        let control = |r: &Run| {
+            r.dwells
+                .iter()
+                .find(|d| d.kind == "control" && d.left_out.is_none())
+                .map(|d| d.held)
+        };
+        let with_control = rehold_judged
+            .iter()
+            .filter(|r| control(r).is_some())
+            .count();
+        let control_held: Vec<&&&Run> = rehold_judged
+            .iter()
+            .filter(|r| control(r) == Some(true))
+            .collect();
+        let recovered_after_control = control_held.iter().filter(|r| r.recovered).count();
         // Memory is a fact of every run, excluded or not.
         let peak_rss_max = all.iter().map(|r| r.peak_rss).max().unwrap_or(0);
         if ratios.is_empty() {
@@ -339,7 +358,7 @@ pub fn summary(
         } else {
             let _ = writeln!(
                 md,
-                "\nOverload ({}× capacity): delivered {:.3}× the hold dwell's rate (median; {:.3}–{:.3}). Recovery: {recovered} of {} valid runs re-held capacity after the overload{}.\n",
+                "\nOverload ({}× capacity): delivered {:.3}× the hold dwell's rate (median; {:.3}–{:.3}). Recovery: {recovered} of {} valid runs re-held capacity after the overload{}.{}\n",
                 plan.overload_factor,
                 overload_ratio_median,
                 ratios.iter().copied().fold(f64::INFINITY, f64::min),
@@ -349,6 +368,14 @@ pub fn summary(
                     format!(
                         " ({} re-holds left out: feeder-late)",
                         valid.len() - rehold_judged.len()
+                    )
+                } else {
+                    String::new()
+                },
+                if with_control > 0 {
+                    format!(
+                        " Control: without an overload, the hold rate held a second time in {} of {with_control}; of those, {recovered_after_control} re-held it after the overload.",
+                        control_held.len()
                     )
                 } else {
                     String::new()
