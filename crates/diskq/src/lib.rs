@@ -661,8 +661,12 @@ impl DiskQueue {
     }
 
     /// No more appends will come: readers see the end once they catch up.
+    /// Closing again does nothing: a consumer that closes on every turn of
+    /// its loop must not wake itself up each time.
     pub fn close(&self) {
-        self.inner.closed.store(true, Ordering::Release);
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
         self.inner.wake_writer.notify_one();
         self.inner.readable.notify_waiters();
         self.inner.space.notify_waiters();

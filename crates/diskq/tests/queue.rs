@@ -738,3 +738,90 @@ fn after_its_consumer_failed_a_full_queue_stops_holding_producers_back() {
     });
     assert!(q.snapshot().disk_bytes > 3 * 4096);
 }
+
+/// Puts a directory where segment `id` was, so opening it works and reading
+/// it fails (EISDIR) — a read error root cannot be kept out of by
+/// permissions. Returns where the real file was moved.
+fn make_unreadable(dir: &Path, id: u64) -> std::path::PathBuf {
+    let path = segment_path(dir, id);
+    let aside = dir.join("aside.seg");
+    std::fs::rename(&path, &aside).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    aside
+}
+
+#[test]
+fn a_read_error_hands_out_nothing_and_the_same_records_come_back_once_it_clears() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+    rt().block_on(async {
+        for i in 0..10 {
+            q.append(batch(i * 50, 50)).await.unwrap();
+        }
+    });
+    let first = list_segments(dir.path()).unwrap()[0];
+    let aside = make_unreadable(dir.path(), first);
+    for _ in 0..3 {
+        match q.try_read(7) {
+            Err(e) => assert!(e.to_string().contains("segment"), "{e}"),
+            Ok(b) => panic!("read {:?} from an unreadable segment", b.map(|b| seqs(&b))),
+        }
+    }
+    // The fault clears (the disk answers again): nothing was skipped or
+    // handed out twice.
+    std::fs::remove_dir(segment_path(dir.path(), first)).unwrap();
+    std::fs::rename(&aside, segment_path(dir.path(), first)).unwrap();
+    assert_eq!(drain(&q), (0..500).collect::<Vec<_>>());
+    let s = q.snapshot();
+    assert_eq!((s.unreadable, s.damaged_regions, s.unread), (0, 0, 0));
+}
+
+#[test]
+fn a_segment_that_keeps_failing_is_skipped_and_counted_so_the_queue_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+    rt().block_on(async {
+        for i in 0..10 {
+            q.append(batch(i * 50, 50)).await.unwrap();
+        }
+    });
+    let segments = list_segments(dir.path()).unwrap();
+    assert!(segments.len() >= 3, "{segments:?}");
+    // How many records the first segment holds, from a copy read whole.
+    let in_first = {
+        let copy = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            segment_path(dir.path(), segments[0]),
+            segment_path(copy.path(), segments[0]),
+        )
+        .unwrap();
+        let (c, _) = DiskQueue::open(config(copy.path())).unwrap();
+        drain(&c).len() as u64
+    };
+    assert!(in_first > 0);
+    let _aside = make_unreadable(dir.path(), segments[0]);
+    // Ten failed tries at the same place, then the rest of the segment is
+    // given up: the next read goes on with the next segment.
+    let mut failures = 0;
+    let rest = loop {
+        match q.try_read(7) {
+            Err(_) => failures += 1,
+            Ok(Some(b)) => break seqs(&b),
+            Ok(None) => panic!("nothing readable after {failures} failures"),
+        }
+        assert!(failures <= 10, "still failing after {failures} tries");
+    };
+    assert_eq!(failures, 10);
+    assert_eq!(
+        rest[0], in_first,
+        "the next segment starts where the lost one ended"
+    );
+    let mut got = rest;
+    got.extend(drain(&q));
+    assert_eq!(got, (in_first..500).collect::<Vec<_>>());
+    let s = q.snapshot();
+    assert_eq!(
+        (s.unreadable, s.damaged_regions, s.unread),
+        (in_first, 1, 0)
+    );
+}

@@ -1,7 +1,7 @@
 //! Stage queues with a durable store: a `disk` queue, a disk-assisted
 //! queue's spill and return, persistence across a reopen, a failed
-//! consumer's batches staying on disk, and local-scope helpers never
-//! touching the log.
+//! consumer's batches staying on disk, a segment that cannot be read, and
+//! local-scope helpers never touching the log.
 
 use std::path::Path;
 use std::time::Duration;
@@ -106,6 +106,45 @@ fn events_survive_a_restart_and_a_failed_consumers_batches_come_back() {
     drop(tx);
     let got = rt().block_on(receive_all(&mut rx));
     assert_eq!(got, (16..100).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_consumer_retries_a_failing_segment_then_goes_on_past_it_with_the_loss_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = durable_channel(64, 16, false, None, open(dir.path(), DurableKind::Disk));
+    let handle = rx.handle();
+    // A paused clock: the pauses between retries take no real time, and
+    // their sum is exact.
+    let paused = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let (got, waited) = paused.block_on(async move {
+        for i in 0..50 {
+            tx.send(events(i * 10, 10)).await.unwrap();
+        }
+        // A directory where the first segment was: it opens, and every
+        // read of it fails (EISDIR) — an I/O error, not damage.
+        let first = logbus_diskq::list_segments(dir.path()).unwrap()[0];
+        let path = logbus_diskq::segment_path(dir.path(), first);
+        std::fs::rename(&path, dir.path().join("aside")).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        drop(tx);
+        // The consumer retries the read every 100 ms; the queue gives up on
+        // that segment after ten tries, and the stream goes on and ends.
+        let start = tokio::time::Instant::now();
+        let got = receive_all(&mut rx).await;
+        (got, start.elapsed())
+    });
+    // Nine pauses between ten failed reads: the retries waited, they did
+    // not spin through the ten tries at once.
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    let lost = 500 - got.len() as u64;
+    assert!(lost > 0 && lost < 500, "lost {lost}");
+    assert_eq!(got, (lost as usize..500).collect::<Vec<_>>());
+    let d = handle.durable().unwrap();
+    assert_eq!((d.unreadable, d.damaged_regions, d.unread), (lost, 1, 0));
 }
 
 #[test]
