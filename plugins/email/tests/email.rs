@@ -52,26 +52,41 @@ fn aiosmtpd_available() -> bool {
 
 /// A server that requires AUTH as `logbus` / `s3cret` (tests/smtpd_auth.py).
 fn smtpd_auth(port: u16) -> Smtpd {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtpd_auth.py");
+    serve(port, |maildir| {
+        let mut c = Command::new("python3");
+        c.arg(&script).arg(port.to_string()).arg(maildir);
+        c
+    })
+}
+
+fn smtpd(port: u16) -> Smtpd {
+    smtpd_with(port, &[])
+}
+
+fn smtpd_with(port: u16, extra: &[&str]) -> Smtpd {
+    serve(port, |maildir| {
+        let mut c = Command::new("python3");
+        c.args(["-m", "aiosmtpd", "-n"])
+            .args(extra)
+            .arg("-l")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["-c", "aiosmtpd.handlers.Mailbox"])
+            .arg(maildir);
+        c
+    })
+}
+
+/// Starts the server `command` builds for a fresh Maildir, and waits until
+/// it listens on `port`.
+fn serve(port: u16, command: impl FnOnce(&Path) -> Command) -> Smtpd {
     let dir = tempfile::tempdir().unwrap();
     let maildir = dir.path().join("mail");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtpd_auth.py");
-    let child = Command::new("python3")
-        .arg(script)
-        .arg(port.to_string())
-        .arg(&maildir)
+    let child = command(&maildir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_listening(port);
-    Smtpd {
-        child,
-        maildir,
-        _dir: dir,
-    }
-}
-
-fn wait_listening(port: u16) {
     let start = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -80,27 +95,6 @@ fn wait_listening(port: u16) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn smtpd(port: u16) -> Smtpd {
-    smtpd_with(port, &[])
-}
-
-fn smtpd_with(port: u16, extra: &[&str]) -> Smtpd {
-    let dir = tempfile::tempdir().unwrap();
-    let maildir = dir.path().join("mail");
-    let child = Command::new("python3")
-        .args(["-m", "aiosmtpd", "-n"])
-        .args(extra)
-        .arg("-l")
-        .arg(format!("127.0.0.1:{port}"))
-        .args(["-c", "aiosmtpd.handlers.Mailbox"])
-        .arg(&maildir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(port);
     Smtpd {
         child,
         maildir,
