@@ -137,9 +137,10 @@ fn a_consumer_retries_a_failing_segment_then_goes_on_past_it_with_the_loss_count
         let got = receive_all(&mut rx).await;
         (got, start.elapsed())
     });
-    // Nine pauses between ten failed reads: the retries waited, they did
-    // not spin through the ten tries at once.
-    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    // Up to nine 100 ms pauses between ten failed reads; a wake-up from
+    // the queue closing (or a late publication) may cut one or two short.
+    // Without the pauses the ten tries pass in no time at all.
+    assert!(waited >= Duration::from_millis(500), "{waited:?}");
     let lost = 500 - got.len() as u64;
     assert!(lost > 0 && lost < 500, "lost {lost}");
     assert_eq!(got, (lost as usize..500).collect::<Vec<_>>());
