@@ -136,7 +136,7 @@ impl TypedPlugin for FieldsTransform {
     type Options = FieldsOptions;
     const NAME: &'static str = "fields";
     const KIND: StageKind = StageKind::Transform;
-    const DESCRIPTION: &'static str = "Reshapes parsed events: copy, rename, set (constant values) and delete fields, in that order.";
+    const DESCRIPTION: &'static str = "Reshapes parsed events: copy, rename, set (constant values), from_meta (where the event came from) and delete fields, in that order.";
 
     fn build(&self, options: FieldsOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         let plan = options.plan().map_err(|mut e| e.swap_remove(0))?;
