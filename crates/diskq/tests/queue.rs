@@ -750,15 +750,21 @@ fn make_unreadable(dir: &Path, id: u64) -> std::path::PathBuf {
     aside
 }
 
-#[test]
-fn a_read_error_hands_out_nothing_and_the_same_records_come_back_once_it_clears() {
-    let dir = tempfile::tempdir().unwrap();
-    let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+/// An open queue holding records 0..500 over several segments.
+fn open_with_500(dir: &Path) -> DiskQueue {
+    let (q, _) = DiskQueue::open(config(dir)).unwrap();
     rt().block_on(async {
         for i in 0..10 {
             q.append(batch(i * 50, 50)).await.unwrap();
         }
     });
+    q
+}
+
+#[test]
+fn a_read_error_hands_out_nothing_and_the_same_records_come_back_once_it_clears() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open_with_500(dir.path());
     let first = list_segments(dir.path()).unwrap()[0];
     let aside = make_unreadable(dir.path(), first);
     for _ in 0..3 {
@@ -779,12 +785,7 @@ fn a_read_error_hands_out_nothing_and_the_same_records_come_back_once_it_clears(
 #[test]
 fn a_segment_that_keeps_failing_is_skipped_and_counted_so_the_queue_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
-    rt().block_on(async {
-        for i in 0..10 {
-            q.append(batch(i * 50, 50)).await.unwrap();
-        }
-    });
+    let q = open_with_500(dir.path());
     let segments = list_segments(dir.path()).unwrap();
     assert!(segments.len() >= 3, "{segments:?}");
     // How many records the first segment holds, from a copy read whole.

@@ -287,23 +287,27 @@ pub fn decode_event(
             s
         }
     };
-    let (origin, payload_at) = match tag {
-        TAG_RAW | TAG_FIELDS => (None, payload_at),
-        TAG_RAW_ORIGIN | TAG_FIELDS_ORIGIN => {
-            let len_at = payload_at;
-            if b.len() < len_at + 2 {
-                return Err("record ends before the origin".into());
-            }
-            let len = u16::from_le_bytes(b[len_at..len_at + 2].try_into().expect("2 bytes"));
-            let end = len_at + 2 + len as usize;
-            if b.len() < end {
-                return Err("record ends inside the origin".into());
-            }
-            let origin = std::str::from_utf8(&b[len_at + 2..end])
-                .map_err(|_| "origin is not UTF-8".to_string())?;
-            (Some(Arc::from(origin)), end)
-        }
+    let (raw, with_origin) = match tag {
+        TAG_RAW => (true, false),
+        TAG_FIELDS => (false, false),
+        TAG_RAW_ORIGIN => (true, true),
+        TAG_FIELDS_ORIGIN => (false, true),
         other => return Err(format!("unknown event tag {other}")),
+    };
+    let (origin, payload_at) = if with_origin {
+        if b.len() < payload_at + 2 {
+            return Err("record ends before the origin".into());
+        }
+        let len = u16::from_le_bytes(b[payload_at..payload_at + 2].try_into().expect("2 bytes"));
+        let end = payload_at + 2 + len as usize;
+        if b.len() < end {
+            return Err("record ends inside the origin".into());
+        }
+        let origin = std::str::from_utf8(&b[payload_at + 2..end])
+            .map_err(|_| "origin is not UTF-8".to_string())?;
+        (Some(Arc::from(origin)), end)
+    } else {
+        (None, payload_at)
     };
     let meta = Meta {
         source,
@@ -311,7 +315,7 @@ pub fn decode_event(
         origin,
     };
     let payload = &b[payload_at..];
-    if tag == TAG_RAW || tag == TAG_RAW_ORIGIN {
+    if raw {
         Ok(Event::raw(
             data.slice(range.start + payload_at..range.end),
             meta,

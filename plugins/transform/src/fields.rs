@@ -3,8 +3,8 @@
 //! have in the file, so a pipeline reads the same way it runs.
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, Fields, OptionError,
-    Processor, StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventData, EventError, FieldPath, Fields,
+    OptionError, Payload, Processor, StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -146,12 +146,11 @@ impl TypedPlugin for FieldsTransform {
 
 impl Processor for Plan {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
-        // Read before the fields are borrowed for writing; only when asked.
-        let meta = (!self.from_meta.is_empty()).then(|| {
-            let m = event.meta();
-            (m.origin.clone(), m.source.clone())
-        });
-        let fields = event.fields_mut().ok_or_else(|| needs_fields("fields"))?;
+        // The fields are written while the meta is read: borrow both halves.
+        let EventData { payload, meta } = event.data_mut();
+        let Payload::Fields(fields) = payload else {
+            return Err(needs_fields("fields"));
+        };
         for (from, to) in &self.copy {
             if let Some(v) = from.get(fields).cloned() {
                 to.set(fields, v);
@@ -165,15 +164,13 @@ impl Processor for Plan {
         for (path, value) in &self.set {
             path.set(fields, value.clone());
         }
-        if let Some((origin, source)) = &meta {
-            for (path, key) in &self.from_meta {
-                let value = match key {
-                    MetaKey::Origin => origin.as_deref(),
-                    MetaKey::Source => Some(&**source),
-                };
-                if let Some(v) = value {
-                    path.set(fields, Value::String(v.to_string()));
-                }
+        for (path, key) in &self.from_meta {
+            let value = match key {
+                MetaKey::Origin => meta.origin.as_deref(),
+                MetaKey::Source => Some(&*meta.source),
+            };
+            if let Some(v) = value {
+                path.set(fields, Value::String(v.to_string()));
             }
         }
         for path in &self.delete {
