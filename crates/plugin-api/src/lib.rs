@@ -2,29 +2,17 @@
 //!
 //! Plugin crates depend on this crate only, never on the engine, so a plugin
 //! cannot reach around the wiring: it receives events, produces events, and
-//! the engine owns the channels between them.
+//! the engine owns the channels between them. What a plugin author reads is
+//! here — the stage traits and their contexts (`plugin`), a stage's output
+//! (`output`), its counters (`metrics`), the registry — while the event
+//! and the queues live in their own crates and are re-exported.
 
-pub mod channel;
-pub mod durable;
-pub mod event;
-pub mod histogram;
-pub mod local;
 pub mod metrics;
 pub mod output;
 pub mod plugin;
 pub mod registry;
 #[cfg(feature = "testing")]
 pub mod testing;
-
-/// Runs blocking work (a file write, an fsync) from a stage's task without
-/// stalling the runtime's other tasks: on a multi-thread runtime the worker
-/// hands its other tasks off first; elsewhere it runs inline.
-pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
 
 /// The delay before retry number `attempt` (1-based) of a destination
 /// that failed: `initial × 2^(attempt-1)`, capped at `max`. Sinks add
@@ -41,13 +29,19 @@ pub fn retry_delay(
 
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
-pub use channel::{
-    ChannelHandle, InputBatch, Interrupt, Receiver, Registration, SendError, Sender, WeakSender,
-    channel, channel_with_batch, channel_with_latency, durable_channel, local_channel,
+/// The event and its acknowledgement (crate `logbus-event`).
+pub use logbus_event as event;
+pub use logbus_event::{
+    Ack, AckCounts, AckReceiver, BatchAck, Event, EventData, FieldPath, Fields, Meta,
+    OrderedCheckpoint, Outcome, Payload, now_ns,
 };
-pub use event::{Event, EventData, FieldPath, Fields, Meta, Payload, now_ns};
-pub use histogram::{HistogramSnapshot, Log2Histogram};
-pub use local::{LocalConfig, LocalQueueSnapshot, Overflow};
+/// The queues between stages (crate `logbus-queue`).
+pub use logbus_queue::{
+    ChannelHandle, HistogramSnapshot, InputBatch, Interrupt, LocalConfig, LocalQueueSnapshot,
+    Log2Histogram, Overflow, Receiver, Registration, SendError, Sender, WeakSender, blocking,
+    channel, channel_with_batch, channel_with_latency, durable, durable_channel, histogram, local,
+    local_channel,
+};
 pub use metrics::{StageCounts, StageMetrics};
 pub use output::{Output, OutputRole, OutputTargets, Tap};
 pub use plugin::{

@@ -42,8 +42,8 @@ use logbus_ring::spsc;
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::event::Event;
 use crate::histogram::Log2Histogram;
+use logbus_event::Event;
 
 /// Most frontends one queue may have.
 pub const MAX_FRONTENDS: usize = MAX_HELPERS;

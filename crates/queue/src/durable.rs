@@ -26,7 +26,7 @@ pub use logbus_diskq::{
     Config as DiskConfig, DiskQueue, Recovery, Snapshot as DiskSnapshot, SyncMode, WhenFull,
 };
 
-use crate::event::{Event, Fields, Meta, Payload};
+use logbus_event::{Event, Fields, Meta, Payload};
 
 const TAG_RAW: u8 = 1;
 const TAG_FIELDS: u8 = 2;

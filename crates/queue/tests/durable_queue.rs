@@ -7,8 +7,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures::FutureExt;
-use logbus_plugin_api::durable::{DiskConfig, Durable, DurableKind};
-use logbus_plugin_api::{Event, LocalConfig, Meta, Receiver, durable_channel};
+use logbus_event::{Event, Meta};
+use logbus_queue::durable::{DiskConfig, Durable, DurableKind};
+use logbus_queue::{LocalConfig, Receiver, durable_channel};
 
 fn events(from: usize, n: usize) -> Vec<Event> {
     (from..from + n)

@@ -21,9 +21,9 @@ use logbus_ring::spsc;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::durable::Durable;
-use crate::event::Event;
 use crate::histogram::{HistogramSnapshot, Log2Histogram};
 use crate::local::{Local, LocalConfig, LocalQueueSnapshot, Overflow};
+use logbus_event::Event;
 
 /// Counters of one channel, readable while the pipeline runs.
 #[derive(Debug)]
@@ -1307,7 +1307,7 @@ impl Drop for InputBatch {
         }
         let n = self.count;
         if let Some(ingest) = self.ingest_ns {
-            let micros = crate::event::now_ns().saturating_sub(ingest) / 1000;
+            let micros = logbus_event::now_ns().saturating_sub(ingest) / 1000;
             let histogram = match (self.origin, self.shared.local()) {
                 (Origin::Frontend(slot), Some(local)) => {
                     local.frontends[slot].cons.0.ingest_latency_us.as_ref()
@@ -1347,7 +1347,7 @@ impl Drop for InputBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Meta;
+    use logbus_event::Meta;
 
     fn events(n: usize) -> Vec<Event> {
         (0..n)
@@ -1479,7 +1479,7 @@ mod tests {
     #[tokio::test]
     async fn sink_latency_is_recorded_when_the_batch_is_released() {
         let (tx, mut rx) = channel_with_latency(8, 8);
-        let old = crate::event::now_ns().saturating_sub(5_000_000);
+        let old = logbus_event::now_ns().saturating_sub(5_000_000);
         let event = Event::raw(
             "x",
             Meta {

@@ -2,15 +2,28 @@
 //! pointer increment per downstream; a stage that mutates an event it shares
 //! gets its own copy (copy-on-write through [`Event::data_mut`]).
 //!
+//! Beside the shared data an event carries its [`Ack`]: the handle that
+//! tells its source when it is finished ([`ack`] says how). The handle is
+//! not part of the data, so copy-on-write never duplicates it, and it is
+//! not part of [`Meta`], so nothing that stores events can store it.
+//!
 //! Payloads start as raw bytes (a line as read) and become structured fields
 //! once a parser has run. Keeping raw bytes as `Bytes` slices of the read
 //! buffer means a source can frame lines without copying them.
+
+pub mod ack;
+pub mod checkpoint;
+pub mod path;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
+
+pub use ack::{Ack, AckReceiver, BatchAck, Outcome};
+pub use checkpoint::{AckCounts, OrderedCheckpoint};
+pub use path::FieldPath;
 
 /// Structured fields of an event: a JSON object that keeps insertion order.
 pub type Fields = Map<String, Value>;
@@ -42,13 +55,70 @@ pub struct EventData {
     pub meta: Meta,
 }
 
-/// A cheaply clonable event. Clones share the data until one of them is mutated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Event(Arc<EventData>);
+/// A cheaply clonable event. Clones share the data until one of them is
+/// mutated; each clone has its own handle on the source's acknowledgement.
+#[derive(Debug, Clone)]
+pub struct Event {
+    data: Arc<EventData>,
+    ack: Ack,
+}
+
+/// Events are equal when their data is: the acknowledgement is bookkeeping.
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.data == other.data
+    }
+}
 
 impl Event {
     pub fn new(payload: Payload, meta: Meta) -> Self {
-        Event(Arc::new(EventData { payload, meta }))
+        Event {
+            data: Arc::new(EventData { payload, meta }),
+            ack: Ack::none(),
+        }
+    }
+
+    /// The event with `ack` as its acknowledgement handle.
+    pub fn with_ack(mut self, ack: Ack) -> Self {
+        self.ack = ack;
+        self
+    }
+
+    pub fn ack(&self) -> &Ack {
+        &self.ack
+    }
+
+    /// Moves the handle out, leaving the event without one.
+    pub fn take_ack(&mut self) -> Ack {
+        std::mem::take(&mut self.ack)
+    }
+
+    /// Gives the event `ack` unless it already has a pending one.
+    pub fn inherit_ack(&mut self, ack: &Ack) {
+        if !self.ack.is_pending() {
+            self.ack = ack.clone();
+        }
+    }
+
+    /// Records what happened to this event for its source.
+    pub fn settle(&mut self, outcome: Outcome) {
+        self.ack.settle(outcome);
+    }
+
+    /// Settles every event of a batch alike.
+    pub fn settle_all<'a>(events: impl IntoIterator<Item = &'a mut Event>, outcome: Outcome) {
+        for event in events {
+            event.settle(outcome);
+        }
+    }
+
+    /// A copy sharing the data but not the acknowledgement, for observers
+    /// (taps, previews) whose copies finish nothing.
+    pub fn detached(&self) -> Event {
+        Event {
+            data: self.data.clone(),
+            ack: Ack::none(),
+        }
     }
 
     pub fn raw(bytes: impl Into<Bytes>, meta: Meta) -> Self {
@@ -60,16 +130,16 @@ impl Event {
     }
 
     pub fn payload(&self) -> &Payload {
-        &self.0.payload
+        &self.data.payload
     }
 
     pub fn meta(&self) -> &Meta {
-        &self.0.meta
+        &self.data.meta
     }
 
     /// Mutable access; copies the data first if another clone shares it.
     pub fn data_mut(&mut self) -> &mut EventData {
-        Arc::make_mut(&mut self.0)
+        Arc::make_mut(&mut self.data)
     }
 
     pub fn payload_mut(&mut self) -> &mut Payload {
@@ -78,7 +148,7 @@ impl Event {
 
     /// The structured fields, if a parser has produced them.
     pub fn as_fields(&self) -> Option<&Fields> {
-        match &self.0.payload {
+        match &self.data.payload {
             Payload::Fields(f) => Some(f),
             Payload::Raw(_) => None,
         }
@@ -93,7 +163,7 @@ impl Event {
 
     /// The raw bytes, if the event has not been parsed.
     pub fn as_raw(&self) -> Option<&Bytes> {
-        match &self.0.payload {
+        match &self.data.payload {
             Payload::Raw(b) => Some(b),
             Payload::Fields(_) => None,
         }
@@ -107,7 +177,7 @@ impl Event {
 
     /// Whether another clone shares this event's data (fan-out).
     pub fn is_shared(&self) -> bool {
-        Arc::strong_count(&self.0) > 1
+        Arc::strong_count(&self.data) > 1
     }
 }
 
@@ -128,77 +198,6 @@ pub fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// A dotted field path (`http.status`), split once when a plugin is built so
-/// the hot path does no string parsing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldPath {
-    segments: Vec<String>,
-    text: String,
-}
-
-impl FieldPath {
-    /// Parses `a.b.c`. Empty segments (`a..b`, leading or trailing dots) are rejected.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        if text.is_empty() {
-            return Err("field path is empty".into());
-        }
-        let segments: Vec<String> = text.split('.').map(str::to_owned).collect();
-        if segments.iter().any(String::is_empty) {
-            return Err(format!("field path `{text}` has an empty segment"));
-        }
-        Ok(FieldPath {
-            segments,
-            text: text.to_owned(),
-        })
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    pub fn get<'a>(&self, fields: &'a Fields) -> Option<&'a Value> {
-        let (last, parents) = self.segments.split_last()?;
-        let mut map = fields;
-        for seg in parents {
-            map = map.get(seg)?.as_object()?;
-        }
-        map.get(last)
-    }
-
-    /// Sets the value, creating intermediate objects. An intermediate that
-    /// exists but is not an object is replaced by an object.
-    pub fn set(&self, fields: &mut Fields, value: Value) {
-        let (last, parents) = self.segments.split_last().expect("path is never empty");
-        let mut map = fields;
-        for seg in parents {
-            let slot = map
-                .entry(seg.clone())
-                .or_insert_with(|| Value::Object(Fields::new()));
-            if !slot.is_object() {
-                *slot = Value::Object(Fields::new());
-            }
-            map = slot.as_object_mut().expect("just made an object");
-        }
-        map.insert(last.clone(), value);
-    }
-
-    /// Removes and returns the value, keeping the order of the other fields.
-    pub fn remove(&self, fields: &mut Fields) -> Option<Value> {
-        let (last, parents) = self.segments.split_last()?;
-        let mut map = fields;
-        for seg in parents {
-            map = map.get_mut(seg)?.as_object_mut()?;
-        }
-        map.shift_remove(last)
-    }
-}
-
-impl std::fmt::Display for FieldPath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,6 +212,27 @@ mod tests {
     }
 
     #[test]
+    fn mutating_a_shared_event_keeps_each_clone_its_own_handle() {
+        use std::sync::Mutex;
+        let checkpoint = Arc::new(Mutex::new(OrderedCheckpoint::new()));
+        let token = checkpoint.lock().unwrap().begin(42u64, 2);
+        let batch = BatchAck::new(checkpoint.clone(), token);
+        let mut a = Event::fields(Fields::new(), meta()).with_ack(batch.handle());
+        drop(batch);
+        let mut b = a.clone();
+        a.fields_mut().unwrap().insert("x".into(), json!(1));
+        let tap = a.detached();
+        assert!(!tap.ack().is_pending(), "observers' copies carry no handle");
+        drop(tap);
+        a.settle(Outcome::Delivered);
+        drop(a);
+        assert_eq!(checkpoint.lock().unwrap().committed(), None, "b is open");
+        b.settle(Outcome::Delivered);
+        drop(b);
+        assert_eq!(checkpoint.lock().unwrap().committed(), Some(&42));
+    }
+
+    #[test]
     fn clone_shares_until_mutated() {
         let mut a = Event::fields(Fields::new(), meta());
         let b = a.clone();
@@ -221,31 +241,5 @@ mod tests {
         assert!(!a.is_shared());
         assert!(b.as_fields().unwrap().is_empty());
         assert_eq!(a.as_fields().unwrap()["x"], json!(1));
-    }
-
-    #[test]
-    fn paths_get_set_remove_nested() {
-        let p = FieldPath::parse("a.b.c").unwrap();
-        let mut f = Fields::new();
-        p.set(&mut f, json!(3));
-        assert_eq!(p.get(&f), Some(&json!(3)));
-        assert_eq!(Value::Object(f.clone()), json!({"a": {"b": {"c": 3}}}));
-        assert_eq!(p.remove(&mut f), Some(json!(3)));
-        assert_eq!(p.get(&f), None);
-    }
-
-    #[test]
-    fn set_through_a_scalar_replaces_it() {
-        let p = FieldPath::parse("a.b").unwrap();
-        let mut f = serde_json::from_value::<Fields>(json!({"a": 1})).unwrap();
-        p.set(&mut f, json!(true));
-        assert_eq!(Value::Object(f), json!({"a": {"b": true}}));
-    }
-
-    #[test]
-    fn bad_paths_are_rejected() {
-        assert!(FieldPath::parse("").is_err());
-        assert!(FieldPath::parse("a..b").is_err());
-        assert!(FieldPath::parse(".a").is_err());
     }
 }
