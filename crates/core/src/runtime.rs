@@ -26,8 +26,8 @@ use futures::FutureExt;
 use logbus_plugin_api::durable::Durable;
 use logbus_plugin_api::{
     BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt,
-    Output, OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink, SinkContext,
-    Source, SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender,
+    Outcome, Output, OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink,
+    SinkContext, Source, SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender,
     channel_with_batch, channel_with_latency, durable_channel, local_channel,
 };
 use serde_json::{Value, json};
@@ -992,19 +992,34 @@ impl ProcessorStage {
             let mut routed = Vec::new();
             let mut failure = None;
             let mut events = events.into_iter();
+            // Acknowledgements: a kept or routed event carries its handle
+            // on; a replacement inherits the handle of the event it came
+            // from; a discard is finished (delivered), `on_error: drop` is
+            // rejected. An event dropped any other way (`on_error: fail`
+            // leaves the rest of the batch) counts as errored.
             for mut event in events.by_ref() {
                 match self.processor.process(&mut event) {
                     Ok(Verdict::Keep) => out.push(event),
-                    Ok(Verdict::Discard) => self.metrics.add_discarded(1),
-                    Ok(Verdict::Replace(replacement)) => match replacement.len() {
-                        0 => self.metrics.add_discarded(1),
-                        k => {
-                            self.metrics.add_created(k as u64 - 1);
-                            out.extend(replacement);
+                    Ok(Verdict::Discard) => {
+                        event.settle(Outcome::Delivered);
+                        self.metrics.add_discarded(1);
+                    }
+                    Ok(Verdict::Replace(mut replacement)) => {
+                        for child in &mut replacement {
+                            child.inherit_ack(event.ack());
                         }
-                    },
+                        event.settle(Outcome::Delivered);
+                        match replacement.len() {
+                            0 => self.metrics.add_discarded(1),
+                            k => {
+                                self.metrics.add_created(k as u64 - 1);
+                                out.extend(replacement);
+                            }
+                        }
+                    }
                     Err(error) => match self.on_error {
                         OnError::Drop => {
+                            event.settle(Outcome::Rejected);
                             self.metrics.add_errored(1);
                             self.warn.warn(&self.id, &error);
                         }

@@ -289,7 +289,9 @@ impl Sink for Collect {
         while let Some(mut batch) = cx.input.recv().await {
             let n = batch.len();
             cx.metrics.add_in(n as u64);
-            self.0.lock().expect("collector lock").extend(batch.take());
+            let mut events = batch.take();
+            Event::settle_all(&mut events, logbus_plugin_api::Outcome::Delivered);
+            self.0.lock().expect("collector lock").extend(events);
             drop(batch);
             cx.committed(n);
         }

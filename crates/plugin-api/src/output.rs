@@ -99,7 +99,8 @@ impl OutputTargets {
         taps.retain(|t| !t.tx.is_closed());
         for tap in taps.iter() {
             for (i, event) in batch.iter().enumerate() {
-                if tap.tx.try_send(event.clone()).is_err() {
+                // A tap's copy finishes nothing: it carries no acknowledgement.
+                if tap.tx.try_send(event.detached()).is_err() {
                     tap.dropped
                         .fetch_add((batch.len() - i) as u64, Ordering::Relaxed);
                     break;
@@ -163,7 +164,7 @@ impl Output {
     /// Delivers the batch to every downstream, waiting while any is full.
     /// An output nobody reads counts its events as discarded (the validator
     /// warns about such stages).
-    pub async fn send(&self, batch: Vec<Event>) -> Result<(), SendError> {
+    pub async fn send(&self, mut batch: Vec<Event>) -> Result<(), SendError> {
         let n = batch.len() as u64;
         if n == 0 {
             return Ok(());
@@ -177,6 +178,8 @@ impl Output {
         let started = std::time::Instant::now();
         match senders.as_slice() {
             [] => {
+                // Nobody reads this output: dropped on purpose, finished.
+                Event::settle_all(&mut batch, crate::Outcome::Delivered);
                 self.metrics.add_discarded(n);
                 return Ok(());
             }

@@ -471,7 +471,8 @@ impl Sender {
         if self.tx.is_closed() {
             return Err(SendError(batch));
         }
-        match durable.append(&batch).await {
+        let mut batch = batch;
+        match durable.append(&mut batch).await {
             Ok(()) => {
                 self.shared
                     .stats
@@ -632,9 +633,9 @@ impl ChannelHandle {
             return 0;
         };
         let mut saved = 0;
-        while let Ok(batch) = backlog.try_recv() {
+        while let Ok(mut batch) = backlog.try_recv() {
             let n = batch.len();
-            if let Err(e) = durable.append(&batch).await {
+            if let Err(e) = durable.append(&mut batch).await {
                 tracing::error!("saving the queue backlog: {e}");
                 break;
             }
@@ -1283,6 +1284,17 @@ impl InputBatch {
     }
     pub fn events(&self) -> &[Event] {
         &self.events
+    }
+    /// The events, to settle some of them one by one.
+    pub fn events_mut(&mut self) -> &mut [Event] {
+        &mut self.events
+    }
+    /// Tells the sources of the events still in this batch what happened
+    /// to them (a sink calls it with `Delivered` once the destination
+    /// confirmed; see [`logbus_event::ack`]). Events already settled keep
+    /// their first outcome.
+    pub fn settle(&mut self, outcome: logbus_event::Outcome) {
+        Event::settle_all(self.events.iter_mut(), outcome);
     }
     /// Moves the events out; they stay counted until `self` is dropped.
     pub fn take(&mut self) -> Vec<Event> {

@@ -26,7 +26,7 @@ pub use logbus_diskq::{
     Config as DiskConfig, DiskQueue, Recovery, Snapshot as DiskSnapshot, SyncMode, WhenFull,
 };
 
-use logbus_event::{Event, Fields, Meta, Payload};
+use logbus_event::{Event, Fields, Meta, Outcome, Payload};
 
 const TAG_RAW: u8 = 1;
 const TAG_FIELDS: u8 = 2;
@@ -169,11 +169,14 @@ impl Durable {
         false
     }
 
-    /// Stores `events` in the log.
-    pub(crate) async fn append(&self, events: &[Event]) -> Result<(), logbus_diskq::Error> {
+    /// Stores `events` in the log. A durable queue is an acknowledgement
+    /// boundary: once the log holds an event under the queue's `sync`
+    /// policy, its source may move past it (delivered); an event the
+    /// full-disk policy dropped is rejected. On error nothing is settled.
+    pub(crate) async fn append(&self, events: &mut [Event]) -> Result<(), logbus_diskq::Error> {
         let mut records = RecordBatch::new(self.lz4);
         let mut scratch = Vec::new();
-        for event in events {
+        for event in events.iter() {
             scratch.clear();
             encode_event(event, &mut scratch);
             if !records.push(&scratch) {
@@ -183,9 +186,11 @@ impl Durable {
                 });
             }
         }
-        match self.queue.append(records).await? {
-            Appended::Stored | Appended::Dropped => {}
-        }
+        let outcome = match self.queue.append(records).await? {
+            Appended::Stored => Outcome::Delivered,
+            Appended::Dropped => Outcome::Rejected,
+        };
+        Event::settle_all(events.iter_mut(), outcome);
         self.stats
             .spilled
             .fetch_add(events.len() as u64, Ordering::Relaxed);

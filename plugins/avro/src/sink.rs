@@ -178,6 +178,9 @@ impl Sink for AvroFileSink {
                 }
                 Ok::<(), StageError>(())
             })?;
+            for batch in held.iter_mut() {
+                batch.settle(logbus_plugin_api::Outcome::Delivered);
+            }
             cx.committed(*pending);
             *pending = 0;
             *in_block = 0;
@@ -196,9 +199,9 @@ impl Sink for AvroFileSink {
                     cx.input.recv().await
                 }
             };
-            let Some(batch) = next else { break };
+            let Some(mut batch) = next else { break };
             cx.metrics.add_in(batch.len() as u64);
-            for event in batch.events() {
+            for event in batch.events_mut() {
                 let fields = match event.as_fields() {
                     Some(f) => Json::Object(f.clone()),
                     None => {
@@ -206,6 +209,7 @@ impl Sink for AvroFileSink {
                             tracing::warn!(file = %what, "a raw event reached the avro sink and is counted as errored; parse it first");
                         }
                         rejected += 1;
+                        event.settle(logbus_plugin_api::Outcome::Rejected);
                         cx.metrics.add_errored(1);
                         continue;
                     }
@@ -221,6 +225,7 @@ impl Sink for AvroFileSink {
                             tracing::warn!(file = %what, "an event does not fit the schema and is counted as errored: {e}");
                         }
                         rejected += 1;
+                        event.settle(logbus_plugin_api::Outcome::Rejected);
                         cx.metrics.add_errored(1);
                     }
                 }

@@ -348,7 +348,7 @@ impl Mailer {
     /// Sends one message for `events`, or holds them back by the rate limit.
     async fn dispatch(
         &self,
-        events: Vec<Event>,
+        mut events: Vec<Event>,
         budget: &mut Budget,
         cx: &SinkContext,
     ) -> Result<(), StageError> {
@@ -361,6 +361,8 @@ impl Mailer {
         if budget.sent >= o.max_messages {
             budget.suppressed += events.len() as u64;
             cx.metrics.add_discarded(events.len() as u64);
+            // Held back on purpose by the configured limit: not retried.
+            Event::settle_all(&mut events, logbus_plugin_api::Outcome::Rejected);
             tracing::warn!(
                 stage = %self.stage,
                 "mail rate limit reached ({} per {:?}): {} events held back",
@@ -374,6 +376,7 @@ impl Mailer {
         self.send(message).await?;
         budget.sent += 1;
         budget.suppressed = 0;
+        Event::settle_all(&mut events, logbus_plugin_api::Outcome::Delivered);
         cx.committed(events.len());
         Ok(())
     }

@@ -362,7 +362,11 @@ impl HttpWriter {
     }
 
     /// Sends one batch until it is accepted, retrying what can be retried.
-    async fn deliver(&self, events: Vec<Event>, cx: &SinkContext) -> Result<Delivered, StageError> {
+    async fn deliver(
+        &self,
+        mut events: Vec<Event>,
+        cx: &SinkContext,
+    ) -> Result<Delivered, StageError> {
         let o = &self.options;
         let body = std::sync::Arc::new(self.body(&events)?);
         let mut attempt: u32 = 0;
@@ -377,7 +381,10 @@ impl HttpWriter {
                     .map_err(|e| StageError::Other(format!("the HTTP request panicked: {e}")))?
             };
             match outcome {
-                Outcome::Done => return Ok(Delivered::Accepted),
+                Outcome::Done => {
+                    Event::settle_all(&mut events, logbus_plugin_api::Outcome::Delivered);
+                    return Ok(Delivered::Accepted);
+                }
                 Outcome::Rejected(why) => match o.on_rejected {
                     OnRejected::Fail => {
                         return Err(StageError::Other(format!(
@@ -394,6 +401,7 @@ impl HttpWriter {
                             events.len()
                         );
                         cx.metrics.add_discarded(events.len() as u64);
+                        Event::settle_all(&mut events, logbus_plugin_api::Outcome::Rejected);
                         return Ok(Delivered::Dropped);
                     }
                 },

@@ -239,9 +239,17 @@ impl Sink for FileWriter {
         } else {
             open.write(true).truncate(true);
         }
-        let file = open
+        let mut file = open
             .open(&self.path)
             .map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        if self.options.append
+            && self.options.compression == Compression::None
+            && self.options.framing == logbus_framing::Framing::Newline
+            && crate::writer_sink::close_torn_line(&self.path, &mut file)
+                .map_err(|e| StageError::io(format!("checking the end of {what}"), e))?
+        {
+            tracing::warn!(file = %what, "the file ended in a partial line (an earlier crash?); closed it with a newline before appending");
+        }
         let sync = self.options.sync;
         if self.options.append && self.options.compression != Compression::None {
             // A compressed stream appended to an existing one is a second

@@ -212,7 +212,14 @@ impl FileSet {
         } else {
             open.write(true).truncate(true);
         }
-        let file = open.open(path)?;
+        let mut file = open.open(path)?;
+        if self.options.append
+            && self.options.compression == Compression::None
+            && self.options.framing == logbus_framing::Framing::Newline
+            && crate::writer_sink::close_torn_line(path, &mut file)?
+        {
+            tracing::warn!(file = %path.display(), "the file ended in a partial line (an earlier crash?); closed it with a newline before appending");
+        }
         let bytes = file.metadata()?.len();
         let writer =
             CompressWriter::new(BufWriter::with_capacity(0, file), self.options.compression)?;
@@ -318,9 +325,10 @@ fn finish(o: Open, sync: bool) -> std::io::Result<()> {
 
 /// The sink loop: one batch at a time, committed once written.
 pub async fn run_file_set(set: &mut FileSet, cx: &mut SinkContext) -> Result<(), StageError> {
-    while let Some(batch) = cx.input.recv().await {
+    while let Some(mut batch) = cx.input.recv().await {
         cx.metrics.add_in(batch.len() as u64);
         blocking(|| set.write(batch.events()))?;
+        batch.settle(logbus_plugin_api::Outcome::Delivered);
         cx.committed(batch.len());
         drop(batch);
     }

@@ -1,11 +1,36 @@
 //! The write loop shared by the stdout and file sinks: encode events into
 //! one buffer, write it when it is large or when no more input is ready,
-//! and only then count the events committed and release their channel slots.
+//! and only then count the events committed, tell their sources they are
+//! delivered (written to the kernel; synced too with `sync: true`), and
+//! release their channel slots.
 
 use std::io::Write;
 
 use logbus_framing::Framing;
-use logbus_plugin_api::{Event, InputBatch, Payload, SinkContext, StageError, blocking};
+use logbus_plugin_api::{Event, InputBatch, Outcome, Payload, SinkContext, StageError, blocking};
+
+/// A process killed in the middle of a write can leave a file ending in
+/// part of a line. Appending to it as it is would glue the next event onto
+/// that fragment, and a reader would lose both; the events of the fragment
+/// were never confirmed, so they come again anyway. Before appending
+/// newline-framed text, end such a fragment with a newline of its own.
+/// Returns whether it did.
+/// (`file` is the file opened for appending; `path` is read, since an
+/// append-only handle cannot be.)
+pub fn close_torn_line(path: &std::path::Path, file: &mut std::fs::File) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(false);
+    }
+    let mut last = [0u8; 1];
+    std::fs::File::open(path)?.read_exact_at(&mut last, len - 1)?;
+    if last[0] == b'\n' {
+        return Ok(false);
+    }
+    file.write_all(b"\n")?;
+    Ok(true)
+}
 
 /// Buffer size at which a write is issued even if more input is ready.
 pub const FLUSH_BYTES: usize = 256 * 1024;
@@ -47,6 +72,9 @@ pub async fn run_writer<W: Write + Send>(
                 .map_err(|e| StageError::io(format!("writing {what}"), e))?;
                 buf.clear();
             }
+            for batch in held.iter_mut() {
+                batch.settle(Outcome::Delivered);
+            }
             cx.committed(*pending);
             *pending = 0;
             held.clear();
@@ -72,4 +100,32 @@ pub async fn run_writer<W: Write + Send>(
         }
     }
     flush(&mut buf, &mut held, &mut pending, cx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_torn_last_line_is_closed_once_and_whole_files_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .unwrap()
+        };
+        assert!(!close_torn_line(&path, &mut open()).unwrap(), "empty file");
+        std::fs::write(&path, "{\"id\":1}\n{\"id\":2,\"x").unwrap();
+        assert!(close_torn_line(&path, &mut open()).unwrap());
+        assert!(
+            !close_torn_line(&path, &mut open()).unwrap(),
+            "already closed"
+        );
+        open().write_all(b"{\"id\":3}\n").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "{\"id\":1}\n{\"id\":2,\"x\n{\"id\":3}\n");
+    }
 }

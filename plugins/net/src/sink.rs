@@ -147,7 +147,7 @@ fn message(e: &Event) -> Vec<u8> {
 #[async_trait]
 impl Sink for Forwarder {
     async fn run(mut self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        while let Some(batch) = cx.input.recv().await {
+        while let Some(mut batch) = cx.input.recv().await {
             cx.metrics.add_in(batch.len() as u64);
             let messages: Vec<Vec<u8>> = batch.events().iter().map(message).collect();
             let mut attempt = 0;
@@ -175,6 +175,7 @@ impl Sink for Forwarder {
                     }
                 }
             }
+            batch.settle(logbus_plugin_api::Outcome::Delivered);
             cx.committed(batch.len());
             drop(batch);
         }

@@ -305,6 +305,14 @@ pub fn encode_file(
     writer.into_inner().map_err(|e| fail(&e))
 }
 
+/// The held batches' events are in a file that is written and closed:
+/// their sources may move past them (those refused earlier stay rejected).
+fn settle_written(held: &mut [InputBatch]) {
+    for batch in held {
+        batch.settle(logbus_plugin_api::Outcome::Delivered);
+    }
+}
+
 /// `infer_json_schema_from_iterator` wants `Result<Value, ArrowError>`.
 mod arrow_schema_error {
     pub type E = arrow_schema::ArrowError;
@@ -326,6 +334,7 @@ impl Sink for ParquetFiles {
                     if !rows.is_empty() {
                         blocking(|| self.write_file(n, &rows))?;
                         n += 1;
+                        settle_written(&mut held);
                         cx.committed(rows.len());
                         rows.clear();
                         held.clear();
@@ -333,17 +342,18 @@ impl Sink for ParquetFiles {
                     cx.input.recv().await
                 }
             };
-            let Some(batch) = next else { break };
+            let Some(mut batch) = next else { break };
             if !rows.is_empty() && rows.len() + batch.len() > self.options.max_rows {
                 // This batch would overfill the file: close the file first.
                 blocking(|| self.write_file(n, &rows))?;
                 n += 1;
+                settle_written(&mut held);
                 cx.committed(rows.len());
                 rows.clear();
                 held.clear();
             }
             cx.metrics.add_in(batch.len() as u64);
-            for event in batch.events() {
+            for event in batch.events_mut() {
                 match event.as_fields() {
                     Some(f) if self.given.as_ref().is_some_and(|g| !g.fits(f)) => {
                         if !warned_misfit {
@@ -352,6 +362,7 @@ impl Sink for ParquetFiles {
                                 "an event does not fit the parquet sink's schema and is counted as errored (further ones not logged)"
                             );
                         }
+                        event.settle(logbus_plugin_api::Outcome::Rejected);
                         cx.metrics.add_errored(1);
                     }
                     Some(f) => rows.push(Value::Object(f.clone())),
@@ -359,6 +370,7 @@ impl Sink for ParquetFiles {
                         tracing::warn!(
                             "a raw event reached the parquet sink and is counted as errored; parse it first"
                         );
+                        event.settle(logbus_plugin_api::Outcome::Rejected);
                         cx.metrics.add_errored(1);
                     }
                 }
@@ -367,6 +379,7 @@ impl Sink for ParquetFiles {
         }
         if !rows.is_empty() {
             blocking(|| self.write_file(n, &rows))?;
+            settle_written(&mut held);
             cx.committed(rows.len());
         }
         drop(held);

@@ -2,8 +2,13 @@
 //! rotation and restarts. The tailer (`tailer.rs`) is synchronous and
 //! stepped from outside; the source runs it on a blocking thread that
 //! sends each batch and waits until the pipeline takes it, so a full
-//! pipeline stops the reading (nothing is buffered without bound). Read
-//! positions are saved only for bytes already handed to the pipeline.
+//! pipeline stops the reading (nothing is buffered without bound).
+//!
+//! Read positions are saved only for bytes whose events are finished: each
+//! batch carries an acknowledgement, its positions wait in an ordered
+//! checkpoint, and the saved state never passes a batch that a sink has not
+//! confirmed. A crash therefore re-reads what was in flight (duplicates)
+//! and never skips it.
 
 pub mod checkpoint;
 pub mod multiline;
@@ -20,16 +25,24 @@ pub fn register(registry: &mut Registry) {
 #[cfg(feature = "source-tail")]
 pub mod source {
     use std::path::{Path, PathBuf};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
     use logbus_plugin_api::{
-        BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError, Output, Source,
-        SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+        BatchAck, BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError,
+        OrderedCheckpoint, Output, Source, SourceContext, StageError, StageKind, TypedPlugin,
+        async_trait,
     };
     use serde::Deserialize;
 
-    use crate::checkpoint::StateFile;
+    use crate::checkpoint::{Checkpoint, StateFile};
+
+    /// Positions of batches sent and not yet passed by the checkpoint.
+    type Acks = Arc<Mutex<OrderedCheckpoint<Vec<Checkpoint>>>>;
+
+    /// How long a stopping source waits for its last batches to finish
+    /// before it saves what is finished and returns.
+    const FINAL_ACK_WAIT: Duration = Duration::from_secs(30);
     use crate::multiline::{MultilineConfig, Rule};
     use crate::tailer::{Line, ReadFrom, TailConfig, Tailer};
 
@@ -333,13 +346,41 @@ pub mod source {
             let mut tailer = Tailer::new(self.config, checkpoints);
             let mut last_save = Instant::now();
             let source: Arc<str> = cx.id.clone();
+            let acks: Acks = Arc::default();
+            // With nothing in flight, where the tailer stands is finished;
+            // otherwise the newest position every batch before it finished.
+            // (Only this thread begins batches, so nothing starts between
+            // the look and the snapshot.)
+            let save = |state: &mut StateFile, tailer: &Tailer| {
+                let positions = {
+                    let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
+                    if acks.outstanding() == 0 {
+                        Some(tailer.positions())
+                    } else {
+                        acks.committed().cloned()
+                    }
+                };
+                if let Some(positions) = positions
+                    && let Err(e) = state.save(positions)
+                {
+                    tracing::warn!("saving read positions to {}: {e}", state.path().display());
+                }
+            };
             // Each event's origin is its file's path, one shared `Arc` per
             // run of lines from the same file.
             let mut origin: Option<(PathBuf, Arc<str>)> = None;
-            let mut send = |lines: Vec<Line>, output: &Output| -> Result<bool, StageError> {
+            let mut send = |lines: Vec<Line>,
+                            positions: Vec<Checkpoint>,
+                            output: &Output|
+             -> Result<bool, StageError> {
                 if lines.is_empty() {
                     return Ok(true);
                 }
+                let token = acks
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .begin(positions, lines.len() as u64);
+                let batch = BatchAck::new(acks.clone(), token);
                 let events: Vec<Event> = lines
                     .into_iter()
                     .map(|l| {
@@ -358,8 +399,10 @@ pub mod source {
                                 ..Meta::now(source.clone())
                             },
                         )
+                        .with_ack(batch.handle())
                     })
                     .collect();
+                drop(batch);
                 // Waits while the pipeline is full: backpressure stops the
                 // reading here.
                 Ok(handle.block_on(output.send(events)).is_ok())
@@ -367,39 +410,66 @@ pub mod source {
             loop {
                 let now = Instant::now();
                 tailer.scan(now);
+                let mut gone = false;
                 loop {
                     let lines = tailer.read(Instant::now());
                     if lines.is_empty() {
                         break;
                     }
-                    if !send(lines, &cx.output)? {
-                        return Ok(()); // downstream gone
+                    if !send(lines, tailer.positions(), &cx.output)? {
+                        gone = true; // downstream gone
+                        break;
                     }
                     if cx.shutdown.is_cancelled() {
                         break;
                     }
                 }
-                if !send(tailer.close_finished(Instant::now()), &cx.output)? {
-                    return Ok(());
+                if gone {
+                    break;
+                }
+                let closed = tailer.close_finished(Instant::now());
+                if !send(closed, tailer.positions(), &cx.output)? {
+                    break;
                 }
                 let stopping = cx.shutdown.is_cancelled();
-                if stopping && !send(tailer.flush_joined(), &cx.output)? {
-                    return Ok(());
-                }
-                if stopping || last_save.elapsed() >= self.checkpoint_every {
-                    if let Err(e) = state.save(tailer.positions()) {
-                        tracing::warn!("saving read positions to {}: {e}", state.path().display());
-                    }
-                    last_save = Instant::now();
-                }
                 if stopping {
-                    return Ok(());
+                    let joined = tailer.flush_joined();
+                    send(joined, tailer.positions(), &cx.output)?;
+                    break;
+                }
+                if last_save.elapsed() >= self.checkpoint_every {
+                    save(&mut state, &tailer);
+                    last_save = Instant::now();
                 }
                 // Sleep until the poll interval passes or the filesystem
                 // says something changed; then drain the wake-ups.
                 let _ = wake.recv_timeout(self.poll);
                 while wake.try_recv().is_ok() {}
             }
+            // Let downstream drain (its input ends once this output is
+            // gone), then save what it finished.
+            drop(cx.output);
+            let deadline = Instant::now() + FINAL_ACK_WAIT;
+            loop {
+                let (open, held) = {
+                    let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
+                    (acks.outstanding(), acks.is_held())
+                };
+                // An errored batch holds the checkpoint for this run:
+                // waiting longer cannot move it.
+                if open == 0 || held || Instant::now() >= deadline {
+                    if open > 0 {
+                        tracing::warn!(
+                            stage = %cx.id,
+                            "{open} batches were not finished; a restart reads them again"
+                        );
+                    }
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            save(&mut state, &tailer);
+            Ok(())
         }
 
         /// Filesystem notifications, where the platform has them; polling

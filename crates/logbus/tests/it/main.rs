@@ -6,6 +6,7 @@ mod api;
 mod attached;
 mod cli;
 mod compress;
+mod crash;
 mod durable;
 mod edge_agent;
 mod js;

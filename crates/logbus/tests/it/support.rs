@@ -46,7 +46,11 @@ impl Sink for CollectSink {
             let n = batch.len();
             self.max_batch
                 .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
-            let events = batch.take();
+            let mut events = batch.take();
+            logbus_plugin_api::Event::settle_all(
+                &mut events,
+                logbus_plugin_api::Outcome::Delivered,
+            );
             self.store
                 .lock()
                 .unwrap()
