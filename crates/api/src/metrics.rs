@@ -324,6 +324,49 @@ impl Collector for Snapshot {
                 ConstGauge::new(get(c)).encode(family.encode_family(&stage(&c.stage))?)?;
             }
         }
+        // Acknowledgements of the sources that checkpoint.
+        let acked: [StageFamily; 3] = [
+            (
+                "logbus_source_acked_delivered",
+                "Events a checkpointing source heard were delivered.",
+                |c| c.acked_delivered,
+            ),
+            (
+                "logbus_source_acked_rejected",
+                "Events a checkpointing source heard were rejected (counted, not retried).",
+                |c| c.acked_rejected,
+            ),
+            (
+                "logbus_source_acked_errored",
+                "Events a checkpointing source heard were not finished (its position waits before them).",
+                |c| c.acked_errored,
+            ),
+        ];
+        let checkpointing: Vec<_> = report
+            .stages
+            .iter()
+            .filter(|s| {
+                s.counts.acked_delivered + s.counts.acked_rejected + s.counts.acked_errored > 0
+                    || s.counts.oldest_unacked_ms > 0
+            })
+            .collect();
+        for (name, help, get) in acked {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for s in &checkpointing {
+                ConstCounter::new(get(&s.counts)).encode(family.encode_family(&stage(&s.id))?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "logbus_source_oldest_unacked_seconds",
+            "Age of the oldest batch a checkpointing source sent that is not yet acknowledged (0: none).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for s in &checkpointing {
+            ConstGauge::new(s.counts.oldest_unacked_ms as f64 / 1000.0)
+                .encode(family.encode_family(&stage(&s.id))?)?;
+        }
+
         let bound = encoder.encode_descriptor(
             "logbus_inflight_bound_events",
             "Worst-case events in flight, computed from the config.",

@@ -160,6 +160,19 @@ impl fmt::Display for RunReport {
                 s.id, s.kind, c.events_in, c.events_out, c.discarded, c.errored, c.routed
             )?;
         }
+        for s in &self.stages {
+            let c = &s.counts;
+            if c.acked_delivered + c.acked_rejected + c.acked_errored == 0
+                && c.oldest_unacked_ms == 0
+            {
+                continue;
+            }
+            writeln!(
+                f,
+                "  acknowledged {}: delivered={} rejected={} errored={} oldest-unacknowledged={}ms",
+                s.id, c.acked_delivered, c.acked_rejected, c.acked_errored, c.oldest_unacked_ms
+            )?;
+        }
         for c in &self.channels {
             let Some(d) = &c.disk else { continue };
             writeln!(

@@ -14,6 +14,11 @@ pub mod registry;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+/// `docs/plugins/writing-a-plugin.md`, compiled here so that its worked
+/// example is built and run as a doctest.
+#[doc = include_str!("../../../docs/plugins/writing-a-plugin.md")]
+pub mod writing_a_plugin {}
+
 /// The delay before retry number `attempt` (1-based) of a destination
 /// that failed: `initial × 2^(attempt-1)`, capped at `max`. Sinks add
 /// their own jitter on top.

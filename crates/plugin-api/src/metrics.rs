@@ -18,6 +18,14 @@ pub struct StageMetrics {
     blocked_ns: AtomicU64,
     /// Bytes of raw payloads sent on (structured events count 0).
     bytes_out: AtomicU64,
+    /// Sources that checkpoint: events finished per outcome, as their
+    /// acknowledgements reported (docs/reliability.md).
+    acked_delivered: AtomicU64,
+    acked_rejected: AtomicU64,
+    acked_errored: AtomicU64,
+    /// When the oldest batch not yet acknowledged was sent (ns since the
+    /// epoch; 0: none outstanding).
+    oldest_unacked_ns: AtomicU64,
 }
 
 /// A point-in-time copy of [`StageMetrics`].
@@ -35,6 +43,14 @@ pub struct StageCounts {
     pub routed: u64,
     /// Events a stage made beyond those it received (one input line split in three: 2).
     pub created: u64,
+    /// Sources that checkpoint: events their acknowledgements reported
+    /// delivered, rejected and errored (0 for every other stage).
+    pub acked_delivered: u64,
+    pub acked_rejected: u64,
+    pub acked_errored: u64,
+    /// Age of the oldest batch sent and not yet acknowledged, in
+    /// milliseconds (0: none).
+    pub oldest_unacked_ms: u64,
 }
 
 impl StageCounts {
@@ -75,8 +91,31 @@ impl StageMetrics {
         self.blocked_ns.load(Ordering::Relaxed) as f64 / 1e9
     }
 
+    /// A source that checkpoints publishes its acknowledgement counts (as
+    /// totals) and when its oldest open batch was sent (`None`: none open).
+    pub fn set_acks(&self, counts: crate::AckCounts, oldest_open: Option<std::time::SystemTime>) {
+        self.acked_delivered
+            .store(counts.delivered, Ordering::Relaxed);
+        self.acked_rejected
+            .store(counts.rejected, Ordering::Relaxed);
+        self.acked_errored.store(counts.errored, Ordering::Relaxed);
+        let ns = oldest_open
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as u64);
+        self.oldest_unacked_ns.store(ns, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> StageCounts {
+        let oldest = self.oldest_unacked_ns.load(Ordering::Relaxed);
         StageCounts {
+            acked_delivered: self.acked_delivered.load(Ordering::Relaxed),
+            acked_rejected: self.acked_rejected.load(Ordering::Relaxed),
+            acked_errored: self.acked_errored.load(Ordering::Relaxed),
+            oldest_unacked_ms: if oldest == 0 {
+                0
+            } else {
+                crate::now_ns().saturating_sub(oldest) / 1_000_000
+            },
             events_in: self.events_in.load(Ordering::Relaxed),
             events_out: self.events_out.load(Ordering::Relaxed),
             discarded: self.discarded.load(Ordering::Relaxed),

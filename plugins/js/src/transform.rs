@@ -355,7 +355,7 @@ impl JsWorker {
         }
         let (proxy, state) = self
             .lazy
-            .begin(ctx, event.clone())
+            .begin(ctx, event.detached())
             .map_err(|e| EventError::new(format!("passing the event to the script: {e}")))?;
         let globals = ctx.globals();
         let process: Function = globals

@@ -351,9 +351,14 @@ pub mod source {
             // otherwise the newest position every batch before it finished.
             // (Only this thread begins batches, so nothing starts between
             // the look and the snapshot.)
+            let metrics = cx.output.metrics().clone();
             let save = |state: &mut StateFile, tailer: &Tailer| {
                 let positions = {
                     let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
+                    let oldest = acks
+                        .oldest_open()
+                        .map(|opened| std::time::SystemTime::now() - opened.elapsed());
+                    metrics.set_acks(acks.counts(), oldest);
                     if acks.outstanding() == 0 {
                         Some(tailer.positions())
                     } else {

@@ -191,6 +191,26 @@ fn tail_through_a_slow_transform_to_a_file_loses_nothing_across_sigkills() {
     let o = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stderr}");
+    // At a clean stop every event the last run emitted was acknowledged
+    // delivered, and the summary says so.
+    let number = |key: &str| -> u64 {
+        let at = stderr
+            .find(key)
+            .unwrap_or_else(|| panic!("no `{key}` in the summary: {stderr}"));
+        stderr[at + key.len()..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let emitted = number("emitted=");
+    assert!(emitted > 0, "{stderr}");
+    assert_eq!(number("acknowledged logs: delivered="), emitted, "{stderr}");
+    assert!(
+        stderr.contains("rejected=0 errored=0 oldest-unacknowledged=0ms"),
+        "{stderr}"
+    );
 
     let (seen, torn) = delivered(&out);
     let missing = (0..next_id).filter(|id| !seen.contains_key(id)).count();
