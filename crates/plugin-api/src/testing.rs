@@ -103,7 +103,8 @@ pub fn run_source(source: Box<dyn Source>, capacity: usize) -> RunningSource {
 }
 
 /// Receives at least `n` events; panics when none comes for 20 s, so a
-/// broken source fails its test instead of hanging it.
+/// broken source fails its test instead of hanging it. It plays the sink:
+/// the events it returns are acknowledged delivered.
 pub async fn take(rx: &mut Receiver, n: usize) -> Vec<Event> {
     let mut got = Vec::new();
     while got.len() < n {
@@ -111,6 +112,7 @@ pub async fn take(rx: &mut Receiver, n: usize) -> Vec<Event> {
             .await
             .unwrap_or_else(|_| panic!("no event within 20 s ({} of {n} so far)", got.len()))
             .expect("the stream ended early");
+        batch.settle(crate::Outcome::Delivered);
         got.extend(batch.take());
     }
     got
