@@ -345,10 +345,7 @@ impl Collector for Snapshot {
         let checkpointing: Vec<_> = report
             .stages
             .iter()
-            .filter(|s| {
-                s.counts.acked_delivered + s.counts.acked_rejected + s.counts.acked_errored > 0
-                    || s.counts.oldest_unacked_ms > 0
-            })
+            .filter(|s| s.counts.has_acks())
             .collect();
         for (name, help, get) in acked {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;

@@ -162,9 +162,7 @@ impl fmt::Display for RunReport {
         }
         for s in &self.stages {
             let c = &s.counts;
-            if c.acked_delivered + c.acked_rejected + c.acked_errored == 0
-                && c.oldest_unacked_ms == 0
-            {
+            if !c.has_acks() {
                 continue;
             }
             writeln!(

@@ -45,14 +45,6 @@ impl Outcome {
             _ => Outcome::Errored,
         }
     }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Delivered => "delivered",
-            Outcome::Rejected => "rejected",
-            Outcome::Errored => "errored",
-        }
-    }
 }
 
 /// Hears the outcome of each batch a source opened.

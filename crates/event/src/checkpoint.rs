@@ -37,8 +37,6 @@ pub struct OrderedCheckpoint<P> {
     base: u64,
     pending: VecDeque<Pending<P>>,
     committed: Option<P>,
-    /// Set when `committed` moved since the last [`take_changed`](Self::take_changed).
-    changed: bool,
     /// Events per outcome.
     counts: AckCounts,
 }
@@ -49,7 +47,6 @@ impl<P> Default for OrderedCheckpoint<P> {
             base: 0,
             pending: VecDeque::new(),
             committed: None,
-            changed: false,
             counts: AckCounts::default(),
         }
     }
@@ -97,7 +94,6 @@ impl<P> OrderedCheckpoint<P> {
                     let done = self.pending.pop_front().expect("front exists");
                     self.base += 1;
                     self.committed = Some(done.position);
-                    self.changed = true;
                 }
                 // Errored holds the line; unfinished waits.
                 Some(Outcome::Errored) | None => break,
@@ -108,15 +104,6 @@ impl<P> OrderedCheckpoint<P> {
     /// The newest position that is safe to save.
     pub fn committed(&self) -> Option<&P> {
         self.committed.as_ref()
-    }
-
-    /// The committed position, if it moved since the last call.
-    pub fn take_changed(&mut self) -> Option<&P> {
-        if std::mem::take(&mut self.changed) {
-            self.committed.as_ref()
-        } else {
-            None
-        }
     }
 
     /// Batches begun and not yet passed by the checkpoint.
@@ -193,15 +180,14 @@ mod tests {
     }
 
     #[test]
-    fn changes_are_reported_once_and_stale_tokens_are_ignored() {
+    fn stale_and_unknown_tokens_are_ignored() {
         let mut c = OrderedCheckpoint::new();
         let a = c.begin("x", 1);
-        assert_eq!(c.take_changed(), None);
+        assert_eq!(c.committed(), None);
         c.finish(a, Outcome::Delivered);
         c.finish(a, Outcome::Errored);
         c.finish(99, Outcome::Delivered);
-        assert_eq!(c.take_changed(), Some(&"x"));
-        assert_eq!(c.take_changed(), None);
+        assert_eq!(c.committed(), Some(&"x"));
         assert!(!c.is_held());
         assert_eq!(c.counts().errored, 0);
     }

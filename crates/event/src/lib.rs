@@ -88,11 +88,6 @@ impl Event {
         &self.ack
     }
 
-    /// Moves the handle out, leaving the event without one.
-    pub fn take_ack(&mut self) -> Ack {
-        std::mem::take(&mut self.ack)
-    }
-
     /// Gives the event `ack` unless it already has a pending one.
     pub fn inherit_ack(&mut self, ack: &Ack) {
         if !self.ack.is_pending() {

@@ -54,6 +54,12 @@ pub struct StageCounts {
 }
 
 impl StageCounts {
+    /// Whether this stage is a source that reported acknowledgements.
+    pub fn has_acks(&self) -> bool {
+        self.acked_delivered + self.acked_rejected + self.acked_errored > 0
+            || self.oldest_unacked_ms > 0
+    }
+
     /// Events that entered the stage and are accounted for nowhere.
     /// Zero for every stage after a clean drain; sources have no input.
     pub fn unaccounted(&self) -> i64 {

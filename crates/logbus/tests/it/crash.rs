@@ -8,10 +8,11 @@
 //! `LOGBUS_CRASH_SEED=S` replays a run (the seed is printed).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::support::append;
 
 /// tail → json → stamp → a JavaScript transform slower than the source →
 /// json → file, memory queues only (the default).
@@ -72,13 +73,7 @@ fn append_lines(path: &Path, ids: std::ops::Range<u64>) {
     for id in ids {
         text.push_str(&format!("{{\"id\":{id},\"msg\":\"line {id}\"}}\n"));
     }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
+    append(path, &text);
 }
 
 /// How many times each id was written, and how many lines were torn by a

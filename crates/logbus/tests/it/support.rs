@@ -164,3 +164,15 @@ pub fn seqs(events: &[Event]) -> Vec<u64> {
         .map(|e| e.as_fields().expect("parsed")["seq"].as_u64().expect("seq"))
         .collect()
 }
+
+/// Appends `text` to the file at `path`, creating it.
+pub fn append(path: &std::path::Path, text: &str) {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+}

@@ -2,10 +2,11 @@
 //! files written, rotated by rename and by copy-truncate while it runs,
 //! multi-line events joined; then a restart that re-reads nothing.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::support::append;
 
 fn start(dir: &Path) -> Child {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tail/app-logs.yml");
@@ -20,16 +21,6 @@ fn start(dir: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn append(path: &Path, text: &str) {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
 }
 
 /// The `message` of every event written so far.
