@@ -27,7 +27,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use logbus_core::StatsHandle;
-use logbus_core::config::ERRORS_SUFFIX;
 use serde_json::{Value, json};
 
 /// Re-reads the pipeline file and applies it; `Err` says why it was refused.
@@ -152,14 +151,12 @@ async fn graph(State(state): State<ApiState>) -> Json<Value> {
         .stages
         .iter()
         .flat_map(|s| {
-            s.inputs
-                .iter()
-                .map(move |input| match input.strip_suffix(ERRORS_SUFFIX) {
-                    Some(base) if p.stage(base).is_some() => {
-                        json!({"from": base, "to": s.id, "errors": true})
-                    }
-                    _ => json!({"from": input, "to": s.id, "errors": false}),
-                })
+            s.inputs.iter().map(move |input| match p.output_of(input) {
+                (base, Some(side)) => {
+                    json!({"from": base, "to": s.id, "errors": true, "side": side})
+                }
+                (_, None) => json!({"from": input, "to": s.id, "errors": false}),
+            })
         })
         .collect();
     Json(json!({ "stages": stages, "edges": edges }))

@@ -19,6 +19,10 @@ use crate::yaml::{self, Node, NodeKind, Pos};
 /// Suffix of the output that carries a stage's failed events (`on_error: route`).
 pub const ERRORS_SUFFIX: &str = ".errors";
 
+/// Suffix of the output that carries what a sink could not deliver: events
+/// its destination refused for good, or that ran out of retries.
+pub const DEAD_SUFFIX: &str = ".dead";
+
 /// Keys every stage may have besides its plugin's options.
 const COMMON_KEYS: [&str; 4] = ["inputs", "on_error", "workers", "queue"];
 
@@ -41,6 +45,17 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1024))]
     pub threads: Option<usize>,
+    /// After SIGINT/SIGTERM (or a failed stage) the sources stop and the
+    /// rest drains; a sink still retrying after this long gives up, and
+    /// what it held is errored (a checkpointing source sends it again
+    /// after a restart) instead of holding the shutdown for ever.
+    #[serde(default = "default_drain_timeout_ms")]
+    #[schemars(range(min = 1))]
+    pub drain_timeout_ms: u64,
+}
+
+fn default_drain_timeout_ms() -> u64 {
+    30_000
 }
 
 /// Most runtime worker threads `settings.threads` and `--threads` accept.
@@ -96,6 +111,7 @@ impl Default for Settings {
             channel_capacity: default_channel_capacity(),
             api: None,
             threads: None,
+            drain_timeout_ms: default_drain_timeout_ms(),
         }
     }
 }
@@ -115,6 +131,9 @@ impl CheckOptions for Settings {
                     self.channel_capacity
                 ),
             ));
+        }
+        if self.drain_timeout_ms == 0 {
+            errors.push(OptionError::at(&["drain_timeout_ms"], "must be at least 1"));
         }
         if let Some(n) = self.threads.filter(|n| !(1..=MAX_THREADS).contains(n)) {
             errors.push(OptionError::at(
@@ -569,7 +588,8 @@ pub struct StageSpec {
     pub kind: StageKind,
     pub plugin_name: String,
     pub plugin: Arc<dyn Plugin>,
-    /// Output names this stage reads: a stage id, or `<id>.errors`.
+    /// Output names this stage reads: a stage id, `<id>.errors`, or a
+    /// sink's `<id>.dead`.
     pub inputs: Vec<String>,
     pub on_error: OnError,
     /// Tasks running this stage (parsers, transforms, formatters, sinks),
@@ -580,6 +600,15 @@ pub struct StageSpec {
 }
 
 impl StageSpec {
+    /// The name of this stage's second output: `<id>.dead` for a sink,
+    /// `<id>.errors` for the others.
+    pub fn side_output(&self) -> String {
+        match self.kind {
+            StageKind::Sink => format!("{}{DEAD_SUFFIX}", self.id),
+            _ => format!("{}{ERRORS_SUFFIX}", self.id),
+        }
+    }
+
     /// Capacity of this stage's input, in events.
     pub fn capacity(&self, settings: &Settings) -> usize {
         self.queue
@@ -709,6 +738,19 @@ impl Pipeline {
     }
 
     /// The stages reading the output `name` (`id` or `id.errors`).
+    /// The stage an input name reads from, and which of its outputs:
+    /// `None` for the main one, `Some("errors")` or `Some("dead")`.
+    pub fn output_of<'a>(&self, input: &'a str) -> (&'a str, Option<&'static str>) {
+        for (suffix, side) in [(ERRORS_SUFFIX, "errors"), (DEAD_SUFFIX, "dead")] {
+            if let Some(base) = input.strip_suffix(suffix)
+                && self.stage(base).is_some()
+            {
+                return (base, Some(side));
+            }
+        }
+        (input, None)
+    }
+
     pub fn readers_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a StageSpec> + 'a {
         self.stages
             .iter()
@@ -1453,6 +1495,10 @@ impl Checker<'_> {
                     Some(base) if by_id.contains_key(base) => (base, true),
                     _ => (input.as_str(), false),
                 };
+                let (upstream_id, dead_output) = match upstream_id.strip_suffix(DEAD_SUFFIX) {
+                    Some(base) if !errors_output && by_id.contains_key(base) => (base, true),
+                    _ => (upstream_id, false),
+                };
                 let Some(upstream) = by_id.get(upstream_id) else {
                     let mut msg = format!("input `{input}` names no stage");
                     if let Some(best) = closest(input, &ids) {
@@ -1465,11 +1511,22 @@ impl Checker<'_> {
                     );
                     continue;
                 };
-                if upstream.kind == Some(StageKind::Sink) {
+                if dead_output && upstream.kind != Some(StageKind::Sink) {
+                    self.push(
+                        Diagnostic::error(
+                            "no-dead-output",
+                            format!("`{input}`: only sinks have a `.dead` output, and `{upstream_id}` is not a sink"),
+                        )
+                        .stage(&s.id)
+                        .at(*pos),
+                    );
+                    continue;
+                }
+                if upstream.kind == Some(StageKind::Sink) && !dead_output {
                     self.push(
                         Diagnostic::error(
                             "sink-as-input",
-                            format!("`{upstream_id}` is a sink; sinks have no output to read"),
+                            format!("`{upstream_id}` is a sink; a sink's only output is `{upstream_id}{DEAD_SUFFIX}`, what it could not deliver"),
                         )
                         .stage(&s.id)
                         .at(*pos),

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use logbus_plugin_api::StageKind;
 
-use crate::config::{ERRORS_SUFFIX, Pipeline};
+use crate::config::Pipeline;
 
 pub fn to_dot(p: &Pipeline) -> String {
     let mut out =
@@ -24,11 +24,11 @@ pub fn to_dot(p: &Pipeline) -> String {
     }
     for s in &p.stages {
         for input in &s.inputs {
-            match input.strip_suffix(ERRORS_SUFFIX) {
-                Some(base) if p.stage(base).is_some() => {
+            match p.output_of(input) {
+                (base, Some(label)) => {
                     let _ = writeln!(
                         out,
-                        "  \"{base}\" -> \"{}\" [style=dashed, label=\"errors\"];",
+                        "  \"{base}\" -> \"{}\" [style=dashed, label=\"{label}\"];",
                         s.id
                     );
                 }
@@ -73,11 +73,16 @@ fn walk(
         "{indent}{arrow}{via}{id} [{} {}]",
         s.kind, s.plugin_name
     );
-    let errors = format!("{id}{ERRORS_SUFFIX}");
+    let side = s.side_output();
+    let via = if s.kind == StageKind::Sink {
+        "(dead) "
+    } else {
+        "(errors) "
+    };
     for reader in p.readers_of(id) {
         walk(p, &reader.id, "", depth + 1, printed, out);
     }
-    for reader in p.readers_of(&errors) {
-        walk(p, &reader.id, "(errors) ", depth + 1, printed, out);
+    for reader in p.readers_of(&side) {
+        walk(p, &reader.id, via, depth + 1, printed, out);
     }
 }

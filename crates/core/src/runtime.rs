@@ -25,16 +25,15 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use logbus_plugin_api::durable::Durable;
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, Fields, Interrupt,
-    Outcome, Output, OutputRole, OutputTargets, Payload, Processor, Receiver, Sender, Sink,
-    SinkContext, Source, SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender,
+    BuildContext, Built, CancellationToken, ChannelHandle, EventError, Interrupt, Outcome, Output,
+    OutputRole, OutputTargets, Processor, Receiver, Sender, Sink, SinkContext, Source,
+    SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, attach_error,
     channel_with_batch, channel_with_latency, durable_channel, local_channel,
 };
-use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::config::{ERRORS_SUFFIX, OnError, Pipeline, StageSpec};
+use crate::config::{OnError, Pipeline, StageSpec};
 use crate::report::{ChannelReport, RunReport, StageFailure, StageReport};
 
 /// A stage could not be built from its validated options.
@@ -206,8 +205,27 @@ pub fn start(
 ) -> Result<RunningPipeline, Vec<BuildError>> {
     let mut built = build_all(pipeline, pipeline.stages.iter())?;
     let mut durables = open_durables(pipeline, pipeline.stages.iter())?;
+    let sinks_stop = CancellationToken::new();
+    {
+        let (shutdown, sinks_stop) = (shutdown.clone(), sinks_stop.clone());
+        let drain = Duration::from_millis(pipeline.settings.drain_timeout_ms);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = sinks_stop.cancelled() => return,
+                _ = shutdown.cancelled() => {}
+            }
+            tokio::select! {
+                _ = sinks_stop.cancelled() => {}
+                _ = tokio::time::sleep(drain) => {
+                    tracing::warn!("the drain deadline ({drain:?}) passed: sinks still retrying give up");
+                    sinks_stop.cancel();
+                }
+            }
+        });
+    }
     let mut sup = Supervisor {
         shutdown: shutdown.clone(),
+        sinks_stop,
         running: pipeline.clone(),
         live: HashMap::new(),
         draining: Vec::new(),
@@ -389,6 +407,9 @@ struct Live {
 
 struct Supervisor {
     shutdown: CancellationToken,
+    /// Cancelled `settings.drain_timeout_ms` after `shutdown`: sinks still
+    /// retrying give up then.
+    sinks_stop: CancellationToken,
     /// The configuration being run.
     running: Pipeline,
     live: HashMap<String, Live>,
@@ -475,7 +496,7 @@ impl Supervisor {
         };
         let mut changed = Vec::new();
         for spec in &pipeline.stages {
-            let errors_name = format!("{}{ERRORS_SUFFIX}", spec.id);
+            let errors_name = spec.side_output();
             let (main_ids, error_ids) = (readers(&spec.id), readers(&errors_name));
             let before = (
                 self.running
@@ -586,9 +607,12 @@ impl Supervisor {
                 Built::Sink(sink) => {
                     let input = worker_input(input.as_ref(), index, workers);
                     let (swap_tx, mut swap_rx) = mpsc::unbounded_channel::<Box<dyn Sink>>();
-                    let (id, metrics) = (id.clone(), metrics.clone());
+                    let (id, metrics, errors) = (id.clone(), metrics.clone(), errors.clone());
+                    let sinks_stop = self.sinks_stop.clone();
                     self.spawn_task(&spec.id, async move {
-                        let mut cx = SinkContext { id, input, metrics };
+                        let mut cx = SinkContext::new(id, input, metrics.clone());
+                        cx.dead = Output::with_targets(errors, metrics, OutputRole::Errors);
+                        cx.stop = sinks_stop;
                         let mut sink = sink;
                         loop {
                             let result = guard(sink.run(&mut cx)).await;
@@ -822,6 +846,8 @@ impl Supervisor {
                 },
             }
         }
+        // Everything ended: the drain deadline has nothing left to stop.
+        self.sinks_stop.cancel();
         let (stages, channels) = report_parts(&self.inventory.lock().expect("inventory lock"));
         RunReport::new(stages, channels, self.failures, self.started.elapsed())
     }
@@ -1023,7 +1049,7 @@ impl ProcessorStage {
                             self.metrics.add_errored(1);
                             self.warn.warn(&self.id, &error);
                         }
-                        OnError::Route => routed.push(attach_error(event, &self.id, &error)),
+                        OnError::Route => routed.push(attach_error(event, &self.id, &error.0)),
                         OnError::Fail => {
                             self.metrics.add_errored(1);
                             failure = Some(error);
@@ -1047,30 +1073,6 @@ impl ProcessorStage {
         }
         Ok(())
     }
-}
-
-/// The event as routed to `<id>.errors`: its fields (a raw event becomes
-/// `{"message": "<text>"}`) plus `_error: {stage, message}`.
-pub fn attach_error(mut event: Event, stage: &str, error: &EventError) -> Event {
-    let info = json!({ "stage": stage, "message": error.0 });
-    let payload = event.payload_mut();
-    let fields: &mut Fields = match payload {
-        Payload::Fields(f) => f,
-        Payload::Raw(bytes) => {
-            let mut f = Fields::new();
-            f.insert(
-                "message".into(),
-                Value::String(String::from_utf8_lossy(bytes).into_owned()),
-            );
-            *payload = Payload::Fields(f);
-            match payload {
-                Payload::Fields(f) => f,
-                Payload::Raw(_) => unreachable!(),
-            }
-        }
-    };
-    fields.insert("_error".into(), info);
-    event
 }
 
 /// Logs the first few errors of each 10-second window and then a count of

@@ -52,7 +52,7 @@ pub use output::{Output, OutputRole, OutputTargets, Tap};
 pub use plugin::{
     BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, Plugin, Processor, Sink,
     SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin, Verdict,
-    closest, parse_options, path_segments,
+    attach_error, closest, parse_options, path_segments,
 };
 pub use registry::Registry;
 pub use schemars;

@@ -155,9 +155,32 @@ pub struct SinkContext {
     pub id: Arc<str>,
     pub input: Receiver,
     pub metrics: Arc<StageMetrics>,
+    /// `<id>.dead`: where events the destination refused for good, or
+    /// that ran out of retries, go when a stage reads it. Check
+    /// [`Output::is_connected`] first: unread, the sink's own policy
+    /// (fail or drop) applies.
+    pub dead: Output,
+    /// Cancelled when the drain deadline of a shutdown has passed: a sink
+    /// still retrying gives up, settles what it holds as errored (a
+    /// checkpointing source sends those again after a restart) and returns
+    /// an error that says how many events it held.
+    pub stop: CancellationToken,
 }
 
 impl SinkContext {
+    /// A context with no dead-letter reader and no drain deadline (tests,
+    /// and stages started outside the engine).
+    pub fn new(id: impl Into<Arc<str>>, input: Receiver, metrics: Arc<StageMetrics>) -> Self {
+        let dead = Output::new(Vec::new(), metrics.clone(), crate::OutputRole::Errors);
+        SinkContext {
+            id: id.into(),
+            input,
+            metrics,
+            dead,
+            stop: CancellationToken::new(),
+        }
+    }
+
     /// Records `n` events as durably handed to the destination.
     pub fn committed(&self, n: usize) {
         self.metrics.add_out(n as u64);
@@ -390,3 +413,23 @@ where
 pub struct NoOptions {}
 
 impl CheckOptions for NoOptions {}
+
+/// Marks `event` as failed at `stage`, for a stage's `<id>.errors` or a
+/// sink's `<id>.dead`: the reason goes into an `_error` field
+/// (`{stage, message}`); a raw event becomes `{message: <its text>}` first.
+pub fn attach_error(mut event: Event, stage: &str, message: &str) -> Event {
+    let info = serde_json::json!({ "stage": stage, "message": message });
+    let payload = event.payload_mut();
+    if let crate::Payload::Raw(bytes) = payload {
+        let mut f = crate::Fields::new();
+        f.insert(
+            "message".into(),
+            Value::String(String::from_utf8_lossy(bytes).into_owned()),
+        );
+        *payload = crate::Payload::Fields(f);
+    }
+    if let crate::Payload::Fields(f) = payload {
+        f.insert("_error".into(), info);
+    }
+    event
+}

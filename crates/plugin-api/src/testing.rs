@@ -135,11 +135,7 @@ pub async fn run_sink(
 ) -> (Result<(), StageError>, Arc<StageMetrics>) {
     let (tx, rx) = channel(batches.iter().map(Vec::len).sum::<usize>().max(1));
     let metrics = Arc::new(StageMetrics::default());
-    let mut cx = SinkContext {
-        id: "s".into(),
-        input: rx,
-        metrics: metrics.clone(),
-    };
+    let mut cx = SinkContext::new("s", rx, metrics.clone());
     for batch in batches {
         tx.send(batch).await.expect("the sink's input is open");
     }

@@ -165,11 +165,7 @@ async fn try_run(
     };
     let (tx, rx) = channel(10_000);
     let metrics = Arc::new(StageMetrics::default());
-    let mut scx = SinkContext {
-        id: "alerts".into(),
-        input: rx,
-        metrics: metrics.clone(),
-    };
+    let mut scx = SinkContext::new("alerts", rx, metrics.clone());
     let batches = batches.to_vec();
     let feeder = tokio::spawn(async move {
         let mut at = 0;

@@ -1,21 +1,27 @@
-//! `sink: http` — batched POSTs with retries. A batch is committed (and its
-//! input released) only after the server answered 2xx, so a destination
-//! that is down or slow holds the batch and, through the bounded queues,
-//! the sources: nothing is dropped unless `on_rejected: drop` says so for
-//! a request the server refuses outright, and then it is counted.
+//! `sink: http` — batched POSTs on the sink core (`logbus-sink`). An event
+//! is committed, and acknowledged to its source, only after the server
+//! answered 2xx for its request, so a destination that is down or slow
+//! holds the batch and, through the bounded queues, the sources.
 //!
-//! Retries: connection errors, timeouts, 408, 429 and 5xx, with
-//! exponential backoff and full jitter, honouring `Retry-After`. Other 4xx
-//! mean the request itself is wrong; retrying cannot help.
+//! What is specific to HTTP is here: how a status maps to an outcome.
+//! Connection errors, timeouts, 408, 429 and 5xx are retried (the core's
+//! policy: backoff with full jitter, `Retry-After` in either form); other
+//! 4xx mean the request itself is wrong, and retrying cannot help — those
+//! events go to `<id>.dead` when a stage reads it, else `on_rejected`
+//! decides.
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use logbus_compress::{CompressWriter, Compression};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, InputBatch, OptionError, Payload, Sink, SinkContext,
-    StageError, StageKind, TypedPlugin, async_trait, retry_delay,
+    BuildContext, Built, Bytes, CheckOptions, OptionError, Sink, SinkContext, StageError,
+    StageKind, TypedPlugin, async_trait,
+};
+use logbus_sink::{
+    Batch, BatchLimits, Driver, DriverConfig, JsonArray, JsonLines, Response, RetryPolicy, Service,
+    parse_retry_after,
 };
 use serde::Deserialize;
 
@@ -105,15 +111,29 @@ pub struct HttpSinkOptions {
     #[serde(default = "default_max_backoff")]
     #[schemars(range(min = 1))]
     pub retry_max_backoff_ms: u64,
-    /// Give up (and fail the stage) after this many attempts; unset:
-    /// retry until the destination is back, holding the pipeline.
+    /// Give up after this many attempts; unset: retry until the
+    /// destination is back, holding the pipeline. Events given up on go to
+    /// `<id>.dead` when a stage reads it; otherwise the stage fails.
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub retry_max_attempts: Option<u32>,
-    /// A request refused with a non-retryable 4xx: `fail` (default) or
-    /// `drop` (counted as discarded).
+    /// Give up once a batch has been retried for this long (as above).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub retry_max_elapsed_ms: Option<u64>,
+    /// Most requests waiting for an answer at once. With more than one,
+    /// batches may arrive out of order; `1` keeps the order.
+    #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1, max = 256))]
+    pub in_flight: usize,
+    /// Events refused with a non-retryable 4xx, when no stage reads
+    /// `<id>.dead`: `fail` (default) or `drop` (counted as discarded).
     #[serde(default)]
     pub on_rejected: OnRejected,
+}
+
+fn default_in_flight() -> usize {
+    4
 }
 
 fn default_max_events() -> usize {
@@ -171,6 +191,18 @@ impl CheckOptions for HttpSinkOptions {
                 ),
             ));
         }
+        if !(1..=256).contains(&self.in_flight) {
+            errors.push(OptionError::at(
+                &["in_flight"],
+                format!("must be between 1 and 256, got {}", self.in_flight),
+            ));
+        }
+        if self.retry_max_elapsed_ms == Some(0) {
+            errors.push(OptionError::at(
+                &["retry_max_elapsed_ms"],
+                "must be at least 1",
+            ));
+        }
         if self.retry_max_attempts == Some(0) {
             errors.push(OptionError::at(
                 &["retry_max_attempts"],
@@ -199,301 +231,186 @@ impl TypedPlugin for HttpSink {
     type Options = HttpSinkOptions;
     const NAME: &'static str = "http";
     const KIND: StageKind = StageKind::Sink;
-    const DESCRIPTION: &'static str = "Batched HTTP POST/PUT (NDJSON or a JSON array, gzip/zstd) with retries, backoff with jitter and Retry-After; commits only on 2xx.";
+    const DESCRIPTION: &'static str = "Batched HTTP POST/PUT (NDJSON or a JSON array, gzip/zstd), several requests in flight, retries with full jitter and Retry-After; commits only on 2xx, refused events to <id>.dead.";
 
     fn build(&self, options: HttpSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
-        let mut tls = ureq::tls::TlsConfig::builder();
-        if let Some(ca) = options.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
-            let path = cx.resolve(ca);
-            let pem = std::fs::read(&path).map_err(|e| {
-                OptionError::at(
-                    &["tls", "ca_file"],
-                    format!("reading {}: {e}", path.display()),
-                )
-            })?;
-            let certs = ureq::tls::parse_pem(&pem)
-                .filter_map(|item| match item {
-                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                    _ => None,
-                })
-                .collect::<Vec<_>>();
-            if certs.is_empty() {
-                return Err(OptionError::at(
-                    &["tls", "ca_file"],
-                    format!("{} holds no certificate", path.display()),
-                ));
-            }
-            tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
-        }
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_millis(options.request_timeout_ms)))
-            .http_status_as_error(false)
-            .tls_config(tls.build())
+        let tls = options.tls.clone().unwrap_or_default();
+        let tls = tls.config(&cx.base_dir).map_err(|e| {
+            let key: &[&str] = match tls.ca_file {
+                Some(_) => &["tls", "ca_file"],
+                None => &["tls"],
+            };
+            OptionError::at(key, e.to_string())
+        })?;
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls((*tls).clone())
+            .timeout(Duration::from_millis(options.request_timeout_ms))
+            .pool_max_idle_per_host(options.in_flight)
             .build()
-            .into();
-        Ok(Built::Sink(Box::new(HttpWriter { options, agent })))
+            .map_err(|e| OptionError::at(&["url"], format!("building the HTTP client: {e}")))?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        let mut header = |name: &str, value: &str, path: &[&str]| {
+            let value = reqwest::header::HeaderValue::from_str(value)
+                .map_err(|_| OptionError::at(path, "not a valid header value"))?;
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| OptionError::at(path, "not a valid header name"))?;
+            headers.insert(name, value);
+            Ok::<(), OptionError>(())
+        };
+        let content_type = match options.encoding {
+            BodyEncoding::Ndjson => "application/x-ndjson",
+            BodyEncoding::JsonArray => "application/json",
+        };
+        header("content-type", content_type, &["encoding"])?;
+        match options.compression {
+            BodyCompression::None => {}
+            BodyCompression::Gzip => header("content-encoding", "gzip", &["compression"])?,
+            BodyCompression::Zstd => header("content-encoding", "zstd", &["compression"])?,
+        }
+        if let Some(token) = &options.bearer_token {
+            header(
+                "authorization",
+                &format!("Bearer {token}"),
+                &["bearer_token"],
+            )?;
+        }
+        for (k, v) in &options.headers {
+            header(k, v, &["headers", k])?;
+        }
+        let method = match options.method {
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+        };
+        let config = DriverConfig {
+            limits: BatchLimits {
+                max_events: options.batch_max_events,
+                max_bytes: options.batch_max_bytes,
+                max_age: Duration::from_millis(options.batch_timeout_ms),
+                ..BatchLimits::default()
+            },
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_millis(options.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(options.retry_max_backoff_ms),
+                max_attempts: options.retry_max_attempts,
+                max_elapsed: options.retry_max_elapsed_ms.map(Duration::from_millis),
+            },
+            in_flight: options.in_flight,
+            on_rejected: match options.on_rejected {
+                OnRejected::Fail => logbus_sink::OnRejected::Fail,
+                OnRejected::Drop => logbus_sink::OnRejected::Drop,
+            },
+            destination: format!("{method} {}", options.url),
+        };
+        let service = HttpService {
+            client,
+            method,
+            url: options.url.clone(),
+            headers,
+            compression: options.compression,
+        };
+        let driver = match options.encoding {
+            BodyEncoding::Ndjson => Driver::new(service, JsonLines, config),
+            BodyEncoding::JsonArray => Driver::new(service, JsonArray, config),
+        };
+        Ok(Built::Sink(Box::new(HttpWriter { driver })))
     }
 }
 
 struct HttpWriter {
-    options: HttpSinkOptions,
-    agent: ureq::Agent,
-}
-
-/// How a batch ended.
-enum Delivered {
-    Accepted,
-    /// Refused and dropped by `on_rejected: drop` (counted as discarded).
-    Dropped,
-}
-
-/// What one attempt came to.
-enum Outcome {
-    Done,
-    /// Worth another try, after at least this long (from `Retry-After`).
-    Retry(String, Option<Duration>),
-    Rejected(String),
+    driver: Driver<HttpService>,
 }
 
 #[async_trait]
 impl Sink for HttpWriter {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        let o = &self.options;
-        let timeout = Duration::from_millis(o.batch_timeout_ms);
-        let mut held: Vec<InputBatch> = Vec::new();
-        let mut events: Vec<Event> = Vec::new();
-        let mut bytes = 0usize;
-        let mut deadline: Option<tokio::time::Instant> = None;
-        let mut ended = false;
-        loop {
-            let full = events.len() >= o.batch_max_events || bytes >= o.batch_max_bytes;
-            let due = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
-            if !events.is_empty() && (full || due || ended) {
-                // At most `batch_max_events` / `batch_max_bytes` per request;
-                // input batches are released once all their events are.
-                let mut take = 0;
-                let mut size = 0;
-                for e in &events {
-                    if take == o.batch_max_events
-                        || (take > 0 && size + event_len(e) > o.batch_max_bytes)
-                    {
-                        break;
-                    }
-                    size += event_len(e);
-                    take += 1;
-                }
-                let rest = events.split_off(take);
-                let request = std::mem::replace(&mut events, rest);
-                if let Delivered::Accepted = self.deliver(request, cx).await? {
-                    cx.committed(take);
-                }
-                bytes -= size;
-                if events.is_empty() {
-                    held.clear();
-                    deadline = None;
-                }
-                continue;
-            }
-            if ended {
-                return Ok(());
-            }
-            let next = match deadline {
-                Some(d) => tokio::select! {
-                    batch = cx.input.recv() => Some(batch),
-                    _ = tokio::time::sleep_until(d) => None,
-                },
-                None => Some(cx.input.recv().await),
-            };
-            match next {
-                None => {} // the batch timeout: send what is there
-                Some(None) => ended = true,
-                Some(Some(mut batch)) => {
-                    cx.metrics.add_in(batch.len() as u64);
-                    for e in batch.take() {
-                        bytes += event_len(&e);
-                        events.push(e);
-                    }
-                    held.push(batch);
-                    deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
-                }
-            }
-        }
+        self.driver.run(cx).await
     }
 }
 
-fn event_len(e: &Event) -> usize {
-    match e.payload() {
-        Payload::Raw(b) => b.len() + 1,
-        Payload::Fields(f) => f.len() * 16 + 2,
-    }
+/// One endpoint, with a pooled async client: requests in flight share its
+/// connections.
+struct HttpService {
+    client: reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    headers: reqwest::header::HeaderMap,
+    compression: BodyCompression,
 }
 
-impl HttpWriter {
-    fn body(&self, events: &[Event]) -> Result<Vec<u8>, StageError> {
-        let mut plain = Vec::new();
-        if self.options.encoding == BodyEncoding::JsonArray {
-            plain.push(b'[');
-        }
-        for (i, e) in events.iter().enumerate() {
-            if self.options.encoding == BodyEncoding::JsonArray && i > 0 {
-                plain.push(b',');
-            }
-            match e.payload() {
-                Payload::Raw(b) => plain.extend_from_slice(b),
-                Payload::Fields(f) => serde_json::to_writer(&mut plain, f)
-                    .map_err(|e| StageError::Other(format!("encoding an event: {e}")))?,
-            }
-            if self.options.encoding == BodyEncoding::Ndjson {
-                plain.push(b'\n');
-            }
-        }
-        if self.options.encoding == BodyEncoding::JsonArray {
-            plain.push(b']');
-        }
-        let format = match self.options.compression {
-            BodyCompression::None => return Ok(plain),
+/// Most bytes of an error response kept for the message.
+const REASON_BYTES: usize = 512;
+
+#[async_trait]
+impl Service for HttpService {
+    type Request = Bytes;
+
+    fn prepare(&self, batch: &Batch) -> Result<Bytes, String> {
+        let format = match self.compression {
+            BodyCompression::None => return Ok(Bytes::copy_from_slice(batch.body())),
             BodyCompression::Gzip => Compression::Gzip,
             BodyCompression::Zstd => Compression::Zstd,
         };
-        let io = |e| StageError::io("compressing the request body", e);
-        let mut w = CompressWriter::new(Vec::with_capacity(plain.len() / 4), format).map_err(io)?;
-        w.write_all(&plain).map_err(io)?;
-        w.finish().map_err(io)
+        let fail = |e: std::io::Error| format!("compressing the request body: {e}");
+        let mut w = CompressWriter::new(Vec::with_capacity(batch.body().len() / 4), format)
+            .map_err(fail)?;
+        w.write_all(batch.body()).map_err(fail)?;
+        w.finish().map(Bytes::from).map_err(fail)
     }
 
-    /// Sends one batch until it is accepted, retrying what can be retried.
-    async fn deliver(
-        &self,
-        mut events: Vec<Event>,
-        cx: &SinkContext,
-    ) -> Result<Delivered, StageError> {
-        let o = &self.options;
-        let body = std::sync::Arc::new(self.body(&events)?);
-        let mut attempt: u32 = 0;
-        loop {
-            attempt += 1;
-            let outcome = {
-                let agent = self.agent.clone();
-                let body = body.clone();
-                let request = self.request(&agent);
-                tokio::task::spawn_blocking(move || send(request, &body))
-                    .await
-                    .map_err(|e| StageError::Other(format!("the HTTP request panicked: {e}")))?
-            };
-            match outcome {
-                Outcome::Done => {
-                    Event::settle_all(&mut events, logbus_plugin_api::Outcome::Delivered);
-                    return Ok(Delivered::Accepted);
-                }
-                Outcome::Rejected(why) => match o.on_rejected {
-                    OnRejected::Fail => {
-                        return Err(StageError::Other(format!(
-                            "{} {} refused {} events: {why}",
-                            method_name(o.method),
-                            o.url,
-                            events.len()
-                        )));
-                    }
-                    OnRejected::Drop => {
-                        tracing::warn!(
-                            url = %o.url,
-                            "dropping {} events the server refused: {why}",
-                            events.len()
-                        );
-                        cx.metrics.add_discarded(events.len() as u64);
-                        Event::settle_all(&mut events, logbus_plugin_api::Outcome::Rejected);
-                        return Ok(Delivered::Dropped);
-                    }
-                },
-                Outcome::Retry(why, after) => {
-                    if o.retry_max_attempts.is_some_and(|max| attempt >= max) {
-                        return Err(StageError::Other(format!(
-                            "{} {} failed {attempt} times, giving up: {why}",
-                            method_name(o.method),
-                            o.url
-                        )));
-                    }
-                    let cap = Duration::from_millis(o.retry_max_backoff_ms);
-                    let exp = retry_delay(
-                        Duration::from_millis(o.retry_initial_backoff_ms),
-                        cap,
-                        attempt,
-                    );
-                    // Full jitter, but never sooner than the server asked.
-                    let jittered = exp.mul_f64(fastrand::f64());
-                    let delay = after.map_or(jittered, |a| a.min(cap).max(jittered));
-                    tracing::warn!(
-                        url = %o.url,
-                        attempt,
-                        "request failed, retrying in {delay:?}: {why}"
-                    );
-                    tokio::time::sleep(delay).await;
-                }
+    async fn send(&self, body: &Bytes) -> Response {
+        let sent = self
+            .client
+            .request(self.method.clone(), &self.url)
+            .headers(self.headers.clone())
+            .body(body.clone())
+            .send()
+            .await;
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                return Response::Retry {
+                    reason: error_chain(&e),
+                    retry_after: None,
+                };
             }
-        }
-    }
-
-    fn request(&self, agent: &ureq::Agent) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
-        let o = &self.options;
-        let mut r = match o.method {
-            Method::Post => agent.post(&o.url),
-            Method::Put => agent.put(&o.url),
         };
-        r = r.header(
-            "Content-Type",
-            match o.encoding {
-                BodyEncoding::Ndjson => "application/x-ndjson",
-                BodyEncoding::JsonArray => "application/json",
-            },
-        );
-        match o.compression {
-            BodyCompression::None => {}
-            BodyCompression::Gzip => r = r.header("Content-Encoding", "gzip"),
-            BodyCompression::Zstd => r = r.header("Content-Encoding", "zstd"),
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) {
+            return Response::Delivered;
         }
-        if let Some(token) = &o.bearer_token {
-            r = r.header("Authorization", format!("Bearer {token}"));
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let mut text = Vec::new();
+        while text.len() < REASON_BYTES {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => text.extend_from_slice(&chunk),
+                _ => break,
+            }
         }
-        for (k, v) in &o.headers {
-            r = r.header(k, v);
+        text.truncate(REASON_BYTES);
+        let reason = format!("HTTP {status}: {}", String::from_utf8_lossy(&text).trim());
+        if status == 408 || status == 429 || status >= 500 {
+            Response::Retry {
+                reason,
+                retry_after,
+            }
+        } else {
+            Response::Rejected { reason }
         }
-        r
     }
 }
 
-fn method_name(m: Method) -> &'static str {
-    match m {
-        Method::Post => "POST",
-        Method::Put => "PUT",
+/// The error with its causes ("error sending request: connection refused").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
     }
-}
-
-fn send(request: ureq::RequestBuilder<ureq::typestate::WithBody>, body: &[u8]) -> Outcome {
-    match request.send(body) {
-        Err(e) => Outcome::Retry(e.to_string(), None),
-        Ok(mut resp) => {
-            let status = resp.status().as_u16();
-            if (200..300).contains(&status) {
-                return Outcome::Done;
-            }
-            let retry_after = resp
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            let text = resp
-                .body_mut()
-                .with_config()
-                .limit(512)
-                .read_to_string()
-                .unwrap_or_default();
-            let why = format!("HTTP {status}: {}", text.trim());
-            if status == 408 || status == 429 || status >= 500 {
-                Outcome::Retry(why, retry_after)
-            } else {
-                Outcome::Rejected(why)
-            }
-        }
-    }
+    out
 }

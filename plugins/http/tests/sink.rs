@@ -13,7 +13,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use logbus_plugin_api::testing::{self, option_errors};
-use logbus_plugin_api::{Event, Meta, SinkContext, StageMetrics, Typed, channel};
+use logbus_plugin_api::{
+    Event, Meta, Output, OutputRole, SinkContext, StageMetrics, Typed, channel,
+};
 use serde_json::json;
 
 /// What the server does with the next request.
@@ -23,6 +25,8 @@ enum Act {
     Status(u16),
     /// 503 with `Retry-After: 1`.
     RetryAfter,
+    /// 503 with `Retry-After: <an HTTP date two seconds ahead>`.
+    RetryAfterDate,
     /// Answers 200 only after this long (the client has given up by then).
     Slow(Duration),
 }
@@ -33,12 +37,30 @@ struct Server {
     /// Bodies of the requests answered 2xx, decoded, one event per line.
     accepted: Mutex<Vec<String>>,
     requests: Mutex<Vec<Seen>>,
+    /// Requests being answered now, and the most at once.
+    current: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    /// How long each answer takes.
+    delay: Mutex<Duration>,
 }
 
 /// A request as answered: status, `Authorization`, `Content-Encoding`.
 type Seen = (u16, Option<String>, Option<String>);
 
 async fn handle(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    use std::sync::atomic::Ordering::SeqCst;
+    let now = s.current.fetch_add(1, SeqCst) + 1;
+    s.most.fetch_max(now, SeqCst);
+    let delay = *s.delay.lock().unwrap();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let response = answer(&s, headers, body).await;
+    s.current.fetch_sub(1, SeqCst);
+    response
+}
+
+async fn answer(s: &Server, headers: HeaderMap, body: Bytes) -> Response {
     let act = s.script.lock().unwrap().pop_front().unwrap_or(Act::Ok);
     let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_string());
     let encoding = header("content-encoding");
@@ -55,7 +77,7 @@ async fn handle(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -
     let status = match act {
         Act::Ok => 200,
         Act::Status(code) => code,
-        Act::RetryAfter => 503,
+        Act::RetryAfter | Act::RetryAfterDate => 503,
         Act::Slow(d) => {
             tokio::time::sleep(d).await;
             200
@@ -75,6 +97,11 @@ async fn handle(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -
     let mut r = (StatusCode::from_u16(status).unwrap(), "not now").into_response();
     if matches!(act, Act::RetryAfter) {
         r.headers_mut().insert("retry-after", "1".parse().unwrap());
+    }
+    if matches!(act, Act::RetryAfterDate) {
+        let at = std::time::SystemTime::now() + Duration::from_secs(2);
+        r.headers_mut()
+            .insert("retry-after", httpdate::fmt_http_date(at).parse().unwrap());
     }
     r
 }
@@ -113,14 +140,22 @@ fn events(from: usize, n: usize) -> Vec<Event> {
 /// Runs the sink over `n` events (sent in batches of 7); returns its result
 /// and metrics.
 async fn run_sink(options: serde_json::Value, n: usize) -> (Result<(), String>, Arc<StageMetrics>) {
+    run_sink_with_dead(options, n, None).await
+}
+
+/// As [`run_sink`], with `ship.dead` read through `dead`.
+async fn run_sink_with_dead(
+    options: serde_json::Value,
+    n: usize,
+    dead: Option<logbus_plugin_api::Sender>,
+) -> (Result<(), String>, Arc<StageMetrics>) {
     let sink = testing::sink(&Typed(logbus_http::sink::HttpSink), options);
     let (tx, rx) = channel(1000);
     let metrics = Arc::new(StageMetrics::default());
-    let mut sink_cx = SinkContext {
-        id: "ship".into(),
-        input: rx,
-        metrics: metrics.clone(),
-    };
+    let mut sink_cx = SinkContext::new("ship", rx, metrics.clone());
+    if let Some(dead) = dead {
+        sink_cx.dead = Output::new(vec![dead], metrics.clone(), OutputRole::Errors);
+    }
     let feeder = tokio::spawn(async move {
         let mut i = 0;
         while i < n {
@@ -167,6 +202,7 @@ async fn failures_are_retried_until_accepted_and_every_event_arrives_once_in_ord
             "batch_timeout_ms": 5,
             "retry_initial_backoff_ms": 1,
             "retry_max_backoff_ms": 20,
+            "in_flight": 1,
         }),
         100,
     )
@@ -262,7 +298,7 @@ async fn a_refused_request_fails_the_stage_or_is_dropped_and_counted() {
 
     let (server, url) = start(&[Act::Status(413)]).await;
     let (result, metrics) = run_sink(
-        json!({ "url": url, "batch_timeout_ms": 1, "batch_max_events": 5, "on_rejected": "drop" }),
+        json!({ "url": url, "batch_timeout_ms": 1, "batch_max_events": 5, "on_rejected": "drop", "in_flight": 1 }),
         10,
     )
     .await;
@@ -283,10 +319,82 @@ async fn retry_max_attempts_gives_up_with_the_reason() {
     .await;
     let err = result.unwrap_err();
     assert!(
-        err.contains("failed 3 times") && err.contains("HTTP 503"),
+        err.contains("gave up: 3 attempts") && err.contains("HTTP 503") && err.contains(&url),
         "{err}"
     );
     assert_eq!(metrics.snapshot().events_out, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_as_an_http_date_is_honoured() {
+    let (server, url) = start(&[Act::RetryAfterDate]).await;
+    let started = std::time::Instant::now();
+    let (result, _) = run_sink(
+        json!({ "url": url, "retry_initial_backoff_ms": 1, "retry_max_backoff_ms": 5000, "batch_timeout_ms": 1 }),
+        2,
+    )
+    .await;
+    result.unwrap();
+    // The date is two seconds ahead at whole-second precision: at least one
+    // second of it is left when the client reads it.
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(seqs(&server.accepted.lock().unwrap()), [0, 1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_requests_in_flight_deliver_every_event_exactly_once() {
+    let (server, url) = start(&[Act::Status(503), Act::Ok, Act::Status(500)]).await;
+    *server.delay.lock().unwrap() = Duration::from_millis(20);
+    let (result, metrics) = run_sink(
+        json!({
+            "url": url,
+            "batch_max_events": 20,
+            "batch_timeout_ms": 5,
+            "retry_initial_backoff_ms": 1,
+            "in_flight": 4,
+        }),
+        600,
+    )
+    .await;
+    result.unwrap();
+    let mut got = seqs(&server.accepted.lock().unwrap());
+    got.sort();
+    assert_eq!(got, (0..600).collect::<Vec<_>>(), "once each");
+    let most = server.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((2..=4).contains(&most), "{most} requests at once");
+    assert_eq!(metrics.snapshot().events_out, 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_events_go_to_the_dead_letter_output_with_the_reason() {
+    let (server, url) = start(&[Act::Status(400)]).await;
+    let (dead_tx, mut dead_rx) = channel(100);
+    let (result, metrics) = run_sink_with_dead(
+        json!({ "url": url, "batch_timeout_ms": 1, "batch_max_events": 5, "in_flight": 1 }),
+        10,
+        Some(dead_tx),
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(seqs(&server.accepted.lock().unwrap()), [5, 6, 7, 8, 9]);
+    let dead = testing::take(&mut dead_rx, 5).await;
+    let dead: Vec<(String, String)> = dead
+        .iter()
+        .map(|e| {
+            let f = e.as_fields().unwrap();
+            (
+                f["message"].as_str().unwrap().to_string(),
+                f["_error"]["message"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(dead[0].0, "{\"seq\":0}");
+    assert!(
+        dead.iter().all(|(_, why)| why.starts_with("HTTP 400")),
+        "{dead:?}"
+    );
+    let m = metrics.snapshot();
+    assert_eq!((m.events_out, m.routed, m.discarded), (5, 5, 0));
 }
 
 #[test]

@@ -415,3 +415,117 @@ async fn a_tap_nobody_reads_never_slows_or_loses_data_path_events() {
         );
     }
 }
+
+/// An HTTP endpoint on loopback that answers every request with `status`
+/// (a real socket and a real HTTP/1.1 exchange, for the http sink).
+async fn http_endpoint(status: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/ingest", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                let mut seen = Vec::new();
+                // Headers, then as much body as Content-Length says.
+                loop {
+                    let Ok(n) = conn.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if seen.len() < end + 4 + len {
+                        continue;
+                    }
+                    seen.drain(..end + 4 + len);
+                    let answer = format!(
+                        "HTTP/1.1 {status} Whatever\r\ncontent-length: 12\r\n\r\nnot for you\n"
+                    );
+                    if conn.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_sink_cannot_deliver_goes_to_its_dead_letter_reader() {
+    let url = http_endpoint(400).await;
+    let plugins = TestPlugins::default();
+    let report = run(
+        &format!(
+            "stages:\n  gen: {{ source: generator, count: 500 }}\n  json: {{ parser: json, inputs: [gen] }}\n  out: {{ sink: http, inputs: [json], url: \"{url}\", batch_max_events: 100 }}\n  dead: {{ sink: collect, inputs: [out.dead] }}\n"
+        ),
+        &plugins,
+    )
+    .await;
+    assert!(report.is_clean(), "{report}");
+    let dead = plugins.events("dead");
+    assert_eq!(dead.len(), 500);
+    let mut got: Vec<u64> = dead
+        .iter()
+        .map(|e| {
+            let f = e.as_fields().unwrap();
+            assert_eq!(f["_error"]["stage"], "out");
+            let why = f["_error"]["message"].as_str().unwrap();
+            assert!(why.starts_with("HTTP 400: not for you"), "{why}");
+            f["seq"].as_u64().unwrap()
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, (0..500).collect::<Vec<_>>());
+    let out = report.stages.iter().find(|s| s.id == "out").unwrap();
+    assert_eq!((out.counts.events_out, out.counts.routed), (0, 500));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_still_retrying_at_the_drain_deadline_gives_up_and_says_what_it_held() {
+    let url = http_endpoint(503).await;
+    let plugins = TestPlugins::default();
+    let p = valid(
+        &format!(
+            "settings: {{ channel_capacity: 64, drain_timeout_ms: 300 }}\nstages:\n  gen: {{ source: generator }}\n  out: {{ sink: http, inputs: [gen], url: \"{url}\", batch_max_events: 10, batch_timeout_ms: 1, retry_initial_backoff_ms: 1, retry_max_backoff_ms: 20 }}\n"
+        ),
+        &plugins.registry(),
+    );
+    let running = start(&p, CancellationToken::new()).unwrap();
+    let out = running.metrics("out").unwrap().clone();
+    wait_until("the sink to hold events", Duration::from_secs(30), || {
+        out.snapshot().events_in > 0
+    })
+    .await;
+    running.shutdown();
+    // Without the deadline this would retry for ever.
+    let report = tokio::time::timeout(Duration::from_secs(60), running.wait())
+        .await
+        .expect("the drain deadline ends the run");
+    assert_eq!(report.failures.len(), 1, "{report}");
+    let failure = &report.failures[0];
+    assert_eq!(failure.stage, "out");
+    assert!(
+        failure.message.contains("the drain deadline passed with")
+            && failure.message.contains(&url),
+        "{}",
+        failure.message
+    );
+    // Nothing vanished: what the sink held is counted as errored.
+    assert_eq!(report.totals.lost, 0, "{report}");
+    assert_eq!(report.totals.committed, 0);
+    assert_eq!(report.totals.errored, report.totals.emitted, "{report}");
+}

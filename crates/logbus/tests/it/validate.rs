@@ -239,6 +239,31 @@ fn sink_used_as_input() {
 }
 
 #[test]
+fn a_sinks_dead_letters_are_an_input_only_sinks_have() {
+    let dead = "stages:\n  a: { source: stdin }\n  o: { sink: http, inputs: [a], url: \"http://127.0.0.1:1/\" }\n  d: { sink: file, inputs: [o.dead], path: dead.ndjson }\n";
+    let loaded = load(dead);
+    assert!(loaded.diagnostics.is_empty(), "{:#?}", loaded.diagnostics);
+    let p = loaded.pipeline.unwrap();
+    assert_eq!(p.output_of("o.dead"), ("o", Some("dead")));
+    assert_eq!(
+        p.readers_of(&p.stage("o").unwrap().side_output())
+            .map(|s| s.id.as_str())
+            .collect::<Vec<_>>(),
+        ["d"]
+    );
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  o: { sink: stdout, inputs: [a.dead] }\n",
+        "no-dead-output",
+    );
+    assert!(
+        d.message.contains("only sinks have a `.dead` output"),
+        "{}",
+        d.message
+    );
+    assert_eq!((d.stage.as_deref(), at(&d)), (Some("o"), (3, 31)));
+}
+
+#[test]
 fn stage_without_or_with_two_plugin_keys() {
     let d = one(
         "stages:\n  a: { source: stdin }\n  p: { inputs: [a] }\n  o: { sink: stdout, inputs: [a] }\n",

@@ -1,0 +1,476 @@
+//! The loop every batching sink runs. It reads the input into the
+//! batcher, keeps up to `in_flight` requests going, and settles each event
+//! by what the destination said about it: delivered events are committed
+//! (and their acknowledgements released), refused ones go to `<id>.dead`
+//! or the sink's `on_rejected` policy, and events still held when the
+//! drain deadline passes are errored, so a checkpointing source sends them
+//! again. An input batch is released only when all of its events are
+//! settled: that, and reading only while no closed batch waits for a
+//! request slot, keeps what the sink holds within
+//! `(in_flight + 1) × max_events` plus the open partitions.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use logbus_plugin_api::{
+    CancellationToken, Event, InputBatch, Outcome, SinkContext, StageError, async_trait,
+    attach_error,
+};
+use tokio::time::Instant;
+
+use crate::batch::{Batch, BatchLimits, Batcher};
+use crate::encode::Encoder;
+use crate::retry::RetryPolicy;
+
+/// The destination's answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// Every item is stored.
+    Delivered,
+    /// Nothing was stored and trying again may work (connection lost,
+    /// timeout, 429, 5xx); `retry_after` is the destination's own hint.
+    Retry {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// Nothing was stored and trying again cannot help (a 4xx).
+    Rejected { reason: String },
+    /// One answer per item, in request order (bulk APIs): only the items
+    /// answered `Retry` are sent again.
+    Items(Vec<ItemResult>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemResult {
+    Delivered,
+    Retry(String),
+    Rejected(String),
+}
+
+/// A destination, as the driver sees it.
+#[async_trait]
+pub trait Service: Send + Sync + 'static {
+    /// What one attempt sends: a compressed body, a message, a record set.
+    type Request: Send + Sync + 'static;
+
+    /// Builds the request for `batch`: once per batch, and again when a
+    /// partial failure shrank it. An error rejects the whole batch.
+    fn prepare(&self, batch: &Batch) -> Result<Self::Request, String>;
+
+    /// One attempt.
+    async fn send(&self, request: &Self::Request) -> Response;
+}
+
+/// What a sink does with events the destination refused for good, when
+/// nothing reads its `<id>.dead`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnRejected {
+    /// Stop the stage (the pipeline drains and exits non-zero); the
+    /// events count as errored, so a checkpointing source sends them again
+    /// after the cause is fixed.
+    #[default]
+    Fail,
+    /// Count them as discarded (acknowledged as rejected), log, go on.
+    Drop,
+}
+
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub limits: BatchLimits,
+    pub retry: RetryPolicy,
+    /// Most requests waiting for an answer at once (at least 1).
+    pub in_flight: usize,
+    pub on_rejected: OnRejected,
+    /// Names the destination in messages, e.g. `POST http://host/path`.
+    pub destination: String,
+}
+
+/// Picks the partition an event is batched in.
+pub type PartitionKey = dyn Fn(&Event) -> String + Send + Sync;
+
+/// The sink core: a [`Service`], an [`Encoder`] and, optionally, how to
+/// pick an event's partition.
+pub struct Driver<S: Service> {
+    service: Arc<S>,
+    encoder: Box<dyn Encoder>,
+    partition: Option<Box<PartitionKey>>,
+    config: DriverConfig,
+}
+
+/// How one batch ended: its events sorted by outcome, with their tags.
+#[derive(Default)]
+struct Finished {
+    delivered: Vec<(Event, u64)>,
+    rejected: Vec<(Event, u64, String)>,
+    /// Out of retries, with the reason.
+    exhausted: Vec<(Event, u64)>,
+    gave_up: Option<String>,
+    /// Still held when the drain deadline passed.
+    held: Vec<(Event, u64)>,
+}
+
+impl<S: Service> Driver<S> {
+    pub fn new(service: S, encoder: impl Encoder, config: DriverConfig) -> Self {
+        Driver {
+            service: Arc::new(service),
+            encoder: Box::new(encoder),
+            partition: None,
+            config,
+        }
+    }
+
+    /// Batches by `key(event)`: events with different keys never share a
+    /// request.
+    pub fn partition_by(mut self, key: impl Fn(&Event) -> String + Send + Sync + 'static) -> Self {
+        self.partition = Some(Box::new(key));
+        self
+    }
+
+    pub fn service(&self) -> &S {
+        &self.service
+    }
+
+    /// Runs until the input ends and everything is settled, the stage
+    /// fails, or the drain deadline passes.
+    pub async fn run(&self, cx: &mut SinkContext) -> Result<(), StageError> {
+        let c = &self.config;
+        let mut batcher = Batcher::new(c.limits, self.encoder.framing());
+        let mut sealed: VecDeque<Batch> = VecDeque::new();
+        let mut in_flight = FuturesUnordered::new();
+        let mut inputs = Inputs::default();
+        let mut ended = false;
+        let mut failure: Option<String> = None;
+        let stop = cx.stop.clone();
+        loop {
+            while failure.is_none() && in_flight.len() < c.in_flight.max(1) {
+                let Some(batch) = sealed.pop_front() else {
+                    break;
+                };
+                in_flight.push(deliver(
+                    self.service.clone(),
+                    c.retry,
+                    batch,
+                    stop.clone(),
+                    c.destination.clone(),
+                ));
+            }
+            if in_flight.is_empty() && (failure.is_some() || stop.is_cancelled()) {
+                break;
+            }
+            if ended && in_flight.is_empty() && sealed.is_empty() && batcher.is_empty() {
+                break;
+            }
+            let reading = !ended && sealed.is_empty() && failure.is_none() && !stop.is_cancelled();
+            let deadline = batcher.next_deadline();
+            tokio::select! {
+                biased;
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Err(why) = self.settle(done, cx, &mut inputs).await {
+                        failure.get_or_insert(why);
+                    }
+                }
+                _ = stop.cancelled(), if !stop.is_cancelled() => {}
+                _ = sleep_until(deadline), if deadline.is_some() && !ended => {
+                    batcher.seal_due(Instant::now(), &mut sealed);
+                }
+                next = cx.input.recv(), if reading => match next {
+                    None => {
+                        ended = true;
+                        batcher.seal_all(&mut sealed);
+                    }
+                    Some(batch) => {
+                        let rejected = self.take(batch, &mut batcher, &mut sealed, &mut inputs, cx);
+                        if !rejected.is_empty() {
+                            let done = Finished { rejected, ..Finished::default() };
+                            if let Err(why) = self.settle(done, cx, &mut inputs).await {
+                                failure.get_or_insert(why);
+                            }
+                        }
+                    }
+                },
+            }
+        }
+        // Whatever was not sent is errored: the stage failed, or the drain
+        // deadline passed.
+        batcher.seal_all(&mut sealed);
+        let mut held = 0usize;
+        for mut batch in sealed.drain(..) {
+            for (mut event, tag) in batch.drain() {
+                event.settle(Outcome::Errored);
+                inputs.release(tag, 1);
+                held += 1;
+            }
+        }
+        cx.metrics.add_errored(held as u64);
+        if let Some(why) = failure {
+            return Err(StageError::Other(why));
+        }
+        if stop.is_cancelled() && held + inputs.errored_at_stop > 0 {
+            return Err(StageError::Other(format!(
+                "the drain deadline passed with {} events not delivered to {} (errored: a checkpointing source sends them again after a restart)",
+                held + inputs.errored_at_stop,
+                c.destination
+            )));
+        }
+        Ok(())
+    }
+
+    /// Encodes a new input batch into the batcher; returns the events that
+    /// could not be encoded.
+    fn take(
+        &self,
+        mut batch: InputBatch,
+        batcher: &mut Batcher,
+        sealed: &mut VecDeque<Batch>,
+        inputs: &mut Inputs,
+        cx: &SinkContext,
+    ) -> Vec<(Event, u64, String)> {
+        cx.metrics.add_in(batch.len() as u64);
+        let events = batch.take();
+        let tag = inputs.hold(batch, events.len());
+        let now = Instant::now();
+        let mut rejected = Vec::new();
+        for event in events {
+            let key = self
+                .partition
+                .as_ref()
+                .map(|f| f(&event))
+                .unwrap_or_default();
+            if let Err((event, tag, why)) =
+                batcher.push(&key, event, tag, self.encoder.as_ref(), now, sealed)
+            {
+                rejected.push((event, tag, format!("cannot encode the event: {why}")));
+            }
+        }
+        rejected
+    }
+
+    /// Commits, dead-letters or drops a finished batch's events. An error
+    /// is the reason the stage fails.
+    async fn settle(
+        &self,
+        done: Finished,
+        cx: &SinkContext,
+        inputs: &mut Inputs,
+    ) -> Result<(), String> {
+        let c = &self.config;
+        let mut failure = None;
+        if !done.delivered.is_empty() {
+            cx.committed(done.delivered.len());
+            for (mut event, tag) in done.delivered {
+                event.settle(Outcome::Delivered);
+                inputs.release(tag, 1);
+            }
+        }
+        let mut dead: Vec<(Event, u64, String)> = done.rejected;
+        if let Some(why) = &done.gave_up {
+            let reason = format!("gave up: {why}");
+            dead.extend(
+                done.exhausted
+                    .into_iter()
+                    .map(|(e, t)| (e, t, reason.clone())),
+            );
+        }
+        if !dead.is_empty() {
+            let n = dead.len();
+            let tags: Vec<u64> = dead.iter().map(|d| d.1).collect();
+            let first = dead[0].2.clone();
+            if cx.dead.is_connected() {
+                let events = dead
+                    .into_iter()
+                    .map(|(e, _, why)| attach_error(e, &cx.id, &why))
+                    .collect();
+                // The events keep their acknowledgements: the dead-letter
+                // path decides their outcome.
+                if cx.dead.send(events).await.is_err() {
+                    failure = Some(format!(
+                        "{n} events for {} could not go to `{}.dead`: its readers stopped",
+                        c.destination, cx.id
+                    ));
+                }
+            } else if done.gave_up.is_some() || c.on_rejected == OnRejected::Fail {
+                // Dropped unsettled: errored for their source.
+                cx.metrics.add_errored(n as u64);
+                failure = Some(format!(
+                    "{} did not take {n} events: {first}",
+                    c.destination
+                ));
+            } else {
+                tracing::warn!(
+                    destination = %c.destination,
+                    "dropping {n} events the destination refused: {first}"
+                );
+                cx.metrics.add_discarded(n as u64);
+                for (mut event, _, _) in dead {
+                    event.settle(Outcome::Rejected);
+                }
+            }
+            for tag in tags {
+                inputs.release(tag, 1);
+            }
+        }
+        if !done.held.is_empty() {
+            cx.metrics.add_errored(done.held.len() as u64);
+            inputs.errored_at_stop += done.held.len();
+            for (mut event, tag) in done.held {
+                event.settle(Outcome::Errored);
+                inputs.release(tag, 1);
+            }
+        }
+        match failure {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Input batches kept until every event taken from them is settled: their
+/// drop is what frees room in the channel.
+#[derive(Default)]
+struct Inputs {
+    next: u64,
+    held: BTreeMap<u64, (InputBatch, usize)>,
+    errored_at_stop: usize,
+}
+
+impl Inputs {
+    fn hold(&mut self, batch: InputBatch, events: usize) -> u64 {
+        let tag = self.next;
+        self.next += 1;
+        if events > 0 {
+            self.held.insert(tag, (batch, events));
+        }
+        tag
+    }
+
+    fn release(&mut self, tag: u64, n: usize) {
+        if let Some((_, left)) = self.held.get_mut(&tag) {
+            *left = left.saturating_sub(n);
+            if *left == 0 {
+                self.held.remove(&tag);
+            }
+        }
+    }
+}
+
+/// Sends one batch until the destination has answered for every event,
+/// the retry policy is spent, or the drain deadline passes.
+async fn deliver<S: Service>(
+    service: Arc<S>,
+    retry: RetryPolicy,
+    mut batch: Batch,
+    stop: CancellationToken,
+    destination: String,
+) -> Finished {
+    let mut done = Finished::default();
+    let started = Instant::now();
+    let mut request = match service.prepare(&batch) {
+        Ok(r) => r,
+        Err(why) => {
+            done.rejected = reject_all(&mut batch, &why);
+            return done;
+        }
+    };
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let response = tokio::select! {
+            biased;
+            _ = stop.cancelled() => {
+                done.held = batch.drain();
+                return done;
+            }
+            r = service.send(&request) => r,
+        };
+        let (reason, retry_after) = match response {
+            Response::Delivered => {
+                done.delivered.extend(batch.drain());
+                return done;
+            }
+            Response::Rejected { reason } => {
+                done.rejected.extend(reject_all(&mut batch, &reason));
+                return done;
+            }
+            Response::Retry {
+                reason,
+                retry_after,
+            } => (reason, retry_after),
+            Response::Items(results) if results.len() != batch.len() => (
+                format!(
+                    "the destination answered for {} items of {}",
+                    results.len(),
+                    batch.len()
+                ),
+                None,
+            ),
+            Response::Items(results) => {
+                let keep: Vec<bool> = results
+                    .iter()
+                    .map(|r| matches!(r, ItemResult::Retry(_)))
+                    .collect();
+                let first_retry = results.iter().find_map(|r| match r {
+                    ItemResult::Retry(why) => Some(why.clone()),
+                    _ => None,
+                });
+                for (i, event, tag) in batch.retain(&keep) {
+                    match &results[i] {
+                        ItemResult::Rejected(why) => done.rejected.push((event, tag, why.clone())),
+                        _ => done.delivered.push((event, tag)),
+                    }
+                }
+                let Some(reason) = first_retry else {
+                    return done;
+                };
+                request = match service.prepare(&batch) {
+                    Ok(r) => r,
+                    Err(why) => {
+                        done.rejected.extend(reject_all(&mut batch, &why));
+                        return done;
+                    }
+                };
+                (format!("{} items: {reason}", batch.len()), None)
+            }
+        };
+        let Some(delay) =
+            retry.next_delay(attempt, started.elapsed(), retry_after, fastrand::f64())
+        else {
+            done.gave_up = Some(format!(
+                "{attempt} attempts over {:.1?}, the last: {reason}",
+                started.elapsed()
+            ));
+            done.exhausted = batch.drain();
+            return done;
+        };
+        tracing::warn!(
+            destination = %destination,
+            attempt,
+            "{} events not delivered, retrying in {delay:.1?}: {reason}",
+            batch.len()
+        );
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => {
+                done.held = batch.drain();
+                return done;
+            }
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+fn reject_all(batch: &mut Batch, why: &str) -> Vec<(Event, u64, String)> {
+    batch
+        .drain()
+        .into_iter()
+        .map(|(e, t)| (e, t, why.to_string()))
+        .collect()
+}

@@ -1,0 +1,18 @@
+//! The sink core. Every sink that sends batches to a remote destination
+//! (HTTP endpoints, mail servers, syslog receivers, the service sinks)
+//! has the same hard parts: sizing batches, retrying without hammering,
+//! keeping several requests going without losing track of which event
+//! was confirmed, dead-lettering what cannot be delivered, and stopping
+//! at a shutdown deadline without pretending. They live here once; a
+//! sink plugin supplies an [`Encoder`] (event → bytes) and a [`Service`]
+//! (bytes → one attempt, and what the destination said).
+
+pub mod batch;
+pub mod driver;
+pub mod encode;
+pub mod retry;
+
+pub use batch::{Batch, BatchLimits, Batcher};
+pub use driver::{Driver, DriverConfig, ItemResult, OnRejected, Response, Service};
+pub use encode::{Encoder, Framing, JsonArray, JsonLines, write_json_or_raw};
+pub use retry::{RetryPolicy, parse_retry_after};
