@@ -218,7 +218,25 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The workspace this run is for. Found at run time (`cargo run` sets
+/// `CARGO_MANIFEST_DIR`; else the nearest workspace manifest above the
+/// current directory), not baked in at compile time: checkouts that share
+/// one target directory share the xtask binary too.
 fn project_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR")
+        && let Some(root) = Path::new(&dir).parent()
+        && root.join("Cargo.toml").is_file()
+    {
+        return root.to_path_buf();
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        for dir in cwd.ancestors() {
+            let manifest = dir.join("Cargo.toml");
+            if std::fs::read_to_string(&manifest).is_ok_and(|m| m.contains("[workspace]")) {
+                return dir.to_path_buf();
+            }
+        }
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")

@@ -19,19 +19,6 @@ pub mod testing;
 #[doc = include_str!("../../../docs/plugins/writing-a-plugin.md")]
 pub mod writing_a_plugin {}
 
-/// The delay before retry number `attempt` (1-based) of a destination
-/// that failed: `initial × 2^(attempt-1)`, capped at `max`. Sinks add
-/// their own jitter on top.
-pub fn retry_delay(
-    initial: std::time::Duration,
-    max: std::time::Duration,
-    attempt: u32,
-) -> std::time::Duration {
-    initial
-        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-        .min(max)
-}
-
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 /// The event and its acknowledgement (crate `logbus-event`).

@@ -37,6 +37,10 @@ pub enum Response {
     },
     /// Nothing was stored and trying again cannot help (a 4xx).
     Rejected { reason: String },
+    /// Not sent, on purpose, by the sink's own policy (a rate limit): the
+    /// events count as discarded and are acknowledged as rejected; they
+    /// are neither retried nor dead-lettered.
+    Discarded { reason: String },
     /// One answer per item, in request order (bulk APIs): only the items
     /// answered `Retry` are sent again.
     Items(Vec<ItemResult>),
@@ -104,6 +108,9 @@ pub struct Driver<S: Service> {
 struct Finished {
     delivered: Vec<(Event, u64)>,
     rejected: Vec<(Event, u64, String)>,
+    /// Held back by the sink's policy, with the reason.
+    discarded: Vec<(Event, u64)>,
+    discard_reason: String,
     /// Out of retries, with the reason.
     exhausted: Vec<(Event, u64)>,
     gave_up: Option<String>,
@@ -264,6 +271,19 @@ impl<S: Service> Driver<S> {
                 inputs.release(tag, 1);
             }
         }
+        if !done.discarded.is_empty() {
+            tracing::warn!(
+                destination = %c.destination,
+                "{} events not sent: {}",
+                done.discarded.len(),
+                done.discard_reason
+            );
+            cx.metrics.add_discarded(done.discarded.len() as u64);
+            for (mut event, tag) in done.discarded {
+                event.settle(Outcome::Rejected);
+                inputs.release(tag, 1);
+            }
+        }
         let mut dead: Vec<(Event, u64, String)> = done.rejected;
         if let Some(why) = &done.gave_up {
             let reason = format!("gave up: {why}");
@@ -398,6 +418,11 @@ async fn deliver<S: Service>(
             }
             Response::Rejected { reason } => {
                 done.rejected.extend(reject_all(&mut batch, &reason));
+                return done;
+            }
+            Response::Discarded { reason } => {
+                done.discarded = batch.drain();
+                done.discard_reason = reason;
                 return done;
             }
             Response::Retry {

@@ -479,3 +479,31 @@ async fn partitions_never_share_a_request() {
         assert!(s.iter().all(|i| i % 3 == s[0] % 3));
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_the_sink_holds_back_by_policy_is_discarded_not_retried_or_dead_lettered() {
+    let driver = Driver::new(
+        scripted(|items, _| {
+            if items[0] == 0 {
+                Response::Discarded {
+                    reason: "rate limit".into(),
+                }
+            } else {
+                Response::Delivered
+            }
+        }),
+        JsonLines,
+        config(3, 1),
+    );
+    let (r, driver) = run(driver, 6, true, None).await;
+    r.result.unwrap();
+    assert_eq!(driver.service().seen.lock().unwrap().len(), 2);
+    assert!(r.dead.is_empty());
+    let heard = outcomes(&r.heard);
+    assert_eq!(
+        [heard[&0], heard[&2], heard[&3]],
+        [Outcome::Rejected, Outcome::Rejected, Outcome::Delivered]
+    );
+    let m = r.metrics.snapshot();
+    assert_eq!((m.events_out, m.discarded, m.routed), (3, 3, 0));
+}

@@ -3,8 +3,10 @@
 //! `batch_max_events`, or `batch_timeout_ms` after the first), and at most
 //! `max_messages` messages go out per `period_ms`; events beyond that are
 //! counted as discarded and the next message that may go says how many
-//! were held back. An SMTP server that is down or answers 4xx is retried
-//! with backoff (the pipeline waits); a 5xx refusal fails the stage.
+//! were held back. Batching, retries and commits are the sink core's
+//! (`logbus-sink`): an SMTP server that is down or answers 4xx is retried
+//! with backoff and full jitter (the pipeline waits); a 5xx refusal fails
+//! the stage, or sends the events to `<id>.dead` when a stage reads it.
 
 use std::time::Duration;
 
@@ -14,7 +16,10 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
-    StageError, StageKind, TypedPlugin, async_trait, retry_delay,
+    StageError, StageKind, TypedPlugin, async_trait,
+};
+use logbus_sink::{
+    Batch, BatchLimits, Driver, DriverConfig, JsonLines, OnRejected, Response, RetryPolicy, Service,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -198,6 +203,12 @@ impl CheckOptions for EmailSinkOptions {
                 ));
             }
         }
+        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
+            errors.push(OptionError::at(
+                &["retry_max_backoff_ms"],
+                "must not be below `retry_initial_backoff_ms`",
+            ));
+        }
         if let Err(e) = template(&self.subject) {
             errors.push(OptionError::at(&["subject"], e));
         }
@@ -255,15 +266,55 @@ impl TypedPlugin for EmailSink {
         if let (Some(u), Some(p)) = (&o.username, &o.password) {
             builder = builder.credentials(Credentials::new(u.clone(), p.clone()));
         }
-        Ok(Built::Sink(Box::new(Mailer {
+        let config = DriverConfig {
+            limits: BatchLimits {
+                max_events: o.batch_max_events,
+                max_bytes: usize::MAX,
+                max_age: Duration::from_millis(o.batch_timeout_ms),
+                max_partitions: 1,
+            },
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_millis(o.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(o.retry_max_backoff_ms),
+                max_attempts: None,
+                max_elapsed: None,
+            },
+            // One SMTP conversation at a time keeps the rate limit exact.
+            in_flight: 1,
+            on_rejected: OnRejected::Fail,
+            destination: format!("smtp://{}:{}", o.host, o.port),
+        };
+        let mailer = Mailer {
             transport: builder.build(),
             from,
             to,
             subject,
             body,
             stage: cx.stage_id.clone(),
-            options: o,
+            max_messages: o.max_messages,
+            period: Duration::from_millis(o.period_ms),
+            budget: std::sync::Mutex::new(Budget {
+                period_start: tokio::time::Instant::now(),
+                sent: 0,
+                suppressed: 0,
+            }),
+        };
+        // The encoder only sizes the batch: the message is rendered from
+        // the events, since a body line may name the message's `{{count}}`.
+        Ok(Built::Sink(Box::new(EmailWriter {
+            driver: Driver::new(mailer, JsonLines, config),
         })))
+    }
+}
+
+struct EmailWriter {
+    driver: Driver<Mailer>,
+}
+
+#[async_trait]
+impl Sink for EmailWriter {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        self.driver.run(cx).await
     }
 }
 
@@ -274,7 +325,9 @@ struct Mailer {
     subject: Vec<Piece>,
     body: Option<Vec<Piece>>,
     stage: String,
-    options: EmailSinkOptions,
+    max_messages: u32,
+    period: Duration,
+    budget: std::sync::Mutex<Budget>,
 }
 
 /// The rate limit: messages sent in the current period.
@@ -285,103 +338,60 @@ struct Budget {
     suppressed: u64,
 }
 
+/// A message and the number of events in it.
+pub struct Mail(Message, usize);
+
 #[async_trait]
-impl Sink for Mailer {
-    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        let o = &self.options;
-        let mut budget = Budget {
-            period_start: tokio::time::Instant::now(),
-            sent: 0,
-            suppressed: 0,
-        };
-        let mut pending: Vec<Event> = Vec::new();
-        let mut held = Vec::new();
-        let mut deadline: Option<tokio::time::Instant> = None;
-        let mut ended = false;
-        loop {
-            let due = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
-            if !pending.is_empty() && (pending.len() >= o.batch_max_events || due || ended) {
-                let take = pending.len().min(o.batch_max_events);
-                let rest = pending.split_off(take);
-                let batch = std::mem::replace(&mut pending, rest);
-                self.dispatch(batch, &mut budget, cx).await?;
-                if pending.is_empty() {
-                    held.clear();
-                    deadline = None;
-                }
-                continue;
+impl Service for Mailer {
+    type Request = Mail;
+
+    fn prepare(&self, batch: &Batch) -> Result<Mail, String> {
+        let suppressed = self.budget().suppressed;
+        Ok(Mail(self.message(batch.events(), suppressed)?, batch.len()))
+    }
+
+    async fn send(&self, Mail(message, events): &Mail) -> Response {
+        {
+            let mut budget = self.budget();
+            if budget.period_start.elapsed() >= self.period {
+                budget.period_start = tokio::time::Instant::now();
+                budget.sent = 0;
             }
-            if ended {
-                if budget.suppressed > 0 {
-                    tracing::warn!(
-                        stage = %self.stage,
-                        "{} events were held back by the mail rate limit and not sent",
-                        budget.suppressed
-                    );
-                }
-                return Ok(());
+            if budget.sent >= self.max_messages {
+                budget.suppressed += *events as u64;
+                // Held back on purpose by the configured limit: not retried.
+                return Response::Discarded {
+                    reason: format!(
+                        "mail rate limit reached ({} per {:?})",
+                        self.max_messages, self.period
+                    ),
+                };
             }
-            let next = match deadline {
-                Some(d) => tokio::select! {
-                    b = cx.input.recv() => Some(b),
-                    _ = tokio::time::sleep_until(d) => None,
-                },
-                None => Some(cx.input.recv().await),
-            };
-            match next {
-                None => {}
-                Some(None) => ended = true,
-                Some(Some(mut batch)) => {
-                    cx.metrics.add_in(batch.len() as u64);
-                    pending.extend(batch.take());
-                    held.push(batch);
-                    deadline.get_or_insert_with(|| {
-                        tokio::time::Instant::now() + Duration::from_millis(o.batch_timeout_ms)
-                    });
-                }
+        }
+        match self.transport.send(message.clone()).await {
+            Ok(_) => {
+                let mut budget = self.budget();
+                budget.sent += 1;
+                budget.suppressed = 0;
+                Response::Delivered
             }
+            Err(e) if e.is_permanent() => Response::Rejected {
+                reason: format!("the server refused the message: {e}"),
+            },
+            Err(e) => Response::Retry {
+                reason: format!("sending mail failed: {e}"),
+                retry_after: None,
+            },
         }
     }
 }
 
 impl Mailer {
-    /// Sends one message for `events`, or holds them back by the rate limit.
-    async fn dispatch(
-        &self,
-        mut events: Vec<Event>,
-        budget: &mut Budget,
-        cx: &SinkContext,
-    ) -> Result<(), StageError> {
-        let o = &self.options;
-        let period = Duration::from_millis(o.period_ms);
-        if budget.period_start.elapsed() >= period {
-            budget.period_start = tokio::time::Instant::now();
-            budget.sent = 0;
-        }
-        if budget.sent >= o.max_messages {
-            budget.suppressed += events.len() as u64;
-            cx.metrics.add_discarded(events.len() as u64);
-            // Held back on purpose by the configured limit: not retried.
-            Event::settle_all(&mut events, logbus_plugin_api::Outcome::Rejected);
-            tracing::warn!(
-                stage = %self.stage,
-                "mail rate limit reached ({} per {:?}): {} events held back",
-                o.max_messages,
-                period,
-                events.len()
-            );
-            return Ok(());
-        }
-        let message = self.message(&events, budget.suppressed)?;
-        self.send(message).await?;
-        budget.sent += 1;
-        budget.suppressed = 0;
-        Event::settle_all(&mut events, logbus_plugin_api::Outcome::Delivered);
-        cx.committed(events.len());
-        Ok(())
+    fn budget(&self) -> std::sync::MutexGuard<'_, Budget> {
+        self.budget.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn message(&self, events: &[Event], suppressed: u64) -> Result<Message, StageError> {
+    fn message(&self, events: &[Event], suppressed: u64) -> Result<Message, String> {
         let subject = render(&self.subject, events.first(), events.len(), &self.stage);
         let mut body = String::new();
         if suppressed > 0 {
@@ -394,9 +404,9 @@ impl Mailer {
                 Some(t) => body.push_str(&render(t, Some(e), events.len(), &self.stage)),
                 None => match e.payload() {
                     Payload::Raw(b) => body.push_str(&String::from_utf8_lossy(b)),
-                    Payload::Fields(f) => {
-                        body.push_str(&serde_json::to_string(f).expect("fields serialize"))
-                    }
+                    Payload::Fields(f) => body.push_str(
+                        &serde_json::to_string(f).map_err(|e| format!("encoding an event: {e}"))?,
+                    ),
                 },
             }
             body.push('\n');
@@ -410,38 +420,6 @@ impl Mailer {
         }
         builder
             .body(body)
-            .map_err(|e| StageError::Other(format!("building the message: {e}")))
-    }
-
-    /// Sends, retrying what may succeed later; a permanent refusal fails.
-    async fn send(&self, message: Message) -> Result<(), StageError> {
-        let o = &self.options;
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            match self.transport.send(message.clone()).await {
-                Ok(_) => return Ok(()),
-                Err(e) if e.is_permanent() => {
-                    return Err(StageError::Other(format!(
-                        "{}:{} refused the message: {e}",
-                        o.host, o.port
-                    )));
-                }
-                Err(e) => {
-                    let delay = retry_delay(
-                        Duration::from_millis(o.retry_initial_backoff_ms),
-                        Duration::from_millis(o.retry_max_backoff_ms),
-                        attempt,
-                    )
-                    .mul_f64(0.5 + fastrand::f64() / 2.0);
-                    tracing::warn!(
-                        host = %o.host,
-                        attempt,
-                        "sending mail failed, retrying in {delay:?}: {e}"
-                    );
-                    tokio::time::sleep(delay).await;
-                }
-            }
-        }
+            .map_err(|e| format!("building the message: {e}"))
     }
 }

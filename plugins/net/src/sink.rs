@@ -3,17 +3,26 @@
 //! Put `format: syslog` on it (or a `formatter: syslog` before it) to send
 //! RFC 5424; raw events go as they are, structured ones as JSON.
 //!
-//! Over TCP a batch is committed once it is written to the socket; on a
-//! write error the connection is made again (backoff) and the whole batch
-//! written again, so delivery is at least once and an unreachable
-//! receiver holds the pipeline rather than losing events.
+//! Batching and retries are the sink core's (`logbus-sink`), with one
+//! request in flight: a stream keeps its order. Over TCP a batch is
+//! committed once it is written to the socket and flushed (through TLS
+//! too); on a write error the connection is made again (backoff with
+//! jitter) and the whole batch written again, so delivery is at least once
+//! and an unreachable receiver holds the pipeline rather than losing
+//! events. Over UDP each datagram that went out is committed; a send error
+//! retries only the datagrams after it.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use logbus_framing::{Framing, encode};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, OptionError, Payload, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait, retry_delay,
+    BuildContext, Built, Bytes, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
+    StageKind, TypedPlugin, async_trait,
+};
+use logbus_sink::{
+    Batch, BatchLimits, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
+    RetryPolicy, Service, write_json_or_raw,
 };
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
@@ -114,12 +123,78 @@ impl TypedPlugin for SyslogSink {
             }
             None => None,
         };
-        Ok(Built::Sink(Box::new(Forwarder {
+        let framing = match (options.mode, options.framing) {
+            (Mode::Udp, _) => None,
+            (Mode::Tcp, SinkFraming::OctetCounting) => Some(Framing::OctetCounting),
+            (Mode::Tcp, SinkFraming::Newline) => Some(Framing::Newline),
+        };
+        let config = DriverConfig {
+            // Each input batch goes out as it came: no waiting for more.
+            limits: BatchLimits {
+                max_events: 1024,
+                max_bytes: 1 << 20,
+                max_age: Duration::ZERO,
+                max_partitions: 1,
+            },
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_millis(options.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(options.retry_max_backoff_ms),
+                max_attempts: None,
+                max_elapsed: None,
+            },
+            in_flight: 1,
+            on_rejected: OnRejected::Fail,
+            destination: format!(
+                "syslog {} {}",
+                match options.mode {
+                    Mode::Tcp => "tcp",
+                    Mode::Udp => "udp",
+                },
+                options.address
+            ),
+        };
+        let forwarder = Forwarder {
             options,
             tls,
-            tcp: None,
-            udp: None,
+            tcp: tokio::sync::Mutex::new(None),
+            udp: tokio::sync::Mutex::new(None),
+        };
+        Ok(Built::Sink(Box::new(SyslogWriter {
+            driver: Driver::new(forwarder, Frame(framing), config),
         })))
+    }
+}
+
+/// One message per event (raw as it is, structured as JSON), framed for
+/// a TCP stream; over UDP each item is one datagram.
+struct Frame(Option<Framing>);
+
+impl Encoder for Frame {
+    fn encode(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), String> {
+        match self.0 {
+            None => write_json_or_raw(event, out),
+            Some(framing) => {
+                let mut message = Vec::new();
+                write_json_or_raw(event, &mut message)?;
+                encode(framing, &message, out);
+                Ok(())
+            }
+        }
+    }
+}
+
+struct SyslogWriter {
+    driver: Driver<Forwarder>,
+}
+
+#[async_trait]
+impl Sink for SyslogWriter {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        let result = self.driver.run(cx).await;
+        if let Some(s) = self.driver.service().tcp.lock().await.as_mut() {
+            let _ = s.shutdown().await;
+        }
+        result
     }
 }
 
@@ -133,62 +208,49 @@ struct Forwarder {
         logbus_tls::TlsConnector,
         rustls_pki_types::ServerName<'static>,
     )>,
-    tcp: Option<Box<dyn Conn>>,
-    udp: Option<tokio::net::UdpSocket>,
+    tcp: tokio::sync::Mutex<Option<Box<dyn Conn>>>,
+    udp: tokio::sync::Mutex<Option<tokio::net::UdpSocket>>,
 }
 
-fn message(e: &Event) -> Vec<u8> {
-    match e.payload() {
-        Payload::Raw(b) => b.to_vec(),
-        Payload::Fields(f) => serde_json::to_vec(f).expect("fields serialize"),
-    }
+/// The framed stream (TCP), or the datagrams (UDP): the body and where
+/// each item lies in it.
+pub struct Wire {
+    body: Bytes,
+    items: Vec<Range<usize>>,
 }
 
 #[async_trait]
-impl Sink for Forwarder {
-    async fn run(mut self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        while let Some(mut batch) = cx.input.recv().await {
-            cx.metrics.add_in(batch.len() as u64);
-            let messages: Vec<Vec<u8>> = batch.events().iter().map(message).collect();
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                let result = match self.options.mode {
-                    Mode::Tcp => self.write_tcp(&messages).await,
-                    Mode::Udp => self.write_udp(&messages).await,
-                };
-                match result {
-                    Ok(()) => break,
-                    Err(e) => {
-                        let backoff = retry_delay(
-                            Duration::from_millis(self.options.retry_initial_backoff_ms),
-                            Duration::from_millis(self.options.retry_max_backoff_ms),
-                            attempt,
-                        );
-                        tracing::warn!(
-                            address = %self.options.address,
-                            "syslog forwarding failed, retrying in {backoff:?}: {e}"
-                        );
-                        self.tcp = None;
-                        self.udp = None;
-                        tokio::time::sleep(backoff).await;
+impl Service for Forwarder {
+    type Request = Wire;
+
+    fn prepare(&self, batch: &Batch) -> Result<Wire, String> {
+        Ok(Wire {
+            body: Bytes::copy_from_slice(batch.body()),
+            items: batch.items().to_vec(),
+        })
+    }
+
+    async fn send(&self, wire: &Wire) -> Response {
+        match self.options.mode {
+            Mode::Tcp => match self.write_tcp(&wire.body).await {
+                Ok(()) => Response::Delivered,
+                Err(e) => {
+                    *self.tcp.lock().await = None;
+                    Response::Retry {
+                        reason: format!("syslog forwarding failed: {e}"),
+                        retry_after: None,
                     }
                 }
-            }
-            batch.settle(logbus_plugin_api::Outcome::Delivered);
-            cx.committed(batch.len());
-            drop(batch);
+            },
+            Mode::Udp => self.write_udp(wire).await,
         }
-        if let Some(s) = self.tcp.as_mut() {
-            let _ = s.shutdown().await;
-        }
-        Ok(())
     }
 }
 
 impl Forwarder {
-    async fn write_tcp(&mut self, messages: &[Vec<u8>]) -> std::io::Result<()> {
-        if self.tcp.is_none() {
+    async fn write_tcp(&self, body: &[u8]) -> std::io::Result<()> {
+        let mut conn = self.tcp.lock().await;
+        if conn.is_none() {
             let connect = tokio::net::TcpStream::connect(&self.options.address);
             let stream = tokio::time::timeout(
                 Duration::from_millis(self.options.connect_timeout_ms),
@@ -199,34 +261,53 @@ impl Forwarder {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
             })??;
             stream.set_nodelay(true)?;
-            self.tcp = Some(match &self.tls {
+            *conn = Some(match &self.tls {
                 None => Box::new(stream),
                 Some((connector, name)) => Box::new(connector.connect(name.clone(), stream).await?),
             });
         }
-        let framing = match self.options.framing {
-            SinkFraming::OctetCounting => Framing::OctetCounting,
-            SinkFraming::Newline => Framing::Newline,
-        };
-        let mut buf = Vec::new();
-        for m in messages {
-            encode(framing, m, &mut buf);
-        }
-        let stream = self.tcp.as_mut().expect("connected");
-        stream.write_all(&buf).await?;
+        let stream = conn.as_mut().expect("connected");
+        stream.write_all(body).await?;
         stream.flush().await
     }
 
-    async fn write_udp(&mut self, messages: &[Vec<u8>]) -> std::io::Result<()> {
-        if self.udp.is_none() {
-            let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await?;
-            socket.connect(&self.options.address).await?;
-            self.udp = Some(socket);
+    /// Datagrams that went out are delivered; from a failed one on, they
+    /// are sent again (with a new socket).
+    async fn write_udp(&self, wire: &Wire) -> Response {
+        let mut socket = self.udp.lock().await;
+        if socket.is_none() {
+            let bound = async {
+                let s = tokio::net::UdpSocket::bind("0.0.0.0:0").await?;
+                s.connect(&self.options.address).await?;
+                Ok::<_, std::io::Error>(s)
+            };
+            match bound.await {
+                Ok(s) => *socket = Some(s),
+                Err(e) => {
+                    return Response::Retry {
+                        reason: format!("syslog over UDP: {e}"),
+                        retry_after: None,
+                    };
+                }
+            }
         }
-        let socket = self.udp.as_ref().expect("bound");
-        for m in messages {
-            socket.send(m).await?;
+        let s = socket.as_ref().expect("bound");
+        let mut results = Vec::with_capacity(wire.items.len());
+        for range in &wire.items {
+            if results.len() < results.capacity()
+                && matches!(results.last(), None | Some(ItemResult::Delivered))
+            {
+                match s.send(&wire.body[range.clone()]).await {
+                    Ok(_) => results.push(ItemResult::Delivered),
+                    Err(e) => results.push(ItemResult::Retry(format!("syslog over UDP: {e}"))),
+                }
+            } else {
+                results.push(ItemResult::Retry("an earlier datagram failed".into()));
+            }
         }
-        Ok(())
+        if results.iter().any(|r| r != &ItemResult::Delivered) {
+            *socket = None;
+        }
+        Response::Items(results)
     }
 }
