@@ -1,7 +1,7 @@
 //! `logbus plugins`: what this build carries, read from each plugin's own
 //! option schema so the listing cannot drift from what the validator checks.
 
-use logbus_plugin_api::Registry;
+use logbus_plugin_api::{Registry, StageKind};
 use serde_json::{Value, json};
 
 struct OptionDoc {
@@ -106,12 +106,16 @@ pub fn print(registry: &Registry, as_json: bool) -> anyhow::Result<()> {
         let plugins: Vec<Value> = registry
             .plugins()
             .map(|p| {
-                json!({
+                let mut plugin = json!({
                     "kind": p.kind(),
                     "name": p.name(),
                     "description": p.description(),
                     "options": p.options_schema(),
-                })
+                });
+                if p.kind() == StageKind::Source {
+                    plugin["acknowledgements"] = json!(p.acknowledgements());
+                }
+                plugin
             })
             .collect();
         let absent: Vec<Value> = registry
@@ -130,6 +134,15 @@ pub fn print(registry: &Registry, as_json: bool) -> anyhow::Result<()> {
     let mut text = String::new();
     for p in registry.plugins() {
         writeln!(text, "{} {}\n    {}", p.kind(), p.name(), p.description())?;
+        if p.kind() == StageKind::Source {
+            match p.acknowledgements() {
+                Some(how) => writeln!(text, "    acknowledgements: {how}")?,
+                None => writeln!(
+                    text,
+                    "    acknowledgements: none — events in flight when the process dies are lost"
+                )?,
+            }
+        }
         let opts = options(&p.options_schema());
         if opts.is_empty() {
             writeln!(text, "    (no options)")?;

@@ -252,6 +252,12 @@ pub trait Plugin: Send + Sync + 'static {
     fn max_per_pipeline(&self) -> Option<usize> {
         None
     }
+    /// Sources: how this source learns that its events were delivered, in
+    /// a sentence, or `None` when it cannot (what is in flight when the
+    /// process dies is then lost). Shown by `logbus plugins`.
+    fn acknowledgements(&self) -> Option<&'static str> {
+        None
+    }
     /// Checks options without doing any I/O.
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError>;
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>>;
@@ -274,6 +280,8 @@ pub trait TypedPlugin: Send + Sync + 'static {
     const DESCRIPTION: &'static str;
     /// See [`Plugin::max_per_pipeline`].
     const MAX_PER_PIPELINE: Option<usize> = None;
+    /// See [`Plugin::acknowledgements`].
+    const ACKNOWLEDGEMENTS: Option<&'static str> = None;
 
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError>;
 
@@ -303,6 +311,9 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
     }
     fn max_per_pipeline(&self) -> Option<usize> {
         T::MAX_PER_PIPELINE
+    }
+    fn acknowledgements(&self) -> Option<&'static str> {
+        T::ACKNOWLEDGEMENTS
     }
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError> {
         match parse_options::<T::Options>(options, &self.options_schema()) {

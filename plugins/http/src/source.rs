@@ -8,10 +8,16 @@
 //! and a new one waits at most `accept_timeout_ms` for a slot before it
 //! gets `503` with `Retry-After` — nothing is buffered beyond that, and a
 //! request that was answered 503 sent nothing (no duplicates on retry).
+//!
+//! With `ack: sink` the answer waits longer: until every event of the
+//! request is finished downstream (written by the sinks, or dropped on
+//! purpose), so a 200 means "delivered" and a client that resends whatever
+//! did not get a 200 loses nothing across a crash. The slot is held for
+//! that wait too, so the bound above still holds.
 
 use std::io::Read;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes as Body;
@@ -19,8 +25,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError, Output, Source,
-    SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+    AckReceiver, BatchAck, BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError,
+    Outcome, Output, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
 use tokio::sync::Semaphore;
@@ -70,6 +76,31 @@ pub struct HttpSourceOptions {
     /// Serve HTTPS with this certificate and key.
     #[serde(default)]
     pub tls: Option<logbus_tls::ServerTls>,
+    /// When a request is answered 200: `queued` (default) once its events
+    /// are in the pipeline; `sink` once every one of them is delivered.
+    #[serde(default)]
+    pub ack: AckMode,
+    /// With `ack: sink`: how long a request waits for its events to be
+    /// delivered before it is answered 504.
+    #[serde(default = "default_ack_timeout")]
+    #[schemars(range(min = 1, max = 3600000))]
+    pub ack_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AckMode {
+    /// 200 once the events are in the pipeline's queues.
+    #[default]
+    Queued,
+    /// 200 once every event is delivered; 500 when the pipeline rejected
+    /// one for good, 503 when one errored (send again), 504 when the
+    /// confirmation did not come within `ack_timeout_ms`.
+    Sink,
+}
+
+fn default_ack_timeout() -> u64 {
+    30_000
 }
 
 fn default_path() -> String {
@@ -118,6 +149,12 @@ impl CheckOptions for HttpSourceOptions {
                 ),
             ));
         }
+        if !(1..=3_600_000).contains(&self.ack_timeout_ms) {
+            errors.push(OptionError::at(
+                &["ack_timeout_ms"],
+                format!("must be between 1 and 3600000, got {}", self.ack_timeout_ms),
+            ));
+        }
         if self.bearer_token.as_deref() == Some("") {
             errors.push(OptionError::at(&["bearer_token"], "must not be empty"));
         }
@@ -131,6 +168,9 @@ impl TypedPlugin for HttpSource {
     type Options = HttpSourceOptions;
     const NAME: &'static str = "http";
     const KIND: StageKind = StageKind::Source;
+    const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
+        "with `ack: sink`, a request is answered 200 only once its events are delivered; a client that resends what got no 200 loses nothing",
+    );
     const DESCRIPTION: &'static str = "An HTTP server taking NDJSON, plain lines or a JSON array (gzip/zstd bodies, bearer token); answers only once the events are in the pipeline, 503 + Retry-After when it stays full.";
 
     fn build(&self, options: HttpSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
@@ -331,16 +371,76 @@ async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) ->
         );
         return r;
     };
+    let (events, delivered) = match o.ack {
+        AckMode::Queued => (events, None),
+        AckMode::Sink => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let batch = BatchAck::new(Arc::new(RequestAck(Mutex::new(Some(tx)))), 0);
+            let events = events
+                .into_iter()
+                .map(|e| e.with_ack(batch.handle()))
+                .collect::<Vec<_>>();
+            (events, Some(rx))
+        }
+    };
     // Held until the pipeline took every event: the answer means accepted.
     if s.output.send(events).await.is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the pipeline is stopping");
     }
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        format!("{{\"accepted\":{n}}}\n"),
-    )
-        .into_response()
+    let ok = |what: &str| {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{{\"{what}\":{n}}}\n"),
+        )
+            .into_response()
+    };
+    let Some(delivered) = delivered else {
+        return ok("accepted");
+    };
+    // `ack: sink`: still holding the slot, wait for the last event.
+    let waited = tokio::time::timeout(Duration::from_millis(o.ack_timeout_ms), delivered).await;
+    match waited {
+        Ok(Ok(Outcome::Delivered)) => ok("delivered"),
+        Ok(Ok(Outcome::Rejected)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "rejected: the pipeline refused some of the {n} events for good (a sink's destination, or on_error: drop); sending them again will not help"
+            ),
+        ),
+        Ok(Ok(Outcome::Errored)) | Ok(Err(_)) => {
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "errored: some of the {n} events were not delivered (a stage failed or the pipeline is stopping); send them again"
+                ),
+            );
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                o.retry_after_secs.to_string().parse().expect("a number"),
+            );
+            r
+        }
+        Err(_) => error(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "timed out: the {n} events were not confirmed delivered within {} ms; they may still be, so sending them again may duplicate",
+                o.ack_timeout_ms
+            ),
+        ),
+    }
+}
+
+/// Hears the outcome of one request's events, once the last is finished.
+struct RequestAck(Mutex<Option<tokio::sync::oneshot::Sender<Outcome>>>);
+
+impl AckReceiver for RequestAck {
+    fn finished(&self, _token: u64, outcome: Outcome) {
+        let tx = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(tx) = tx {
+            let _ = tx.send(outcome);
+        }
+    }
 }
 
 /// The body, decompressed per `Content-Encoding`, at most `max` bytes.

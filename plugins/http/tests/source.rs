@@ -245,3 +245,69 @@ fn bad_options_name_the_key() {
             .contains("max_concurrent_requests")
     );
 }
+
+/// Receives one request's events (as one batch) and settles them all with
+/// `outcome` (`None`: keeps them unsettled until returned).
+async fn settle_next(
+    rx: &mut Receiver,
+    outcome: Option<logbus_plugin_api::Outcome>,
+) -> Vec<logbus_plugin_api::Event> {
+    let mut batch = rx.recv().await.expect("a request's events");
+    let mut events = batch.take();
+    if let Some(o) = outcome {
+        logbus_plugin_api::Event::settle_all(&mut events, o);
+        return Vec::new();
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ack_sink_the_answer_waits_for_delivery_and_says_what_happened() {
+    use logbus_plugin_api::Outcome;
+    let mut s = start(json!({ "ack": "sink", "ack_timeout_ms": 300 }), 100).await;
+    let body = || b"{\"a\":1}\n{\"a\":2}\n".to_vec();
+
+    // Delivered: 200 only after the sink settled the events.
+    let request = tokio::spawn(post(s.url.clone(), vec![], body()));
+    let held = settle_next(&mut s.rx, None).await;
+    assert!(!request.is_finished(), "answered before delivery");
+    drop(settle_all_delivered(held));
+    let (status, _, text) = request.await.unwrap();
+    assert_eq!((status, text.as_str()), (200, "{\"delivered\":2}\n"));
+
+    // Rejected for good: 500, and the reason says a resend will not help.
+    let request = tokio::spawn(post(s.url.clone(), vec![], body()));
+    settle_next(&mut s.rx, Some(Outcome::Rejected)).await;
+    let (status, _, text) = request.await.unwrap();
+    assert_eq!(status, 500, "{text}");
+    assert!(
+        text.starts_with("rejected: ") && text.contains("will not help"),
+        "{text}"
+    );
+
+    // Errored (here: dropped unsettled, as when a stage fails): 503 with
+    // Retry-After, send again.
+    let request = tokio::spawn(post(s.url.clone(), vec![], body()));
+    drop(settle_next(&mut s.rx, None).await);
+    let (status, retry, text) = request.await.unwrap();
+    assert_eq!((status, retry.as_deref()), (503, Some("1")), "{text}");
+    assert!(text.starts_with("errored: "), "{text}");
+
+    // Not confirmed in time: 504, which says a resend may duplicate.
+    let request = tokio::spawn(post(s.url.clone(), vec![], body()));
+    let held = settle_next(&mut s.rx, None).await;
+    let (status, _, text) = request.await.unwrap();
+    assert_eq!(status, 504, "{text}");
+    assert!(text.contains("may duplicate"), "{text}");
+    drop(held);
+
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+fn settle_all_delivered(
+    mut events: Vec<logbus_plugin_api::Event>,
+) -> Vec<logbus_plugin_api::Event> {
+    logbus_plugin_api::Event::settle_all(&mut events, logbus_plugin_api::Outcome::Delivered);
+    events
+}

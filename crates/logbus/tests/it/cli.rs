@@ -286,6 +286,21 @@ fn graph_plugins_and_version() {
             "missing `{needle}` in plugins output"
         );
     }
+    // Every source says whether it acknowledges; the ones that cannot say
+    // what that costs.
+    let sources = text.split("\n\n").filter(|p| p.starts_with("source "));
+    for plugin in sources {
+        let name = plugin.lines().next().unwrap();
+        let line = plugin
+            .lines()
+            .find(|l| l.trim_start().starts_with("acknowledgements: "))
+            .unwrap_or_else(|| panic!("{name} says nothing about acknowledgements"));
+        match name {
+            "source tail" => assert!(line.contains("end to end"), "{line}"),
+            "source http" => assert!(line.contains("ack: sink"), "{line}"),
+            _ => assert!(line.contains("none — events in flight"), "{name}: {line}"),
+        }
+    }
     let o = logbus().arg("--version").output().unwrap();
     assert!(stdout(&o).starts_with("logbus "));
 }
