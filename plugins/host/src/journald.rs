@@ -4,20 +4,40 @@
 //! files copied from another machine). Each entry becomes an event whose
 //! fields are the journal's (`MESSAGE`, `PRIORITY`, `_SYSTEMD_UNIT`, ...).
 //!
-//! The entry's cursor is saved (atomically) once the entry is in the
-//! pipeline, and a restart continues after it, so entries are neither
-//! re-read nor skipped. Backpressure: journalctl's output is not read while
-//! the pipeline is full.
+//! Each batch of entries carries an acknowledgement; the saved cursor is
+//! that of the newest batch such that it and every batch before it were
+//! finished by the sinks (an `OrderedCheckpoint`), so a restart, even
+//! after `kill -9`, continues after what was delivered: entries in flight
+//! are read again, none is skipped. Backpressure: journalctl's output is
+//! not read while the pipeline is full.
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, Fields, Meta, OptionError, Output, Source,
-    SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+    BatchAck, BuildContext, Built, CheckOptions, Event, Fields, Meta, OptionError,
+    OrderedCheckpoint, Output, Source, SourceContext, StageError, StageKind, StageMetrics,
+    TypedPlugin, async_trait,
 };
+
+/// Batches sent and not yet finished, by the cursor of their last entry.
+type Acks = Arc<Mutex<OrderedCheckpoint<Option<String>>>>;
+
+/// How long a stopping source waits for its last batches to be finished.
+const FINAL_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// The cursor that is safe to save, and the acknowledgement counters for
+/// the metrics.
+fn committed_cursor(acks: &Acks, metrics: &StageMetrics) -> Option<String> {
+    let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
+    let oldest = acks
+        .oldest_open()
+        .map(|opened| std::time::SystemTime::now() - opened.elapsed());
+    metrics.set_acks(acks.counts(), oldest);
+    acks.committed().cloned().flatten()
+}
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
@@ -117,6 +137,9 @@ impl TypedPlugin for Journald {
     type Options = JournaldOptions;
     const NAME: &'static str = "journald";
     const KIND: StageKind = StageKind::Source;
+    const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
+        "end to end: the saved cursor never passes an entry the sinks have not confirmed, so a restart re-sends, never skips",
+    );
     const DESCRIPTION: &'static str = "The systemd journal (or journal files) via `journalctl -o export`, with unit and priority filters and a saved cursor.";
 
     fn build(&self, o: JournaldOptions, cx: &BuildContext) -> Result<Built, OptionError> {
@@ -212,7 +235,9 @@ impl Source for Reader {
             }
         });
         let mut reader = Entries::new(BufReader::with_capacity(256 * 1024, stdout));
-        let mut last_cursor: Option<String> = None;
+        let acks: Acks = Arc::default();
+        let metrics = cx.output.metrics().clone();
+        let mut saved: Option<String> = None;
         let mut saved_at = Instant::now();
         let every = Duration::from_millis(o.checkpoint_interval_ms);
         let result = loop {
@@ -239,26 +264,37 @@ impl Source for Reader {
                 .and_then(|f| f.get("__CURSOR"))
                 .and_then(|v| v.as_str())
                 .map(str::to_owned);
-            if !send(&cx.output, batch, &cx.id).await {
+            if !send(&cx.output, batch, &cx.id, cursor, &acks).await {
                 break Ok(());
             }
-            if cursor.is_some() {
-                last_cursor = cursor;
-            }
-            if saved_at.elapsed() >= every
-                && let Some(c) = &last_cursor
-            {
-                if let Err(e) = save_cursor(&self.state, c) {
-                    tracing::warn!("saving the journal cursor to {}: {e}", self.state.display());
-                }
+            if saved_at.elapsed() >= every {
+                self.save(committed_cursor(&acks, &metrics), &mut saved);
                 saved_at = Instant::now();
             }
         };
-        if let Some(c) = &last_cursor
-            && let Err(e) = save_cursor(&self.state, c)
-        {
-            tracing::warn!("saving the journal cursor to {}: {e}", self.state.display());
+        // Let downstream drain (its input ends once this output is gone),
+        // then save the cursor of what it finished.
+        drop(cx.output);
+        let deadline = Instant::now() + FINAL_ACK_WAIT;
+        loop {
+            let (open, held) = {
+                let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
+                (acks.outstanding(), acks.is_held())
+            };
+            // An errored batch holds the cursor for this run: waiting
+            // longer cannot move it.
+            if open == 0 || held || Instant::now() >= deadline {
+                if open > 0 {
+                    tracing::warn!(
+                        stage = %cx.id,
+                        "{open} batches of journal entries were not finished; a restart reads them again"
+                    );
+                }
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        self.save(committed_cursor(&acks, &metrics), &mut saved);
         let _ = child.start_kill();
         let status = child.wait().await;
         let _ = errors.await;
@@ -276,13 +312,43 @@ impl Source for Reader {
     }
 }
 
-async fn send(output: &Output, batch: Vec<Fields>, source: &Arc<str>) -> bool {
+/// Sends one batch with its acknowledgement, registered under the cursor
+/// of its last entry.
+async fn send(
+    output: &Output,
+    batch: Vec<Fields>,
+    source: &Arc<str>,
+    cursor: Option<String>,
+    acks: &Acks,
+) -> bool {
     let meta = Meta::now(source.clone());
+    let token = acks
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .begin(cursor, batch.len() as u64);
+    let ack = BatchAck::new(acks.clone(), token);
     let events = batch
         .into_iter()
-        .map(|f| Event::fields(f, meta.clone()))
+        .map(|f| Event::fields(f, meta.clone()).with_ack(ack.handle()))
         .collect();
+    drop(ack);
     output.send(events).await.is_ok()
+}
+
+impl Reader {
+    /// Saves `cursor` if it moved since the last save.
+    fn save(&self, cursor: Option<String>, saved: &mut Option<String>) {
+        let Some(c) = cursor else { return };
+        if saved.as_ref() == Some(&c) {
+            return;
+        }
+        match save_cursor(&self.state, &c) {
+            Ok(()) => *saved = Some(c),
+            Err(e) => {
+                tracing::warn!("saving the journal cursor to {}: {e}", self.state.display());
+            }
+        }
+    }
 }
 
 /// The journal export format: `KEY=value` lines, binary fields as `KEY`,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use logbus_plugin_api::testing::option_errors;
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Output, OutputRole, Plugin, Receiver, SourceContext,
-    StageError, StageMetrics, Typed, channel,
+    BuildContext, Built, CancellationToken, Outcome, Output, OutputRole, Plugin, Receiver,
+    SourceContext, StageError, StageMetrics, Typed, channel,
 };
 use serde_json::json;
 
@@ -109,9 +109,20 @@ fn start(
     (rx, shutdown, task)
 }
 
+/// Every message until the source ends, acknowledged as delivered (as a
+/// sink would).
 async fn messages(rx: &mut Receiver) -> Vec<String> {
+    messages_settled(rx, Some(Outcome::Delivered)).await
+}
+
+/// Every message until the source ends; their acknowledgements settled
+/// with `outcome` (`None`: dropped unsettled, i.e. errored).
+async fn messages_settled(rx: &mut Receiver, outcome: Option<Outcome>) -> Vec<String> {
     let mut out = Vec::new();
     while let Some(mut b) = rx.recv().await {
+        if let Some(o) = outcome {
+            b.settle(o);
+        }
         for e in b.take() {
             out.push(
                 e.as_fields().unwrap()["MESSAGE"]
@@ -174,6 +185,32 @@ async fn reads_filters_and_resumes_after_its_cursor() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_the_sinks_did_not_finish_are_read_again() {
+    if !available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let journals = dir.path().join("journals");
+    std::fs::create_dir(&journals).unwrap();
+    journal(&journals, "one", 1_700_000_000_000_000, &entries(0, 20));
+    let all = json!({ "directory": "journals", "state_dir": "state", "follow": false });
+    let everything: Vec<String> = (0..20).map(|i| format!("entry {i}")).collect();
+
+    // The sinks never finished them (errored, as when a stage failed):
+    // no cursor moves past them, so the next run reads them all again.
+    let (mut rx, _s, task) = start(all.clone(), dir.path());
+    assert_eq!(messages_settled(&mut rx, None).await, everything);
+    task.await.unwrap().unwrap();
+    let (mut rx, _s, task) = start(all.clone(), dir.path());
+    assert_eq!(messages(&mut rx).await, everything);
+    task.await.unwrap().unwrap();
+    // Now they were delivered: the next run starts after them.
+    let (mut rx, _s, task) = start(all, dir.path());
+    assert!(messages(&mut rx).await.is_empty());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follows_until_stopped() {
     if !available() {
         return;
@@ -186,7 +223,9 @@ async fn follows_until_stopped() {
     );
     let mut got = 0;
     while got < 12 {
-        got += rx.recv().await.unwrap().take().len();
+        let mut batch = rx.recv().await.unwrap();
+        batch.settle(Outcome::Delivered);
+        got += batch.take().len();
     }
     stop.cancel();
     task.await.unwrap().unwrap();

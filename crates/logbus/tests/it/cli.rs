@@ -296,7 +296,7 @@ fn graph_plugins_and_version() {
             .find(|l| l.trim_start().starts_with("acknowledgements: "))
             .unwrap_or_else(|| panic!("{name} says nothing about acknowledgements"));
         match name {
-            "source tail" => assert!(line.contains("end to end"), "{line}"),
+            "source tail" | "source journald" => assert!(line.contains("end to end"), "{line}"),
             "source http" => assert!(line.contains("ack: sink"), "{line}"),
             _ => assert!(line.contains("none — events in flight"), "{name}: {line}"),
         }
