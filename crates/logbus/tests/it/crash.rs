@@ -269,11 +269,14 @@ fn http_with_ack_sink_and_a_resending_client_loses_nothing_across_sigkills() {
     let pipeline = dir.path().join("pipeline.yml");
     std::fs::write(&pipeline, HTTP_TO_FILE).unwrap();
     let out = dir.path().join("out.ndjson");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // The server comes and goes on one port for the whole test. A port the
+    // kernel hands out for `bind(0)` could go to another test while the
+    // server is down, so this one is taken below the ephemeral range
+    // (32768 and up on Linux), where `bind(0)` never lands.
+    let port = (0..1000)
+        .map(|i| 20_000 + ((seed.wrapping_add(i * 7919)) % 10_000) as u16)
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        .expect("a free port below the ephemeral range");
     let run = || {
         Command::new(env!("CARGO_BIN_EXE_logbus"))
             .env("LOGBUS_LOG", "error")
