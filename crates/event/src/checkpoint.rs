@@ -118,6 +118,12 @@ impl<P> OrderedCheckpoint<P> {
             .is_some_and(|p| p.outcome == Some(Outcome::Errored))
     }
 
+    /// For a stopping source: whether waiting longer can still move the
+    /// checkpoint (batches are open and no errored one holds it).
+    pub fn worth_waiting(&self) -> bool {
+        self.outstanding() > 0 && !self.is_held()
+    }
+
     /// When the oldest batch that is not yet passed was opened.
     pub fn oldest_open(&self) -> Option<Instant> {
         self.pending.front().map(|p| p.opened)
@@ -171,10 +177,12 @@ mod tests {
         let b = c.begin(2, 5);
         let d = c.begin(3, 5);
         c.finish(a, Outcome::Delivered);
+        assert!(c.worth_waiting(), "b is still open");
         c.finish(b, Outcome::Errored);
         c.finish(d, Outcome::Delivered);
         assert_eq!(c.committed(), Some(&1));
         assert!(c.is_held());
+        assert!(!c.worth_waiting(), "nothing can move it now");
         assert_eq!(c.counts().errored, 5);
         assert_eq!(c.outstanding(), 2);
     }

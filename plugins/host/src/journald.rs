@@ -28,10 +28,14 @@ type Acks = Arc<Mutex<OrderedCheckpoint<Option<String>>>>;
 /// How long a stopping source waits for its last batches to be finished.
 const FINAL_ACK_WAIT: Duration = Duration::from_secs(30);
 
+fn lock(acks: &Acks) -> std::sync::MutexGuard<'_, OrderedCheckpoint<Option<String>>> {
+    acks.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The cursor that is safe to save, and the acknowledgement counters for
 /// the metrics.
 fn committed_cursor(acks: &Acks, metrics: &StageMetrics) -> Option<String> {
-    let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
+    let acks = lock(acks);
     let oldest = acks
         .oldest_open()
         .map(|opened| std::time::SystemTime::now() - opened.elapsed());
@@ -275,24 +279,18 @@ impl Source for Reader {
         // Let downstream drain (its input ends once this output is gone),
         // then save the cursor of what it finished.
         drop(cx.output);
+        // An errored batch holds the cursor for this run: waiting longer
+        // cannot move it.
         let deadline = Instant::now() + FINAL_ACK_WAIT;
-        loop {
-            let (open, held) = {
-                let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
-                (acks.outstanding(), acks.is_held())
-            };
-            // An errored batch holds the cursor for this run: waiting
-            // longer cannot move it.
-            if open == 0 || held || Instant::now() >= deadline {
-                if open > 0 {
-                    tracing::warn!(
-                        stage = %cx.id,
-                        "{open} batches of journal entries were not finished; a restart reads them again"
-                    );
-                }
-                break;
-            }
+        while lock(&acks).worth_waiting() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let open = lock(&acks).outstanding();
+        if open > 0 {
+            tracing::warn!(
+                stage = %cx.id,
+                "{open} batches of journal entries were not finished; a restart reads them again"
+            );
         }
         self.save(committed_cursor(&acks, &metrics), &mut saved);
         let _ = child.start_kill();
@@ -322,10 +320,7 @@ async fn send(
     acks: &Acks,
 ) -> bool {
     let meta = Meta::now(source.clone());
-    let token = acks
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .begin(cursor, batch.len() as u64);
+    let token = lock(acks).begin(cursor, batch.len() as u64);
     let ack = BatchAck::new(acks.clone(), token);
     let events = batch
         .into_iter()

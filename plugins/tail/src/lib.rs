@@ -457,24 +457,19 @@ pub mod source {
             // Let downstream drain (its input ends once this output is
             // gone), then save what it finished.
             drop(cx.output);
+            // An errored batch holds the checkpoint for this run: waiting
+            // longer cannot move it.
             let deadline = Instant::now() + FINAL_ACK_WAIT;
-            loop {
-                let (open, held) = {
-                    let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
-                    (acks.outstanding(), acks.is_held())
-                };
-                // An errored batch holds the checkpoint for this run:
-                // waiting longer cannot move it.
-                if open == 0 || held || Instant::now() >= deadline {
-                    if open > 0 {
-                        tracing::warn!(
-                            stage = %cx.id,
-                            "{open} batches were not finished; a restart reads them again"
-                        );
-                    }
-                    break;
-                }
+            let lock = || acks.lock().unwrap_or_else(|p| p.into_inner());
+            while lock().worth_waiting() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
+            }
+            let open = lock().outstanding();
+            if open > 0 {
+                tracing::warn!(
+                    stage = %cx.id,
+                    "{open} batches were not finished; a restart reads them again"
+                );
             }
             save(&mut state, &tailer);
             Ok(())

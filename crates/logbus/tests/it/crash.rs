@@ -42,6 +42,28 @@ stages:
   out: { sink: file, inputs: [fmt], path: "${CRASH_DIR}/out.ndjson" }
 "#;
 
+/// `LOGBUS_CRASH_KILLS`, else `default`.
+fn kills(default: u32) -> u32 {
+    std::env::var("LOGBUS_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `LOGBUS_CRASH_SEED`, else one from the clock (printed by each test).
+fn seed() -> u64 {
+    std::env::var("LOGBUS_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        })
+}
+
 /// A small deterministic generator, so a failing run can be replayed.
 struct Rng(u64);
 impl Rng {
@@ -109,20 +131,7 @@ fn in_flight_bound(pipeline: &Path) -> u64 {
 
 #[test]
 fn tail_through_a_slow_transform_to_a_file_loses_nothing_across_sigkills() {
-    let kills: u32 = std::env::var("LOGBUS_CRASH_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
-    let seed: u64 = std::env::var("LOGBUS_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+    let (kills, seed) = (kills(50), seed());
     eprintln!("crash test: {kills} kills, LOGBUS_CRASH_SEED={seed}");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().unwrap();
@@ -249,20 +258,8 @@ const REQUEST_LINES: u64 = 20;
 
 #[test]
 fn http_with_ack_sink_and_a_resending_client_loses_nothing_across_sigkills() {
-    let kills: u32 = std::env::var("LOGBUS_CRASH_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(20, |k: u32| (k / 2).max(1));
-    let seed: u64 = std::env::var("LOGBUS_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+    // Half as many as pipeline 1 (20 by default).
+    let (kills, seed) = ((kills(40) / 2).max(1), seed());
     eprintln!("http crash test: {kills} kills, LOGBUS_CRASH_SEED={seed}");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().unwrap();
