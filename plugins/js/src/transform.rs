@@ -206,6 +206,69 @@ fn now_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+/// CPU time this thread has used, nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The CPU budget of the call in progress. `timeout_ms` promises CPU time,
+/// not wall time: on a loaded machine a call descheduled for a while must
+/// not lose its event. Reading the thread's CPU clock is a system call, so
+/// the interrupt handler (run every few thousand bytecodes) first compares
+/// the cheap wall clock against a deadline; only once that passes does it
+/// read the CPU clock, and then either stops the call or moves the
+/// deadline to when the rest of the budget could at the earliest be spent.
+/// (The handler runs on the thread executing the script, so the thread's
+/// CPU clock is the script's.)
+struct CallBudget {
+    budget_ns: u64,
+    /// Wall-clock nanoseconds (`now_ns`) after which the CPU clock is read;
+    /// 0 when no call is running.
+    check_at: AtomicU64,
+    /// The thread's CPU clock when the call began.
+    cpu_start: AtomicU64,
+}
+
+impl CallBudget {
+    fn new(budget: Duration) -> CallBudget {
+        CallBudget {
+            budget_ns: budget.as_nanos() as u64,
+            check_at: AtomicU64::new(0),
+            cpu_start: AtomicU64::new(0),
+        }
+    }
+
+    fn start(&self) {
+        self.cpu_start.store(thread_cpu_ns(), Ordering::Relaxed);
+        self.check_at
+            .store(now_ns() + self.budget_ns, Ordering::Relaxed);
+    }
+
+    fn stop(&self) {
+        self.check_at.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the running call has spent its budget.
+    fn spent(&self) -> bool {
+        let check_at = self.check_at.load(Ordering::Relaxed);
+        if check_at == 0 {
+            return false;
+        }
+        let now = now_ns();
+        if now <= check_at {
+            return false;
+        }
+        let used = thread_cpu_ns().saturating_sub(self.cpu_start.load(Ordering::Relaxed));
+        if used >= self.budget_ns {
+            return true;
+        }
+        self.check_at
+            .store(now + (self.budget_ns - used), Ordering::Relaxed);
+        false
+    }
+}
+
 /// Where a worker keeps the script's `process` (as defined when the script
 /// was loaded) and the `ctx` object it passes.
 const HIDDEN_PROCESS: &str = "\u{1}logbus.process";
@@ -226,7 +289,7 @@ pub struct JsWorker {
     lazy: LazyEvents,
     context: Context,
     runtime: Runtime,
-    deadline: Arc<AtomicU64>,
+    budget: Arc<CallBudget>,
     timeout: Duration,
     memory_limit: u64,
 }
@@ -236,16 +299,13 @@ impl JsWorker {
         let runtime = Runtime::new().map_err(|e| format!("cannot start QuickJS: {e}"))?;
         runtime.set_memory_limit((options.memory_limit_mb as usize) << 20);
         runtime.set_max_stack_size(1 << 20);
-        let deadline = Arc::new(AtomicU64::new(0));
+        let timeout = Duration::from_millis(options.timeout_ms);
+        let budget = Arc::new(CallBudget::new(timeout));
         {
-            let deadline = deadline.clone();
-            runtime.set_interrupt_handler(Some(Box::new(move || {
-                let d = deadline.load(Ordering::Relaxed);
-                d != 0 && now_ns() > d
-            })));
+            let budget = budget.clone();
+            runtime.set_interrupt_handler(Some(Box::new(move || budget.spent())));
         }
         let context = Context::full(&runtime).map_err(|e| format!("cannot start QuickJS: {e}"))?;
-        let timeout = Duration::from_millis(options.timeout_ms);
         let stage: Arc<str> = cx.stage_id.as_str().into();
         let worker = cx.worker;
         let lazy = context.with(|ctx| -> Result<LazyEvents, String> {
@@ -279,9 +339,9 @@ impl JsWorker {
             .map_err(|e| e.to_string())?;
             cx_object.set("log", log).map_err(|e| e.to_string())?;
 
-            set_deadline(&deadline, timeout);
+            budget.start();
             let evaluated = ctx.eval::<Value, _>(source).catch(&ctx);
-            deadline.store(0, Ordering::Relaxed);
+            budget.stop();
             evaluated.map_err(|e| describe(e, "evaluating the script failed", 0))?;
             let globals = ctx.globals();
             let process: Function = match globals.get::<_, Value>("process") {
@@ -291,9 +351,9 @@ impl JsWorker {
             if let Ok(init) = globals.get::<_, Value>("init")
                 && let Some(init) = init.into_function()
             {
-                set_deadline(&deadline, timeout);
+                budget.start();
                 let done = init.call::<_, Value>((cx_object.clone(),)).catch(&ctx);
-                deadline.store(0, Ordering::Relaxed);
+                budget.stop();
                 done.map_err(|e| describe(e, "init() failed", 0))?;
             }
             // Kept on the global object under names no script uses by
@@ -311,15 +371,11 @@ impl JsWorker {
             lazy,
             context,
             runtime,
-            deadline,
+            budget,
             timeout,
             memory_limit: options.memory_limit_mb << 20,
         })
     }
-}
-
-fn set_deadline(deadline: &AtomicU64, timeout: Duration) {
-    deadline.store(now_ns() + timeout.as_nanos() as u64, Ordering::Relaxed);
 }
 
 impl Processor for JsWorker {
@@ -364,11 +420,11 @@ impl JsWorker {
         let cx_object: Object = globals
             .get(HIDDEN_CTX)
             .map_err(|e| EventError::new(e.to_string()))?;
-        set_deadline(&self.deadline, self.timeout);
+        self.budget.start();
         let result = process
             .call::<_, Value>((proxy.clone(), cx_object))
             .catch(ctx);
-        self.deadline.store(0, Ordering::Relaxed);
+        self.budget.stop();
         let result = match result {
             Ok(r) => r,
             Err(e) => {
@@ -450,5 +506,35 @@ fn type_name(v: &Value<'_>) -> String {
         rquickjs::Type::Function | rquickjs::Type::Constructor => "a function".into(),
         rquickjs::Type::Array => "an array".into(),
         other => format!("a {other:?}").to_lowercase(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Time off the CPU (here: asleep) does not count against the budget;
+    /// time on it does.
+    #[test]
+    fn the_budget_counts_cpu_time_not_wall_time() {
+        let budget = CallBudget::new(Duration::from_millis(20));
+        assert!(!budget.spent(), "no call running");
+        budget.start();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !budget.spent(),
+            "a call that slept five budgets long used almost no CPU"
+        );
+        let began = Instant::now();
+        let mut x = 0u64;
+        while !budget.spent() {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            assert!(
+                began.elapsed() < Duration::from_secs(120),
+                "20 ms of CPU never counted"
+            );
+        }
+        budget.stop();
+        assert!(!budget.spent(), "stopped");
     }
 }
