@@ -127,6 +127,18 @@ pub mod source {
         pub checkpoint_interval_ms: u64,
         #[serde(default)]
         pub multiline: Option<MultilineOptions>,
+        /// `true` (default): a saved position never passes a line the
+        /// sinks have not confirmed, so a crash re-sends what was in flight
+        /// (duplicates, never gaps). `false`: positions are saved once a
+        /// batch is handed to the pipeline, as most log shippers do without
+        /// acknowledgements: a crash loses what was in flight, never sends
+        /// anything twice.
+        #[serde(default = "default_true")]
+        pub acknowledgements: bool,
+    }
+
+    fn default_true() -> bool {
+        true
     }
 
     fn default_fingerprint() -> usize {
@@ -287,6 +299,7 @@ pub mod source {
                     read_chunk: 256 * 1024,
                 },
                 state_dir: cx.resolve(&o.state_dir),
+                acknowledgements: o.acknowledgements,
                 poll: Duration::from_millis(o.poll_interval_ms),
                 checkpoint_every: Duration::from_millis(o.checkpoint_interval_ms),
             })))
@@ -296,6 +309,7 @@ pub mod source {
     struct Tail {
         config: TailConfig,
         state_dir: PathBuf,
+        acknowledgements: bool,
         poll: Duration,
         checkpoint_every: Duration,
     }
@@ -355,6 +369,7 @@ pub mod source {
             // (Only this thread begins batches, so nothing starts between
             // the look and the snapshot.)
             let metrics = cx.output.metrics().clone();
+            let acknowledgements = self.acknowledgements;
             let save = |state: &mut StateFile, tailer: &Tailer| {
                 let positions = {
                     let acks = acks.lock().unwrap_or_else(|p| p.into_inner());
@@ -384,11 +399,13 @@ pub mod source {
                 if lines.is_empty() {
                     return Ok(true);
                 }
-                let token = acks
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .begin(positions, lines.len() as u64);
-                let batch = BatchAck::new(acks.clone(), token);
+                let batch = acknowledgements.then(|| {
+                    let token = acks
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .begin(positions, lines.len() as u64);
+                    BatchAck::new(acks.clone(), token)
+                });
                 let events: Vec<Event> = lines
                     .into_iter()
                     .map(|l| {
@@ -400,14 +417,17 @@ pub mod source {
                                 arc
                             }
                         };
-                        Event::raw(
+                        let event = Event::raw(
                             Bytes::from(l.bytes),
                             Meta {
                                 origin: Some(path),
                                 ..Meta::now(source.clone())
                             },
-                        )
-                        .with_ack(batch.handle())
+                        );
+                        match &batch {
+                            Some(batch) => event.with_ack(batch.handle()),
+                            None => event,
+                        }
                     })
                     .collect();
                 drop(batch);
