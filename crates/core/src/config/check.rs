@@ -1,796 +1,22 @@
-//! Turns a pipeline file into a validated [`Pipeline`], or into the full list
-//! of what is wrong with it. Nothing here does I/O beyond reading the file,
-//! so `logbus validate` in CI checks exactly what `logbus run` would refuse.
+//! The checker: reads the YAML into the model, and collects every problem
+//! (unknown plugins and options, a bad graph, a cycle, limits) with the
+//! stage and position it concerns, instead of stopping at the first.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use logbus_plugin_api::{
-    BuildContext, CheckOptions, LocalConfig, OptionError, Plugin, Registry, StageKind, closest,
-    parse_options,
+    BuildContext, CheckOptions, Plugin, Registry, StageKind, closest, parse_options,
 };
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::{
+    COMMON_KEYS, DEAD_SUFFIX, ERRORS_SUFFIX, MAX_WORKERS, OnError, Pipeline, QueueSpec, Settings,
+    StageSpec,
+};
 use crate::diagnostic::Diagnostic;
 use crate::yaml::{self, Node, NodeKind, Pos};
-
-/// Suffix of the output that carries a stage's failed events (`on_error: route`).
-pub const ERRORS_SUFFIX: &str = ".errors";
-
-/// Suffix of the output that carries what a sink could not deliver: events
-/// its destination refused for good, or that ran out of retries.
-pub const DEAD_SUFFIX: &str = ".dead";
-
-/// Keys every stage may have besides its plugin's options.
-const COMMON_KEYS: [&str; 4] = ["inputs", "on_error", "workers", "queue"];
-
-/// Most workers one stage may have.
-pub const MAX_WORKERS: usize = 256;
-
-/// `settings:` — engine-wide knobs.
-#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Settings {
-    /// Capacity of every stage-to-stage channel, in events.
-    #[serde(default = "default_channel_capacity")]
-    #[schemars(range(min = 1, max = 16777216))]
-    pub channel_capacity: usize,
-    /// The HTTP API: metrics, stats, graph, reload. Off unless set.
-    #[serde(default)]
-    pub api: Option<ApiSettings>,
-    /// Runtime worker threads that run the stages (default: one per CPU
-    /// core; `logbus run --threads` overrides).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1024))]
-    pub threads: Option<usize>,
-    /// After SIGINT/SIGTERM (or a failed stage) the sources stop and the
-    /// rest drains; a sink still retrying after this long gives up, and
-    /// what it held is errored (a checkpointing source sends it again
-    /// after a restart) instead of holding the shutdown for ever.
-    #[serde(default = "default_drain_timeout_ms")]
-    #[schemars(range(min = 1))]
-    pub drain_timeout_ms: u64,
-}
-
-fn default_drain_timeout_ms() -> u64 {
-    30_000
-}
-
-/// Most runtime worker threads `settings.threads` and `--threads` accept.
-pub const MAX_THREADS: usize = 1024;
-
-/// `settings.api`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ApiSettings {
-    /// Address to listen on, e.g. `127.0.0.1:8686`. A non-loopback address needs `token`.
-    pub listen: String,
-    /// Bearer token every request must present (`Authorization: Bearer ...`).
-    #[serde(default)]
-    pub token: Option<String>,
-}
-
-impl ApiSettings {
-    /// Checks the address; a reachable-from-elsewhere API must have a token.
-    pub fn check(&self) -> Vec<OptionError> {
-        match self.listen.parse::<std::net::SocketAddr>() {
-            Err(e) => vec![OptionError::at(
-                &["api", "listen"],
-                format!(
-                    "`{}` is not an address like 127.0.0.1:8686: {e}",
-                    self.listen
-                ),
-            )],
-            Ok(addr)
-                if !addr.ip().is_loopback() && self.token.as_deref().is_none_or(str::is_empty) =>
-            {
-                vec![OptionError::at(
-                    &["api", "listen"],
-                    format!(
-                        "{addr} is reachable from other hosts; set `api.token` (and put TLS in front)"
-                    ),
-                )]
-            }
-            Ok(_) => Vec::new(),
-        }
-    }
-}
-
-fn default_channel_capacity() -> usize {
-    4096
-}
-
-/// Largest channel capacity accepted (events).
-pub const MAX_CHANNEL_CAPACITY: usize = 16 * 1024 * 1024;
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            channel_capacity: default_channel_capacity(),
-            api: None,
-            threads: None,
-            drain_timeout_ms: default_drain_timeout_ms(),
-        }
-    }
-}
-
-impl CheckOptions for Settings {
-    fn check(&self) -> Vec<OptionError> {
-        let mut errors = self
-            .api
-            .as_ref()
-            .map(ApiSettings::check)
-            .unwrap_or_default();
-        if self.channel_capacity == 0 || self.channel_capacity > MAX_CHANNEL_CAPACITY {
-            errors.push(OptionError::at(
-                &["channel_capacity"],
-                format!(
-                    "must be between 1 and {MAX_CHANNEL_CAPACITY} events, got {}",
-                    self.channel_capacity
-                ),
-            ));
-        }
-        if self.drain_timeout_ms == 0 {
-            errors.push(OptionError::at(&["drain_timeout_ms"], "must be at least 1"));
-        }
-        if let Some(n) = self.threads.filter(|n| !(1..=MAX_THREADS).contains(n)) {
-            errors.push(OptionError::at(
-                &["threads"],
-                format!("must be between 1 and {MAX_THREADS} worker threads, got {n}"),
-            ));
-        }
-        errors
-    }
-}
-
-/// What a parser, transform or formatter does with an event it cannot process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnError {
-    /// Count it as errored, log at a bounded rate, go on.
-    #[default]
-    Drop,
-    /// Stop the stage; the pipeline drains and exits non-zero.
-    Fail,
-    /// Send it, with the error attached, to `<id>.errors`.
-    Route,
-}
-
-/// `queue:` of a parser, transform, formatter or sink: its input queue.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct QueueSpec {
-    /// `global`: one shared multi-producer/multi-consumer queue read by all
-    /// `workers`. `local`: in addition, a private frontend ring (with its
-    /// own consumer worker) for each registered upstream producer; what does
-    /// not fit goes to the shared backend.
-    #[serde(default)]
-    pub scope: QueueScope,
-    /// Capacity in events (default: `settings.channel_capacity`).
-    #[serde(default)]
-    #[schemars(range(min = 1, max = 16777216))]
-    pub size: Option<usize>,
-    /// Most events a worker takes in one dequeue (default: the capacity).
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub dequeue_batch: Option<usize>,
-    /// Frontend settings (with `scope: local`).
-    #[serde(default)]
-    pub local: Option<LocalSpec>,
-    /// `memory` (the default) loses its contents when the process dies.
-    /// `disk`: every event goes through an append-only log on disk.
-    /// `disk-assisted`: memory first, spilling to the log beyond
-    /// `high_watermark` events.
-    #[serde(default, rename = "type")]
-    pub kind: QueueKind,
-    /// Directory of durable queues; this stage's queue lives in
-    /// `<path>/<stage id>` (its identity across restarts and worker counts).
-    #[serde(default)]
-    pub path: Option<String>,
-    /// Most bytes the queue keeps on disk (default 10GiB), e.g. `512MiB`.
-    #[serde(default)]
-    pub max_disk_bytes: Option<ByteSize>,
-    /// What a producer meets at `max_disk_bytes` (default `backpressure`).
-    #[serde(default)]
-    pub when_full: Option<WhenFullSpec>,
-    /// Size at which a segment file is sealed and a new one begun (default 64MiB).
-    #[serde(default)]
-    pub segment_bytes: Option<ByteSize>,
-    /// `batch` (default): fsync before a batch is acknowledged upstream;
-    /// `interval`: fsync every `sync_interval_ms`; `none`: leave it to the OS.
-    #[serde(default)]
-    pub sync: Option<SyncSpec>,
-    /// With `sync: interval` (default 100).
-    #[serde(default)]
-    #[schemars(range(min = 1, max = 60000))]
-    pub sync_interval_ms: Option<u64>,
-    /// `none` (default) or `lz4`, per record.
-    #[serde(default)]
-    pub compression: Option<CompressionSpec>,
-    /// Disk-assisted: on a forced stop, write the memory backlog to disk
-    /// (default true).
-    #[serde(default)]
-    pub save_on_shutdown: Option<bool>,
-    /// Disk-assisted: events in memory before batches spill (default 90% of `size`).
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub high_watermark: Option<usize>,
-    /// Disk-assisted: spilling stops once memory is down to this and the
-    /// log has been read (default 70% of `size`).
-    #[serde(default)]
-    pub low_watermark: Option<usize>,
-}
-
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum QueueKind {
-    #[default]
-    Memory,
-    Disk,
-    DiskAssisted,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum WhenFullSpec {
-    Backpressure,
-    DropOldest,
-    DropNewest,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SyncSpec {
-    Batch,
-    Interval,
-    None,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum CompressionSpec {
-    None,
-    Lz4,
-}
-
-/// A size in bytes: an integer, or a string with a unit (`64MiB`, `10GiB`,
-/// `500MB`, `4096`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ByteSize(pub u64);
-
-impl ByteSize {
-    pub fn parse(text: &str) -> Result<ByteSize, String> {
-        let t = text.trim();
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (number, unit) = (&t[..split], t[split..].trim());
-        let factor: u64 = match unit {
-            "" | "B" => 1,
-            "KB" | "kB" => 1000,
-            "KiB" => 1 << 10,
-            "MB" => 1000 * 1000,
-            "MiB" => 1 << 20,
-            "GB" => 1000 * 1000 * 1000,
-            "GiB" => 1 << 30,
-            "TB" => 1000u64.pow(4),
-            "TiB" => 1 << 40,
-            _ => return Err(format!("`{text}` is not a size like 64MiB, 10GiB or 4096")),
-        };
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("`{text}` is not a size like 64MiB, 10GiB or 4096"))?;
-        let bytes = value * factor as f64;
-        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-            return Err(format!("`{text}` is out of range"));
-        }
-        Ok(ByteSize(bytes as u64))
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d).map_err(|_| {
-            serde::de::Error::custom("expected a size: an integer, or a string like 64MiB")
-        })? {
-            Raw::Int(n) => Ok(ByteSize(n)),
-            Raw::Text(t) => ByteSize::parse(&t).map_err(serde::de::Error::custom),
-        }
-    }
-}
-
-impl schemars::JsonSchema for ByteSize {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "ByteSize".into()
-    }
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "description": "Bytes: an integer, or a number with a unit (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB).",
-            "oneOf": [
-                { "type": "integer", "minimum": 0 },
-                { "type": "string", "pattern": "^\\s*[0-9]+(\\.[0-9]+)?\\s*(B|KB|kB|KiB|MB|MiB|GB|GiB|TB|TiB)?\\s*$" }
-            ]
-        })
-    }
-}
-
-/// Limits of the durable queue settings.
-pub const MIN_SEGMENT_BYTES: u64 = 4 << 10;
-pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
-const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
-const DEFAULT_MAX_DISK_BYTES: u64 = 10 << 30;
-
-/// `queue.local`: the frontends of a local-scope queue.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LocalSpec {
-    /// Events per frontend ring (`F`).
-    #[serde(default = "default_frontend_size")]
-    #[schemars(range(min = 1, max = 16777216))]
-    pub frontend_size: usize,
-    /// Registration slots (`N`): one frontend and one consumer worker each.
-    /// Producers beyond this use the backend; slots are not recycled.
-    #[serde(default = "default_max_frontends")]
-    #[schemars(range(min = 1, max = 64))]
-    pub max_frontends: usize,
-    /// Most events an idle frontend consumer borrows from the backend at
-    /// once; 0 disables helping. At most `min(dequeue_batch, frontend_size)`
-    /// (the default).
-    #[serde(default)]
-    pub helper_batch: Option<usize>,
-    /// A frontend consumer finding fewer events may wait for this many...
-    #[serde(default)]
-    pub min_batch: usize,
-    /// ...at most this long (milliseconds; 0: never wait).
-    #[serde(default)]
-    #[schemars(range(max = 60000))]
-    pub min_batch_timeout_ms: u64,
-}
-
-fn default_frontend_size() -> usize {
-    1024
-}
-
-fn default_max_frontends() -> usize {
-    8
-}
-
-impl Default for LocalSpec {
-    fn default() -> Self {
-        LocalSpec {
-            frontend_size: default_frontend_size(),
-            max_frontends: default_max_frontends(),
-            helper_batch: None,
-            min_batch: 0,
-            min_batch_timeout_ms: 0,
-        }
-    }
-}
-
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum QueueScope {
-    #[default]
-    Global,
-    Local,
-}
-
-impl CheckOptions for QueueSpec {
-    fn check(&self) -> Vec<OptionError> {
-        let mut errors = Vec::new();
-        if self.scope == QueueScope::Global && self.local.is_some() {
-            errors.push(OptionError::at(
-                &["local"],
-                "frontend settings apply only with `scope: local`",
-            ));
-        }
-        if let Some(local) = &self.local {
-            if !(1..=MAX_CHANNEL_CAPACITY).contains(&local.frontend_size) {
-                errors.push(OptionError::at(
-                    &["local", "frontend_size"],
-                    format!(
-                        "must be between 1 and {MAX_CHANNEL_CAPACITY} events, got {}",
-                        local.frontend_size
-                    ),
-                ));
-            }
-            if !(1..=logbus_plugin_api::local::MAX_FRONTENDS).contains(&local.max_frontends) {
-                errors.push(OptionError::at(
-                    &["local", "max_frontends"],
-                    format!(
-                        "must be between 1 and {}, got {}",
-                        logbus_plugin_api::local::MAX_FRONTENDS,
-                        local.max_frontends
-                    ),
-                ));
-            }
-            if let Some(helper) = local.helper_batch {
-                let limit = self
-                    .dequeue_batch
-                    .unwrap_or(usize::MAX)
-                    .min(local.frontend_size);
-                if helper > limit {
-                    errors.push(OptionError::at(
-                        &["local", "helper_batch"],
-                        format!(
-                            "must not exceed min(dequeue_batch, frontend_size) = {limit}, got {helper}"
-                        ),
-                    ));
-                }
-            }
-            if local.min_batch > local.frontend_size {
-                errors.push(OptionError::at(
-                    &["local", "min_batch"],
-                    format!(
-                        "must not exceed `frontend_size` ({}), got {}",
-                        local.frontend_size, local.min_batch
-                    ),
-                ));
-            }
-            if local.min_batch_timeout_ms > 60_000 {
-                errors.push(OptionError::at(
-                    &["local", "min_batch_timeout_ms"],
-                    format!("must be at most 60000, got {}", local.min_batch_timeout_ms),
-                ));
-            }
-        }
-        errors.extend(self.check_durable());
-        if let Some(size) = self.size
-            && !(1..=MAX_CHANNEL_CAPACITY).contains(&size)
-        {
-            errors.push(OptionError::at(
-                &["size"],
-                format!("must be between 1 and {MAX_CHANNEL_CAPACITY} events, got {size}"),
-            ));
-        }
-        if let Some(batch) = self.dequeue_batch {
-            if batch == 0 {
-                errors.push(OptionError::at(&["dequeue_batch"], "must be at least 1"));
-            } else if let Some(size) = self.size.filter(|s| batch > *s) {
-                errors.push(OptionError::at(
-                    &["dequeue_batch"],
-                    format!("must not exceed `size` ({size}), got {batch}"),
-                ));
-            }
-        }
-        errors
-    }
-}
-
-impl QueueSpec {
-    fn check_durable(&self) -> Vec<OptionError> {
-        let mut errors = Vec::new();
-        let durable_keys: [(&str, bool); 9] = [
-            ("path", self.path.is_some()),
-            ("max_disk_bytes", self.max_disk_bytes.is_some()),
-            ("when_full", self.when_full.is_some()),
-            ("segment_bytes", self.segment_bytes.is_some()),
-            ("sync", self.sync.is_some()),
-            ("sync_interval_ms", self.sync_interval_ms.is_some()),
-            ("compression", self.compression.is_some()),
-            ("save_on_shutdown", self.save_on_shutdown.is_some()),
-            ("high_watermark", self.high_watermark.is_some()),
-        ];
-        if self.kind == QueueKind::Memory {
-            for (key, set) in durable_keys
-                .into_iter()
-                .chain([("low_watermark", self.low_watermark.is_some())])
-            {
-                if set {
-                    errors.push(OptionError::at(
-                        &[key],
-                        "applies only with `type: disk` or `type: disk-assisted`",
-                    ));
-                }
-            }
-            return errors;
-        }
-        if self.path.as_deref().is_none_or(str::is_empty) {
-            errors.push(OptionError::at(
-                &["type"],
-                "a durable queue needs `path`: the directory that holds it across restarts",
-            ));
-        }
-        if self.kind == QueueKind::Disk {
-            if self.scope == QueueScope::Local {
-                errors.push(OptionError::at(
-                    &["scope"],
-                    "a `disk` queue cannot have local scope; use `type: disk-assisted`, whose memory part can",
-                ));
-            }
-            for (key, set) in [
-                ("save_on_shutdown", self.save_on_shutdown.is_some()),
-                ("high_watermark", self.high_watermark.is_some()),
-                ("low_watermark", self.low_watermark.is_some()),
-            ] {
-                if set {
-                    errors.push(OptionError::at(
-                        &[key],
-                        "applies only with `type: disk-assisted`",
-                    ));
-                }
-            }
-        }
-        if self.sync_interval_ms.is_some() && self.sync != Some(SyncSpec::Interval) {
-            errors.push(OptionError::at(
-                &["sync_interval_ms"],
-                "applies only with `sync: interval`",
-            ));
-        }
-        let segment = self.segment_bytes.map_or(DEFAULT_SEGMENT_BYTES, |b| b.0);
-        if let Some(b) = self.segment_bytes
-            && !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&b.0)
-        {
-            errors.push(OptionError::at(
-                &["segment_bytes"],
-                format!("must be between 4KiB and 1GiB, got {} bytes", b.0),
-            ));
-        }
-        if let Some(max) = self.max_disk_bytes
-            && max.0 < 2 * segment
-        {
-            errors.push(OptionError::at(
-                &["max_disk_bytes"],
-                format!(
-                    "must be at least two segments ({} bytes with segment_bytes {segment}), got {}",
-                    2 * segment,
-                    max.0
-                ),
-            ));
-        }
-        if let (Some(high), Some(low)) = (self.high_watermark, self.low_watermark)
-            && low >= high
-        {
-            errors.push(OptionError::at(
-                &["low_watermark"],
-                format!("must be below `high_watermark` ({high}), got {low}"),
-            ));
-        }
-        if let (Some(high), Some(size)) = (self.high_watermark, self.size)
-            && high > size
-        {
-            errors.push(OptionError::at(
-                &["high_watermark"],
-                format!("must not exceed `size` ({size}), got {high}"),
-            ));
-        }
-        if self.high_watermark == Some(0) {
-            errors.push(OptionError::at(&["high_watermark"], "must be at least 1"));
-        }
-        errors
-    }
-}
-
-/// A stage's durable queue, resolved against the settings.
-#[derive(Debug, Clone)]
-pub struct DurableQueueSpec {
-    pub config: logbus_plugin_api::durable::DiskConfig,
-    pub kind: logbus_plugin_api::durable::DurableKind,
-    pub save_on_shutdown: bool,
-}
-
-#[derive(Clone)]
-pub struct StageSpec {
-    pub id: String,
-    pub pos: Pos,
-    pub kind: StageKind,
-    pub plugin_name: String,
-    pub plugin: Arc<dyn Plugin>,
-    /// Output names this stage reads: a stage id, `<id>.errors`, or a
-    /// sink's `<id>.dead`.
-    pub inputs: Vec<String>,
-    pub on_error: OnError,
-    /// Tasks running this stage (parsers, transforms, formatters, sinks),
-    /// sharing its input queue; each gets its own plugin instance.
-    pub workers: usize,
-    pub queue: Option<QueueSpec>,
-    pub options: Value,
-}
-
-impl StageSpec {
-    /// The name of this stage's second output: `<id>.dead` for a sink,
-    /// `<id>.errors` for the others.
-    pub fn side_output(&self) -> String {
-        match self.kind {
-            StageKind::Sink => format!("{}{DEAD_SUFFIX}", self.id),
-            _ => format!("{}{ERRORS_SUFFIX}", self.id),
-        }
-    }
-
-    /// Capacity of this stage's input, in events.
-    pub fn capacity(&self, settings: &Settings) -> usize {
-        self.queue
-            .as_ref()
-            .and_then(|q| q.size)
-            .unwrap_or(settings.channel_capacity)
-    }
-
-    /// The frontends of a local-scope input queue, resolved against the
-    /// settings; `None` for a global queue.
-    pub fn local_config(&self, settings: &Settings) -> Option<LocalConfig> {
-        let queue = self.queue.as_ref()?;
-        if queue.scope != QueueScope::Local {
-            return None;
-        }
-        let spec = queue.local.clone().unwrap_or_default();
-        let d = self.dequeue_batch(settings).min(spec.frontend_size);
-        Some(LocalConfig {
-            frontend_size: spec.frontend_size,
-            max_frontends: spec.max_frontends,
-            helper_batch: spec.helper_batch.unwrap_or(d).min(d),
-            min_batch: spec.min_batch,
-            min_batch_timeout: std::time::Duration::from_millis(spec.min_batch_timeout_ms),
-        })
-    }
-
-    /// Plugin instances this stage runs: one per worker, plus one per
-    /// frontend of a local-scope queue.
-    pub fn instances(&self, settings: &Settings) -> usize {
-        if self.kind == StageKind::Source {
-            return 1;
-        }
-        self.workers.max(1) + self.local_config(settings).map_or(0, |l| l.max_frontends)
-    }
-
-    /// The most events this stage's input queue can hold, batches in the
-    /// consumers' hands included: `B`, plus `N × (F + D)` for a local-scope
-    /// queue with `D = min(dequeue_batch, F)`.
-    pub fn inflight_bound(&self, settings: &Settings) -> usize {
-        // A durable queue's log is on disk; what it adds in memory is the
-        // batches its workers hold (a `disk` queue has no memory part).
-        let in_hands = self.workers.max(1) * self.dequeue_batch(settings);
-        let b = match self.queue.as_ref().map(|q| q.kind) {
-            Some(QueueKind::Disk) => in_hands,
-            Some(QueueKind::DiskAssisted) => self.capacity(settings) + in_hands,
-            _ => self.capacity(settings),
-        };
-        match self.local_config(settings) {
-            None => b,
-            Some(l) => {
-                let d = self.dequeue_batch(settings).min(l.frontend_size);
-                b + l.max_frontends * (l.frontend_size + d)
-            }
-        }
-    }
-
-    /// The durable store of a `disk` or `disk-assisted` input queue; a
-    /// relative `path` is relative to `base` (the pipeline file's directory).
-    pub fn durable(&self, settings: &Settings, base: &std::path::Path) -> Option<DurableQueueSpec> {
-        use logbus_plugin_api::durable::{DiskConfig, DurableKind, SyncMode, WhenFull};
-        let q = self.queue.as_ref()?;
-        let capacity = self.capacity(settings);
-        let kind = match q.kind {
-            QueueKind::Memory => return None,
-            QueueKind::Disk => DurableKind::Disk,
-            QueueKind::DiskAssisted => {
-                let high = q
-                    .high_watermark
-                    .unwrap_or((capacity * 9 / 10).max(1))
-                    .min(capacity);
-                DurableKind::DiskAssisted {
-                    high_watermark: high,
-                    low_watermark: q
-                        .low_watermark
-                        .unwrap_or(capacity * 7 / 10)
-                        .min(high.saturating_sub(1)),
-                }
-            }
-        };
-        let dir = base.join(q.path.as_deref().unwrap_or(".")).join(&self.id);
-        Some(DurableQueueSpec {
-            config: DiskConfig {
-                dir,
-                segment_bytes: q.segment_bytes.map_or(DEFAULT_SEGMENT_BYTES, |b| b.0),
-                max_disk_bytes: q.max_disk_bytes.map_or(DEFAULT_MAX_DISK_BYTES, |b| b.0),
-                when_full: match q.when_full.unwrap_or(WhenFullSpec::Backpressure) {
-                    WhenFullSpec::Backpressure => WhenFull::Backpressure,
-                    WhenFullSpec::DropOldest => WhenFull::DropOldest,
-                    WhenFullSpec::DropNewest => WhenFull::DropNewest,
-                },
-                sync: match q.sync.unwrap_or(SyncSpec::Batch) {
-                    SyncSpec::Batch => SyncMode::Batch,
-                    SyncSpec::Interval => SyncMode::Interval,
-                    SyncSpec::None => SyncMode::None,
-                },
-                sync_interval: std::time::Duration::from_millis(q.sync_interval_ms.unwrap_or(100)),
-                lz4: q.compression == Some(CompressionSpec::Lz4),
-            },
-            kind,
-            save_on_shutdown: q.save_on_shutdown.unwrap_or(true),
-        })
-    }
-
-    /// Most events one worker takes per dequeue.
-    pub fn dequeue_batch(&self, settings: &Settings) -> usize {
-        let capacity = self.capacity(settings);
-        self.queue
-            .as_ref()
-            .and_then(|q| q.dequeue_batch)
-            .unwrap_or(capacity)
-            .min(capacity)
-    }
-}
-
-/// A pipeline that passed validation.
-#[derive(Clone)]
-pub struct Pipeline {
-    pub path: PathBuf,
-    pub base_dir: PathBuf,
-    pub settings: Settings,
-    pub stages: Vec<StageSpec>,
-}
-
-impl Pipeline {
-    pub fn stage(&self, id: &str) -> Option<&StageSpec> {
-        self.stages.iter().find(|s| s.id == id)
-    }
-
-    /// The stages reading the output `name` (`id` or `id.errors`).
-    /// The stage an input name reads from, and which of its outputs:
-    /// `None` for the main one, `Some("errors")` or `Some("dead")`.
-    pub fn output_of<'a>(&self, input: &'a str) -> (&'a str, Option<&'static str>) {
-        for (suffix, side) in [(ERRORS_SUFFIX, "errors"), (DEAD_SUFFIX, "dead")] {
-            if let Some(base) = input.strip_suffix(suffix)
-                && self.stage(base).is_some()
-            {
-                return (base, Some(side));
-            }
-        }
-        (input, None)
-    }
-
-    pub fn readers_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a StageSpec> + 'a {
-        self.stages
-            .iter()
-            .filter(move |s| s.inputs.iter().any(|i| i == name))
-    }
-
-    /// The worst-case number of events in flight: each non-source stage has
-    /// one input channel, and an event is counted against a channel until
-    /// the consumer has forwarded or committed it.
-    pub fn inflight_bound(&self) -> InflightBound {
-        let inputs: Vec<&StageSpec> = self
-            .stages
-            .iter()
-            .filter(|s| s.kind != StageKind::Source)
-            .collect();
-        InflightBound {
-            channels: inputs.len(),
-            channel_capacity: self.settings.channel_capacity,
-            events: inputs
-                .iter()
-                .map(|s| s.inflight_bound(&self.settings))
-                .sum(),
-        }
-    }
-
-    pub fn build_context(&self, stage: &StageSpec) -> BuildContext {
-        BuildContext {
-            stage_id: stage.id.clone(),
-            base_dir: self.base_dir.clone(),
-            worker: 0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct InflightBound {
-    pub channels: usize,
-    pub channel_capacity: usize,
-    pub events: usize,
-}
 
 /// The outcome of validation: a pipeline when there is no error, and every
 /// diagnostic (warnings included) either way.
@@ -1074,11 +300,43 @@ impl Checker<'_> {
             );
             return None;
         };
+        let (kind, plugin_name, plugin) = self.read_plugin_key(id, pos, entries);
+        let (inputs, has_inputs_key) = self.read_inputs(id, node);
+        let on_error = self.read_on_error(id, kind, node);
+        let workers = self.read_workers(id, kind, node);
+        let queue = self.read_queue(id, kind, node);
+        let options = self.read_plugin_options(id, pos, kind, node, plugin.as_ref());
+        let attached = self.read_attached(id, kind, node, on_error);
+        Some(RawStage {
+            id: id.to_string(),
+            pos,
+            kind,
+            plugin_name,
+            plugin,
+            inputs,
+            has_inputs_key,
+            on_error,
+            workers,
+            queue,
+            options,
+            attached,
+        })
+    }
+
+    /// The one key among `source`, `parser`, `transform`, `formatter` and
+    /// `sink`: the stage's kind, its plugin's name, and the plugin when this
+    /// build has it.
+    fn read_plugin_key(
+        &mut self,
+        id: &str,
+        pos: Pos,
+        entries: &[(Node, Node)],
+    ) -> (Option<StageKind>, String, Option<Arc<dyn Plugin>>) {
         let plugin_keys: Vec<(&Node, &Node, StageKind)> = entries
             .iter()
             .filter_map(|(k, v)| Some((k, v, StageKind::from_key(k.as_str()?)?)))
             .collect();
-        let (kind, plugin_name, plugin) = match plugin_keys.as_slice() {
+        match plugin_keys.as_slice() {
             [] => {
                 self.push(
                     Diagnostic::error(
@@ -1127,8 +385,12 @@ impl Checker<'_> {
                 );
                 (None, String::new(), None)
             }
-        };
+        }
+    }
 
+    /// `inputs:` as (output name, position) pairs, and whether the key was
+    /// there at all.
+    fn read_inputs(&mut self, id: &str, node: &Node) -> (Vec<(String, Pos)>, bool) {
         let mut inputs = Vec::new();
         let mut has_inputs_key = false;
         if let Some((key, value)) = node.entry("inputs") {
@@ -1158,7 +420,10 @@ impl Checker<'_> {
                 ),
             }
         }
+        (inputs, has_inputs_key)
+    }
 
+    fn read_on_error(&mut self, id: &str, kind: Option<StageKind>, node: &Node) -> OnError {
         let mut on_error = OnError::default();
         if let Some((key, value)) = node.entry("on_error") {
             match value.as_str() {
@@ -1190,7 +455,10 @@ impl Checker<'_> {
                 );
             }
         }
+        on_error
+    }
 
+    fn read_workers(&mut self, id: &str, kind: Option<StageKind>, node: &Node) -> usize {
         let mut workers = 1;
         if let Some((key, value)) = node.entry("workers") {
             match value.to_json().as_u64() {
@@ -1215,6 +483,10 @@ impl Checker<'_> {
                 );
             }
         }
+        workers
+    }
+
+    fn read_queue(&mut self, id: &str, kind: Option<StageKind>, node: &Node) -> Option<QueueSpec> {
         let mut queue = None;
         if let Some((key, value)) = node.entry("queue") {
             if kind == Some(StageKind::Source) {
@@ -1254,7 +526,20 @@ impl Checker<'_> {
                 );
             }
         }
+        queue
+    }
 
+    /// Every key that is not common to all stages belongs to the plugin;
+    /// the plugin checks them (with positions mapped back to the file).
+    fn read_plugin_options(
+        &mut self,
+        id: &str,
+        pos: Pos,
+        kind: Option<StageKind>,
+        node: &Node,
+        plugin: Option<&Arc<dyn Plugin>>,
+    ) -> Value {
+        let entries = node.entries().unwrap_or_default();
         // Everything else belongs to the plugin.
         let mut options = serde_json::Map::new();
         for (k, v) in entries {
@@ -1268,7 +553,7 @@ impl Checker<'_> {
             options.insert(key.to_string(), v.to_json());
         }
         let options = Value::Object(options);
-        if let Some(plugin) = &plugin {
+        if let Some(plugin) = plugin {
             let bcx = BuildContext {
                 stage_id: id.to_string(),
                 base_dir: self.base_dir.clone(),
@@ -1292,22 +577,7 @@ impl Checker<'_> {
                 );
             }
         }
-
-        let attached = self.read_attached(id, kind, node, on_error);
-        Some(RawStage {
-            id: id.to_string(),
-            pos,
-            kind,
-            plugin_name,
-            plugin,
-            inputs,
-            has_inputs_key,
-            on_error,
-            workers,
-            queue,
-            options,
-            attached,
-        })
+        options
     }
 
     /// Reads a source's `codec:` or a sink's `format:`: a plugin name
