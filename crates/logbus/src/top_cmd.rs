@@ -77,6 +77,30 @@ where
         num(&s["inflight_bound"]["events"]),
         num(&s["elapsed_seconds"]),
     );
+    // Sources that acknowledge: what their sinks confirmed, and how long
+    // the oldest unconfirmed batch has waited (a stuck sink shows here
+    // before anywhere else).
+    let acks: Vec<String> = s["stages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|st| {
+            ["acked_delivered", "acked_rejected", "acked_errored", "oldest_unacked_ms"]
+                .iter()
+                .any(|k| num(&st[*k]) > 0.0)
+        })
+        .map(|st| {
+            format!(
+                "acknowledgements {}: delivered {}  rejected {}  errored {}  oldest unacknowledged {} ms",
+                st["id"].as_str().unwrap_or("?"),
+                num(&st["acked_delivered"]),
+                num(&st["acked_rejected"]),
+                num(&st["acked_errored"]),
+                num(&st["oldest_unacked_ms"]),
+            )
+        })
+        .collect();
     let channels = s["channels"].as_array().cloned().unwrap_or_default();
     let rows: Vec<Row> = s["stages"]
         .as_array()
@@ -143,9 +167,14 @@ where
     )
     .block(Block::bordered().title("stages"));
     terminal.draw(|f| {
-        let [top, body] =
-            Layout::vertical([Constraint::Length(1), Constraint::Min(3)]).areas(f.area());
+        let [top, acked, body] = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Length(acks.len() as u16),
+            Constraint::Min(3),
+        ])
+        .areas(f.area());
         f.render_widget(Paragraph::new(header), top);
+        f.render_widget(Paragraph::new(acks.join("\n")), acked);
         f.render_widget(table, body);
     })?;
     Ok(())
@@ -166,7 +195,8 @@ pub fn run(addr: &str, token: Option<&str>, once: bool) -> anyhow::Result<ExitCo
         };
         let mut terminal = Terminal::new(TestBackend::new(
             140,
-            4 + second.stats["stages"].as_array().map_or(0, Vec::len) as u16 + 2,
+            // Header, acknowledgement lines (at most one per stage), table.
+            4 + 2 * second.stats["stages"].as_array().map_or(0, Vec::len) as u16 + 2,
         ))?;
         draw(&mut terminal, addr, &second, Some(&first))?;
         let buffer = terminal.backend().buffer().clone();
@@ -178,6 +208,7 @@ pub fn run(addr: &str, token: Option<&str>, once: bool) -> anyhow::Result<ExitCo
             text.push_str(line.trim_end());
             text.push('\n');
         }
+        let text = format!("{}\n", text.trim_end());
         crate::emit(&text);
         return Ok(ExitCode::SUCCESS);
     }

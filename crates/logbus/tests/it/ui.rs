@@ -29,15 +29,23 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // A second, acknowledging source: its node shows what its sink confirmed.
+    let lines: String = (0..500).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(dir.path().join("in.log"), lines).unwrap();
     let (engine, port) = crate::api::start(
         dir.path(),
-        "settings: { channel_capacity: 512 }\nstages:
-  gen: { source: generator, rate: 3000 }
-  json: { parser: json, inputs: [gen], on_error: route }
-  keep: { transform: filter, inputs: [json], field: level, equals: info }
-  out: { sink: blackhole, inputs: [keep] }
-  bad: { sink: blackhole, inputs: [json.errors] }
+        &format!(
+            "settings: {{ channel_capacity: 512 }}\nstages:
+  gen: {{ source: generator, rate: 3000 }}
+  json: {{ parser: json, inputs: [gen], on_error: route }}
+  keep: {{ transform: filter, inputs: [json], field: level, equals: info }}
+  out: {{ sink: blackhole, inputs: [keep] }}
+  bad: {{ sink: blackhole, inputs: [json.errors] }}
+  logs: {{ source: tail, paths: [\"{dir}/in.log\"], state_dir: \"{dir}/state\", checkpoint_interval_ms: 100 }}
+  kept: {{ sink: blackhole, inputs: [logs] }}
 ",
+            dir = dir.path().display()
+        ),
         &[],
     );
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui.png");
@@ -46,6 +54,7 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         .arg(format!("http://127.0.0.1:{port}/"))
         .arg("gen,json,keep,out,bad")
         .arg(&target)
+        .arg("logs")
         .env("CHROMIUM", &chromium)
         .output()
         .unwrap();
@@ -59,5 +68,5 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("4 passed, 0 failed"), "{text}");
+    assert!(text.contains("5 passed, 0 failed"), "{text}");
 }

@@ -1,10 +1,11 @@
 // Drives the live view of a running `logbus run --api` in real headless
 // Chromium: the page loads, the graph shows every stage, counters advance,
 // and the tap panel shows events leaving a stage.
-// Usage: node ui_test.mjs URL STAGE[,STAGE...] SCREENSHOT.png
+// With ACK_STAGE, that source's acknowledgements show on its graph node.
+// Usage: node ui_test.mjs URL STAGE[,STAGE...] SCREENSHOT.png [ACK_STAGE]
 import { chromium } from "playwright-core";
 
-const [url, stageList, screenshot] = process.argv.slice(2);
+const [url, stageList, screenshot, ackStage] = process.argv.slice(2);
 const stages = stageList.split(",");
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -38,6 +39,12 @@ try {
     await page.selectOption("#tap-stage", stages[1]);
     await page.click("#tap-go");
     await page.waitForFunction(() => document.querySelector("#tap-out").textContent.includes('"seq"'), null, { timeout: 15000 });
+  });
+  if (ackStage) await check("a source's acknowledgements are shown", async () => {
+    await page.waitForFunction(id => {
+      const m = /acknowledged ([0-9.]+k?) delivered/.exec(document.querySelector(`[data-series="${id}"]`)?.textContent || "");
+      return m && m[1] !== "0";
+    }, ackStage, { timeout: 15000 });
   });
   await check("no script errors", async () => {
     if (errors.length) throw new Error(errors.join("; "));
