@@ -606,38 +606,18 @@ impl Supervisor {
                 }
                 Built::Sink(sink) => {
                     let input = worker_input(input.as_ref(), index, workers);
-                    let (swap_tx, mut swap_rx) = mpsc::unbounded_channel::<Box<dyn Sink>>();
+                    let (swap_tx, swap_rx) = mpsc::unbounded_channel::<Box<dyn Sink>>();
                     let (id, metrics, errors) = (id.clone(), metrics.clone(), errors.clone());
                     let sinks_stop = self.sinks_stop.clone();
-                    self.spawn_task(&spec.id, async move {
-                        let mut cx = SinkContext::new(id, input, metrics.clone());
-                        cx.dead = Output::with_targets(errors, metrics, OutputRole::Errors);
-                        cx.stop = sinks_stop;
-                        let mut sink = sink;
-                        loop {
-                            let result = guard(sink.run(&mut cx)).await;
-                            if let Err(message) = &result {
-                                fail_fast(&cx.id, message, &global);
-                                cx.input.resume();
-                                drain_as_errored(&mut cx.input, &cx.metrics).await;
-                                return result;
-                            }
-                            if !cx.input.is_interrupted() {
-                                return result;
-                            }
-                            // Interrupted for a reload: the newest replacement
-                            // takes over the same input, with its queued events.
-                            // (Replacements are sent before the interrupt is raised.)
-                            cx.input.resume();
-                            let Some(mut next) = swap_rx.recv().await else {
-                                return result;
-                            };
-                            while let Ok(newer) = swap_rx.try_recv() {
-                                next = newer;
-                            }
-                            sink = next;
-                        }
-                    });
+                    let mut cx = SinkContext::new(id, input, metrics.clone());
+                    cx.dead = Output::with_targets(errors, metrics, OutputRole::Errors);
+                    cx.stop = sinks_stop;
+                    let stage = SinkStage {
+                        cx,
+                        sink,
+                        swaps: swap_rx,
+                    };
+                    self.spawn_task(&spec.id, stage.run(global));
                     match &mut control {
                         Some(Control::Sink { swaps, .. }) => swaps.push(swap_tx),
                         _ => {
@@ -962,6 +942,44 @@ fn open_durables<'a>(
         Ok(opened)
     } else {
         Err(errors)
+    }
+}
+
+/// One worker of a sink stage: runs the sink over its input, drains the
+/// input as errored if it fails, and hands the same input (with what is
+/// queued in it) to a replacement when a reload interrupts it.
+struct SinkStage {
+    cx: SinkContext,
+    sink: Box<dyn Sink>,
+    /// Replacements sent by reloads, before the input's interrupt is raised.
+    swaps: mpsc::UnboundedReceiver<Box<dyn Sink>>,
+}
+
+impl SinkStage {
+    async fn run(mut self, global: CancellationToken) -> Result<(), String> {
+        let cx = &mut self.cx;
+        loop {
+            let result = guard(self.sink.run(cx)).await;
+            if let Err(message) = &result {
+                fail_fast(&cx.id, message, &global);
+                cx.input.resume();
+                drain_as_errored(&mut cx.input, &cx.metrics).await;
+                return result;
+            }
+            if !cx.input.is_interrupted() {
+                return result;
+            }
+            // Interrupted for a reload: the newest replacement takes over
+            // the same input, with its queued events.
+            cx.input.resume();
+            let Some(mut next) = self.swaps.recv().await else {
+                return result;
+            };
+            while let Ok(newer) = self.swaps.try_recv() {
+                next = newer;
+            }
+            self.sink = next;
+        }
     }
 }
 
