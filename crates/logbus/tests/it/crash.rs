@@ -78,16 +78,61 @@ impl Rng {
     }
 }
 
-fn start(dir: &Path, pipeline: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_logbus"))
+fn start(dir: &Path, pipeline: &Path, port: Option<u16>) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_logbus"));
+    command
         .env("LOGBUS_LOG", "error")
         .env("CRASH_DIR", dir)
         .arg("run")
         .arg(pipeline)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::piped());
+    if let Some(port) = port {
+        command.env("CRASH_PORT", port.to_string());
+    }
+    command.spawn().unwrap()
+}
+
+fn sigterm(child: &Child) {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+}
+
+/// SIGTERM, then everything the process printed.
+fn terminate(child: Child) -> std::process::Output {
+    sigterm(&child);
+    child.wait_with_output().unwrap()
+}
+
+/// Waits (up to 120 s) until `seen` holds every id below `count`; if not,
+/// stops the process with SIGTERM, so its summary (rejected and errored
+/// counts per stage) says where the missing went, and fails.
+fn await_every_id(
+    child: Child,
+    count: u64,
+    seed: u64,
+    seen: impl Fn() -> HashMap<u64, u32>,
+) -> Child {
+    let began = Instant::now();
+    loop {
+        let seen = seen();
+        if (0..count).all(|id| seen.contains_key(&id)) {
+            return child;
+        }
+        if began.elapsed() > Duration::from_secs(120) {
+            let missing: Vec<u64> = (0..count).filter(|id| !seen.contains_key(id)).collect();
+            let o = terminate(child);
+            panic!(
+                "{} of {count} ids missing after the final run (first: {:?}); seed {seed}; stderr: {}",
+                missing.len(),
+                &missing[..missing.len().min(20)],
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn append_lines(path: &Path, ids: std::ops::Range<u64>) {
@@ -119,10 +164,7 @@ fn delivered_text(text: &str) -> (HashMap<u64, u32>, usize) {
 /// SIGTERM, then the process must drain and exit 0 within the drain
 /// deadline (30 s) and a margin.
 fn stop_cleanly(child: Child, what: &str) {
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    sigterm(&child);
     let began = Instant::now();
     let mut child = child;
     loop {
@@ -177,7 +219,7 @@ fn tail_through_a_slow_transform_to_a_file_loses_nothing_across_sigkills() {
     let mut next_id = 0u64;
     let (mut rotations, mut terms) = (0, 0);
     for kill in 0..kills {
-        let mut child = start(dir.path(), &pipeline);
+        let mut child = start(dir.path(), &pipeline, None);
         // Run for a random while, the input growing in random chunks.
         let run_for = Duration::from_millis(rng.between(20, 400));
         let began = Instant::now();
@@ -206,36 +248,9 @@ fn tail_through_a_slow_transform_to_a_file_loses_nothing_across_sigkills() {
     // The last run goes to the end and stops with SIGTERM.
     append_lines(&log, next_id..next_id + 500);
     next_id += 500;
-    let child = start(dir.path(), &pipeline);
-    let began = Instant::now();
-    loop {
-        let (seen, _) = delivered(&out);
-        if (0..next_id).all(|id| seen.contains_key(&id)) {
-            break;
-        }
-        if began.elapsed() > Duration::from_secs(120) {
-            let missing: Vec<u64> = (0..next_id).filter(|id| !seen.contains_key(id)).collect();
-            // Stopped with SIGTERM, so its summary (rejected and errored
-            // counts per stage) says where the missing went.
-            Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status()
-                .unwrap();
-            let o = child.wait_with_output().unwrap();
-            panic!(
-                "{} of {next_id} ids missing after the final run (first: {:?}); seed {seed}; stderr: {}",
-                missing.len(),
-                &missing[..missing.len().min(20)],
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let child = start(dir.path(), &pipeline, None);
+    let child = await_every_id(child, next_id, seed, || delivered(&out).0);
+    let o = terminate(child);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stderr}");
     // At a clean stop every event the last run emitted was acknowledged
@@ -317,18 +332,7 @@ fn http_with_ack_sink_and_a_resending_client_loses_nothing_across_sigkills() {
         .map(|i| 20_000 + ((seed.wrapping_add(i * 7919)) % 10_000) as u16)
         .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
         .expect("a free port below the ephemeral range");
-    let run = || {
-        Command::new(env!("CARGO_BIN_EXE_logbus"))
-            .env("LOGBUS_LOG", "error")
-            .env("CRASH_DIR", dir.path())
-            .env("CRASH_PORT", port.to_string())
-            .arg("run")
-            .arg(&pipeline)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let run = || start(dir.path(), &pipeline, Some(port));
 
     // The client: numbered requests, each sent until it gets a 200.
     let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -386,11 +390,7 @@ fn http_with_ack_sink_and_a_resending_client_loses_nothing_across_sigkills() {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let resends = client.join().unwrap();
     let total = sent.load(std::sync::atomic::Ordering::SeqCst);
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = terminate(child);
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -532,18 +532,7 @@ fn tail_through_a_disk_queue_to_an_http_sink_with_an_outage_loses_nothing_across
     let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let port = bulk_server(received.clone(), down.clone());
     let log = dir.path().join("in/app.log");
-    let run = || {
-        Command::new(env!("CARGO_BIN_EXE_logbus"))
-            .env("LOGBUS_LOG", "error")
-            .env("CRASH_DIR", dir.path())
-            .env("CRASH_PORT", port.to_string())
-            .arg("run")
-            .arg(&pipeline)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let run = || start(dir.path(), &pipeline, Some(port));
 
     // The outage: 10 s of 503s, from the end of the first third of the
     // runs; the runs go on until at least two have seen it over.
@@ -591,25 +580,9 @@ fn tail_through_a_disk_queue_to_an_http_sink_with_an_outage_loses_nothing_across
     append_lines(&log, next_id..next_id + 500);
     next_id += 500;
     let child = run();
-    let began = Instant::now();
-    while (0..next_id).any(|id| !received.lock().unwrap().ids.contains_key(&id)) {
-        if began.elapsed() > Duration::from_secs(120) {
-            let ids = &received.lock().unwrap().ids;
-            let missing: Vec<u64> = (0..next_id).filter(|id| !ids.contains_key(id)).collect();
-            Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status()
-                .unwrap();
-            let o = child.wait_with_output().unwrap();
-            panic!(
-                "{} of {next_id} ids missing after the final run (first: {:?}); seed {seed}; stderr: {}",
-                missing.len(),
-                &missing[..missing.len().min(20)],
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let child = await_every_id(child, next_id, seed, || {
+        received.lock().unwrap().ids.clone()
+    });
     stop_cleanly(child, "pipeline 2");
 
     let r = received.lock().unwrap();
@@ -698,7 +671,9 @@ stages:
     append_lines(&dir.path().join("in/app.log"), 0..LINES);
     let out = disk.join("out.ndjson");
 
-    let o = start(dir.path(), &pipeline).wait_with_output().unwrap();
+    let o = start(dir.path(), &pipeline, None)
+        .wait_with_output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_ne!(o.status.code(), Some(0), "a full disk must not exit 0");
     assert!(
@@ -715,7 +690,7 @@ stages:
         .status()
         .unwrap();
     assert!(grown.success());
-    let mut child = start(dir.path(), &pipeline);
+    let mut child = start(dir.path(), &pipeline, None);
     let began = Instant::now();
     while !{
         let (seen, _) = delivered(&out);
