@@ -1120,23 +1120,13 @@ impl Receiver {
 
     fn accept(&self, events: Vec<Event>, origin: Origin) -> InputBatch {
         let stats = &self.shared.stats;
-        stats
-            .received
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
-        stats.batch_sizes.record(events.len() as u64);
-        let ingest_ns = stats
-            .ingest_latency_us
-            .as_ref()
-            .and(events.first())
-            .map(|e| e.meta().ingest_ns);
-        InputBatch {
-            count: events.len(),
+        self.counted(
             events,
             origin,
-            ingest_ns,
-            shared: self.shared.clone(),
-            ack: None,
-        }
+            &stats.received,
+            &stats.batch_sizes,
+            stats.ingest_latency_us.as_ref(),
+        )
     }
 
     /// Frontend batches touch only the frontend's own counters.
@@ -1147,19 +1137,33 @@ impl Receiver {
             .local()
             .expect("a frontend belongs to a local queue");
         let counters = &local.frontends[slot].cons.0;
-        counters
-            .taken
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
-        counters.batch_sizes.record(events.len() as u64);
-        let ingest_ns = counters
-            .ingest_latency_us
-            .as_ref()
+        self.counted(
+            events,
+            Origin::Frontend(slot),
+            &counters.taken,
+            &counters.batch_sizes,
+            counters.ingest_latency_us.as_ref(),
+        )
+    }
+
+    /// Counts `events` as taken on the given counters and wraps them.
+    fn counted(
+        &self,
+        events: Vec<Event>,
+        origin: Origin,
+        taken: &AtomicU64,
+        batch_sizes: &Log2Histogram,
+        ingest_latency_us: Option<&Log2Histogram>,
+    ) -> InputBatch {
+        taken.fetch_add(events.len() as u64, Ordering::Relaxed);
+        batch_sizes.record(events.len() as u64);
+        let ingest_ns = ingest_latency_us
             .and(events.first())
             .map(|e| e.meta().ingest_ns);
         InputBatch {
             count: events.len(),
             events,
-            origin: Origin::Frontend(slot),
+            origin,
             ingest_ns,
             shared: self.shared.clone(),
             ack: None,
