@@ -131,8 +131,8 @@ pub mod source {
         /// sinks have not confirmed, so a crash re-sends what was in flight
         /// (duplicates, never gaps). `false`: positions are saved once a
         /// batch is handed to the pipeline, as most log shippers do without
-        /// acknowledgements: a crash loses what was in flight, never sends
-        /// anything twice.
+        /// acknowledgements: a crash loses what was in flight (and still
+        /// re-sends what was read since the last save).
         #[serde(default = "default_true")]
         pub acknowledgements: bool,
     }
