@@ -67,11 +67,6 @@ pub fn encode(payload: &[u8], lz4: bool, out: &mut Vec<u8>) {
     out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Size of the record `encode` writes for an uncompressed payload.
-pub fn encoded_len(payload_len: usize) -> usize {
-    RECORD_HEADER + 1 + payload_len
-}
-
 /// What the scanner found at a position of a buffer.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Scan {
@@ -162,6 +157,11 @@ pub fn payload(body: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Size of the record `encode` writes for an uncompressed payload.
+    fn encoded_len(payload_len: usize) -> usize {
+        RECORD_HEADER + 1 + payload_len
+    }
 
     fn records(payloads: &[&[u8]], lz4: bool) -> Vec<u8> {
         let mut out = Vec::new();

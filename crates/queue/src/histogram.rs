@@ -44,22 +44,6 @@ impl HistogramSnapshot {
         self.count += other.count;
         self.sum += other.sum;
     }
-
-    /// The upper bound of the bucket holding quantile `q` (0..=1).
-    pub fn quantile_upper_bound(&self, q: f64) -> Option<u64> {
-        if self.count == 0 {
-            return None;
-        }
-        let rank = (q * self.count as f64).ceil().max(1.0) as u64;
-        let mut seen = 0;
-        for (bound, n) in &self.buckets {
-            seen += n;
-            if seen >= rank {
-                return Some(*bound);
-            }
-        }
-        self.buckets.last().map(|(b, _)| *b)
-    }
 }
 
 impl Log2Histogram {
@@ -110,13 +94,5 @@ mod tests {
         };
         assert_eq!((get(1), get(2), get(4), get(8)), (2, 1, 2, 1));
         assert_eq!((get(1024), get(2048)), (2, 1));
-        assert_eq!(s.quantile_upper_bound(0.5), Some(4));
-        assert_eq!(s.quantile_upper_bound(1.0), Some(2048));
-        assert_eq!(
-            Log2Histogram::default()
-                .snapshot()
-                .quantile_upper_bound(0.5),
-            None
-        );
     }
 }

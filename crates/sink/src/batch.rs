@@ -175,11 +175,6 @@ impl Batcher {
         self.open.is_empty()
     }
 
-    /// Events in open batches.
-    pub fn open_events(&self) -> usize {
-        self.open.values().map(Batch::len).sum()
-    }
-
     /// Encodes `event` into the open batch of `key`, closing batches that
     /// reach a limit. An event that cannot be encoded comes back with the
     /// reason, and nothing was added.
@@ -264,6 +259,11 @@ mod tests {
     use crate::encode::{JsonArray, JsonLines};
     use logbus_plugin_api::Meta;
 
+    /// Events in open batches.
+    fn open_events(b: &Batcher) -> usize {
+        b.open.values().map(Batch::len).sum()
+    }
+
     fn ev(text: &str) -> Event {
         Event::raw(
             text.to_string(),
@@ -300,7 +300,7 @@ mod tests {
             b.push("", ev(t), 0, &JsonLines, now, &mut sealed).unwrap();
         }
         assert_eq!(bodies(&sealed), ["a\nb\n"]);
-        assert_eq!(b.open_events(), 1);
+        assert_eq!(open_events(&b), 1);
     }
 
     #[test]

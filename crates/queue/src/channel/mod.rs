@@ -13,17 +13,31 @@
 //! The receiver sees the end of the stream when every sender has been dropped
 //! (fan-in closes on the last upstream). A sender whose receiver is gone gets
 //! its events back in [`SendError`], never loses them silently.
+//!
+//! # Kinds
+//! One `Sender`/`Receiver` pair serves every queue kind, because producers
+//! and the engine must not care which kind a stage was given. What differs
+//! is where a consumer reads, fixed when the consumer is made ([`End`]): the
+//! shared memory queue (this module), one frontend ring of a local-scope
+//! queue ([`frontend`]), or a durable queue's log ([`log`]).
 
+mod frontend;
+mod log;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 
-use logbus_ring::spsc;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::durable::Durable;
 use crate::histogram::{HistogramSnapshot, Log2Histogram};
 use crate::local::{Local, LocalConfig, LocalQueueSnapshot, Overflow};
+use frontend::FrontendEnd;
+use log::HeldAcks;
+use log::LogEnd;
 use logbus_event::Event;
+
+pub use frontend::Registration;
 
 /// Counters of one channel, readable while the pipeline runs.
 #[derive(Debug)]
@@ -239,6 +253,11 @@ fn make_channel_full(
             .map(|_| rx.clone()),
         durable,
     });
+    let end = if shared.durable.is_some() {
+        End::Log(LogEnd::default())
+    } else {
+        End::Queue
+    };
     (
         Sender {
             tx,
@@ -249,9 +268,7 @@ fn make_channel_full(
             shared,
             interrupt: None,
             seen: 0,
-            frontend: None,
-            disk_turn: false,
-            held: HeldAcks::default(),
+            end,
         },
     )
 }
@@ -284,106 +301,7 @@ impl Drop for Sender {
     }
 }
 
-/// A producer's standing with one local-scope queue: its frontend, or the
-/// knowledge that every slot was taken. Kept by the producer (an
-/// [`Output`](crate::Output)) for as long as it sends to that queue.
-pub struct Registration {
-    channel: Weak<Shared>,
-    frontend: Option<(usize, spsc::Producer<Event>)>,
-}
-
-impl Registration {
-    /// Whether this registration is with `sender`'s queue.
-    pub fn is_for(&self, sender: &Sender) -> bool {
-        std::ptr::eq(self.channel.as_ptr(), Arc::as_ptr(&sender.shared))
-    }
-
-    /// The frontend slot, if the producer got one.
-    pub fn slot(&self) -> Option<usize> {
-        self.frontend.as_ref().map(|(slot, _)| *slot)
-    }
-}
-
-impl Drop for Registration {
-    /// The producer exits: its consumer is told, finishes the ring and
-    /// stays on as a helper (the slot is not recycled).
-    fn drop(&mut self) {
-        if let Some((slot, producer)) = self.frontend.take() {
-            drop(producer);
-            if let Some(shared) = self.channel.upgrade()
-                && let Some(local) = shared.local()
-            {
-                local.frontends[slot].signal.notify_one();
-            }
-        }
-    }
-}
-
 impl Sender {
-    /// Whether this is a local-scope queue, where producers register.
-    pub fn is_local(&self) -> bool {
-        self.shared.local().is_some()
-    }
-
-    /// Registers the calling producer with this local-scope queue: it gets
-    /// a frontend if a slot is free (slots are never recycled).
-    pub fn register(&self) -> Registration {
-        Registration {
-            channel: Arc::downgrade(&self.shared),
-            frontend: self.shared.local().and_then(Local::register),
-        }
-    }
-
-    /// The admission predicate: publishes the whole batch to the producer's
-    /// frontend if it fits now, or gives it back with the reason it must go
-    /// to the backend (see [`Sender::send_overflow`]).
-    pub fn try_frontend(
-        &self,
-        registration: &mut Registration,
-        mut batch: Vec<Event>,
-    ) -> Result<(), (Vec<Event>, Overflow)> {
-        let Some(local) = self.shared.local() else {
-            return Err((batch, Overflow::Direct));
-        };
-        let Some((slot, ring)) = registration.frontend.as_mut() else {
-            return Err((batch, Overflow::Exhausted));
-        };
-        let frontend = &local.frontends[*slot];
-        let counters = &frontend.prod.0;
-        let n = batch.len();
-        if ring.is_consumer_gone() {
-            return Err((batch, Overflow::Shutdown));
-        }
-        if n > ring.capacity() {
-            counters.overflowed.fetch_add(n as u64, Ordering::Relaxed);
-            return Err((batch, Overflow::Oversized));
-        }
-        if !ring.push_all(&mut batch) {
-            counters.overflowed.fetch_add(n as u64, Ordering::Relaxed);
-            return Err((batch, Overflow::NoFit));
-        }
-        counters.admitted.fetch_add(n as u64, Ordering::Relaxed);
-        counters.admitted_batches.fetch_add(1, Ordering::Relaxed);
-        let queued = ring.len();
-        if queued > counters.max_queued.load(Ordering::Relaxed) {
-            counters.max_queued.store(queued, Ordering::Relaxed);
-        }
-        frontend.signal.notify_one();
-        Ok(())
-    }
-
-    /// Sends to a local-scope queue's backend, counting why.
-    pub async fn send_overflow(
-        &self,
-        batch: Vec<Event>,
-        reason: Overflow,
-    ) -> Result<(), SendError> {
-        if let Some(local) = self.shared.local() {
-            local.count_overflow(reason, batch.len());
-        }
-        self.send_backend(batch).await
-    }
-
     /// Sends a batch, waiting while the channel is full. A batch larger than
     /// the capacity is sent in capacity-sized pieces, in order. (To a
     /// local-scope queue this goes to the backend: producers that want a
@@ -432,59 +350,6 @@ impl Sender {
             }
         }
         Ok(())
-    }
-
-    /// A durable queue: memory while a disk-assisted queue admits the
-    /// batch, the log otherwise. Returns once the batch is stored.
-    async fn send_durable(&self, mut batch: Vec<Event>) -> Result<(), SendError> {
-        let durable = self.shared.durable.as_ref().expect("a durable channel");
-        while !batch.is_empty() {
-            let n = batch.len().min(self.shared.max_batch);
-            if !durable.memory_admits(self.shared.occupancy(), n) {
-                break;
-            }
-            let Ok(permit) = self.shared.permits.try_acquire_many(n as u32) else {
-                break;
-            };
-            permit.forget();
-            let rest = batch.split_off(n);
-            let chunk = std::mem::replace(&mut batch, rest);
-            self.shared
-                .stats
-                .max_occupancy
-                .fetch_max(self.shared.occupancy(), Ordering::Relaxed);
-            if let Err(e) = self.tx.try_send(chunk) {
-                self.shared.permits.add_permits(n);
-                return Err(SendError(rejoin(e.into_inner(), batch)));
-            }
-            self.shared
-                .stats
-                .sent
-                .fetch_add(n as u64, Ordering::Relaxed);
-            if let Some(local) = self.shared.local() {
-                local.wake_helper();
-            }
-        }
-        if batch.is_empty() {
-            return Ok(());
-        }
-        if self.tx.is_closed() {
-            return Err(SendError(batch));
-        }
-        let mut batch = batch;
-        match durable.append(&mut batch).await {
-            Ok(()) => {
-                self.shared
-                    .stats
-                    .sent
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => {
-                tracing::error!("{e}");
-                Err(SendError(batch))
-            }
-        }
     }
 
     /// Sends without waiting, or gives the batch back when it does not fit now.
@@ -682,29 +547,19 @@ pub struct Receiver {
     interrupt: Option<Arc<Interrupt>>,
     /// The interrupt generation this receiver last resumed at.
     seen: u64,
-    /// Set for a frontend's consumer: its slot and its end of the ring.
-    frontend: Option<FrontendEnd>,
-    /// A disk-assisted queue's consumer alternates memory and log.
-    disk_turn: bool,
-    /// Acknowledgements of log batches this consumer released, settled at
-    /// its next `recv` (or when it ends normally): a consumer that fails
-    /// before asking again returns them to the log instead.
-    held: HeldAcks,
+    end: End,
 }
 
-/// Released log batches: their acknowledgement and event count.
-type HeldAcks = Arc<std::sync::Mutex<Vec<(logbus_diskq::AckToken, u64)>>>;
-
-fn take_held(held: &HeldAcks) -> Vec<(logbus_diskq::AckToken, u64)> {
-    std::mem::take(&mut *held.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
-struct FrontendEnd {
-    slot: usize,
-    ring: spsc::Consumer<Event>,
-    /// Woken by a producer for BE work: if local work is found instead,
-    /// the wake-up is passed on (see `logbus_ring::idle`).
-    picked: bool,
+/// Where one consumer reads.
+enum End {
+    /// The shared memory queue: a global queue, or a local-scope queue's
+    /// backend.
+    Queue,
+    /// One frontend ring of a local-scope queue (helping the backend
+    /// when idle).
+    Frontend(FrontendEnd),
+    /// A durable queue: its log, and a disk-assisted queue's memory.
+    Log(LogEnd),
 }
 
 /// Where a batch came from, so that finishing it settles the right account.
@@ -757,18 +612,17 @@ impl Receiver {
         if self.is_interrupted() {
             return None;
         }
-        if self.frontend.is_some() {
-            return self.recv_frontend().await;
+        match &self.end {
+            End::Frontend(_) => self.recv_frontend().await,
+            End::Log(_) => self.recv_log().await,
+            End::Queue => {
+                if let Ok(events) = self.rx.try_recv() {
+                    return Some(self.accept(events, Origin::Backend));
+                }
+                let _wait = WaitGuard::start(&self.shared);
+                self.recv_waiting().await
+            }
         }
-        if self.shared.durable.is_some() {
-            drop(take_held(&self.held));
-            return self.recv_durable().await;
-        }
-        if let Ok(events) = self.rx.try_recv() {
-            return Some(self.accept(events, Origin::Backend));
-        }
-        let _wait = WaitGuard::start(&self.shared);
-        self.recv_waiting().await
     }
 
     async fn recv_waiting(&mut self) -> Option<InputBatch> {
@@ -793,307 +647,19 @@ impl Receiver {
         }
     }
 
-    /// A frontend consumer's loop: its own ring first, then (when helping
-    /// is on) a borrowed BE batch, then sleep until its producer, a BE
-    /// producer, the end of the stream or an interrupt wakes it.
-    async fn recv_frontend(&mut self) -> Option<InputBatch> {
-        let shared = self.shared.clone();
-        let local = shared.local().expect("a frontend belongs to a local queue");
-        let helping = local.config.helper_batch > 0;
-        let mut wait = None;
-        loop {
-            if self.is_interrupted() {
-                return None;
-            }
-            let fe = self.frontend.as_mut().expect("frontend receiver");
-            let frontend = &local.frontends[fe.slot];
-            if !fe.ring.is_empty() {
-                self.wait_for_min_batch(local).await;
-                let fe = self.frontend.as_mut().expect("frontend receiver");
-                let mut events = Vec::new();
-                fe.ring.pop_into(local.frontend_dequeue(), &mut events);
-                if std::mem::take(&mut fe.picked) && !self.rx.is_empty() {
-                    // Picked for BE work but turning to local work: pass
-                    // the wake-up on so BE work is not left unattended.
-                    local.wake_helper();
-                }
-                return Some(self.accept_frontend(events));
-            }
-            if helping {
-                let counters = &frontend.cons.0;
-                counters.help_attempts.fetch_add(1, Ordering::Relaxed);
-                if let Some(batch) = self.borrow(local) {
-                    return Some(batch);
-                }
-                counters.help_empty.fetch_add(1, Ordering::Relaxed);
-            }
-            let fe = self.frontend.as_mut().expect("frontend receiver");
-            let frontend = &local.frontends[fe.slot];
-            if local.closed.load(Ordering::SeqCst)
-                && fe.ring.is_empty()
-                && (!helping || self.rx.is_empty())
-            {
-                return None;
-            }
-            // Going to sleep: register for the wake-up, announce, re-check.
-            let notified = frontend.signal.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if helping {
-                local.idle.announce(fe.slot);
-            }
-            let work = !fe.ring.is_empty()
-                || (helping && !self.rx.is_empty())
-                || local.closed.load(Ordering::SeqCst);
-            if work {
-                // A producer may have picked this helper between the
-                // announce and the re-check: that wake-up is ours to pass
-                // on if we turn to local work (found by the loom model).
-                if helping && !local.idle.withdraw(fe.slot) {
-                    fe.picked = true;
-                }
-                continue;
-            }
-            if wait.is_none() {
-                wait = Some(WaitGuard::start(&shared));
-            }
-            match self.interrupt.clone() {
-                Some(interrupt) => {
-                    let raised = interrupt.notify.notified();
-                    tokio::pin!(raised);
-                    raised.as_mut().enable();
-                    if !self.is_interrupted() {
-                        tokio::select! {
-                            _ = &mut notified => {}
-                            _ = &mut raised => {}
-                        }
-                    }
-                }
-                None => notified.await,
-            }
-            let fe = self.frontend.as_mut().expect("frontend receiver");
-            if helping && !local.idle.withdraw(fe.slot) {
-                fe.picked = true;
-            }
-        }
-    }
-
-    /// A durable queue's consumer: memory and log in turn (a `disk` queue
-    /// has only the log), until every sender is gone and both are empty.
-    async fn recv_durable(&mut self) -> Option<InputBatch> {
-        let shared = self.shared.clone();
-        let durable = shared.durable.as_ref().expect("a durable channel");
-        let mut wait = None;
-        let interrupt = self.interrupt.clone();
-        loop {
-            // Register for every wake-up before looking, so none is missed.
-            let mut raised = interrupt.as_ref().map(|i| Box::pin(i.notify.notified()));
-            if let Some(r) = raised.as_mut() {
-                r.as_mut().enable();
-            }
-            if self.is_interrupted() {
-                return None;
-            }
-            let readable = durable.queue.readable();
-            tokio::pin!(readable);
-            readable.as_mut().enable();
-            self.disk_turn = !self.disk_turn;
-            let disk_first = self.disk_turn || !durable.is_assisted();
-            if !disk_first && let Ok(events) = self.rx.try_recv() {
-                return Some(self.accept(events, Origin::Backend));
-            }
-            let read_failed = match self.read_log(durable) {
-                Ok(Some(batch)) => return Some(batch),
-                Ok(None) => false,
-                Err(()) => true,
-            };
-            if let Ok(events) = self.rx.try_recv() {
-                return Some(self.accept(events, Origin::Backend));
-            }
-            let senders_gone = self.rx.is_closed();
-            if senders_gone {
-                durable.queue.close();
-                if !read_failed && durable.queue.is_drained() && self.rx.is_empty() {
-                    return None;
-                }
-            }
-            // A failed read is retried after a pause (the queue skips a
-            // segment that keeps failing), not only when new data comes.
-            let retry = async {
-                if read_failed {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await
-                } else {
-                    std::future::pending().await
-                }
-            };
-            if wait.is_none() {
-                wait = Some(WaitGuard::start(&shared));
-            }
-            let interrupted = async {
-                match raised.as_mut() {
-                    Some(r) => r.await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = &mut readable => {}
-                _ = interrupted => {}
-                _ = retry => {}
-                events = self.rx.recv(), if !senders_gone => {
-                    if let Ok(events) = events {
-                        return Some(self.accept(events, Origin::Backend));
-                    }
-                }
-            }
-        }
-    }
-
-    /// One batch from the log, if any is readable now; `Err` after a read
-    /// error (logged).
-    fn read_log(&mut self, durable: &Durable) -> Result<Option<InputBatch>, ()> {
-        let max = self.shared.max_batch;
-        loop {
-            let read = crate::blocking(|| durable.queue.try_read(max));
-            let batch = match read {
-                Ok(Some(batch)) => batch,
-                Ok(None) => return Ok(None),
-                Err(e) => {
-                    tracing::error!("{e}");
-                    return Err(());
-                }
-            };
-            let (data, ranges, ack) = batch.into_parts();
-            let data = bytes::Bytes::from(data);
-            let mut source = None;
-            let mut events = Vec::with_capacity(ranges.len());
-            for range in ranges {
-                match crate::durable::decode_event(&data, range.clone(), &mut source) {
-                    Ok(event) => events.push(event),
-                    Err(why) => {
-                        durable.stats.undecodable.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            queue = %durable.queue.config().dir.display(),
-                            "skipping a queue record that is not an event: {why}"
-                        );
-                    }
-                }
-            }
-            if events.is_empty() {
-                continue;
-            }
-            let mut batch = self.accept(events, Origin::Disk);
-            batch.ack = Some((ack, self.held.clone()));
-            return Ok(Some(batch));
-        }
-    }
-
-    /// `min_batch`: with fewer events queued, wait (bounded by the timeout)
-    /// for the producer to add more.
-    async fn wait_for_min_batch(&mut self, local: &Local) {
-        let (min, timeout) = (
-            local.config.min_batch.min(local.frontend_dequeue()),
-            local.config.min_batch_timeout,
-        );
-        if min <= 1 || timeout.is_zero() {
-            return;
-        }
-        let deadline = tokio::time::Instant::now() + timeout;
-        let fe = self.frontend.as_mut().expect("frontend receiver");
-        let frontend = &local.frontends[fe.slot];
-        while fe.ring.len() < min && !fe.ring.is_producer_gone() {
-            let notified = frontend.signal.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if fe.ring.len() >= min {
-                break;
-            }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(deadline) => break,
-            }
-        }
-        // A wake-up consumed here may have been for BE work: look again.
-        frontend.signal.notify_one();
-    }
-
-    /// Takes up to `helper_batch` events from the backend; the rest of a
-    /// larger BE batch goes back (still counted against the BE).
-    fn borrow(&mut self, local: &Local) -> Option<InputBatch> {
-        let mut events = self.rx.try_recv().ok()?;
-        let limit = local.config.helper_batch;
-        if events.len() > limit {
-            let rest = events.split_off(limit);
-            let back = self.shared.backend.as_ref().and_then(|b| b.upgrade());
-            match back {
-                Some(tx) => {
-                    if let Err(e) = tx.try_send(rest) {
-                        events.extend(e.into_inner());
-                    } else {
-                        local.wake_helper();
-                    }
-                }
-                // The queue is closing: finish the whole batch here.
-                None => events.extend(rest),
-            }
-        }
-        let slot = self.frontend.as_ref().expect("frontend receiver").slot;
-        let counters = &local.frontends[slot].cons.0;
-        counters.help_batches.fetch_add(1, Ordering::Relaxed);
-        counters
-            .help_taken
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
-        Some(self.accept(events, Origin::Borrowed(slot)))
-    }
-
     /// The next batch if one is queued now.
     pub fn try_recv(&mut self) -> Option<InputBatch> {
         if self.is_interrupted() {
             return None;
         }
-        if let Some(fe) = self.frontend.as_mut() {
-            let local = self
-                .shared
-                .local()
-                .expect("a frontend belongs to a local queue");
-            let mut events = Vec::new();
-            if fe.ring.pop_into(local.frontend_dequeue(), &mut events) > 0 {
-                return Some(self.accept_frontend(events));
+        match &self.end {
+            End::Frontend(_) => self.try_recv_frontend(),
+            End::Log(_) => self.try_recv_log(),
+            End::Queue => {
+                let events = self.rx.try_recv().ok()?;
+                Some(self.accept(events, Origin::Backend))
             }
-            return None;
         }
-        if let Some(durable) = self.shared.durable.as_ref() {
-            let shared = self.shared.clone();
-            drop(take_held(&self.held));
-            if durable.is_assisted()
-                && let Ok(events) = self.rx.try_recv()
-            {
-                return Some(self.accept(events, Origin::Backend));
-            }
-            return self
-                .read_log(shared.durable.as_ref().expect("durable"))
-                .ok()
-                .flatten();
-        }
-        let events = self.rx.try_recv().ok()?;
-        Some(self.accept(events, Origin::Backend))
-    }
-
-    /// The consumer of frontend `slot` of a local-scope queue; `None` if
-    /// this is not a local queue, the slot does not exist or was taken.
-    pub fn frontend(&self, slot: usize) -> Option<Receiver> {
-        let ring = self.shared.local()?.take_consumer(slot)?;
-        let mut consumer = self.clone();
-        consumer.frontend = Some(FrontendEnd {
-            slot,
-            ring,
-            picked: false,
-        });
-        Some(consumer)
-    }
-
-    /// Frontends of this queue (0 for a global queue).
-    pub fn frontend_count(&self) -> usize {
-        self.shared.local().map_or(0, |l| l.frontends.len())
     }
 
     /// Makes this receiver (and clones made after) interruptible; returns
@@ -1129,23 +695,6 @@ impl Receiver {
         )
     }
 
-    /// Frontend batches touch only the frontend's own counters.
-    fn accept_frontend(&self, events: Vec<Event>) -> InputBatch {
-        let slot = self.frontend.as_ref().expect("frontend receiver").slot;
-        let local = self
-            .shared
-            .local()
-            .expect("a frontend belongs to a local queue");
-        let counters = &local.frontends[slot].cons.0;
-        self.counted(
-            events,
-            Origin::Frontend(slot),
-            &counters.taken,
-            &counters.batch_sizes,
-            counters.ingest_latency_us.as_ref(),
-        )
-    }
-
     /// Counts `events` as taken on the given counters and wraps them.
     fn counted(
         &self,
@@ -1173,38 +722,24 @@ impl Receiver {
     pub fn handle(&self) -> ChannelHandle {
         ChannelHandle(self.shared.clone())
     }
-
-    /// The consumer failed: the log batches it released but whose
-    /// acknowledgement is not settled yet (it may have failed while
-    /// finishing them) go back to the log for the next start. Returns how
-    /// many events that was.
-    pub fn return_held(&mut self) -> u64 {
-        let Some(durable) = &self.shared.durable else {
-            return 0;
-        };
-        durable.queue.consumer_failed();
-        let mut n = 0;
-        for (ack, count) in take_held(&self.held) {
-            ack.keep();
-            n += count;
-        }
-        durable.stats.returned.fetch_add(n, Ordering::Relaxed);
-        n
-    }
 }
 
 impl Clone for Receiver {
-    /// A clone reads the shared queue (the backend of a local queue).
+    /// A clone reads the shared queue (the backend of a local queue) or,
+    /// for a durable queue, the log.
     fn clone(&self) -> Self {
         self.shared.receivers.fetch_add(1, Ordering::AcqRel);
+        let end = if self.shared.durable.is_some() {
+            End::Log(LogEnd::default())
+        } else {
+            End::Queue
+        };
         Receiver {
             rx: self.rx.clone(),
             shared: self.shared.clone(),
             interrupt: self.interrupt.clone(),
             seen: self.seen,
-            frontend: None,
-            disk_turn: false,
-            held: HeldAcks::default(),
+            end,
         }
     }
 }
@@ -1215,20 +750,11 @@ impl Drop for Receiver {
     /// receiver closes the channel: blocked senders get their events back,
     /// and whatever was still queued is counted as abandoned.
     fn drop(&mut self) {
-        // Ending normally: what this consumer released is done.
-        drop(take_held(&self.held));
-        if let Some(mut fe) = self.frontend.take() {
-            let mut left = Vec::new();
-            while fe.ring.pop_into(usize::MAX, &mut left) > 0 {}
-            let n = left.len() as u64;
-            if n > 0
-                && let Some(local) = self.shared.local()
-            {
-                let counters = &local.frontends[fe.slot].cons.0;
-                counters.abandoned.fetch_add(n, Ordering::Relaxed);
-                counters.retired.fetch_add(n, Ordering::Relaxed);
-                self.shared.stats.abandoned.fetch_add(n, Ordering::Relaxed);
-            }
+        match std::mem::replace(&mut self.end, End::Queue) {
+            // Ending normally: what this consumer released is done.
+            End::Log(end) => end.settle_held(),
+            End::Frontend(fe) => fe.abandon(&self.shared),
+            End::Queue => {}
         }
         if self.shared.receivers.fetch_sub(1, Ordering::AcqRel) > 1 {
             return;
