@@ -80,6 +80,12 @@ impl Deframer {
         }
     }
 
+    /// Stream offset just past the last message handed out: where a reader
+    /// that resumes must start so as to neither repeat nor skip a message.
+    pub fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
     /// Adds bytes read from the stream; appends every complete message to
     /// `out`.
     pub fn push(&mut self, data: &[u8], out: &mut Vec<Bytes>) -> Result<(), FrameError> {

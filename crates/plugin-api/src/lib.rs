@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod output;
 pub mod plugin;
 pub mod registry;
+pub mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -1,5 +1,6 @@
-//! `source: file` (read one file to EOF) and `sink: file` (append lines).
-//! Tailing, globs and rotation belong to a later file-tail plugin.
+//! `source: file` (read one file to EOF, resuming where it stopped when it
+//! has a state directory) and `sink: file` (append lines). Following
+//! growing files, globs and rotation belong to `tail`.
 
 use std::fs::{File, OpenOptions};
 use std::io::BufWriter;
@@ -14,7 +15,7 @@ use logbus_plugin_api::{
 use serde::Deserialize;
 
 use crate::file_set::{FileSet, FileSetOptions, PathTemplate, run_file_set};
-use crate::line_reader::{LineReaderOptions, run_line_source};
+use crate::line_reader::{LineReaderOptions, PositionStore, Positions, run_line_source};
 use crate::stdio::{check_max_line, default_max_line};
 use crate::writer_sink::run_writer;
 
@@ -37,6 +38,21 @@ pub struct FileSourceOptions {
     /// `whole` (the whole input is one event, up to `max_line_bytes`).
     #[serde(default)]
     pub framing: logbus_framing::Framing,
+    /// Directory where the read position is saved (`<stage>.file.json`).
+    /// With it, each line is acknowledged: the saved position never passes
+    /// a line the sinks have not confirmed, and a restart resumes there (a
+    /// file read to the end reads only what was appended since). Without
+    /// it, every run reads the whole file.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// How often the position is saved (and always at the end).
+    #[serde(default = "default_checkpoint_interval")]
+    #[schemars(range(min = 10, max = 600000))]
+    pub checkpoint_interval_ms: u64,
+}
+
+fn default_checkpoint_interval() -> u64 {
+    1000
 }
 
 impl CheckOptions for FileSourceOptions {
@@ -44,6 +60,19 @@ impl CheckOptions for FileSourceOptions {
         let mut errors = check_max_line(self.max_line_bytes);
         if self.path.as_os_str().is_empty() {
             errors.push(OptionError::at(&["path"], "must not be empty"));
+        }
+        if self
+            .state_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            errors.push(OptionError::at(&["state_dir"], "must not be empty"));
+        }
+        if !(10..=600_000).contains(&self.checkpoint_interval_ms) {
+            errors.push(OptionError::at(
+                &["checkpoint_interval_ms"],
+                "must be between 10 and 600000",
+            ));
         }
         errors
     }
@@ -55,7 +84,11 @@ impl TypedPlugin for FileSource {
     type Options = FileSourceOptions;
     const NAME: &'static str = "file";
     const KIND: StageKind = StageKind::Source;
-    const DESCRIPTION: &'static str = "Reads one file from the start to EOF, one event per line.";
+    const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
+        "with state_dir: the saved read position never passes a line the sinks have not confirmed, so a restart re-sends, never skips (without it, every run reads the whole file)",
+    );
+    const DESCRIPTION: &'static str =
+        "Reads one file to EOF, one event per line; with state_dir, resumes where it stopped.";
 
     fn build(&self, options: FileSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Source(Box::new(FileReader {
@@ -63,6 +96,8 @@ impl TypedPlugin for FileSource {
             max_line_bytes: options.max_line_bytes,
             compression: options.compression,
             framing: options.framing,
+            state_dir: options.state_dir.map(|d| cx.resolve(&d)),
+            save_every: std::time::Duration::from_millis(options.checkpoint_interval_ms),
         })))
     }
 }
@@ -72,22 +107,208 @@ struct FileReader {
     max_line_bytes: usize,
     compression: ReadCompression,
     framing: logbus_framing::Framing,
+    state_dir: Option<PathBuf>,
+    save_every: std::time::Duration,
 }
 
 #[async_trait]
 impl Source for FileReader {
     async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
         let what = self.path.display().to_string();
-        let file =
-            File::open(&self.path).map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        let open = || -> Result<_, StageError> {
+            let file =
+                File::open(&self.path).map_err(|e| StageError::io(format!("opening {what}"), e))?;
+            logbus_compress::open(file, self.compression)
+                .map_err(|e| StageError::io(format!("reading {what}"), e))
+        };
         let opts = LineReaderOptions {
             max_line_bytes: self.max_line_bytes,
             framing: self.framing,
             origin: Some(Arc::from(what.as_str())),
         };
-        let reader = logbus_compress::open(file, self.compression)
+        let Some(dir) = &self.state_dir else {
+            return run_line_source(open()?, what, opts, cx, None).await;
+        };
+        let identity = FileIdentity::of(&self.path)
+            .map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        let state = ReadPosition::new(dir, &cx.id, identity, &what);
+        let saved = state.load();
+        let mut reader = open()?;
+        let mut start = 0;
+        if saved > 0 {
+            // Offsets count the decompressed stream: skip what was read.
+            let skipped = std::io::copy(
+                &mut std::io::Read::take(&mut reader, saved),
+                &mut std::io::sink(),
+            )
             .map_err(|e| StageError::io(format!("reading {what}"), e))?;
-        run_line_source(reader, what, opts, cx).await
+            if skipped == saved {
+                start = saved;
+                tracing::info!(stage = %cx.id, "{what}: resuming at byte {saved}");
+            } else {
+                tracing::warn!(
+                    stage = %cx.id,
+                    "{what} is shorter ({skipped} bytes) than the saved position ({saved}); reading it from the start"
+                );
+                reader = open()?;
+            }
+        }
+        let positions = Positions {
+            start,
+            store: Box::new(state),
+            save_every: self.save_every,
+        };
+        run_line_source(reader, what, opts, cx, Some(positions)).await
+    }
+}
+
+/// What tells a file from another at the same path: device, inode, and a
+/// hash of its first bytes (an inode can be reused).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    fingerprint: u64,
+    fingerprint_len: u64,
+}
+
+/// Bytes hashed into a file's fingerprint (fewer if the file is shorter).
+const FINGERPRINT_BYTES: u64 = 1024;
+
+impl FileIdentity {
+    fn of(path: &std::path::Path) -> std::io::Result<FileIdentity> {
+        use std::hash::Hasher;
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        let len = meta.len().min(FINGERPRINT_BYTES);
+        let mut head = vec![0u8; len as usize];
+        file.read_exact_at(&mut head, 0)?;
+        // SipHash with fixed keys: stable across runs.
+        let mut h = std::hash::DefaultHasher::new();
+        h.write(&head);
+        Ok(FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            fingerprint: h.finish(),
+            fingerprint_len: len,
+        })
+    }
+
+    /// Whether `saved` (taken earlier) is this file: same inode and the
+    /// same first bytes as far as `saved` hashed them.
+    fn is(&self, saved: &FileIdentity, path: &std::path::Path) -> bool {
+        if (self.dev, self.ino) != (saved.dev, saved.ino)
+            || self.fingerprint_len < saved.fingerprint_len
+        {
+            return false;
+        }
+        if self.fingerprint_len == saved.fingerprint_len {
+            return self.fingerprint == saved.fingerprint;
+        }
+        // The file grew since: hash the same prefix again.
+        use std::hash::Hasher;
+        use std::os::unix::fs::FileExt;
+        let mut head = vec![0u8; saved.fingerprint_len as usize];
+        let Ok(file) = File::open(path) else {
+            return false;
+        };
+        if file.read_exact_at(&mut head, 0).is_err() {
+            return false;
+        }
+        let mut h = std::hash::DefaultHasher::new();
+        h.write(&head);
+        h.finish() == saved.fingerprint
+    }
+}
+
+#[derive(serde::Serialize, Deserialize)]
+struct SavedPosition {
+    version: u32,
+    path: String,
+    file: FileIdentity,
+    /// Bytes of the (decompressed) stream whose messages are finished.
+    offset: u64,
+}
+
+/// The state file of one `source: file` stage.
+struct ReadPosition {
+    state: PathBuf,
+    file: FileIdentity,
+    path: String,
+    last: Option<u64>,
+}
+
+impl ReadPosition {
+    fn new(dir: &std::path::Path, stage: &str, file: FileIdentity, path: &str) -> ReadPosition {
+        ReadPosition {
+            state: dir.join(format!("{stage}.file.json")),
+            file,
+            path: path.to_owned(),
+            last: None,
+        }
+    }
+
+    /// The saved offset if it belongs to this file; 0 otherwise. A missing
+    /// state file is a first start; an unreadable or damaged one is
+    /// reported and read as a first start (duplicates, never gaps).
+    fn load(&self) -> u64 {
+        let text = match std::fs::read(&self.state) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return 0,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot read {}: {e}; reading {} from the start",
+                    self.state.display(),
+                    self.path
+                );
+                return 0;
+            }
+        };
+        match serde_json::from_slice::<SavedPosition>(&text) {
+            Ok(saved) if self.file.is(&saved.file, std::path::Path::new(&self.path)) => {
+                saved.offset
+            }
+            Ok(saved) => {
+                tracing::info!(
+                    "{} is not the file {} was saved for ({}); reading it from the start",
+                    self.path,
+                    self.state.display(),
+                    saved.path
+                );
+                0
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "{} is damaged ({e}); reading {} from the start",
+                    self.state.display(),
+                    self.path
+                );
+                0
+            }
+        }
+    }
+}
+
+impl PositionStore for ReadPosition {
+    fn save(&mut self, offset: u64) -> std::io::Result<()> {
+        if self.last == Some(offset) {
+            return Ok(());
+        }
+        let body = serde_json::to_vec_pretty(&SavedPosition {
+            version: 1,
+            path: self.path.clone(),
+            file: self.file.clone(),
+            offset,
+        })
+        .expect("a position serializes");
+        logbus_plugin_api::state::replace_file(&self.state, &body)?;
+        self.last = Some(offset);
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        self.state.display().to_string()
     }
 }
 
@@ -283,5 +504,61 @@ impl Sink for FileWriter {
                 .map_err(|e| StageError::io(format!("syncing {what}"), e))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn position(dir: &std::path::Path, file: &std::path::Path) -> ReadPosition {
+        let id = FileIdentity::of(file).unwrap();
+        ReadPosition::new(dir, "src", id, file.to_str().unwrap())
+    }
+
+    #[test]
+    fn a_saved_position_is_used_only_for_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("in.log");
+        std::fs::write(&file, "one\ntwo\n").unwrap();
+        assert_eq!(position(dir.path(), &file).load(), 0, "first start");
+        position(dir.path(), &file).save(4).unwrap();
+        assert_eq!(position(dir.path(), &file).load(), 4);
+
+        // Grown in place: the same file.
+        let mut text = std::fs::read(&file).unwrap();
+        text.extend_from_slice(b"three\n");
+        std::fs::write(&file, &text).unwrap();
+        assert_eq!(position(dir.path(), &file).load(), 4);
+
+        // Rewritten in place with other first bytes: another file.
+        std::fs::write(&file, "ONE\ntwo\nthree\n").unwrap();
+        assert_eq!(position(dir.path(), &file).load(), 0);
+
+        // Replaced by a new inode with the same content: another file.
+        position(dir.path(), &file).save(4).unwrap();
+        let other = dir.path().join("other.log");
+        std::fs::write(&other, "ONE\ntwo\nthree\n").unwrap();
+        std::fs::rename(&other, &file).unwrap();
+        assert_eq!(position(dir.path(), &file).load(), 0);
+    }
+
+    #[test]
+    fn a_damaged_state_file_reads_from_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("in.log");
+        std::fs::write(&file, "one\n").unwrap();
+        std::fs::write(dir.path().join("src.file.json"), "{not json").unwrap();
+        assert_eq!(position(dir.path(), &file).load(), 0);
+    }
+
+    #[test]
+    fn a_state_dir_that_cannot_be_written_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("in.log");
+        std::fs::write(&file, "one\n").unwrap();
+        let mut p = position(&dir.path().join("missing"), &file);
+        assert!(p.save(4).is_err());
+        assert!(p.describe().contains("missing/src.file.json"));
     }
 }

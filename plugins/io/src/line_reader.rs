@@ -13,19 +13,48 @@
 //! until the thread has seen it (it checks before every read) or no data has
 //! come for the grace period — a read blocked on an idle terminal holds no
 //! data. Every line read before that point is emitted.
+//!
+//! # Positions
+//! A reader that can resume (a regular file) passes [`Positions`]: each
+//! batch then carries an acknowledgement and ends at a stream offset, and
+//! the offset saved is the newest one before which every batch finished, so
+//! a crash re-reads what was in flight and never skips it.
 
 use std::io::Read;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use logbus_framing::{Deframer, Framing};
-use logbus_plugin_api::{Event, Meta, SourceContext, StageError, now_ns};
+use logbus_plugin_api::{
+    BatchAck, Event, Meta, OrderedCheckpoint, SourceContext, StageError, now_ns,
+};
 use tokio::sync::mpsc;
 
 /// Read size; also the bound on data a source holds beyond its output channel.
 pub const READ_CHUNK: usize = 128 * 1024;
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
+/// How long a finished reader waits for its last batches to be delivered
+/// before it saves what it has and ends.
+const FINAL_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// Where a resumable reader keeps its position.
+pub trait PositionStore: Send {
+    /// Every message before stream offset `offset` is finished.
+    fn save(&mut self, offset: u64) -> std::io::Result<()>;
+    /// For log messages.
+    fn describe(&self) -> String;
+}
+
+/// Acknowledged reading: batches carry acknowledgements and `store` gets
+/// the newest offset before which everything finished.
+pub struct Positions {
+    /// Stream offset of the first byte the reader will read.
+    pub start: u64,
+    pub store: Box<dyn PositionStore>,
+    /// How often the position is saved (and always at the end).
+    pub save_every: Duration,
+}
 
 pub struct LineReaderOptions {
     /// Longer lines are cut into pieces of this size (and a warning is
@@ -37,8 +66,79 @@ pub struct LineReaderOptions {
 }
 
 enum Chunk {
-    Lines(Vec<Event>),
+    /// Messages, and the stream offset (from where reading began) just past
+    /// the last of them.
+    Lines(Vec<Event>, u64),
     Failed(std::io::Error),
+}
+
+type Acks = Arc<Mutex<OrderedCheckpoint<u64>>>;
+
+/// The async side's acknowledgement bookkeeping for a resumable reader.
+struct Tracker {
+    positions: Positions,
+    acks: Acks,
+    last_save: Instant,
+    metrics: Arc<logbus_plugin_api::metrics::StageMetrics>,
+}
+
+impl Tracker {
+    /// Opens an acknowledged batch for `events` ending at `end`.
+    fn attach(&self, events: Vec<Event>, end: u64) -> Vec<Event> {
+        let token = self
+            .lock()
+            .begin(self.positions.start + end, events.len() as u64);
+        let batch = BatchAck::new(self.acks.clone(), token);
+        events
+            .into_iter()
+            .map(|e| e.with_ack(batch.handle()))
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OrderedCheckpoint<u64>> {
+        self.acks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn save_if_due(&mut self) {
+        if self.last_save.elapsed() >= self.positions.save_every {
+            self.save();
+        }
+    }
+
+    fn save(&mut self) {
+        self.last_save = Instant::now();
+        let committed = {
+            let acks = self.lock();
+            let oldest = acks
+                .oldest_open()
+                .map(|opened| std::time::SystemTime::now() - opened.elapsed());
+            self.metrics.set_acks(acks.counts(), oldest);
+            acks.committed().copied()
+        };
+        if let Some(offset) = committed {
+            let store = &mut self.positions.store;
+            if let Err(e) = logbus_plugin_api::blocking(|| store.save(offset)) {
+                tracing::warn!("saving the read position to {}: {e}", store.describe());
+            }
+        }
+    }
+
+    /// The reader is done: waits (bounded) for the batches still in the
+    /// pipeline, then saves what finished.
+    async fn finish(mut self, stage: &str) {
+        let deadline = Instant::now() + FINAL_ACK_WAIT;
+        while self.lock().worth_waiting() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let open = self.lock().outstanding();
+        if open > 0 {
+            tracing::warn!(
+                stage,
+                "{open} batches were not finished; a restart reads them again"
+            );
+        }
+        self.save();
+    }
 }
 
 /// Reads `reader` to EOF (or shutdown), sending one event per line.
@@ -47,7 +147,43 @@ pub async fn run_line_source<R: Read + Send + 'static>(
     what: String,
     opts: LineReaderOptions,
     cx: SourceContext,
+    positions: Option<Positions>,
 ) -> Result<(), StageError> {
+    let mut tracker = positions.map(|positions| Tracker {
+        positions,
+        acks: Acks::default(),
+        last_save: Instant::now(),
+        metrics: cx.output.metrics().clone(),
+    });
+    let result = read_all(reader, what, opts, &cx, &mut tracker).await;
+    // Let downstream drain (its input ends once this output is gone), then
+    // save what it finished — also after a read error.
+    let SourceContext { id, output, .. } = cx;
+    drop(output);
+    if let Some(tracker) = tracker {
+        tracker.finish(&id).await;
+    }
+    result
+}
+
+async fn read_all<R: Read + Send + 'static>(
+    reader: R,
+    what: String,
+    opts: LineReaderOptions,
+    cx: &SourceContext,
+    tracker: &mut Option<Tracker>,
+) -> Result<(), StageError> {
+    let send = async |events: Vec<Event>, end: u64, tracker: &mut Option<Tracker>| {
+        let events = match tracker.as_ref() {
+            Some(t) => t.attach(events, end),
+            None => events,
+        };
+        cx.output.send(events).await?;
+        if let Some(t) = tracker.as_mut() {
+            t.save_if_due();
+        }
+        Ok::<(), StageError>(())
+    };
     let (tx, mut rx) = mpsc::channel::<Chunk>(1);
     let stop = Arc::new(AtomicBool::new(false));
     let source: Arc<str> = cx.id.clone();
@@ -82,7 +218,7 @@ pub async fn run_line_source<R: Read + Send + 'static>(
             biased;
             _ = cx.shutdown.cancelled() => break,
             chunk = rx.recv() => match chunk {
-                Some(Chunk::Lines(events)) => cx.output.send(events).await?,
+                Some(Chunk::Lines(events, end)) => send(events, end, tracker).await?,
                 Some(Chunk::Failed(e)) => return Err(StageError::io(format!("reading {what}"), e)),
                 None => return Ok(()),
             },
@@ -91,7 +227,7 @@ pub async fn run_line_source<R: Read + Send + 'static>(
     stop.store(true, Ordering::Release);
     loop {
         match tokio::time::timeout(SHUTDOWN_GRACE, rx.recv()).await {
-            Ok(Some(Chunk::Lines(events))) => cx.output.send(events).await?,
+            Ok(Some(Chunk::Lines(events, end))) => send(events, end, tracker).await?,
             Ok(Some(Chunk::Failed(_))) | Ok(None) | Err(_) => return Ok(()),
         }
     }
@@ -118,7 +254,10 @@ fn read_lines<R: Read>(
         };
         match deframer.finish() {
             // Bytes already read belong to an event, even without their newline.
-            Ok(Some(last)) => Some(Chunk::Lines(vec![Event::raw(last, meta)])),
+            Ok(Some(last)) => Some(Chunk::Lines(
+                vec![Event::raw(last, meta)],
+                deframer.consumed(),
+            )),
             Ok(None) => None,
             Err(e) => Some(Chunk::Failed(std::io::Error::other(e))),
         }
@@ -156,7 +295,7 @@ fn read_lines<R: Read>(
                 .drain(..)
                 .map(|m| Event::raw(m, meta.clone()))
                 .collect();
-            let _ = tx.blocking_send(Chunk::Lines(events));
+            let _ = tx.blocking_send(Chunk::Lines(events, deframer.consumed()));
             let _ = tx.blocking_send(Chunk::Failed(std::io::Error::other(e)));
             return;
         }
@@ -170,7 +309,10 @@ fn read_lines<R: Read>(
             .drain(..)
             .map(|m| Event::raw(m, meta.clone()))
             .collect();
-        if tx.blocking_send(Chunk::Lines(events)).is_err() {
+        if tx
+            .blocking_send(Chunk::Lines(events, deframer.consumed()))
+            .is_err()
+        {
             return;
         }
     }

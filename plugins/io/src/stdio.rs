@@ -70,7 +70,7 @@ impl Source for Stdin {
             framing: self.options.framing,
             origin: None,
         };
-        run_line_source(std::io::stdin(), "standard input".into(), opts, cx).await
+        run_line_source(std::io::stdin(), "standard input".into(), opts, cx, None).await
     }
 }
 

@@ -4,7 +4,6 @@
 //! never a torn file.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -127,13 +126,7 @@ impl StateFile {
             files: positions.clone(),
         })
         .expect("checkpoints serialize");
-        let tmp = self.path.with_extension("json.tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.sync_data()?;
-        }
-        std::fs::rename(&tmp, &self.path)?;
+        logbus_plugin_api::state::replace_file(&self.path, &body)?;
         self.last = Some(positions);
         Ok(())
     }
