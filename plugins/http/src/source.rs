@@ -2,12 +2,17 @@
 //! A request is answered only after its events are in the pipeline, so a
 //! 200 means "accepted" and a client that got no answer can safely retry.
 //!
-//! Bounded by construction: at most `max_concurrent_requests` requests hold
-//! a body (each at most `max_body_bytes`, decompressed) while they wait for
-//! the pipeline. When the pipeline stays full, those requests stay waiting
-//! and a new one waits at most `accept_timeout_ms` for a slot before it
-//! gets `503` with `Retry-After` — nothing is buffered beyond that, and a
-//! request that was answered 503 sent nothing (no duplicates on retry).
+//! Bounded by construction: a request takes one of `max_concurrent_requests`
+//! slots *before* its body is read, and only then reads (at most
+//! `max_body_bytes` on the wire, within `body_timeout_ms`), decompresses
+//! (at most `max_body_bytes` again) and splits it (at most
+//! `max_events_per_request` events). A body waiting for a slot stays in
+//! the kernel's socket buffer. So memory is bounded by the slots, not by
+//! what clients send: a small gzip body of tiny lines cannot become
+//! millions of events. When the pipeline stays full, the slots stay taken
+//! and a new request waits at most `accept_timeout_ms` for one before it
+//! gets `503` with `Retry-After` — a request that was answered 503 sent
+//! nothing (no duplicates on retry).
 //!
 //! With `ack: sink` the answer waits longer: until every event of the
 //! request is finished downstream (written by the sinks, or dropped on
@@ -20,7 +25,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes as Body;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -61,7 +66,17 @@ pub struct HttpSourceOptions {
     #[serde(default = "default_max_body")]
     #[schemars(range(min = 1))]
     pub max_body_bytes: usize,
-    /// Requests waiting for the pipeline at once.
+    /// Events one request may carry (413 beyond): with tiny lines, a body
+    /// within `max_body_bytes` could otherwise hold millions of events.
+    #[serde(default = "default_max_events")]
+    #[schemars(range(min = 1, max = 10000000))]
+    pub max_events_per_request: usize,
+    /// How long a request may take to send its body once it has a slot
+    /// (408 beyond), so a slow sender cannot hold a slot.
+    #[serde(default = "default_body_timeout")]
+    #[schemars(range(min = 1, max = 600000))]
+    pub body_timeout_ms: u64,
+    /// Requests reading a body or waiting for the pipeline at once.
     #[serde(default = "default_concurrency")]
     #[schemars(range(min = 1, max = 4096))]
     pub max_concurrent_requests: usize,
@@ -109,6 +124,12 @@ fn default_path() -> String {
 fn default_max_body() -> usize {
     10 << 20
 }
+fn default_max_events() -> usize {
+    100_000
+}
+fn default_body_timeout() -> u64 {
+    10_000
+}
 fn default_concurrency() -> usize {
     16
 }
@@ -153,6 +174,21 @@ impl CheckOptions for HttpSourceOptions {
             errors.push(OptionError::at(
                 &["ack_timeout_ms"],
                 format!("must be between 1 and 3600000, got {}", self.ack_timeout_ms),
+            ));
+        }
+        if !(1..=10_000_000).contains(&self.max_events_per_request) {
+            errors.push(OptionError::at(
+                &["max_events_per_request"],
+                format!(
+                    "must be between 1 and 10000000, got {}",
+                    self.max_events_per_request
+                ),
+            ));
+        }
+        if !(1..=600_000).contains(&self.body_timeout_ms) {
+            errors.push(OptionError::at(
+                &["body_timeout_ms"],
+                format!("must be between 1 and 600000, got {}", self.body_timeout_ms),
             ));
         }
         if self.bearer_token.as_deref() == Some("") {
@@ -345,16 +381,8 @@ async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) ->
             return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
     }
-    let body = match decode(&headers, body, o.max_body_bytes) {
-        Ok(b) => b,
-        Err((status, why)) => return error(status, why),
-    };
-    let events = match split(&body, o.body, &s.source) {
-        Ok(e) => e,
-        Err(why) => return error(StatusCode::BAD_REQUEST, why),
-    };
-    let n = events.len();
-    // A slot, or 503 once the pipeline has stayed full this long.
+    // A slot before the body is read: what a request holds in memory is
+    // bounded by the slots, whatever clients send.
     let slot = tokio::time::timeout(
         Duration::from_millis(o.accept_timeout_ms),
         s.slots.acquire(),
@@ -371,6 +399,52 @@ async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) ->
         );
         return r;
     };
+    let raw = tokio::time::timeout(
+        Duration::from_millis(o.body_timeout_ms),
+        axum::body::to_bytes(body, o.max_body_bytes),
+    )
+    .await;
+    let raw = match raw {
+        Ok(Ok(raw)) => raw,
+        Ok(Err(e)) => {
+            // The length limit is the one error a well-formed request can
+            // meet here; anything else is a broken upload.
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            return match too_large {
+                true => error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is larger than {} bytes", o.max_body_bytes),
+                ),
+                false => error(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
+            };
+        }
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within {} ms", o.body_timeout_ms),
+            );
+        }
+    };
+    let body = match decode(&headers, raw, o.max_body_bytes) {
+        Ok(b) => b,
+        Err((status, why)) => return error(status, why),
+    };
+    let events = match split(&body, o.body, &s.source, o.max_events_per_request) {
+        Ok(e) => e,
+        Err(Refused::TooMany) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body holds more than {} events (max_events_per_request)",
+                    o.max_events_per_request
+                ),
+            );
+        }
+        Err(Refused::Malformed(why)) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    drop(body);
+    let n = events.len();
     let (events, delivered) = match o.ack {
         AckMode::Queued => (events, None),
         AckMode::Sink => {
@@ -444,7 +518,7 @@ impl AckReceiver for RequestAck {
 }
 
 /// The body, decompressed per `Content-Encoding`, at most `max` bytes.
-fn decode(headers: &HeaderMap, body: Body, max: usize) -> Result<Bytes, (StatusCode, String)> {
+fn decode(headers: &HeaderMap, body: Bytes, max: usize) -> Result<Bytes, (StatusCode, String)> {
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
@@ -480,8 +554,20 @@ fn decode(headers: &HeaderMap, body: Body, max: usize) -> Result<Bytes, (StatusC
     Ok(Bytes::from(out))
 }
 
-/// Events of a body: raw slices of it (lines), or each array element's JSON.
-fn split(body: &Bytes, format: BodyFormat, source: &Arc<str>) -> Result<Vec<Event>, String> {
+/// Why a body made no events.
+enum Refused {
+    TooMany,
+    Malformed(String),
+}
+
+/// Events of a body: raw slices of it (lines), or each array element's
+/// JSON; at most `max` of them (counted before any is built).
+fn split(
+    body: &Bytes,
+    format: BodyFormat,
+    source: &Arc<str>,
+    max: usize,
+) -> Result<Vec<Event>, Refused> {
     let meta = Meta::now(source.clone());
     match format {
         BodyFormat::Lines => {
@@ -489,14 +575,23 @@ fn split(body: &Bytes, format: BodyFormat, source: &Arc<str>) -> Result<Vec<Even
             let mut start = 0;
             for end in memchr::memchr_iter(b'\n', body) {
                 push_line(body, start, end, &meta, &mut events);
+                if events.len() > max {
+                    return Err(Refused::TooMany);
+                }
                 start = end + 1;
             }
             push_line(body, start, body.len(), &meta, &mut events);
+            if events.len() > max {
+                return Err(Refused::TooMany);
+            }
             Ok(events)
         }
         BodyFormat::JsonArray => {
             let values: Vec<&serde_json::value::RawValue> = serde_json::from_slice(body)
-                .map_err(|e| format!("the body is not a JSON array: {e}"))?;
+                .map_err(|e| Refused::Malformed(format!("the body is not a JSON array: {e}")))?;
+            if values.len() > max {
+                return Err(Refused::TooMany);
+            }
             Ok(values
                 .into_iter()
                 .map(|v| Event::raw(Bytes::copy_from_slice(v.get().as_bytes()), meta.clone()))

@@ -193,6 +193,23 @@ async fn json_arrays_tokens_and_size_limits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_events_than_max_events_per_request_is_413_and_sends_nothing() {
+    let mut s = start(json!({ "max_events_per_request": 3 }), 1000).await;
+    let (status, _, _) = post(s.url.clone(), vec![], b"a\nb\n\nc\n".to_vec()).await;
+    assert_eq!(status, 200, "blank lines are not events");
+    assert_eq!(texts(&mut s.rx), ["a", "b", "c"]);
+    let (status, _, body) = post(s.url.clone(), vec![], b"a\nb\nc\nd".to_vec()).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("max_events_per_request"), "{body}");
+    assert!(
+        texts(&mut s.rx).is_empty(),
+        "nothing of a refused body is sent"
+    );
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_that_stays_full_gets_503_with_retry_after_and_loses_nothing() {
     // A 5-event pipeline nobody reads, one request slot, a short wait.
     let mut s = start(
@@ -243,6 +260,14 @@ fn bad_options_name_the_key() {
     assert!(
         errors(json!({ "address": "127.0.0.1:1", "max_concurrent_requests": 0 }))
             .contains("max_concurrent_requests")
+    );
+    assert!(
+        errors(json!({ "address": "127.0.0.1:1", "max_events_per_request": 0 }))
+            .starts_with("max_events_per_request: ")
+    );
+    assert!(
+        errors(json!({ "address": "127.0.0.1:1", "body_timeout_ms": 0 }))
+            .starts_with("body_timeout_ms: ")
     );
 }
 

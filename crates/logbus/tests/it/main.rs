@@ -9,6 +9,7 @@ mod compress;
 mod crash;
 mod durable;
 mod edge_agent;
+mod hostile;
 mod js;
 mod reload;
 mod runtime;

@@ -1,0 +1,218 @@
+//! Hostile input against the `logbus` binary: what the config promises to
+//! bound stays bounded, measured from outside (`/proc/<pid>/status`).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (bound and released; the race with other tests
+/// is accepted, as elsewhere in this suite).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start(pipeline: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .env("LOGBUS_LOG", "error")
+        .arg("run")
+        .arg(pipeline)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Resident memory of a process, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn wait_for_port(port: u16) {
+    let began = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the source never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends one raw HTTP/1.1 request and returns the status code (0 when the
+/// connection failed or closed without an answer).
+fn post(port: u16, headers: &str, body: &[u8]) -> u16 {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return 0;
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let head = format!(
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n{headers}\r\n",
+        body.len()
+    );
+    if conn.write_all(head.as_bytes()).is_err() || conn.write_all(body).is_err() {
+        return 0;
+    }
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 10 MiB of two-byte lines, gzip-compressed to about 10 KB.
+fn gzip_bomb() -> Vec<u8> {
+    let mut gz =
+        logbus_compress::CompressWriter::new(Vec::new(), logbus_compress::Compression::Gzip)
+            .unwrap();
+    let chunk = "a\n".repeat(64 * 1024);
+    for _ in 0..80 {
+        gz.write_all(chunk.as_bytes()).unwrap();
+    }
+    gz.finish().unwrap()
+}
+
+/// The HTTP source takes a slot before it reads a body and bounds the
+/// events per request, so 32 small gzip bodies that each decompress to
+/// 5 million lines leave the process within what its options promise
+/// (4 slots × (2 × 10 MiB + 100,000 events)), and a normal request still
+/// gets through.
+#[test]
+fn gzip_bodies_of_tiny_lines_stay_within_the_http_sources_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let out = dir.path().join("out.ndjson");
+    let pipeline = dir.path().join("pipeline.yml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            r#"
+stages:
+  in:
+    source: http
+    address: "127.0.0.1:{port}"
+    max_concurrent_requests: 4
+    accept_timeout_ms: 60000
+  out: {{ sink: file, inputs: [in], path: "{}" }}
+"#,
+            out.display()
+        ),
+    )
+    .unwrap();
+    let mut child = start(&pipeline);
+    wait_for_port(port);
+    let baseline = rss(child.id());
+    let bomb = gzip_bomb();
+    assert!(bomb.len() < 64 * 1024, "a small body: {} bytes", bomb.len());
+
+    // 32 bombs from 16 clients at once; the process is sampled meanwhile
+    // and killed before it can hurt the machine if the bound does not hold.
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            let bomb = bomb.clone();
+            std::thread::spawn(move || {
+                (0..2)
+                    .map(|_| post(port, "Content-Encoding: gzip\r\n", &bomb))
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let mut peak = 0;
+    while clients.iter().any(|c| !c.is_finished()) {
+        peak = peak.max(rss(child.id()));
+        if peak > 2 << 30 {
+            child.kill().unwrap();
+            panic!("RSS passed 2 GiB: the HTTP source's bound does not hold");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let codes: Vec<u16> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    assert!(
+        codes.iter().all(|&c| c == 413),
+        "every bomb is refused as too many events: {codes:?}"
+    );
+    // A well-behaved request after the attack is delivered.
+    assert_eq!(post(port, "", b"{\"after\":1}\n"), 200);
+    let began = Instant::now();
+    while !std::fs::read_to_string(&out)
+        .unwrap_or_default()
+        .contains("after")
+    {
+        assert!(began.elapsed() < Duration::from_secs(20), "not delivered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let growth = peak.saturating_sub(baseline);
+    eprintln!(
+        "gzip bodies: {} bytes each, baseline RSS {} MiB, peak {} MiB (+{} MiB)",
+        bomb.len(),
+        baseline >> 20,
+        peak >> 20,
+        growth >> 20
+    );
+    // The promise: 4 slots × (10 MiB raw + 10 MiB decompressed + 100,000
+    // events at well under 256 bytes each) = 180 MiB; allocator slack aside.
+    assert!(
+        growth < 256 << 20,
+        "RSS grew by {} MiB under 32 gzip bodies",
+        growth >> 20
+    );
+}
+
+/// A client that sends its headers and then stalls its body holds a slot
+/// for `body_timeout_ms` at most: it gets 408, and the slot is free again.
+#[test]
+fn a_stalled_body_gets_408_and_frees_its_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let pipeline = dir.path().join("pipeline.yml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            r#"
+stages:
+  in:
+    source: http
+    address: "127.0.0.1:{port}"
+    max_concurrent_requests: 1
+    body_timeout_ms: 300
+    accept_timeout_ms: 10000
+  out: {{ sink: blackhole, inputs: [in] }}
+"#
+        ),
+    )
+    .unwrap();
+    let mut child = start(&pipeline);
+    wait_for_port(port);
+    let mut stalled = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stalled
+        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"a\":")
+        .unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // The one slot is the stalled request's; this one waits for it.
+    let waiting = std::thread::spawn(move || post(port, "", b"{\"b\":1}\n"));
+    let mut answer = String::new();
+    let _ = stalled.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert_eq!(waiting.join().unwrap(), 200, "the slot came free");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
