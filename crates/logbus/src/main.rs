@@ -217,7 +217,8 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             };
             if let Some(errors) = api.as_ref().map(|a| a.check()).filter(|e| !e.is_empty()) {
                 for e in errors {
-                    eprintln!("logbus: error: --api: {}", e.message);
+                    // The token may come from LOGBUS_API_TOKEN: name the key.
+                    eprintln!("logbus: error: --api: {}: {}", e.path.join("."), e.message);
                 }
                 return Ok(ExitCode::from(1));
             }

@@ -220,8 +220,14 @@ impl Checker<'_> {
         };
         for e in errors {
             self.push(
-                Diagnostic::error("settings", format!("settings: {}", e.message))
-                    .at(node.pos_of(&e.path)),
+                Diagnostic::error(
+                    "settings",
+                    match e.path.is_empty() {
+                        true => format!("settings: {}", e.message),
+                        false => format!("settings.{}: {}", e.path.join("."), e.message),
+                    },
+                )
+                .at(node.pos_of(&e.path)),
             );
         }
         None

@@ -47,9 +47,36 @@ pub struct ApiSettings {
     pub token: Option<String>,
 }
 
+/// Shortest API token accepted: a short token can be guessed, and a token
+/// of one space once passed for one.
+pub const MIN_API_TOKEN_CHARS: usize = 16;
+
+/// Why `token` cannot protect the API, if it cannot.
+fn api_token_problem(token: &str) -> Option<String> {
+    let n = token.chars().count();
+    if n < MIN_API_TOKEN_CHARS {
+        return Some(format!(
+            "must be at least {MIN_API_TOKEN_CHARS} characters, got {n}"
+        ));
+    }
+    if token.chars().any(char::is_whitespace) {
+        return Some("must not contain whitespace".into());
+    }
+    None
+}
+
 impl ApiSettings {
-    /// Checks the address; a reachable-from-elsewhere API must have a token.
+    /// Checks the address and the token; a reachable-from-elsewhere API
+    /// must have a token.
     pub fn check(&self) -> Vec<OptionError> {
+        let mut errors = self.check_listen();
+        if let Some(why) = self.token.as_deref().and_then(api_token_problem) {
+            errors.push(OptionError::at(&["api", "token"], why));
+        }
+        errors
+    }
+
+    fn check_listen(&self) -> Vec<OptionError> {
         match self.listen.parse::<std::net::SocketAddr>() {
             Err(e) => vec![OptionError::at(
                 &["api", "listen"],

@@ -294,13 +294,16 @@ fn bearer_token_and_address_rules() {
         dir.path(),
         &PIPELINE.replace(
             "settings: { channel_capacity: 256 }",
-            "settings: { channel_capacity: 256, api: { listen: '127.0.0.1:1', token: s3cret } }",
+            "settings: { channel_capacity: 256, api: { listen: '127.0.0.1:1', token: s3cret-0123456789abcdef } }",
         ),
         &[],
     );
     assert_eq!(http(port, "GET", "/metrics", None).0, 401);
     assert_eq!(http(port, "GET", "/metrics", Some("wrong")).0, 401);
-    assert_eq!(http(port, "GET", "/metrics", Some("s3cret")).0, 200);
+    assert_eq!(
+        http(port, "GET", "/metrics", Some("s3cret-0123456789abcdef")).0,
+        200
+    );
     stop(child);
 
     // Listening beyond loopback without a token is refused before start.
@@ -324,6 +327,33 @@ fn bearer_token_and_address_rules() {
         .find(|d| d.code == "settings")
         .expect("refused in validate too");
     assert_eq!((d.line, d.col), (Some(2), Some(10)), "points at `listen`");
+
+    // A token that cannot protect anything is refused, in the file and
+    // from the environment.
+    for token in ["' '", "short", "'sixteen chars but spaces'"] {
+        let v = crate::support::load(&format!(
+            "settings:\n  api: {{ listen: '127.0.0.1:8686', token: {token} }}\nstages:\n  a: {{ source: stdin }}\n  o: {{ sink: stdout, inputs: [a] }}\n"
+        ));
+        let d = v
+            .diagnostics
+            .iter()
+            .find(|d| d.code == "settings")
+            .unwrap_or_else(|| panic!("token {token} accepted"));
+        assert!(d.message.contains("token"), "{}", d.message);
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .args(["run"])
+        .arg(&p)
+        .args(["--api", "127.0.0.1:18999"])
+        .env("LOGBUS_API_TOKEN", " ")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("api.token: must be at least 16 characters"),
+        "{err}"
+    );
 }
 
 /// A local-scope queue's routing and helping counters reach `/metrics`
