@@ -50,6 +50,15 @@ async fn slow_sink_stalls_the_source_and_loses_nothing() {
     })
     .await;
     let source = running.metrics("gen").unwrap().clone();
+    // The source counts a batch once its send returned, a moment after the
+    // channel took it: wait for the count to catch up with what the full
+    // channels hold (nothing has left them: the sink is closed).
+    wait_until(
+        "the source's count to reach the channels",
+        Duration::from_secs(30),
+        || source.snapshot().events_out >= (3 * CAP) as u64,
+    )
+    .await;
     let stalled_at = source.snapshot().events_out;
     for _ in 0..1000 {
         tokio::task::yield_now().await;
