@@ -10,13 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::free_port;
 
 /// One HTTP/1.1 request; returns (status, body).
 pub(crate) fn http(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, String) {

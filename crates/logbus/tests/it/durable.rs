@@ -58,13 +58,7 @@ fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::free_port;
 
 /// A FIFO and our read end of it, opened without blocking (O_NONBLOCK) and
 /// not read until the test says: a sink writing to it fills the pipe and

@@ -6,15 +6,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free loopback port (bound and released; the race with other tests
-/// is accepted, as elsewhere in this suite).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::{free_port, wait_for_port};
 
 fn start(pipeline: &std::path::Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_logbus"))
@@ -35,17 +27,6 @@ fn rss(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
-}
-
-fn wait_for_port(port: u16) {
-    let began = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            began.elapsed() < Duration::from_secs(20),
-            "the source never listened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Sends one raw HTTP/1.1 request and returns the status code (0 when the

@@ -176,3 +176,25 @@ pub fn append(path: &std::path::Path, text: &str) {
         .write_all(text.as_bytes())
         .unwrap();
 }
+
+/// A free loopback port (bound and released; another process could take it
+/// before the test binds it, a race these tests accept).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (up to 20 s) until something listens on loopback `port`.
+pub fn wait_for_port(port: u16) {
+    let began = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(20),
+            "nothing ever listened on port {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
