@@ -176,27 +176,23 @@ fn content_lines(node: &Node, lines: &mut Vec<bool>) {
 
 /// Whether the text uses anchors or aliases (which the tree resolves).
 fn uses_anchors(text: &str) -> bool {
-    use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
-    use yaml_rust2::scanner::Marker;
-    struct Seen(bool);
-    impl MarkedEventReceiver for Seen {
-        fn on_event(&mut self, ev: Event, _: Marker) {
-            match ev {
-                Event::Alias(_) => self.0 = true,
-                Event::Scalar(_, _, anchor, _)
-                | Event::SequenceStart(anchor, _)
-                | Event::MappingStart(anchor, _)
-                    if anchor > 0 =>
-                {
-                    self.0 = true
-                }
-                _ => {}
+    use yaml_rust2::parser::{Event, Parser};
+    let mut parser = Parser::new_from_str(text);
+    while let Ok((event, _)) = parser.next_token() {
+        match event {
+            Event::StreamEnd => break,
+            Event::Alias(_) => return true,
+            Event::Scalar(_, _, anchor, _)
+            | Event::SequenceStart(anchor, _)
+            | Event::MappingStart(anchor, _)
+                if anchor > 0 =>
+            {
+                return true;
             }
+            _ => {}
         }
     }
-    let mut seen = Seen(false);
-    let _ = Parser::new_from_str(text).load(&mut seen, false);
-    seen.0
+    false
 }
 
 /// Formats a pipeline file.

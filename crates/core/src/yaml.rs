@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::{Number, Value};
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::parser::{Event, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 /// A 1-based line and column in the pipeline file.
@@ -61,110 +61,151 @@ pub struct YamlError {
     pub pos: Pos,
 }
 
+/// Deepest nesting a pipeline file may have. Real pipelines stay under
+/// ten levels; the limit keeps the recursive walks over the tree (checks,
+/// conversion, drop) far from the stack's end, whatever the file.
+pub const MAX_DEPTH: usize = 128;
+
+/// What aliases may copy, in approximate bytes (a node counts
+/// [`NODE_WEIGHT`], a scalar its text besides): a fixed allowance plus ten
+/// times the file's own length. A "billion laughs" file of a few hundred
+/// bytes is refused after about a megabyte instead of growing to gigabytes.
+const ALIAS_ALLOWANCE: usize = 1 << 20;
+const NODE_WEIGHT: usize = 64;
+
 /// Parses one YAML document. An empty file gives `None`.
+///
+/// The parser is driven event by event (yaml-rust2's own loader recurses
+/// once per nesting level), and the tree is checked as it grows: too deep
+/// or too much copied through aliases is an error at the offending node.
 pub fn parse(text: &str) -> Result<Option<Node>, YamlError> {
-    let mut builder = Builder::default();
+    let alias_limit = ALIAS_ALLOWANCE.saturating_add(text.len().saturating_mul(10));
+    let mut builder = Builder {
+        alias_budget: alias_limit,
+        alias_limit,
+        ..Builder::default()
+    };
     let mut parser = Parser::new_from_str(text);
-    parser.load(&mut builder, false).map_err(|e| YamlError {
-        message: e.info().to_string(),
-        pos: (*e.marker()).into(),
-    })?;
-    if let Some(err) = builder.error {
-        return Err(err);
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| YamlError {
+            message: e.info().to_string(),
+            pos: (*e.marker()).into(),
+        })?;
+        match event {
+            Event::StreamEnd | Event::DocumentEnd => break,
+            event => builder.on_event(event, mark)?,
+        }
     }
     Ok(builder.root)
 }
 
+/// An open sequence or mapping: the node, its anchor id (0 for none) and
+/// its weight so far.
+struct Open {
+    node: Node,
+    anchor: usize,
+    weight: usize,
+    /// For a mapping, the key waiting for its value.
+    pending_key: Option<Node>,
+}
+
 #[derive(Default)]
 struct Builder {
-    stack: Vec<(Node, usize)>,
-    /// Key waiting for its value, per open mapping (parallel to `stack`).
-    pending_keys: Vec<Option<Node>>,
-    anchors: HashMap<usize, Node>,
+    stack: Vec<Open>,
+    /// Anchored nodes with their weights.
+    anchors: HashMap<usize, (Node, usize)>,
     root: Option<Node>,
-    error: Option<YamlError>,
+    alias_limit: usize,
+    alias_budget: usize,
 }
 
 impl Builder {
-    fn push_value(&mut self, node: Node, anchor: usize) {
+    fn push_value(&mut self, node: Node, anchor: usize, weight: usize) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, (node.clone(), weight));
         }
-        let Some((parent, _)) = self.stack.last_mut() else {
+        let Some(parent) = self.stack.last_mut() else {
             self.root = Some(node);
             return;
         };
-        match &mut parent.kind {
+        parent.weight = parent.weight.saturating_add(weight);
+        match &mut parent.node.kind {
             NodeKind::Seq(items) => items.push(node),
-            NodeKind::Map(entries) => {
-                let pending = self.pending_keys.last_mut().expect("parallel stacks");
-                match pending.take() {
-                    None => *pending = Some(node),
-                    Some(key) => entries.push((key, node)),
-                }
-            }
+            NodeKind::Map(entries) => match parent.pending_key.take() {
+                None => parent.pending_key = Some(node),
+                Some(key) => entries.push((key, node)),
+            },
             NodeKind::Scalar { .. } => unreachable!("scalars are never open"),
         }
     }
 
+    fn open(&mut self, kind: NodeKind, anchor: usize, pos: Pos) -> Result<(), YamlError> {
+        if self.stack.len() >= MAX_DEPTH {
+            return Err(YamlError {
+                message: format!("nesting deeper than {MAX_DEPTH} levels"),
+                pos,
+            });
+        }
+        self.stack.push(Open {
+            node: Node { kind, pos },
+            anchor,
+            weight: NODE_WEIGHT,
+            pending_key: None,
+        });
+        Ok(())
+    }
+
     fn close(&mut self) {
-        if let Some((node, anchor)) = self.stack.pop() {
-            self.pending_keys.pop();
-            self.push_value(node, anchor);
+        if let Some(open) = self.stack.pop() {
+            self.push_value(open.node, open.anchor, open.weight);
         }
     }
-}
 
-impl MarkedEventReceiver for Builder {
-    fn on_event(&mut self, ev: Event, mark: Marker) {
+    fn on_event(&mut self, ev: Event, mark: Marker) -> Result<(), YamlError> {
         let pos = Pos::from(mark);
         match ev {
             Event::Scalar(text, style, anchor, tag) => {
                 let forced_string = tag.as_ref().is_some_and(|t| t.suffix == "str");
                 let plain = style == TScalarStyle::Plain && !forced_string;
+                let weight = NODE_WEIGHT + text.len();
                 self.push_value(
                     Node {
                         kind: NodeKind::Scalar { text, plain },
                         pos,
                     },
                     anchor,
+                    weight,
                 );
             }
-            Event::SequenceStart(anchor, _) => {
-                self.stack.push((
-                    Node {
-                        kind: NodeKind::Seq(Vec::new()),
-                        pos,
-                    },
-                    anchor,
-                ));
-                self.pending_keys.push(None);
-            }
-            Event::MappingStart(anchor, _) => {
-                self.stack.push((
-                    Node {
-                        kind: NodeKind::Map(Vec::new()),
-                        pos,
-                    },
-                    anchor,
-                ));
-                self.pending_keys.push(None);
-            }
+            Event::SequenceStart(anchor, _) => self.open(NodeKind::Seq(Vec::new()), anchor, pos)?,
+            Event::MappingStart(anchor, _) => self.open(NodeKind::Map(Vec::new()), anchor, pos)?,
             Event::SequenceEnd | Event::MappingEnd => self.close(),
-            Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some(mut node) => {
-                    node.pos = pos;
-                    self.push_value(node, 0);
-                }
-                None => {
-                    self.error.get_or_insert(YamlError {
+            Event::Alias(id) => {
+                let Some((node, weight)) = self.anchors.get(&id) else {
+                    return Err(YamlError {
                         message: "alias refers to an unknown anchor".into(),
                         pos,
                     });
+                };
+                let weight = *weight;
+                if weight > self.alias_budget {
+                    return Err(YamlError {
+                        message: format!(
+                            "aliases copy more than the {} KiB this file may expand to \
+                             (1 MiB plus ten times its size)",
+                            self.alias_limit / 1024
+                        ),
+                        pos,
+                    });
                 }
-            },
+                self.alias_budget -= weight;
+                let mut node = node.clone();
+                node.pos = pos;
+                self.push_value(node, 0, weight);
+            }
             _ => {}
         }
+        Ok(())
     }
 }
 
@@ -407,6 +448,43 @@ mod tests {
     fn anchors_and_aliases() {
         let doc = parse("x: &v {k: 1}\ny: *v\n").unwrap().unwrap();
         assert_eq!(doc.to_json(), json!({"x": {"k": 1}, "y": {"k": 1}}));
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused_at_the_alias_that_crosses_the_limit() {
+        let mut text = String::from(
+            "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+        );
+        for (prev, name) in ["a", "b", "c", "d", "e", "f", "g", "h"]
+            .iter()
+            .zip(["b", "c", "d", "e", "f", "g", "h", "i"])
+        {
+            let aliases = vec![format!("*{prev}"); 9].join(",");
+            text.push_str(&format!("{name}: &{name} [{aliases}]\n"));
+        }
+        assert!(text.len() < 500, "{}", text.len());
+        let err = parse(&text).unwrap_err();
+        assert!(err.message.contains("aliases copy more than"), "{err:?}");
+        assert!(err.pos.line >= 4 && err.pos.line <= 9, "{err:?}");
+        // Reuse that stays inside the allowance is fine.
+        let small = "x: &v {k: [1, 2, 3]}\ny: [*v, *v, *v, *v]\n";
+        assert!(parse(small).is_ok());
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        // 30,000 levels in 60 KB, as the attack used.
+        let nested = format!("{}x\n", "- ".repeat(30_000));
+        let err = parse(&nested).unwrap_err();
+        assert!(err.message.contains("nesting deeper than 128"), "{err:?}");
+        assert_eq!(err.pos.line, 1, "{err:?}");
+        let flow = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        assert!(parse(&flow).is_err());
+        // Exactly at the limit is accepted.
+        let ok: String = (0..MAX_DEPTH)
+            .map(|d| format!("{}a:\n", " ".repeat(d)))
+            .collect();
+        assert!(parse(&(ok + &" ".repeat(MAX_DEPTH) + "1\n")).is_ok());
     }
 
     #[test]

@@ -393,6 +393,12 @@ fn validate(file: &Path, loaded: &Loaded, deny_warnings: bool, format: OutputFor
     }
 }
 
+/// Stack for each runtime thread. Parsers accept nesting up to 128 levels
+/// and the recursive conversions after them need room for that, with a
+/// wide margin in unoptimised builds (whose frames are many times larger).
+/// Only the pages a thread touches are resident.
+pub(crate) const WORKER_STACK_BYTES: usize = 32 << 20;
+
 fn run(
     pipeline: logbus_core::Pipeline,
     stats_json: Option<&Path>,
@@ -400,7 +406,10 @@ fn run(
     threads: Option<usize>,
 ) -> anyhow::Result<ExitCode> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all().thread_name("logbus-worker");
+    builder
+        .enable_all()
+        .thread_name("logbus-worker")
+        .thread_stack_size(WORKER_STACK_BYTES);
     if let Some(n) = threads {
         builder.worker_threads(n);
     }

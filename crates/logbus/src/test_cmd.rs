@@ -48,6 +48,7 @@ pub fn run(
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(crate::WORKER_STACK_BYTES)
         .build()
         .context("starting the runtime")?;
     let mut outcomes: Vec<Outcome> = Vec::new();

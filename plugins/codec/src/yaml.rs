@@ -10,28 +10,186 @@
 
 use logbus_plugin_api::Fields;
 use serde_json::{Map, Number, Value};
+use std::collections::HashMap;
+
+use yaml_rust2::parser::{Event, Parser, Tag};
+use yaml_rust2::scanner::TScalarStyle;
 use yaml_rust2::yaml::Hash;
-use yaml_rust2::{Yaml, YamlEmitter, YamlLoader};
+use yaml_rust2::{Yaml, YamlEmitter};
 
 use crate::DecodeError;
 
+/// Deepest nesting a document may have: deeper is an error, not a stack
+/// overflow in the recursive conversions that follow.
+pub const MAX_DEPTH: usize = 128;
+
+/// What aliases may copy per input, in approximate bytes (a node counts
+/// [`NODE_WEIGHT`], a scalar its text besides): a fixed allowance plus ten
+/// times the input's length, so a few hundred bytes of nested aliases
+/// cannot expand to gigabytes.
+const ALIAS_ALLOWANCE: usize = 1 << 20;
+const NODE_WEIGHT: usize = 64;
+
 /// Every document in `input`.
+///
+/// yaml-rust2's own loader recurses once per nesting level and copies
+/// aliases without limit, so documents are built here from its event
+/// stream with a depth limit and an alias budget.
 pub fn decode(input: &[u8]) -> Result<Vec<Value>, DecodeError> {
     let text = std::str::from_utf8(input)
         .map_err(|e| DecodeError::at(e.valid_up_to(), "invalid UTF-8"))?;
-    let docs = YamlLoader::load_from_str(text).map_err(|e| {
-        let m = e.marker();
-        DecodeError::at(
-            m.index(),
-            format!(
-                "invalid YAML at line {}, column {}: {}",
-                m.line(),
-                m.col() + 1,
-                e.info()
-            ),
-        )
-    })?;
-    docs.iter().map(to_json).collect()
+    let mut loader = Loader {
+        alias_budget: ALIAS_ALLOWANCE.saturating_add(input.len().saturating_mul(10)),
+        ..Loader::default()
+    };
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| {
+            let m = e.marker();
+            DecodeError::at(
+                m.index(),
+                format!(
+                    "invalid YAML at line {}, column {}: {}",
+                    m.line(),
+                    m.col() + 1,
+                    e.info()
+                ),
+            )
+        })?;
+        if event == Event::StreamEnd {
+            break;
+        }
+        loader.on_event(event).map_err(|message| {
+            DecodeError::at(
+                mark.index(),
+                format!(
+                    "YAML at line {}, column {}: {message}",
+                    mark.line(),
+                    mark.col() + 1
+                ),
+            )
+        })?;
+    }
+    loader.docs.iter().map(to_json).collect()
+}
+
+/// An open sequence or mapping.
+struct Open {
+    node: Yaml,
+    anchor: usize,
+    weight: usize,
+    /// For a mapping, the key waiting for its value.
+    pending_key: Option<Yaml>,
+}
+
+#[derive(Default)]
+struct Loader {
+    docs: Vec<Yaml>,
+    stack: Vec<Open>,
+    anchors: HashMap<usize, (Yaml, usize)>,
+    alias_budget: usize,
+}
+
+impl Loader {
+    fn on_event(&mut self, event: Event) -> Result<(), String> {
+        match event {
+            Event::DocumentStart => self.anchors.clear(),
+            Event::Scalar(text, style, anchor, tag) => {
+                let weight = NODE_WEIGHT + text.len();
+                self.push(scalar(text, style, tag.as_ref()), anchor, weight);
+            }
+            Event::SequenceStart(anchor, _) => self.open(Yaml::Array(Vec::new()), anchor)?,
+            Event::MappingStart(anchor, _) => self.open(Yaml::Hash(Hash::new()), anchor)?,
+            Event::SequenceEnd | Event::MappingEnd => {
+                if let Some(open) = self.stack.pop() {
+                    self.push(open.node, open.anchor, open.weight);
+                }
+            }
+            Event::Alias(id) => {
+                let (node, weight) = self
+                    .anchors
+                    .get(&id)
+                    .ok_or("an alias refers to an unknown anchor")?;
+                let weight = *weight;
+                if weight > self.alias_budget {
+                    return Err(
+                        "aliases copy more than 1 MiB plus ten times the input's size".into(),
+                    );
+                }
+                self.alias_budget -= weight;
+                let node = node.clone();
+                self.push(node, 0, weight);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn open(&mut self, node: Yaml, anchor: usize) -> Result<(), String> {
+        if self.stack.len() >= MAX_DEPTH {
+            return Err(format!("nesting deeper than {MAX_DEPTH} levels"));
+        }
+        self.stack.push(Open {
+            node,
+            anchor,
+            weight: NODE_WEIGHT,
+            pending_key: None,
+        });
+        Ok(())
+    }
+
+    fn push(&mut self, node: Yaml, anchor: usize, weight: usize) {
+        if anchor > 0 {
+            self.anchors.insert(anchor, (node.clone(), weight));
+        }
+        let Some(parent) = self.stack.last_mut() else {
+            self.docs.push(node);
+            return;
+        };
+        parent.weight = parent.weight.saturating_add(weight);
+        match &mut parent.node {
+            Yaml::Array(items) => items.push(node),
+            Yaml::Hash(hash) => match parent.pending_key.take() {
+                None => parent.pending_key = Some(node),
+                Some(key) => {
+                    hash.insert(key, node);
+                }
+            },
+            _ => unreachable!("only collections are open"),
+        }
+    }
+}
+
+/// A scalar typed as YAML's core schema says: quoted text is a string, a
+/// `!!bool`/`!!int`/`!!float`/`!!null` tag must match its text, anything
+/// else plain is typed by its look.
+fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Yaml {
+    if style != TScalarStyle::Plain {
+        return Yaml::String(text);
+    }
+    let Some(tag) = tag else {
+        return Yaml::from_str(&text);
+    };
+    if tag.handle != "tag:yaml.org,2002:" {
+        return Yaml::String(text);
+    }
+    match tag.suffix.as_str() {
+        "bool" => match text.as_str() {
+            "true" | "True" | "TRUE" => Yaml::Boolean(true),
+            "false" | "False" | "FALSE" => Yaml::Boolean(false),
+            _ => Yaml::BadValue,
+        },
+        "int" => text.parse().map_or(Yaml::BadValue, Yaml::Integer),
+        "float" => match Yaml::from_str(&text) {
+            Yaml::Real(_) | Yaml::Integer(_) => Yaml::Real(text),
+            _ => Yaml::BadValue,
+        },
+        "null" => match text.as_str() {
+            "~" | "null" => Yaml::Null,
+            _ => Yaml::BadValue,
+        },
+        _ => Yaml::String(text),
+    }
 }
 
 fn to_json(y: &Yaml) -> Result<Value, DecodeError> {

@@ -490,4 +490,48 @@ mod yaml_tests {
         let e = yaml::decode(b"a: \xff").unwrap_err();
         assert_eq!(e.offset, 3);
     }
+
+    /// The 422-byte body that made the process abort: nine levels of nine
+    /// aliases. Refused with an error at the alias that crosses the budget.
+    #[test]
+    fn an_alias_bomb_is_an_error_not_an_abort() {
+        let mut text = String::from("a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n");
+        let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+        for pair in names.windows(2) {
+            let aliases = vec![format!("*{}", pair[0]); 9].join(",");
+            text.push_str(&format!("{}: &{} [{aliases}]\n", pair[1], pair[1]));
+        }
+        assert!(text.len() < 430, "{}", text.len());
+        let e = yaml::decode(text.as_bytes()).unwrap_err();
+        assert!(e.message.contains("aliases copy more than"), "{e}");
+        assert!(e.offset > 0 && e.offset < text.len(), "{e:?}");
+        // Anchors are per document: the second cannot use the first's.
+        let e = yaml::decode(b"a: &x 1\n---\nb: *x\n").unwrap_err();
+        assert!(e.message.contains("unknown anchor"), "{e}");
+        let docs = yaml::decode(b"a: &x [1, 2]\nb: *x\n").unwrap();
+        assert_eq!(docs, vec![json!({"a": [1, 2], "b": [1, 2]})]);
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        // A megabyte of nested block sequences.
+        let text = format!("{}x\n", "- ".repeat(500_000));
+        let e = yaml::decode(text.as_bytes()).unwrap_err();
+        assert!(e.message.contains("nesting deeper than 128"), "{e}");
+        let ok = format!("{}x\n", "- ".repeat(yaml::MAX_DEPTH));
+        assert!(yaml::decode(ok.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn tags_type_scalars_as_the_core_schema_says() {
+        let docs = yaml::decode(
+            b"a: !!str 12\nb: !!int 7\nc: !!float 1.5\nd: !!bool true\ne: !!null ~\nf: '3'\n",
+        )
+        .unwrap();
+        assert_eq!(
+            docs,
+            vec![json!({"a": "12", "b": 7, "c": 1.5, "d": true, "e": null, "f": "3"})]
+        );
+        assert!(yaml::decode(b"a: !!int x\n").is_err());
+    }
 }

@@ -50,6 +50,11 @@ impl Processor for ParseJson {
                 "the json parser needs a raw event; this one is already parsed",
             ));
         };
+        if let Some(offset) = nesting_beyond(bytes, MAX_DEPTH) {
+            return Err(EventError::new(format!(
+                "invalid JSON: nested deeper than {MAX_DEPTH} levels at byte {offset}"
+            )));
+        }
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
             // A JSON array: one event per element.
             let items = sonic_rs::from_slice::<Vec<Value>>(bytes).map_err(|e| describe(&e))?;
@@ -86,6 +91,45 @@ impl Processor for ParseJson {
         *event.payload_mut() = Payload::Fields(fields);
         Ok(Verdict::Keep)
     }
+}
+
+/// Deepest nesting the parser accepts: serde_json's own limit, so that
+/// whatever is parsed here can also be read back from a durable queue
+/// (which stores events as JSON), and far from the stack's end in the
+/// recursive conversions that follow.
+pub const MAX_DEPTH: usize = 128;
+
+/// The offset of the bracket that opens level `max + 1`, if any. Most
+/// lines hold few brackets, so counting them (a vectorised search that
+/// stops at the limit) settles it before any byte-by-byte walk.
+fn nesting_beyond(bytes: &[u8], max: usize) -> Option<usize> {
+    memchr::memchr2_iter(b'[', b'{', bytes).nth(max)?;
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return Some(i);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
 }
 
 fn describe(e: &sonic_rs::Error) -> EventError {
@@ -204,6 +248,40 @@ mod tests {
             &e.as_raw().unwrap()[..],
             br#"{"z":1,"a":{"b":[1,2]},"m":"x"}"#
         );
+    }
+
+    /// A megabyte of `[` (or `{"a":`) is an error, not a stack overflow.
+    #[test]
+    fn deep_nesting_is_an_error() {
+        let mut p = ParseJson(JsonParserOptions {
+            wrap_field: Some("v".into()),
+        });
+        for deep in ["[".repeat(1 << 20), "{\"a\":".repeat(200_000)] {
+            let err = p.process(&mut raw(&deep)).unwrap_err();
+            assert!(
+                err.0.contains("nested deeper than 128 levels at byte"),
+                "{err}"
+            );
+        }
+        // Unoptimised builds take far more stack per level than release
+        // ones, so the deepest accepted document is parsed on a thread
+        // with the stack a release worker would have to spare.
+        let at_limit = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        std::thread::Builder::new()
+            .stack_size(64 << 20)
+            .spawn(move || {
+                ParseJson(JsonParserOptions {
+                    wrap_field: Some("v".into()),
+                })
+                .process(&mut raw(&at_limit))
+                .unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        // Brackets inside strings do not count.
+        let quoted = format!("{{\"a\":\"{}\\\"{}\"}}", "[".repeat(300), "{".repeat(300));
+        p.process(&mut raw(&quoted)).unwrap();
     }
 
     #[test]

@@ -197,3 +197,137 @@ stages:
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// Nine levels of nine aliases, about 420 bytes.
+fn alias_bomb() -> String {
+    let mut text = String::from("a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n");
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+    for pair in names.windows(2) {
+        let aliases = vec![format!("*{}", pair[0]); 9].join(",");
+        text.push_str(&format!("{}: &{} [{aliases}]\n", pair[1], pair[1]));
+    }
+    text
+}
+
+/// `validate` refuses an alias bomb and a 60 KB file nested 30,000 levels
+/// deep with an error at a line, instead of growing to gigabytes or
+/// overflowing its stack.
+#[test]
+fn validate_refuses_alias_bombs_and_deep_nesting_with_a_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let bomb = dir.path().join("bomb.yml");
+    std::fs::write(&bomb, format!("{}stages: {{}}\n", alias_bomb())).unwrap();
+    let deep = dir.path().join("deep.yml");
+    std::fs::write(
+        &deep,
+        format!("stages:\n  x:\n    {}1\n", "- ".repeat(30_000)),
+    )
+    .unwrap();
+    for (file, expected) in [
+        (&bomb, "aliases copy more than"),
+        (&deep, "nesting deeper than 128 levels"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_logbus"))
+            .arg("validate")
+            .arg(file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+        let text = format!("{stdout}{stderr}");
+        assert!(text.contains(expected), "{text}");
+        let name = file.file_name().unwrap().to_str().unwrap();
+        assert!(text.contains(&format!("{name}:")), "names the file: {text}");
+    }
+}
+
+/// Hostile documents through the `yaml` and `json` parsers are errors of
+/// their own events (routed to `<id>.errors`), and the process goes on:
+/// an alias bomb, a megabyte of nesting in each format, and JSON just
+/// over the depth limit; a document at the limit passes.
+#[test]
+fn hostile_documents_are_errors_of_their_events_not_of_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let out = dir.path().join("out.ndjson");
+    let errors = dir.path().join("errors.ndjson");
+    let pipeline = dir.path().join("pipeline.yml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            r#"
+stages:
+  in:
+    source: http
+    address: "127.0.0.1:{port}"
+  yaml: {{ parser: yaml, inputs: [in], on_error: route, wrap_field: doc }}
+  json: {{ parser: json, inputs: [in], on_error: route, wrap_field: doc }}
+  out: {{ sink: file, inputs: [yaml, json], path: "{}" }}
+  bad: {{ sink: file, inputs: [yaml.errors, json.errors], path: "{}" }}
+"#,
+            out.display(),
+            errors.display()
+        ),
+    )
+    .unwrap();
+    let mut child = start(&pipeline);
+    wait_for_port(port);
+    let deep_json = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    // Each document on one line: the source makes one event per line.
+    let flow_bomb = format!("{{{}}}", alias_bomb().trim_end().replace('\n', ", "));
+    let bodies = [
+        flow_bomb,
+        format!("{}x", "- ".repeat(500_000)),
+        "[".repeat(1 << 20),
+        deep_json(129),
+        deep_json(128),
+    ];
+    for body in &bodies {
+        assert_eq!(post(port, "", body.as_bytes()), 200);
+    }
+    let began = Instant::now();
+    let count = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    // Each body goes through both parsers.
+    while count(&out) + count(&errors) < 2 * bodies.len() {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "{} of {} documents came out; process alive: {:?}\nout: {:.300}\nerrors: {}",
+            count(&out) + count(&errors),
+            2 * bodies.len(),
+            child.try_wait().unwrap(),
+            std::fs::read_to_string(&out).unwrap_or_default(),
+            std::fs::read_to_string(&errors)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| l
+                    .chars()
+                    .filter(|c| *c != '[')
+                    .take(300)
+                    .collect::<String>()
+                    + "\n")
+                .collect::<String>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let bad = std::fs::read_to_string(&errors).unwrap();
+    assert_eq!(count(&errors), 8, "{bad:.2000}");
+    for reason in [
+        "aliases copy more than",
+        "nesting deeper than 128 levels",
+        "nested deeper than 128 levels at byte",
+        "recursion limit exceeded",
+    ] {
+        assert!(bad.contains(reason), "{reason}: {bad:.2000}");
+    }
+    // The document at the limit, once from each parser.
+    assert_eq!(count(&out), 2);
+}
