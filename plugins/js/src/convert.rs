@@ -6,6 +6,15 @@
 //! non-finite numbers become `null`, BigInts become decimal strings.
 //!
 //! Integers beyond 2^53 lose precision in JS, as they do in any JS engine.
+//!
+//! Reading back is where a script can make the host pay: an array's length
+//! costs QuickJS nothing (`a.length = 2**31 - 1`) but its items would cost
+//! Rust a `Vec` of that many values, and getters or Proxy traps run script
+//! code in the middle of the walk. So every read is charged against
+//! [`ReadLimits`]: approximate bytes (the worker's `memory_limit_mb`) and
+//! the call's CPU budget, checked as the walk goes.
+
+use std::cell::Cell;
 
 use rquickjs::{Array, Ctx, Object, String as JsString, Type, Value};
 use serde_json::{Map, Number, Value as Json};
@@ -46,20 +55,59 @@ pub fn object_to_js<'js>(ctx: &Ctx<'js>, map: &Map<String, Json>) -> rquickjs::R
 #[derive(Debug, PartialEq)]
 pub struct ConvertError(pub String);
 
-/// The event proxy of the current call, if any: reading it back walks its
-/// traps, so it must not be met again inside itself (a cycle through the
-/// proxy would recurse through native and JS frames alike).
-#[derive(Clone, Copy)]
-pub struct Walk<'a, 'js> {
-    pub proxy: Option<&'a Value<'js>>,
-    pub inside_proxy: bool,
+/// What reading one result back may cost.
+pub struct ReadLimits<'a> {
+    limit_bytes: usize,
+    bytes_left: Cell<usize>,
+    reads: Cell<u32>,
+    /// Whether the call's CPU budget is spent (checked every few hundred
+    /// values: a walk over millions of holes runs no bytecode, so QuickJS's
+    /// own interrupt check would never fire).
+    spent: &'a dyn Fn() -> bool,
 }
 
-impl<'a, 'js> Walk<'a, 'js> {
-    pub const PLAIN: Walk<'static, 'static> = Walk {
-        proxy: None,
-        inside_proxy: false,
-    };
+/// Roughly what one JSON value or map entry costs besides its text.
+const VALUE_BYTES: usize = std::mem::size_of::<Json>();
+const ENTRY_BYTES: usize = 2 * std::mem::size_of::<Json>();
+
+impl<'a> ReadLimits<'a> {
+    pub fn new(limit_bytes: usize, spent: &'a dyn Fn() -> bool) -> ReadLimits<'a> {
+        ReadLimits {
+            limit_bytes,
+            bytes_left: Cell::new(limit_bytes),
+            reads: Cell::new(0),
+            spent,
+        }
+    }
+
+    pub fn charge(&self, bytes: usize) -> Result<(), ConvertError> {
+        let Some(left) = self.bytes_left.get().checked_sub(bytes) else {
+            return Err(ConvertError(format!(
+                "the result would take more than memory_limit_mb ({} MiB) as event fields",
+                self.limit_bytes >> 20
+            )));
+        };
+        self.bytes_left.set(left);
+        let reads = self.reads.get().wrapping_add(1);
+        self.reads.set(reads);
+        if reads.is_multiple_of(256) && (self.spent)() {
+            return Err(ConvertError(
+                "reading the result ran past timeout_ms".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How a walk goes: the limits it is charged against, and the event proxy
+/// of the current call, if any: reading it back walks its traps, so it
+/// must not be met again inside itself (a cycle through the proxy would
+/// recurse through native and JS frames alike).
+#[derive(Clone, Copy)]
+pub struct Walk<'a, 'js> {
+    pub limits: &'a ReadLimits<'a>,
+    pub proxy: Option<&'a Value<'js>>,
+    pub inside_proxy: bool,
 }
 
 /// Reads a JS value as JSON; `None` for values JSON leaves out (functions,
@@ -86,6 +134,7 @@ pub fn from_js<'js>(
         )));
     }
     let js = |e: rquickjs::Error| ConvertError(format!("reading the result: {e}"));
+    walk.limits.charge(VALUE_BYTES)?;
     Ok(Some(match value.type_of() {
         Type::Undefined
         | Type::Uninitialized
@@ -106,27 +155,36 @@ pub fn from_js<'js>(
                 Number::from_f64(f).map_or(Json::Null, Json::Number)
             }
         }
-        Type::String => Json::String(
-            value
+        Type::String => {
+            let text = value
                 .as_string()
                 .expect("type is string")
                 .to_string()
-                .map_err(js)?,
-        ),
+                .map_err(js)?;
+            walk.limits.charge(text.len())?;
+            Json::String(text)
+        }
         Type::BigInt => {
             let text: String = value.get::<rquickjs::Coerced<String>>().map_err(js)?.0;
             Json::String(text)
         }
         Type::Array => {
             let array = value.as_array().expect("type is array");
-            let mut items = Vec::with_capacity(array.len());
-            for item in array.iter::<Value>() {
+            // The length is the script's to choose; space grows as items
+            // are read (and charged), not from what the length claims.
+            let mut items = Vec::new();
+            for item in array_items(array).map_err(js)? {
                 // Like JSON.stringify: a left-out member of an array is null.
                 items.push(from_js(&item.map_err(js)?, depth + 1, walk)?.unwrap_or(Json::Null));
             }
             Json::Array(items)
         }
-        Type::Object | Type::Exception | Type::Promise => Json::Object(object_from_js(
+        Type::Promise => {
+            return Err(ConvertError(
+                "a Promise cannot become an event field: process() must return its result, not a promise of it".into(),
+            ));
+        }
+        Type::Object | Type::Exception => Json::Object(object_from_js(
             value.as_object().expect("an object"),
             depth,
             walk,
@@ -139,6 +197,18 @@ pub fn from_js<'js>(
     }))
 }
 
+/// An array's items by index. rquickjs's own `len` and `iter` assert that
+/// the length is a small integer, which a script's `a.length = 2**31`
+/// is not; the length is read here as the number it is.
+pub fn array_items<'a, 'js>(
+    array: &'a Array<'js>,
+) -> rquickjs::Result<impl Iterator<Item = rquickjs::Result<Value<'js>>> + 'a> {
+    let length: f64 = array.as_object().get("length")?;
+    // An array's length is an integer below 2^32.
+    let length = length.clamp(0.0, f64::from(u32::MAX)) as usize;
+    Ok((0..length).map(move |i| array.get::<Value>(i)))
+}
+
 pub fn object_from_js<'js>(
     object: &Object<'js>,
     depth: usize,
@@ -148,6 +218,7 @@ pub fn object_from_js<'js>(
     let mut map = Map::new();
     for prop in object.props::<String, Value>() {
         let (k, v) = prop.map_err(js)?;
+        walk.limits.charge(ENTRY_BYTES + k.len())?;
         if let Some(v) = from_js(&v, depth + 1, walk)? {
             map.insert(k, v);
         }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use logbus_plugin_api::{Event, Fields};
 use rquickjs::{Ctx, Exception, Function, Object, Value};
 
-use crate::convert::{ConvertError, Walk, from_js, to_js};
+use crate::convert::{ConvertError, ReadLimits, Walk, from_js, to_js};
 
 /// The JS half: builds the proxy handler once per worker; returns
 /// `wrap(generation) -> [proxy, target]`.
@@ -190,8 +190,10 @@ pub fn apply<'js>(
     state: &Object<'js>,
     proxy: &Value<'js>,
     fields: &mut Fields,
+    limits: &ReadLimits<'_>,
 ) -> Result<(), ConvertError> {
     let walk = Walk {
+        limits,
         proxy: Some(proxy),
         inside_proxy: true,
     };

@@ -12,7 +12,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use logbus_plugin_api::{
@@ -22,7 +22,7 @@ use logbus_plugin_api::{
 use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Object, Runtime, Value};
 use serde::Deserialize;
 
-use crate::convert::{Walk, object_from_js};
+use crate::convert::{ReadLimits, Walk, array_items, object_from_js};
 use crate::lazy::{LazyEvents, apply};
 
 /// Options of `transform: js`.
@@ -131,21 +131,48 @@ impl TypedPlugin for JsTransform {
     }
 }
 
-/// Compiles the script without running it: wrapped in a function that is
-/// created but never called. Reports `line:column` in the script.
+/// Compiles the script without running any of it (QuickJS's compile-only
+/// evaluation of global code, strict as at run time), so `validate` can
+/// neither hang nor act on what the script does. Reports `line:column` in
+/// the script.
 pub fn syntax_check(source: &str) -> Result<(), String> {
     let rt = Runtime::new().map_err(|e| e.to_string())?;
     rt.set_memory_limit(64 << 20);
+    rt.set_max_stack_size(1 << 20);
     let context = Context::full(&rt).map_err(|e| e.to_string())?;
     context.with(|ctx| {
-        // The wrapper sits on a line of its own (QuickJS counts columns on
-        // the first line from the start of the source); lines shift by one.
-        let wrapped = format!("(function(){{\n{source}\n}})");
-        ctx.eval::<Value, _>(wrapped)
+        compile_only(&ctx, source)
             .catch(&ctx)
-            .map(|_| ())
-            .map_err(|e| describe(e, "syntax error", 1))
+            .map_err(|e| describe(e, "syntax error", 0))
     })
+}
+
+/// rquickjs has no public compile-only evaluation, so this calls QuickJS's
+/// `JS_Eval` with `JS_EVAL_FLAG_COMPILE_ONLY` directly.
+#[allow(unsafe_code)]
+fn compile_only(ctx: &Ctx<'_>, source: &str) -> rquickjs::Result<()> {
+    use rquickjs::qjs;
+    let text = std::ffi::CString::new(source)?;
+    let flags =
+        qjs::JS_EVAL_TYPE_GLOBAL | qjs::JS_EVAL_FLAG_STRICT | qjs::JS_EVAL_FLAG_COMPILE_ONLY;
+    // SAFETY: `ctx` is a live context for the duration of this call, `text`
+    // is NUL-terminated and outlives it, and the length excludes the NUL as
+    // JS_Eval requires. The returned value is owned by us: `from_raw` takes
+    // that reference and frees it when dropped.
+    let compiled = unsafe {
+        let raw = qjs::JS_Eval(
+            ctx.as_raw().as_ptr(),
+            text.as_ptr(),
+            source.len() as _,
+            c"script".as_ptr(),
+            flags as i32,
+        );
+        Value::from_raw(ctx.clone(), raw)
+    };
+    if compiled.is_exception() {
+        return Err(rquickjs::Error::Exception);
+    }
+    Ok(())
 }
 
 /// "line N, column M: message" for an exception, as precisely as QuickJS
@@ -228,6 +255,8 @@ struct CallBudget {
     check_at: AtomicU64,
     /// The thread's CPU clock when the call began.
     cpu_start: AtomicU64,
+    /// Whether the running call has been told to stop.
+    tripped: AtomicBool,
 }
 
 impl CallBudget {
@@ -236,17 +265,21 @@ impl CallBudget {
             budget_ns: budget.as_nanos() as u64,
             check_at: AtomicU64::new(0),
             cpu_start: AtomicU64::new(0),
+            tripped: AtomicBool::new(false),
         }
     }
 
     fn start(&self) {
+        self.tripped.store(false, Ordering::Relaxed);
         self.cpu_start.store(thread_cpu_ns(), Ordering::Relaxed);
         self.check_at
             .store(now_ns() + self.budget_ns, Ordering::Relaxed);
     }
 
-    fn stop(&self) {
+    /// Ends the call; whether it ran out of budget.
+    fn stop(&self) -> bool {
         self.check_at.store(0, Ordering::Relaxed);
+        self.tripped.load(Ordering::Relaxed)
     }
 
     /// Whether the running call has spent its budget.
@@ -261,6 +294,7 @@ impl CallBudget {
         }
         let used = thread_cpu_ns().saturating_sub(self.cpu_start.load(Ordering::Relaxed));
         if used >= self.budget_ns {
+            self.tripped.store(true, Ordering::Relaxed);
             return true;
         }
         self.check_at
@@ -268,6 +302,10 @@ impl CallBudget {
         false
     }
 }
+
+/// What one event costs besides its fields (its allocation, metadata and
+/// map), roughly: about what the HTTP source measures for a tiny event.
+const EVENT_BYTES: usize = 256;
 
 /// Where a worker keeps the script's `process` (as defined when the script
 /// was loaded) and the `ctx` object it passes.
@@ -339,22 +377,48 @@ impl JsWorker {
             .map_err(|e| e.to_string())?;
             cx_object.set("log", log).map_err(|e| e.to_string())?;
 
+            // Taken before the script runs, so it cannot disguise them.
+            let refused_kinds = [
+                ("async function(){}", "an async function"),
+                ("function*(){}", "a generator function"),
+                ("async function*(){}", "an async generator function"),
+            ]
+            .map(|(example, name)| {
+                ctx.eval::<Function, _>(format!("({example})"))
+                    .ok()
+                    .and_then(|f| f.as_object().and_then(Object::get_prototype))
+                    .map(|proto| (proto.into_value(), name))
+            });
+            let timeout_ms = options.timeout_ms;
+            let timed = |what: &str, outcome: Result<Value, CaughtError<'_>>| {
+                let described = outcome.map(|_| ()).map_err(|e| describe(e, what, 0));
+                if budget.stop() {
+                    return Err(format!("{what}: ran past timeout_ms ({timeout_ms} ms) and was stopped"));
+                }
+                described
+            };
             budget.start();
             let evaluated = ctx.eval::<Value, _>(source).catch(&ctx);
-            budget.stop();
-            evaluated.map_err(|e| describe(e, "evaluating the script failed", 0))?;
+            timed("evaluating the script failed", evaluated)?;
             let globals = ctx.globals();
             let process: Function = match globals.get::<_, Value>("process") {
                 Ok(v) if v.is_function() => v.into_function().expect("is a function"),
                 _ => return Err("the script defines no `process(event, ctx)` function".into()),
             };
+            let prototype = process.as_object().and_then(Object::get_prototype);
+            if let Some((_, kind)) = refused_kinds.iter().flatten().find(|(refused, _)| {
+                prototype.as_ref().is_some_and(|p| p.as_value() == refused)
+            }) {
+                return Err(format!(
+                    "`process` is {kind}; it must be a plain function that returns its result (async and generator functions are not supported)"
+                ));
+            }
             if let Ok(init) = globals.get::<_, Value>("init")
                 && let Some(init) = init.into_function()
             {
                 budget.start();
                 let done = init.call::<_, Value>((cx_object.clone(),)).catch(&ctx);
-                budget.stop();
-                done.map_err(|e| describe(e, "init() failed", 0))?;
+                timed("init() failed", done)?;
             }
             // Kept on the global object under names no script uses by
             // accident (a script that goes looking only affects itself):
@@ -400,6 +464,9 @@ impl Processor for JsWorker {
 }
 
 impl JsWorker {
+    /// One call of `process`, with the CPU budget armed from the call
+    /// until its result is read back or its error described: getters,
+    /// Proxy traps and `toString` run script code in both.
     fn call<'js>(&self, ctx: &Ctx<'js>, event: &mut Event) -> Result<Verdict, EventError> {
         if let Payload::Raw(bytes) = event.payload() {
             let mut map = Fields::new();
@@ -420,37 +487,44 @@ impl JsWorker {
         let cx_object: Object = globals
             .get(HIDDEN_CTX)
             .map_err(|e| EventError::new(e.to_string()))?;
+        let spent = || self.budget.spent();
+        let limits = ReadLimits::new(self.memory_limit as usize, &spent);
         self.budget.start();
+        let outcome = self.call_and_read(ctx, event, &process, cx_object, &proxy, &state, &limits);
+        self.lazy.end(&state);
+        if self.budget.stop() {
+            return Err(EventError::new(format!(
+                "process() ran past timeout_ms ({} ms) and was stopped",
+                self.timeout.as_millis()
+            )));
+        }
+        outcome
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn call_and_read<'js>(
+        &self,
+        ctx: &Ctx<'js>,
+        event: &mut Event,
+        process: &Function<'js>,
+        cx_object: Object<'js>,
+        proxy: &Value<'js>,
+        state: &Object<'js>,
+        limits: &ReadLimits<'_>,
+    ) -> Result<Verdict, EventError> {
         let result = process
             .call::<_, Value>((proxy.clone(), cx_object))
-            .catch(ctx);
-        self.budget.stop();
-        let result = match result {
-            Ok(r) => r,
-            Err(e) => {
-                self.lazy.end(&state);
-                let text = describe(e, "process() threw", 0);
-                return Err(if text.contains("interrupted") {
-                    EventError::new(format!(
-                        "process() ran past timeout_ms ({} ms) and was stopped",
-                        self.timeout.as_millis()
-                    ))
-                } else {
-                    EventError::new(text)
-                });
-            }
-        };
-        if result == proxy {
+            .catch(ctx)
+            .map_err(|e| EventError::new(describe(e, "process() threw", 0)))?;
+        if result == *proxy {
             // The common case: the event came back. Let go of the proxy's
             // reference first, so the change does not copy the event.
-            self.lazy.end(&state);
+            self.lazy.end(state);
             let fields = event.fields_mut().expect("made fields above");
-            apply(&state, &proxy, fields).map_err(|e| EventError::new(e.0))?;
+            apply(state, proxy, fields, limits).map_err(|e| EventError::new(e.0))?;
             return Ok(Verdict::Keep);
         }
-        let verdict = self.verdict(event, result, &proxy);
-        self.lazy.end(&state);
-        verdict
+        self.verdict(event, result, proxy, limits)
     }
 
     fn verdict<'js>(
@@ -458,8 +532,10 @@ impl JsWorker {
         event: &mut Event,
         result: Value<'js>,
         proxy: &Value<'js>,
+        limits: &ReadLimits<'_>,
     ) -> Result<Verdict, EventError> {
         let walk = Walk {
+            limits,
             proxy: Some(proxy),
             inside_proxy: false,
         };
@@ -467,12 +543,17 @@ impl JsWorker {
             return Ok(Verdict::Discard);
         }
         if let Some(array) = result.as_array() {
-            let mut out = Vec::with_capacity(array.len());
-            for (i, item) in array.iter::<Value>().enumerate() {
+            // The length is the script's to choose: grow as items are read.
+            let mut out = Vec::new();
+            let items = array_items(array).map_err(|e| EventError::new(e.to_string()))?;
+            for (i, item) in items.enumerate() {
+                limits
+                    .charge(EVENT_BYTES)
+                    .map_err(|e| EventError::new(e.0))?;
                 let item = item.map_err(|e| EventError::new(e.to_string()))?;
                 let Some(object) = item
                     .as_object()
-                    .filter(|_| !item.is_array() && !item.is_function())
+                    .filter(|_| !item.is_array() && !item.is_function() && !item.is_promise())
                 else {
                     return Err(EventError::new(format!(
                         "process() returned an array whose item {i} is {}; expected objects",
@@ -485,7 +566,7 @@ impl JsWorker {
             return Ok(Verdict::Replace(out));
         }
         match result.as_object() {
-            Some(object) if !result.is_function() => {
+            Some(object) if !result.is_function() && !result.is_promise() => {
                 let fields = object_from_js(object, 0, walk).map_err(|e| EventError::new(e.0))?;
                 *event.payload_mut() = Payload::Fields(fields);
                 Ok(Verdict::Keep)
@@ -501,10 +582,13 @@ impl JsWorker {
 fn type_name(v: &Value<'_>) -> String {
     match v.type_of() {
         rquickjs::Type::Int | rquickjs::Type::Float => "a number".into(),
+        rquickjs::Type::Undefined => "undefined".into(),
+        rquickjs::Type::Null => "null".into(),
         rquickjs::Type::String => "a string".into(),
         rquickjs::Type::Bool => "a boolean".into(),
         rquickjs::Type::Function | rquickjs::Type::Constructor => "a function".into(),
         rquickjs::Type::Array => "an array".into(),
+        rquickjs::Type::Promise => "a Promise (process() must not be async)".into(),
         other => format!("a {other:?}").to_lowercase(),
     }
 }

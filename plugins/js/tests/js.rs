@@ -364,3 +364,144 @@ fn a_shared_event_is_not_changed_for_other_readers() {
         "fan-out copies on write"
     );
 }
+
+/// Runs `process` on an empty event in a thread and gives up (failing the
+/// test rather than hanging it) after 20 s.
+fn process_within(script: &str, timeout_ms: u64) -> Result<Verdict, String> {
+    let script = script.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut p =
+            build(json!({"script": script, "timeout_ms": timeout_ms, "memory_limit_mb": 32}));
+        let first = p.process(&mut event(json!({}))).map_err(|e| e.0);
+        // The worker is still usable afterwards.
+        let mut ok = event(json!({"ok": 1}));
+        let again = p.process(&mut ok).map_err(|e| e.0);
+        let _ = tx.send((
+            first,
+            again.is_ok() || again.as_ref().is_err_and(|e| !e.contains("panicked")),
+        ));
+    });
+    let (first, usable) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the call hung past 20 s");
+    assert!(usable, "the worker is usable after {first:?}");
+    first
+}
+
+/// Sparse arrays: a length costs QuickJS nothing, but read back naively
+/// it is a `Vec` of that many values (154 GB for 2³¹−1, an abort).
+#[test]
+fn sparse_arrays_are_refused_within_the_memory_limit() {
+    for length in ["2**31 - 1", "1e8", "2**32 - 1"] {
+        for (how, body) in [
+            (
+                "set on the event",
+                format!("const a = []; a.length = {length}; e.big = a; return e;"),
+            ),
+            (
+                "in a new object",
+                format!("const a = []; a.length = {length}; return {{big: a}};"),
+            ),
+            (
+                "as the result",
+                format!("const a = []; a.length = {length}; return a;"),
+            ),
+        ] {
+            let script = format!("function process(e) {{ {body} }}");
+            let err = process_within(&script, 1000).unwrap_err();
+            eprintln!("{length} {how}: {err}");
+            assert!(
+                err.contains("memory_limit_mb")
+                    || err.contains("timeout_ms")
+                    || err.contains("item 0"),
+                "{length} {how}: {err}"
+            );
+        }
+    }
+}
+
+/// The CPU budget stays armed while the result is read and while an error
+/// is described: a getter, a Proxy trap or a thrown object's `toString`
+/// that loops is stopped like a loop in `process` itself.
+#[test]
+fn the_budget_covers_reading_the_result_and_describing_errors() {
+    for script in [
+        "function process(e) { return { get x() { while (true) {} } }; }",
+        "function process(e) { return new Proxy({}, { ownKeys() { while (true) {} } }); }",
+        "function process(e) { e.x = { get y() { while (true) {} } }; return e; }",
+        "function process(e) { throw { toString() { while (true) {} } }; }",
+        "function process(e) { const x = new Error('m'); Object.defineProperty(x, 'message', { get() { while (true) {} } }); throw x; }",
+        "function process(e) { return [{ get z() { while (true) {} } }]; }",
+    ] {
+        let began = Instant::now();
+        let err = process_within(script, 50).unwrap_err();
+        assert!(began.elapsed() < Duration::from_secs(10), "{script}");
+        assert!(
+            err.contains("timeout_ms") || err.contains("interrupted"),
+            "{script}: {err}"
+        );
+    }
+}
+
+/// Checking the syntax compiles the script without running any of it,
+/// even when the text tries to close a wrapper and run code.
+#[test]
+fn the_syntax_check_never_runs_the_script() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let check = syntax_check("}); while(true){} (function(){");
+        let built = Typed(JsTransform)
+            .build(
+                &json!({"script": "function process(e) { return e; } while (true) {}", "timeout_ms": 20}),
+                &cx(std::path::Path::new(".")),
+            )
+            .err()
+            .map(|e| e[0].message.clone());
+        let _ = tx.send((check, built));
+    });
+    let (check, built) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the syntax check hung");
+    assert!(check.unwrap_err().contains("SyntaxError"));
+    // Running the top level at build is under the budget too.
+    let built = built.expect("an endless top level fails the build");
+    assert!(built.contains("timeout_ms"), "{built}");
+    // Still: a top level that would loop compiles fine.
+    syntax_check("while (true) {}").unwrap();
+}
+
+#[test]
+fn an_async_or_generator_process_is_refused_at_build() {
+    for script in [
+        "async function process(e) { return e; }",
+        "var process = async (e) => e;",
+        "function* process(e) { yield e; }",
+        "async function* process(e) { yield e; }",
+    ] {
+        let err = build_err(json!({ "script": script }));
+        assert!(
+            err.contains("async") || err.contains("generator"),
+            "{script}: {err}"
+        );
+    }
+    // A plain function that returns a promise is an error per event.
+    let mut p = build(json!({"script": "function process(e) { return Promise.resolve(e); }"}));
+    let err = p.process(&mut event(json!({}))).unwrap_err();
+    assert!(err.0.contains("Promise"), "{err}");
+}
+
+/// Many small events from one call are charged too: a million empty
+/// objects fit QuickJS's heap but not the read-back allowance.
+#[test]
+fn many_returned_events_are_charged_against_the_memory_limit() {
+    let err = process_within(
+        "function process(e) { const o = {}; return new Array(1000000).fill(o); }",
+        5000,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("more than memory_limit_mb (32 MiB) as event fields"),
+        "{err}"
+    );
+}
