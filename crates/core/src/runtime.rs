@@ -28,7 +28,7 @@ use logbus_plugin_api::{
     BuildContext, Built, CancellationToken, ChannelHandle, EventError, Interrupt, Outcome, Output,
     OutputRole, OutputTargets, Processor, Receiver, Sender, Sink, SinkContext, Source,
     SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, attach_error,
-    channel_with_batch, channel_with_latency, durable_channel, local_channel,
+    channel_with_batch, channel_with_latency, durable_channel, local_channel, panic_message,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -848,14 +848,7 @@ async fn guard(fut: impl Future<Output = Result<(), StageError>>) -> Result<(), 
     match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
-        Err(panic) => Err(format!(
-            "panicked: {}",
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into())
-        )),
+        Err(panic) => Err(format!("panicked: {}", panic_message(panic.as_ref()))),
     }
 }
 
@@ -1042,7 +1035,19 @@ impl ProcessorStage {
             // rejected. An event dropped any other way (`on_error: fail`
             // leaves the rest of the batch) counts as errored.
             for mut event in events.by_ref() {
-                match self.processor.process(&mut event) {
+                // A panic on one event (often inside a third-party decoder
+                // meeting input it never expected) is that event's error,
+                // handled by `on_error`, not the end of the stage.
+                let verdict = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.processor.process(&mut event)
+                }))
+                .unwrap_or_else(|panic| {
+                    Err(EventError::new(format!(
+                        "panicked on this event: {}",
+                        panic_message(panic.as_ref())
+                    )))
+                });
+                match verdict {
                     Ok(Verdict::Keep) => out.push(event),
                     Ok(Verdict::Discard) => {
                         event.settle(Outcome::Delivered);

@@ -40,7 +40,7 @@ pub use output::{Output, OutputRole, OutputTargets, Tap};
 pub use plugin::{
     BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, Plugin, Processor, Sink,
     SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin, Verdict,
-    attach_error, closest, parse_options, path_segments,
+    attach_error, closest, panic_message, parse_options, path_segments,
 };
 pub use registry::Registry;
 pub use schemars;

@@ -109,6 +109,17 @@ impl EventError {
     }
 }
 
+/// The text a panic carried (`panic!` with a literal or a formatted
+/// message), for turning a caught panic into an error that says what
+/// happened.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 /// What a processor did with one event.
 #[derive(Debug)]
 pub enum Verdict {

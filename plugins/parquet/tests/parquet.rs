@@ -168,3 +168,25 @@ fn a_given_schema_types_the_columns_and_refuses_misfits() {
     let bad = json!({"seq": "int128"});
     assert!(GivenSchema::parse(bad.as_object().unwrap()).is_err());
 }
+
+/// Files on which the parquet/arrow crates panic (one of each kind found by
+/// mutating pyarrow's output): each is an error naming the failure, not a
+/// panic that would take the stage down.
+#[test]
+fn files_that_make_the_library_panic_are_errors() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/panics");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = Bytes::from(std::fs::read(&path).unwrap());
+        let err = decode(bytes).expect_err("a damaged file is an error");
+        assert!(
+            err.starts_with("the Parquet reader failed on this file: ")
+                && err.contains("(reading at byte "),
+            "{}: {err}",
+            path.display()
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 12);
+}

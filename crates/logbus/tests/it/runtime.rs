@@ -231,14 +231,49 @@ async fn invalid_json_with_fail_stops_the_stage_and_drains() {
     assert!(!report.is_clean());
 }
 
+/// A processor's panic on one event (a third-party decoder meeting input
+/// it never expected) is that event's error, handled by `on_error`: routed
+/// here, and every other event goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_stage_is_a_reported_failure_not_a_crash() {
+async fn a_panic_on_one_event_is_that_events_error() {
     let plugins = TestPlugins::default();
     let report = run(
         "settings: { channel_capacity: 8 }\nstages:
   gen: { source: generator, count: 5000, template: '{\"seq\":{{seq}}}', batch_size: 4 }
   json: { parser: json, inputs: [gen] }
-  cursed: { transform: panic_on_seq_7, inputs: [json] }
+  cursed: { transform: panic_on_seq_7, inputs: [json], on_error: route }
+  out: { sink: collect, inputs: [cursed] }
+  bad: { sink: collect, inputs: [cursed.errors] }
+",
+        &plugins,
+    )
+    .await;
+    assert!(report.failures.is_empty(), "{report}");
+    assert_eq!(plugins.events("out").len(), 4999);
+    let bad = plugins.events("bad");
+    assert_eq!(bad.len(), 1);
+    let error = &bad[0].as_fields().unwrap()["_error"];
+    assert_eq!(error["stage"], "cursed");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("panicked on this event: seq 7 is cursed"),
+        "{error}"
+    );
+    assert_eq!(report.totals.lost, 0, "{report}");
+}
+
+/// With `on_error: fail` the panic fails the stage, reported by name, and
+/// the rest drains without loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_with_on_error_fail_is_a_reported_failure_not_a_crash() {
+    let plugins = TestPlugins::default();
+    let report = run(
+        "settings: { channel_capacity: 8 }\nstages:
+  gen: { source: generator, count: 5000, template: '{\"seq\":{{seq}}}', batch_size: 4 }
+  json: { parser: json, inputs: [gen] }
+  cursed: { transform: panic_on_seq_7, inputs: [json], on_error: fail }
   out: { sink: collect, inputs: [cursed] }
 ",
         &plugins,
