@@ -212,6 +212,12 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                         .as_ref()
                         .and_then(|a| a.token.clone())
                         .or_else(|| std::env::var("LOGBUS_API_TOKEN").ok()),
+                    allowed_hosts: pipeline
+                        .settings
+                        .api
+                        .as_ref()
+                        .map(|a| a.allowed_hosts.clone())
+                        .unwrap_or_default(),
                 }),
                 None => pipeline.settings.api.clone(),
             };
@@ -520,17 +526,18 @@ fn spawn_api(
         tracing::warn!("the API on {addr} is served without TLS; put a TLS proxy in front");
     }
     let (file, reloader) = (pipeline.path.clone(), running.reloader());
-    let state = logbus_api::ApiState {
-        stats: running.stats(),
-        token: api.token,
-        reload: std::sync::Arc::new(move || {
+    let state = logbus_api::ApiState::new(
+        running.stats(),
+        std::sync::Arc::new(move || {
             let (file, reloader) = (file.clone(), reloader.clone());
             Box::pin(async move {
                 let summary = reload_from_file(&file, &reloader).await?;
                 serde_json::to_value(summary).map_err(|e| e.to_string())
             })
         }),
-    };
+        api.token,
+        api.allowed_hosts,
+    );
     tracing::info!("API listening on http://{addr}");
     tokio::spawn(async move {
         if let Err(e) = logbus_api::serve(listener, state).await {

@@ -45,6 +45,12 @@ pub struct ApiSettings {
     /// Bearer token every request must present (`Authorization: Bearer ...`).
     #[serde(default)]
     pub token: Option<String>,
+    /// Host names requests may name in `Host` besides IP addresses and
+    /// `localhost` (a name behind a proxy, the machine's name). Any other
+    /// name is refused, so a web page cannot reach the API by pointing a
+    /// name of its own at 127.0.0.1 (DNS rebinding).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Shortest API token accepted: a short token can be guessed, and a token

@@ -176,7 +176,11 @@ fn metrics_stats_graph_stream_and_reload() {
     // Server-sent stats: the first event comes at once.
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET /api/stats/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )
+    .unwrap();
     let mut buf = vec![0u8; 8192];
     let mut got = String::new();
     while !got.contains("data: {") {
@@ -255,11 +259,15 @@ fn metrics_stats_graph_stream_and_reload() {
 fn a_client_that_never_reads_does_not_slow_the_pipeline() {
     let dir = tempfile::tempdir().unwrap();
     let (child, port) = start(dir.path(), &PIPELINE.replace("rate: 5000", "rate: 0"), &[]);
-    // Many stream subscribers that never read a byte.
-    let stuck: Vec<TcpStream> = (0..20)
+    // As many stream subscribers as there are slots, never reading a byte.
+    let stuck: Vec<TcpStream> = (0..64)
         .map(|_| {
             let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            write!(s, "GET /api/stats/stream HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            write!(
+                s,
+                "GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            )
+            .unwrap();
             s
         })
         .collect();
@@ -268,6 +276,27 @@ fn a_client_that_never_reads_does_not_slow_the_pipeline() {
         metric(&text, "logbus_events_out_total{stage=\"out\"}")
     };
     let before = committed(port);
+    // One more is told to come back later, once the 64 hold their slots.
+    let began = Instant::now();
+    let head = loop {
+        // Only the head: a stream that got a slot never ends.
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if head.starts_with("HTTP/1.1 429") || began.elapsed() > Duration::from_secs(10) {
+            break head;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(head.contains("retry-after: 1"), "{head}");
     let start = Instant::now();
     while committed(port) < before + 200_000.0 {
         assert!(
@@ -434,4 +463,138 @@ fn top_and_metrics_show_a_sources_acknowledgements() {
     );
     assert!(!frame.contains("acknowledgements out:"), "{frame}");
     stop(engine);
+}
+
+/// One request with the given head lines; the status and body.
+fn request(port: u16, method: &str, path: &str, headers: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// DNS rebinding and cross-site forgery against a token-less API on
+/// loopback: a request naming a host the API does not answer to is
+/// refused, and so is a state change from another origin or shaped as a
+/// form; the API's own addresses, `localhost` and configured names work.
+#[test]
+fn host_and_origin_checks_stop_other_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let yml = format!(
+        "settings: {{ api: {{ listen: '127.0.0.1:1', allowed_hosts: [logs.internal] }} }}\n{}",
+        PIPELINE.trim_start_matches("settings: { channel_capacity: 256 }\n")
+    );
+    let (child, port) = start(dir.path(), &yml, &[]);
+    for path in [
+        "/api/tap?stage=json&wait_ms=10",
+        "/api/stats",
+        "/metrics",
+        "/",
+    ] {
+        let (status, body) = request(port, "GET", path, "Host: evil.example\r\n");
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(body.contains("Host `evil.example`"), "{body}");
+        let (status, _) = request(port, "GET", path, &format!("Host: evil.example:{port}\r\n"));
+        assert_eq!(status, 403, "{path} with a port");
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "localhost".to_string(),
+        format!("[::1]:{port}"),
+        format!("LOGS.internal:{port}"),
+    ] {
+        let (status, body) = request(port, "GET", "/api/stats", &format!("Host: {host}\r\n"));
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+    let host = format!("Host: 127.0.0.1:{port}\r\n");
+    let (status, body) = request(
+        port,
+        "POST",
+        "/api/reload",
+        &format!("{host}Origin: http://evil.example\r\n"),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("origin `http://evil.example`"), "{body}");
+    for form in [
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "text/plain",
+    ] {
+        let (status, body) = request(
+            port,
+            "POST",
+            "/api/reload",
+            &format!("{host}Content-Type: {form}\r\n"),
+        );
+        assert_eq!(status, 403, "{form}: {body}");
+    }
+    // The same origin, and a client that sends no Origin (curl), may.
+    let (status, body) = request(
+        port,
+        "POST",
+        "/api/reload",
+        &format!("{host}Origin: http://127.0.0.1:{port}\r\nContent-Type: application/json\r\n"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = request(port, "POST", "/api/reload", &host);
+    assert_eq!(status, 200, "{body}");
+    stop(child);
+}
+
+/// Taps hold events per client: at most 16 run at once and the 17th is
+/// told to come back (429, Retry-After); a slot comes free when a tap ends.
+#[test]
+fn taps_have_a_fixed_number_of_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    // One event a second: a tap of 10 waits its full wait_ms.
+    let yml = "stages:\n  gen: { source: generator, rate: 1 }\n  out: { sink: blackhole, inputs: [gen] }\n";
+    let (child, port) = start(dir.path(), yml, &[]);
+    let (status, body) = http(port, "GET", "/api/tap?stage=gen&wait_ms=1", None);
+    assert_eq!(status, 200, "{body}");
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let holders: Vec<_> = (0..16)
+        .map(|_| {
+            let started_tx = started_tx.clone();
+            std::thread::spawn(move || {
+                started_tx.send(()).unwrap();
+                // The prober below may hold a slot for a moment: retry.
+                loop {
+                    let (status, _) = http(port, "GET", "/api/tap?stage=gen&wait_ms=3000", None);
+                    if status != 429 {
+                        return status;
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..16 {
+        started_rx.recv().unwrap();
+    }
+    // Until the server holds all 16 slots, a short tap still gets one.
+    let began = Instant::now();
+    let (status, body) = loop {
+        let (status, body) = http(port, "GET", "/api/tap?stage=gen&wait_ms=1", None);
+        if status == 429 || began.elapsed() > Duration::from_secs(2) {
+            break (status, body);
+        }
+    };
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("16 taps are open already"), "{body}");
+    let codes: Vec<u16> = holders.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(codes.iter().all(|&c| c == 200), "{codes:?}");
+    let (status, body) = http(port, "GET", "/api/tap?stage=gen&wait_ms=1", None);
+    assert_eq!(status, 200, "a slot is free again: {body}");
+    stop(child);
 }
