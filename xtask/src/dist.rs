@@ -173,7 +173,23 @@ pub fn dist(root: &Path, profile: &str, plugins: Option<&str>) -> anyhow::Result
         })
         .unwrap_or_default();
     let size = std::fs::metadata(&binary)?.len();
-    let (startup, idle_rss) = measure(&binary, &out_dir)?;
+    // The measurement pipeline reads stdin and writes stdout; a build
+    // without either plugin is reported without it, saying why.
+    let missing: Vec<&str> = ["source stdin", "sink stdout"]
+        .into_iter()
+        .filter(|needed| !names.iter().any(|n| n == needed))
+        .collect();
+    let measured = if missing.is_empty() {
+        Some(measure(&binary, &out_dir)?)
+    } else {
+        None
+    };
+    let not_measured = (!missing.is_empty()).then(|| {
+        format!(
+            "start-up and idle RSS are measured with a stdin → stdout pipeline; this build has no {}",
+            missing.join(" and no ")
+        )
+    });
     let manifest = serde_json::json!({
         "binary": binary.file_name().map(|n| n.to_string_lossy().to_string()),
         "target": triple,
@@ -181,18 +197,26 @@ pub fn dist(root: &Path, profile: &str, plugins: Option<&str>) -> anyhow::Result
         "plugins": names,
         "size_bytes": size,
         "statically_linked": is_static,
-        "startup_to_exit_ms_median": startup.as_secs_f64() * 1000.0,
-        "idle_rss_bytes": idle_rss,
+        "startup_to_exit_ms_median": measured.map(|(startup, _)| startup.as_secs_f64() * 1000.0),
+        "idle_rss_bytes": measured.map(|(_, rss)| rss),
+        "not_measured": not_measured,
     });
     let manifest_path = out_dir.join(format!("logbus-{label}.json"));
     std::fs::write(&manifest_path, serde_json::to_string_pretty(&manifest)?)?;
+    let figures = match (measured, &not_measured) {
+        (Some((startup, idle_rss)), _) => format!(
+            "start to first event and exit {:.1} ms (median of 21); idle RSS {:.1} MiB",
+            startup.as_secs_f64() * 1000.0,
+            idle_rss as f64 / 1048576.0
+        ),
+        (None, Some(why)) => format!("not measured: {why}"),
+        (None, None) => unreachable!("measured unless something is missing"),
+    };
     println!(
-        "{}: {:.1} MiB, static, {} plugins; start to first event and exit {:.1} ms (median of 21); idle RSS {:.1} MiB\nmanifest: {}",
+        "{}: {:.1} MiB, static, {} plugins; {figures}\nmanifest: {}",
         binary.display(),
         size as f64 / 1048576.0,
         names.len(),
-        startup.as_secs_f64() * 1000.0,
-        idle_rss as f64 / 1048576.0,
         manifest_path.display()
     );
     Ok(())

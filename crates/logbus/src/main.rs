@@ -302,10 +302,10 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
 
 /// `logbus fmt`.
 fn fmt_file(file: &Path, write: bool, check: bool) -> anyhow::Result<ExitCode> {
-    let text = match std::fs::read_to_string(file) {
+    let text = match logbus_core::config::read_text(file) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("logbus: cannot read {}: {e}", file.display());
+            eprintln!("logbus: {e}");
             return Ok(ExitCode::from(2));
         }
     };

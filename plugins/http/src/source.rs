@@ -29,6 +29,7 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use logbus_connections::{Closed, Connection, ConnectionTable, Limits};
 use logbus_plugin_api::{
     AckReceiver, BatchAck, BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError,
     Outcome, Output, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
@@ -100,6 +101,32 @@ pub struct HttpSourceOptions {
     #[serde(default = "default_ack_timeout")]
     #[schemars(range(min = 1, max = 3600000))]
     pub ack_timeout_ms: u64,
+    /// Connections open at once. When all are taken, the one idle longest
+    /// is closed to admit a new one; only when every one is serving a
+    /// request is the new one closed.
+    #[serde(default = "default_max_connections")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub max_connections: usize,
+    /// A connection with no request in progress and no bytes moving for
+    /// this long is closed, milliseconds.
+    #[serde(default = "default_idle_timeout")]
+    #[schemars(range(min = 1, max = 3600000))]
+    pub idle_timeout_ms: u64,
+    /// How long a client may take to send a request's headers (the
+    /// connection is closed beyond), milliseconds.
+    #[serde(default = "default_header_timeout")]
+    #[schemars(range(min = 1, max = 600000))]
+    pub header_timeout_ms: u64,
+}
+
+fn default_max_connections() -> usize {
+    1024
+}
+fn default_idle_timeout() -> u64 {
+    60_000
+}
+fn default_header_timeout() -> u64 {
+    10_000
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -194,6 +221,18 @@ impl CheckOptions for HttpSourceOptions {
         if self.bearer_token.as_deref() == Some("") {
             errors.push(OptionError::at(&["bearer_token"], "must not be empty"));
         }
+        for (name, value, max) in [
+            ("max_connections", self.max_connections as u64, 65_536),
+            ("idle_timeout_ms", self.idle_timeout_ms, 3_600_000),
+            ("header_timeout_ms", self.header_timeout_ms, 600_000),
+        ] {
+            if !(1..=max).contains(&value) {
+                errors.push(OptionError::at(
+                    &[name],
+                    format!("must be between 1 and {max}, got {value}"),
+                ));
+            }
+        }
         errors
     }
 }
@@ -232,88 +271,6 @@ struct Server {
     tls: Option<logbus_tls::TlsAcceptor>,
 }
 
-/// Accepts TCP connections and completes TLS handshakes concurrently (each
-/// bounded by a timeout) before axum sees them, so a client that stalls
-/// its handshake delays nobody else.
-struct TlsListener {
-    local: SocketAddr,
-    ready: tokio::sync::mpsc::Receiver<(TlsStream, SocketAddr)>,
-    acceptor_task: tokio::task::JoinHandle<()>,
-}
-
-type TlsStream = logbus_tls::tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-
-/// At most this many handshakes in progress; more connections wait in the
-/// kernel's accept queue.
-const MAX_HANDSHAKES: usize = 64;
-
-impl TlsListener {
-    fn new(
-        tcp: tokio::net::TcpListener,
-        acceptor: logbus_tls::TlsAcceptor,
-    ) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let (tx, ready) = tokio::sync::mpsc::channel(MAX_HANDSHAKES);
-        let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-        let acceptor_task = tokio::spawn(async move {
-            loop {
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!("accepting a connection: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    let handshake =
-                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream));
-                    match handshake.await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::warn!(%peer, "TLS handshake failed: {e}"),
-                        Err(_) => tracing::warn!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener {
-            local,
-            ready,
-            acceptor_task,
-        })
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.acceptor_task.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(conn) => conn,
-            // The accept task never ends while the listener lives.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
-}
-
 struct Shared {
     options: HttpSourceOptions,
     output: Output,
@@ -330,6 +287,11 @@ impl Source for Server {
         tracing::info!(address = %self.address, tls = self.tls.is_some(), "HTTP source listening");
         let path = self.options.path.clone();
         let max = self.options.max_body_bytes;
+        let (options_max_connections, idle_timeout_ms, header_timeout_ms) = (
+            self.options.max_connections,
+            self.options.idle_timeout_ms,
+            self.options.header_timeout_ms,
+        );
         let shared = Arc::new(Shared {
             slots: Semaphore::new(self.options.max_concurrent_requests),
             options: self.options,
@@ -343,22 +305,152 @@ impl Source for Server {
             // raw limit only stops an oversized upload early.
             .layer(DefaultBodyLimit::max(max))
             .with_state(shared);
-        let shutdown = cx.shutdown.clone();
-        let stop = async move { shutdown.cancelled().await };
-        match self.tls {
-            None => axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
-                .map_err(|e| StageError::io("serving HTTP", e)),
-            Some(acceptor) => axum::serve(
-                TlsListener::new(listener, acceptor)
-                    .map_err(|e| StageError::io("serving HTTPS", e))?,
-                app,
-            )
-            .with_graceful_shutdown(stop)
-            .await
-            .map_err(|e| StageError::io("serving HTTPS", e)),
+        let connections = ConnectionTable::new(Limits {
+            max_connections: options_max_connections,
+            idle_timeout: Duration::from_millis(idle_timeout_ms),
+        });
+        let server = Connections {
+            app,
+            tls: self.tls,
+            table: connections,
+            header_timeout: Duration::from_millis(header_timeout_ms),
+            shutdown: cx.shutdown.clone(),
+        };
+        server.serve(listener).await;
+        Ok(())
+    }
+}
+
+/// The accept loop: every connection takes a slot in the table (which
+/// closes the longest-idle one when full), completes its TLS handshake
+/// (bounded) in its own task, and is served by hyper with a header read
+/// timeout. A connection is busy while a request on it is being handled.
+struct Connections {
+    app: axum::Router,
+    tls: Option<logbus_tls::TlsAcceptor>,
+    table: ConnectionTable,
+    header_timeout: Duration,
+    shutdown: logbus_plugin_api::CancellationToken,
+}
+
+/// Longest a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Connections {
+    async fn serve(self, listener: tokio::net::TcpListener) {
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            let accepted = tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                a = listener.accept() => a,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = self.table.admit() else {
+                tracing::warn!(%peer, "every connection is serving a request; closing this one");
+                continue;
+            };
+            let (app, tls, header_timeout, shutdown) = (
+                self.app.clone(),
+                self.tls.clone(),
+                self.header_timeout,
+                self.shutdown.clone(),
+            );
+            tasks.spawn(async move {
+                let slot = Arc::new(slot);
+                let stream = slot.watch(stream);
+                match tls {
+                    None => {
+                        serve_connection(stream, peer, slot, app, header_timeout, shutdown).await
+                    }
+                    Some(acceptor) => {
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+                        {
+                            Ok(Ok(tls)) => {
+                                serve_connection(tls, peer, slot, app, header_timeout, shutdown)
+                                    .await
+                            }
+                            Ok(Err(e)) => tracing::warn!(%peer, "TLS handshake failed: {e}"),
+                            Err(_) => tracing::warn!(%peer, "TLS handshake timed out"),
+                        }
+                    }
+                }
+            });
+            while tasks.try_join_next().is_some() {}
         }
+        // Stopping: each connection finishes the request it is serving.
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Serves one connection until the client closes it, it stays idle, its
+/// slot goes to a newcomer, or the source stops; the last three let the
+/// request in progress (if any) finish first.
+async fn serve_connection<S>(
+    stream: S,
+    peer: SocketAddr,
+    slot: Arc<Connection>,
+    app: axum::Router,
+    header_timeout: Duration,
+    shutdown: logbus_plugin_api::CancellationToken,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = Handled {
+        app,
+        slot: slot.clone(),
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        done = conn.as_mut() => {
+            if let Err(e) = done {
+                tracing::debug!(%peer, "HTTP connection ended: {e}");
+            }
+            return;
+        }
+        why = slot.closed() => match why {
+            Closed::Evicted => tracing::info!(%peer, "closing the longest-idle HTTP connection to admit a new one"),
+            Closed::IdleTimeout => tracing::debug!(%peer, "closing an idle HTTP connection"),
+        },
+        _ = shutdown.cancelled() => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+/// The router as hyper's service, marking the connection busy for as long
+/// as a request is being handled.
+#[derive(Clone)]
+struct Handled {
+    app: axum::Router,
+    slot: Arc<Connection>,
+}
+
+impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Handled {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response, std::convert::Infallible>> + Send>,
+    >;
+
+    fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let busy = self.slot.busy();
+        let mut app = self.app.clone();
+        Box::pin(async move {
+            let answer = tower_service::Service::call(&mut app, request.map(Body::new)).await;
+            drop(busy);
+            answer
+        })
     }
 }
 

@@ -18,8 +18,10 @@ use logbus_plugin_api::{
     SourceContext, StageError, StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
+use std::time::Duration;
+
+use logbus_connections::{Closed, Connection, ConnectionTable, Limits};
 use tokio::io::AsyncReadExt;
-use tokio::sync::Semaphore;
 
 use crate::Mode;
 
@@ -51,10 +53,17 @@ pub struct SyslogSourceOptions {
     #[serde(default = "default_max_message")]
     #[schemars(range(min = 1, max = 16777216))]
     pub max_message_bytes: usize,
-    /// TCP only: connections served at once; more are closed on accept.
+    /// TCP only: connections served at once. When all are taken, the one
+    /// idle longest is closed to admit a new one; only when every one is
+    /// busy is the new one closed.
     #[serde(default = "default_max_connections")]
     #[schemars(range(min = 1, max = 65536))]
     pub max_connections: usize,
+    /// TCP only: a connection that sends nothing for this long (and has
+    /// nothing waiting for the pipeline) is closed, milliseconds.
+    #[serde(default = "default_idle_timeout")]
+    #[schemars(range(min = 1, max = 86400000))]
+    pub idle_timeout_ms: u64,
     /// TCP only: serve TLS (RFC 5425) with this certificate and key.
     #[serde(default)]
     pub tls: Option<logbus_tls::ServerTls>,
@@ -65,6 +74,9 @@ fn default_max_message() -> usize {
 }
 fn default_max_connections() -> usize {
     256
+}
+fn default_idle_timeout() -> u64 {
+    3_600_000
 }
 
 impl CheckOptions for SyslogSourceOptions {
@@ -91,8 +103,20 @@ impl CheckOptions for SyslogSourceOptions {
                 "must be at least 1",
             ));
         }
-        if self.max_connections == 0 {
-            errors.push(OptionError::at(&["max_connections"], "must be at least 1"));
+        if !(1..=65_536).contains(&self.max_connections) {
+            errors.push(OptionError::at(
+                &["max_connections"],
+                format!("must be between 1 and 65536, got {}", self.max_connections),
+            ));
+        }
+        if !(1..=86_400_000).contains(&self.idle_timeout_ms) {
+            errors.push(OptionError::at(
+                &["idle_timeout_ms"],
+                format!(
+                    "must be between 1 and 86400000 (a day), got {}",
+                    self.idle_timeout_ms
+                ),
+            ));
         }
         if self.mode == Mode::Udp && self.tls.is_some() {
             errors.push(OptionError::at(&["tls"], "applies only with `mode: tcp`"));
@@ -149,7 +173,10 @@ impl Listener {
             .map_err(|e| StageError::io(format!("listening on tcp {}", self.address), e))?;
         tracing::info!(address = %self.address, "syslog TCP source listening");
         let output = Arc::new(cx.output);
-        let slots = Arc::new(Semaphore::new(self.options.max_connections));
+        let table = ConnectionTable::new(Limits {
+            max_connections: self.options.max_connections,
+            idle_timeout: Duration::from_millis(self.options.idle_timeout_ms),
+        });
         let mut connections = tokio::task::JoinSet::new();
         loop {
             let accepted = tokio::select! {
@@ -163,8 +190,8 @@ impl Listener {
                     continue;
                 }
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::warn!(%peer, "too many connections ({}); closing this one", self.options.max_connections);
+            let Ok(slot) = table.admit() else {
+                tracing::warn!(%peer, "{} connections, all busy; closing this one", self.options.max_connections);
                 drop(stream);
                 continue;
             };
@@ -172,18 +199,24 @@ impl Listener {
             let (framing, max) = (self.options.framing, self.options.max_message_bytes);
             let tls = self.tls.clone();
             connections.spawn(async move {
-                let _slot = slot;
+                let reader = Reader {
+                    peer,
+                    framing,
+                    max,
+                    output: &output,
+                    shutdown: &shutdown,
+                    source: &id,
+                    slot: &slot,
+                };
                 match tls {
-                    None => connection(stream, peer, framing, max, &output, &shutdown, &id).await,
+                    None => reader.run(stream).await,
                     Some(acceptor) => {
                         let handshake = tokio::time::timeout(
                             std::time::Duration::from_secs(10),
                             acceptor.accept(stream),
                         );
                         match handshake.await {
-                            Ok(Ok(tls)) => {
-                                connection(tls, peer, framing, max, &output, &shutdown, &id).await
-                            }
+                            Ok(Ok(tls)) => reader.run(tls).await,
                             Ok(Err(e)) => tracing::warn!(%peer, "TLS handshake failed: {e}"),
                             Err(_) => tracing::warn!(%peer, "TLS handshake timed out"),
                         }
@@ -248,62 +281,86 @@ fn datagram(bytes: &[u8], max: usize, source: &Arc<str>) -> Option<Event> {
     ))
 }
 
-async fn connection(
-    mut stream: impl tokio::io::AsyncRead + Unpin,
+/// One TCP connection's reading, with what it needs.
+struct Reader<'a> {
     peer: SocketAddr,
     framing: TcpFraming,
     max: usize,
-    output: &Output,
-    shutdown: &logbus_plugin_api::CancellationToken,
-    source: &Arc<str>,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut deframer: Option<Deframer> = match framing {
-        TcpFraming::Auto => None,
-        TcpFraming::Newline => Some(Deframer::new(Framing::Newline, max)),
-        TcpFraming::OctetCounting => Some(Deframer::new(Framing::OctetCounting, max)),
-    };
-    let mut messages = Vec::new();
-    loop {
-        let n = tokio::select! {
-            _ = shutdown.cancelled() => 0,
-            r = stream.read(&mut buf) => match r {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::debug!(%peer, "connection read failed: {e}");
+    output: &'a Output,
+    shutdown: &'a logbus_plugin_api::CancellationToken,
+    source: &'a Arc<str>,
+    slot: &'a Connection,
+}
+
+impl Reader<'_> {
+    async fn run(self, mut stream: impl tokio::io::AsyncRead + Unpin) {
+        let Reader {
+            peer,
+            framing,
+            max,
+            output,
+            shutdown,
+            source,
+            slot,
+        } = self;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut deframer: Option<Deframer> = match framing {
+            TcpFraming::Auto => None,
+            TcpFraming::Newline => Some(Deframer::new(Framing::Newline, max)),
+            TcpFraming::OctetCounting => Some(Deframer::new(Framing::OctetCounting, max)),
+        };
+        let mut messages = Vec::new();
+        loop {
+            let n = tokio::select! {
+                _ = shutdown.cancelled() => 0,
+                why = slot.closed() => {
+                    match why {
+                        Closed::Evicted => tracing::info!(%peer, "closing the longest-idle syslog connection to admit a new one"),
+                        Closed::IdleTimeout => tracing::debug!(%peer, "closing an idle syslog connection"),
+                    }
                     0
                 }
-            },
-        };
-        if n == 0 {
-            break;
-        }
-        let d = deframer.get_or_insert_with(|| {
-            let framing = if buf[0].is_ascii_digit() {
-                Framing::OctetCounting
-            } else {
-                Framing::Newline
+                r = stream.read(&mut buf) => match r {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::debug!(%peer, "connection read failed: {e}");
+                        0
+                    }
+                },
             };
-            Deframer::new(framing, max)
-        });
-        if let Err(e) = d.push(&buf[..n], &mut messages) {
-            tracing::warn!(%peer, "closing a syslog connection: {e}");
-            send(output, &mut messages, source).await;
-            return;
+            if n == 0 {
+                break;
+            }
+            slot.touch();
+            // Not idle while its messages wait for the pipeline.
+            let _busy = slot.busy();
+            let d = deframer.get_or_insert_with(|| {
+                let framing = if buf[0].is_ascii_digit() {
+                    Framing::OctetCounting
+                } else {
+                    Framing::Newline
+                };
+                Deframer::new(framing, max)
+            });
+            if let Err(e) = d.push(&buf[..n], &mut messages) {
+                tracing::warn!(%peer, "closing a syslog connection: {e}");
+                send(output, &mut messages, source).await;
+                return;
+            }
+            // The socket is not read again until the pipeline took these.
+            if !send(output, &mut messages, source).await {
+                return;
+            }
         }
-        // The socket is not read again until the pipeline took these.
-        if !send(output, &mut messages, source).await {
-            return;
+        if let Some(d) = deframer.as_mut() {
+            match d.finish() {
+                Ok(Some(last)) => messages.push(last),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%peer, "syslog connection ended badly: {e}"),
+            }
         }
+        send(output, &mut messages, source).await;
     }
-    if let Some(d) = deframer.as_mut() {
-        match d.finish() {
-            Ok(Some(last)) => messages.push(last),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(%peer, "syslog connection ended badly: {e}"),
-        }
-    }
-    send(output, &mut messages, source).await;
 }
 
 /// Sends the messages (trailing `\r`, `\n` and NULs trimmed, empty ones

@@ -41,11 +41,33 @@ pub struct UnreadableFile {
 
 /// Reads and validates a pipeline file, expanding variables from the process environment.
 pub fn load_file(path: &Path, registry: &Registry) -> Result<Loaded, UnreadableFile> {
-    let text = std::fs::read_to_string(path).map_err(|source| UnreadableFile {
+    let text = read_text(path)?;
+    Ok(load_str(&text, path, registry, &|k| std::env::var(k).ok()))
+}
+
+/// A pipeline file's text. A file that is not UTF-8 is refused naming the
+/// first bad byte's line, column and offset (the standard library's
+/// message gives no position).
+pub fn read_text(path: &Path) -> Result<String, UnreadableFile> {
+    let unreadable = |source| UnreadableFile {
         path: path.to_path_buf(),
         source,
-    })?;
-    Ok(load_str(&text, path, registry, &|k| std::env::var(k).ok()))
+    };
+    let bytes = std::fs::read(path).map_err(unreadable)?;
+    String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        let before = std::str::from_utf8(&bytes[..at]).expect("valid up to here");
+        let line = before.matches('\n').count() + 1;
+        let col = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+        unreadable(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "not UTF-8: byte 0x{:02x} at line {line}, column {col} (byte offset {at})",
+                bytes[at]
+            ),
+        ))
+    })
 }
 
 /// Validates pipeline text. `path` is used for relative paths and messages only.
@@ -826,23 +848,31 @@ impl Checker<'_> {
 
         let in_cycle = self.report_cycles(&ids, &edges, &by_id);
 
-        // Stages whose output can never reach a sink.
+        // Stages whose output can never reach a sink: walk the edges
+        // backwards from the sinks, each stage once (linear in the graph).
+        let mut feeders: HashMap<&str, Vec<&str>> = HashMap::new();
+        for (up, downs) in &edges {
+            for down in downs {
+                feeders.entry(down).or_default().push(up);
+            }
+        }
         let mut reaches_sink: HashSet<&str> = stages
             .iter()
             .filter(|s| s.kind == Some(StageKind::Sink))
             .map(|s| s.id.as_str())
             .collect();
-        loop {
-            let before = reaches_sink.len();
-            for (up, downs) in &edges {
-                if downs.iter().any(|d| reaches_sink.contains(d)) {
-                    reaches_sink.insert(up);
+        let mut frontier: Vec<&str> = reaches_sink.iter().copied().collect();
+        while let Some(stage) = frontier.pop() {
+            for &up in feeders.get(stage).map(Vec::as_slice).unwrap_or_default() {
+                if reaches_sink.insert(up) {
+                    frontier.push(up);
                 }
             }
-            if reaches_sink.len() == before {
-                break;
-            }
         }
+        let read: HashSet<&str> = stages
+            .iter()
+            .flat_map(|s| s.inputs.iter().map(|(i, _)| i.as_str()))
+            .collect();
         for s in stages {
             if s.kind.is_some()
                 && !reaches_sink.contains(s.id.as_str())
@@ -859,10 +889,7 @@ impl Checker<'_> {
             }
             if s.on_error == OnError::Route {
                 let name = format!("{}{ERRORS_SUFFIX}", s.id);
-                if !stages
-                    .iter()
-                    .any(|r| r.inputs.iter().any(|(i, _)| *i == name))
-                {
+                if !read.contains(name.as_str()) {
                     self.push(
                         Diagnostic::warning(
                             "unread-errors",
@@ -877,6 +904,8 @@ impl Checker<'_> {
     }
 
     fn check_plugin_limits(&mut self, stages: &[RawStage]) {
+        // The first stage of each limited plugin, and how many came so far.
+        let mut seen: HashMap<(StageKind, &str), (&str, usize)> = HashMap::new();
         for s in stages {
             let (Some(plugin), Some(kind)) = (&s.plugin, s.kind) else {
                 continue;
@@ -884,18 +913,18 @@ impl Checker<'_> {
             let Some(max) = plugin.max_per_pipeline() else {
                 continue;
             };
-            let same: Vec<&RawStage> = stages
-                .iter()
-                .filter(|o| o.kind == Some(kind) && o.plugin_name == s.plugin_name)
-                .collect();
-            let position = same.iter().position(|o| o.id == s.id).unwrap_or(0);
+            let (first, count) = seen
+                .entry((kind, s.plugin_name.as_str()))
+                .or_insert((s.id.as_str(), 0));
+            let position = *count;
+            *count += 1;
             if position >= max {
                 self.push(
                     Diagnostic::error(
                         "plugin-limit",
                         format!(
-                            "{kind} `{}` may be used by at most {max} stage(s) per pipeline; `{}` already does",
-                            s.plugin_name, same[0].id
+                            "{kind} `{}` may be used by at most {max} stage(s) per pipeline; `{first}` already does",
+                            s.plugin_name
                         ),
                     )
                     .stage(&s.id)

@@ -11,7 +11,7 @@ mod check;
 mod model;
 mod settings;
 
-pub use check::{Loaded, UnreadableFile, load_file, load_str};
+pub use check::{Loaded, UnreadableFile, load_file, load_str, read_text};
 pub use model::{InflightBound, Pipeline, StageSpec};
 pub use settings::*;
 

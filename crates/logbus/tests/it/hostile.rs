@@ -331,3 +331,173 @@ stages:
     // The document at the limit, once from each parser.
     assert_eq!(count(&out), 2);
 }
+
+/// Reads until the peer closes the connection (or 20 s pass); whether it
+/// did, and what it sent.
+fn closed_by_peer(conn: &mut TcpStream) -> (bool, String) {
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return (true, String::from_utf8_lossy(&got).into_owned()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            // A reset is a close too.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (true, String::from_utf8_lossy(&got).into_owned());
+            }
+            Err(_) => return (false, String::from_utf8_lossy(&got).into_owned()),
+        }
+    }
+}
+
+fn lines_in(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// 256 idle TCP connections (the syslog source's default cap) no longer
+/// lock a real sender out: each new connection closes the longest-idle
+/// one, and all of its messages arrive. A connection idle past
+/// `idle_timeout_ms` is closed.
+#[test]
+fn idle_syslog_connections_make_room_and_time_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let out = dir.path().join("out.log");
+    let pipeline = dir.path().join("pipeline.yml");
+    let write = |idle_ms: u64| {
+        std::fs::write(
+            &pipeline,
+            format!(
+                "stages:\n  in: {{ source: syslog, address: \"127.0.0.1:{port}\", idle_timeout_ms: {idle_ms} }}\n  out: {{ sink: file, inputs: [in], path: \"{}\" }}\n",
+                out.display()
+            ),
+        )
+        .unwrap()
+    };
+    write(600_000);
+    let mut child = start(&pipeline);
+    wait_for_port(port);
+    let idle: Vec<TcpStream> = (0..256)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    for sender in 0..4 {
+        let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        for i in 0..100 {
+            writeln!(
+                conn,
+                "<14>1 2026-12-01T00:00:00Z host app - - - sender {sender} message {i}"
+            )
+            .unwrap();
+        }
+        drop(conn);
+    }
+    let began = Instant::now();
+    while lines_in(&out) < 400 {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "{} of 400 messages arrived past 256 idle connections",
+            lines_in(&out)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The four oldest idle connections were closed to make room.
+    let closed = idle
+        .into_iter()
+        .take(4)
+        .map(|mut c| closed_by_peer(&mut c).0)
+        .filter(|c| *c)
+        .count();
+    assert_eq!(closed, 4);
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    write(300);
+    let mut child = start(&pipeline);
+    wait_for_port(port);
+    let mut quiet = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let began = Instant::now();
+    assert!(closed_by_peer(&mut quiet).0, "an idle connection is closed");
+    assert!(began.elapsed() < Duration::from_secs(10));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// The HTTP source: idle connections at the cap make room for a new
+/// client; a client that dribbles its headers is cut off after
+/// `header_timeout_ms`; a kept-alive connection with nothing to do is
+/// closed after `idle_timeout_ms`.
+#[test]
+fn idle_and_slow_http_connections_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let pipeline = dir.path().join("pipeline.yml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            "stages:\n  in: {{ source: http, address: \"127.0.0.1:{port}\", max_connections: 8, idle_timeout_ms: 1000, header_timeout_ms: 500 }}\n  out: {{ sink: blackhole, inputs: [in] }}\n"
+        ),
+    )
+    .unwrap();
+    let mut child = start(&pipeline);
+    wait_for_port(port);
+    // Eight silent connections hold every slot; a real client still gets in.
+    let idle: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    for _ in 0..3 {
+        assert_eq!(post(port, "", b"{\"a\":1}\n"), 200);
+    }
+    // Headers that never finish.
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .unwrap();
+    let began = Instant::now();
+    let (closed, answer) = closed_by_peer(&mut slow);
+    assert!(closed, "{answer}");
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+    assert!(began.elapsed() < Duration::from_secs(10));
+    // A kept-alive connection after its request.
+    let mut kept = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    kept.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\n{\"b\":1}\n")
+        .unwrap();
+    let (closed, answer) = closed_by_peer(&mut kept);
+    assert!(closed && answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(idle);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A pipeline file that is not UTF-8 is refused at its first bad byte,
+/// by line, column and offset.
+#[test]
+fn a_file_that_is_not_utf8_is_refused_at_the_bad_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.yml");
+    std::fs::write(
+        &file,
+        b"stages:\n  gen: { source: generator }\n  \xc3\xa9x\xff: 1\n",
+    )
+    .unwrap();
+    for command in ["validate", "fmt"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_logbus"))
+            .arg(command)
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("not UTF-8: byte 0xff at line 3, column 5 (byte offset 42)"),
+            "{command}: {stderr}"
+        );
+        assert!(stderr.contains("p.yml"), "{stderr}");
+        assert_ne!(out.status.code(), Some(0));
+    }
+}
