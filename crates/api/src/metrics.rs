@@ -208,7 +208,7 @@ impl Snapshot {
                 ConstGauge::new(get(d) as i64).encode(family.encode_family(&stage(id))?)?;
             }
         }
-        let counters: [DiskFamily; 9] = [
+        let counters: [DiskFamily; 10] = [
             (
                 "logbus_queue_disk_written_events",
                 "Events written to a durable queue's log.",
@@ -248,6 +248,11 @@ impl Snapshot {
                 "logbus_queue_disk_damaged_bytes",
                 "Bytes of damaged log regions skipped.",
                 |d| d.damaged_bytes,
+            ),
+            (
+                "logbus_queue_disk_lost_events",
+                "Events stored in the log and gone: damaged, cut or deleted segments found at open, and segments unreadable or missing while running. Counted in the summary's lost.",
+                |d| d.lost_at_open + d.unreadable,
             ),
             (
                 "logbus_queue_disk_returned_events",

@@ -113,11 +113,12 @@ impl RunReport {
         for ch in &channels {
             // A durable queue also delivers what an earlier process left,
             // and keeps for the next one what it did not deliver.
-            let (recovered, kept) = ch
-                .disk
-                .as_ref()
-                .map_or((0, 0), |d| (d.recovered, d.not_received()));
+            let (recovered, kept, lost_at_open) = ch.disk.as_ref().map_or((0, 0, 0), |d| {
+                (d.recovered, d.not_received(), d.lost_at_open)
+            });
             t.lost += (ch.sent + recovered) as i64 - (ch.received + kept) as i64;
+            // Stored by an earlier run and gone from the log since.
+            t.lost += lost_at_open as i64;
         }
         RunReport {
             totals: t,
@@ -175,7 +176,7 @@ impl fmt::Display for RunReport {
             let Some(d) = &c.disk else { continue };
             writeln!(
                 f,
-                "  queue {} ({}): recovered {}, to disk {}, kept on disk {}, dropped {}, damaged {} regions ({} bytes); {} writes, {} fsyncs, {:.1} MiB written",
+                "  queue {} ({}): recovered {}, to disk {}, kept on disk {}, dropped {}, damaged {} regions ({} bytes), lost to damage {}; {} writes, {} fsyncs, {:.1} MiB written",
                 c.stage,
                 d.kind,
                 d.recovered,
@@ -184,6 +185,7 @@ impl fmt::Display for RunReport {
                 d.dropped_newest + d.dropped_oldest,
                 d.damaged_regions,
                 d.damaged_bytes,
+                d.lost_at_open + d.unreadable,
                 d.writes,
                 d.fsyncs,
                 d.bytes_written as f64 / (1024.0 * 1024.0)

@@ -913,6 +913,14 @@ fn open_durables<'a>(
                 for note in &recovery.notes {
                     tracing::warn!(stage = %spec.id, queue = %dir, "{note}");
                 }
+                if recovery.lost_records > 0 {
+                    tracing::error!(
+                        stage = %spec.id,
+                        queue = %dir,
+                        "{} events stored by an earlier run are gone from the queue (damage); counted as lost",
+                        recovery.lost_records
+                    );
+                }
                 if recovery.records > 0 {
                     tracing::info!(
                         stage = %spec.id,

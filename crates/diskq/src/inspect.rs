@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cursor::{Cursor, Item};
 use crate::record::{self, SEGMENT_HEADER};
-use crate::state::{self, Loaded, Position, StateFile};
+use crate::state::{self, Loaded, Position, Seqs, StateFile};
 use crate::{Error, list_segments, segment_path};
 
 /// One segment as found on disk.
@@ -18,8 +18,11 @@ pub struct SegmentScan {
     pub id: u64,
     pub file_bytes: u64,
     pub header_ok: bool,
-    /// Valid records at or after the offset the scan started from.
+    /// Valid data records at or after the offset the scan started from.
     pub records: u64,
+    /// The sequence number of the segment's first data record, from its
+    /// start record (when the scan began at the header and it was intact).
+    pub first_seq: Option<u64>,
     pub record_bytes: u64,
     /// `(offset, length)` of each damaged region.
     pub damaged: Vec<(u64, u64)>,
@@ -70,7 +73,9 @@ pub fn scan_segment(path: &Path, id: u64, from: u64) -> io::Result<SegmentScan> 
     while let Some(item) = cursor.next_item()? {
         match item {
             Item::Record { body, .. } => {
-                if record::payload(cursor.slice(body.clone())).is_ok() {
+                if let Some(seq) = record::start_seq(cursor.slice(body.clone())) {
+                    scan.first_seq = Some(seq);
+                } else if record::payload(cursor.slice(body.clone())).is_ok() {
                     scan.records += 1;
                     scan.record_bytes += (body.len() + record::RECORD_HEADER) as u64;
                 } else {
@@ -93,12 +98,139 @@ pub fn scan_segment(path: &Path, id: u64, from: u64) -> io::Result<SegmentScan> 
     Ok(scan)
 }
 
+/// What the sequence numbers say about the unacknowledged records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Accounting {
+    /// Records that were stored and are gone (deleted or cut segments,
+    /// damage), not reported before.
+    pub lost: u64,
+    /// One line per new loss, naming the records and where they were.
+    pub notes: Vec<String>,
+    /// Every range of sequence numbers missing now, reported before or not.
+    pub missing: Vec<(u64, u64)>,
+    /// The sequence number the next stored record gets.
+    pub next_seq: u64,
+    /// The sequence number of the first record at the resume position,
+    /// when known.
+    pub resume_seq: Option<u64>,
+}
+
+/// Counts what is missing, by sequence number. Each segment's start
+/// record says which record it begins with; the state says where the
+/// acknowledged position is in that numbering and how far records were
+/// known to be on stable storage. So records missing between two
+/// segments (a deleted segment, a cut or damaged one) and at the end
+/// (records the last state save saw stored) are counted exactly; records
+/// written after the last save that did not survive a crash are a torn
+/// tail, not a loss. `scans` are the segments present from the resume
+/// position on, in order, the first scanned from the resume offset;
+/// `reported` are ranges an earlier start or repair already reported.
+pub fn account(seqs: Option<Seqs>, scans: &[SegmentScan], reported: &[(u64, u64)]) -> Accounting {
+    let mut out = Accounting::default();
+    let mut expected = seqs.map(|s| s.acked);
+    let mut previous: Option<u64> = None;
+    let gone = |from: u64, to: u64, where_: String, out: &mut Accounting| {
+        out.missing.push((from, to));
+        let new = (to - from) - overlap(from, to, reported);
+        if new > 0 {
+            out.lost += new;
+            out.notes.push(format!(
+                "{new} records lost (sequence numbers {from}..{to}): {where_}"
+            ));
+        }
+    };
+    for (i, scan) in scans.iter().enumerate() {
+        if let Some(first) = scan.first_seq {
+            if let Some(e) = expected
+                && first > e
+            {
+                let where_ = match previous {
+                    Some(p) if scan.id > p + 1 => format!(
+                        "segments {}..{} are gone, or segment {p} was cut",
+                        p + 1,
+                        scan.id - 1
+                    ),
+                    Some(p) => format!("damaged or cut in segment {p}"),
+                    None => format!("segments before {} are gone", scan.id),
+                };
+                gone(e, first, where_, &mut out);
+            }
+            expected = Some(first);
+        }
+        if i == 0 {
+            out.resume_seq = expected;
+        }
+        expected = expected.map(|e| e + scan.records);
+        previous = Some(scan.id);
+    }
+    if let (Some(s), Some(e)) = (seqs, expected)
+        && s.stored > e
+    {
+        let where_ = format!(
+            "they were stored, and the end of the queue{} is cut or gone",
+            previous
+                .map(|p| format!(" (segment {p})"))
+                .unwrap_or_default()
+        );
+        gone(e, s.stored, where_, &mut out);
+    }
+    out.next_seq = expected
+        .unwrap_or(0)
+        .max(seqs.map_or(0, |s| s.stored.max(s.acked)));
+    if scans.is_empty() {
+        out.resume_seq = seqs.map(|s| s.acked);
+    }
+    out
+}
+
+/// How many of `from..to` the ranges cover (they do not overlap each other).
+pub fn overlap(from: u64, to: u64, ranges: &[(u64, u64)]) -> u64 {
+    ranges
+        .iter()
+        .map(|&(a, b)| b.min(to).saturating_sub(a.max(from)))
+        .sum()
+}
+
+/// The file listing the sequence ranges whose loss has been reported, so
+/// that each loss is reported once (by the start or repair that found it).
+pub fn reported_path(dir: &Path) -> PathBuf {
+    dir.join("lost")
+}
+
+/// The ranges in the reported-loss file (`from to` per line); a missing or
+/// damaged file reads as what it still holds, at worst nothing (a loss is
+/// then reported again, never hidden).
+pub fn read_reported(dir: &Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(reported_path(dir))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_once(' ')?;
+            let (a, b) = (a.parse().ok()?, b.parse().ok()?);
+            (a < b).then_some((a, b))
+        })
+        .collect()
+}
+
+/// Writes the ranges missing now as reported (replacing the file).
+pub fn write_reported(dir: &Path, missing: &[(u64, u64)]) -> io::Result<()> {
+    let text: String = missing.iter().map(|(a, b)| format!("{a} {b}\n")).collect();
+    let tmp = dir.join("lost.tmp");
+    std::fs::write(&tmp, text)?;
+    File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, reported_path(dir))
+}
+
 /// The state file as found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateReport {
     Missing,
     Garbage,
-    Valid { generation: u64, acked: Position },
+    Valid {
+        generation: u64,
+        acked: Position,
+        seqs: Option<Seqs>,
+    },
 }
 
 /// What `queue inspect` and `queue check` show.
@@ -114,6 +246,8 @@ pub struct Report {
     pub unacked: Vec<u64>,
     /// Where the last segment ends (the writer's last position).
     pub writer_end: Option<Position>,
+    /// Records stored and gone (see [`account`]), not reported before.
+    pub lost_records: u64,
     pub problems: Vec<String>,
 }
 
@@ -201,20 +335,28 @@ pub fn check(dir: &Path) -> io::Result<Report> {
     let (resume, mut problems) = resume_point(&loaded, &ids);
     let mut segments = Vec::new();
     let mut unacked = Vec::new();
+    let mut from_resume = Vec::new();
     for &id in &ids {
         let path = segment_path(dir, id);
         let whole = scan_segment(&path, id, SEGMENT_HEADER)?;
         problems.extend(whole.notes(id));
         let after = if id < resume.segment {
-            0
+            None
         } else if id == resume.segment && resume.offset > SEGMENT_HEADER {
-            scan_segment(&path, id, resume.offset)?.records
+            Some(scan_segment(&path, id, resume.offset)?)
         } else {
-            whole.records
+            Some(whole.clone())
         };
-        unacked.push(after);
+        unacked.push(after.as_ref().map_or(0, |s| s.records));
+        from_resume.extend(after);
         segments.push(whole);
     }
+    let seqs = match &loaded {
+        Loaded::Valid(saved) => saved.seqs,
+        _ => None,
+    };
+    let accounting = account(seqs, &from_resume, &read_reported(dir));
+    problems.extend(accounting.notes);
     // Gaps in the numbering inside the unacknowledged range.
     for pair in ids.windows(2) {
         if pair[1] > pair[0] + 1 && pair[1] > resume.segment {
@@ -237,12 +379,14 @@ pub fn check(dir: &Path) -> io::Result<Report> {
             Loaded::Valid(s) => StateReport::Valid {
                 generation: s.generation,
                 acked: s.acked,
+                seqs: s.seqs,
             },
         },
         resume,
         segments,
         unacked,
         writer_end,
+        lost_records: accounting.lost,
         problems,
     })
 }
@@ -251,16 +395,27 @@ pub fn check(dir: &Path) -> io::Result<Report> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Repaired {
     pub segments_rewritten: u64,
+    /// Acknowledged segments deleted.
     pub segments_removed: u64,
+    /// Segments given new numbers to close a gap left by missing ones.
+    pub segments_renumbered: u64,
     pub records_kept: u64,
+    /// Records that were stored and are gone for good (see [`account`]);
+    /// reported here once, and not again at the next start.
+    pub records_lost: u64,
     pub bytes_dropped: u64,
     pub state_rewritten: bool,
+    /// One line per thing dropped or changed.
+    pub notes: Vec<String>,
 }
 
-/// Rewrites the queue so that it checks clean: damaged segments are
-/// rewritten with only their valid unacknowledged records, acknowledged
-/// segments are removed, and the state is rewritten to point at the first
-/// unacknowledged record. Takes the queue's lock (fails if it is in use).
+/// Rewrites the queue so that it opens and checks clean, keeping every
+/// valid unacknowledged record and saying what it dropped: damaged or cut
+/// segments are rewritten with only their valid records, acknowledged
+/// segments are removed, segments after a gap are renumbered to close it,
+/// and the state is rewritten to point at the first unacknowledged record
+/// (its sequence numbers marking the losses as reported). Takes the
+/// queue's lock (fails if it is in use).
 pub fn repair(dir: &Path) -> Result<Repaired, Error> {
     let err = |action: &str| {
         let action = action.to_owned();
@@ -282,8 +437,12 @@ pub fn repair(dir: &Path) -> Result<Repaired, Error> {
     let (mut resume, notes) = resume_point(&loaded, &ids);
     let mut repaired = Repaired {
         state_rewritten: !notes.is_empty() || !matches!(loaded, Loaded::Valid(_)),
+        notes,
         ..Default::default()
     };
+    // What stays: every segment from the resume position on, scanned whole
+    // (to see damage anywhere) and from where reading resumes.
+    let mut kept = Vec::new();
     for &id in &ids {
         let path = segment_path(dir, id);
         if id < resume.segment {
@@ -296,21 +455,49 @@ pub fn repair(dir: &Path) -> Result<Repaired, Error> {
         } else {
             SEGMENT_HEADER
         };
-        let scan = scan_segment(&path, id, from).map_err(err("reading a segment"))?;
-        if scan.is_clean() {
-            repaired.records_kept += scan.records;
+        let whole = scan_segment(&path, id, SEGMENT_HEADER).map_err(err("reading a segment"))?;
+        let unacked = if from > SEGMENT_HEADER {
+            scan_segment(&path, id, from).map_err(err("reading a segment"))?
+        } else {
+            whole.clone()
+        };
+        kept.push((id, from, whole, unacked));
+    }
+    let seqs = match &loaded {
+        Loaded::Valid(saved) => saved.seqs,
+        _ => None,
+    };
+    let scans: Vec<SegmentScan> = kept.iter().map(|(.., s)| s.clone()).collect();
+    let accounting = account(seqs, &scans, &read_reported(dir));
+    repaired.records_lost = accounting.lost;
+    repaired.notes.extend(accounting.notes.iter().cloned());
+    // Rewrite what is damaged, cut or misnumbered, in order; numbers close
+    // up from the resume segment on.
+    let mut expected = accounting.resume_seq;
+    for (k, (id, from, whole, unacked)) in kept.into_iter().enumerate() {
+        let new_id = resume.segment + k as u64;
+        let first_seq = if k == 0 {
+            accounting.resume_seq
+        } else {
+            unacked.first_seq.or(expected)
+        };
+        expected = first_seq.map(|f| f + unacked.records);
+        let path = segment_path(dir, id);
+        repaired.records_kept += unacked.records;
+        if whole.is_clean() && new_id == id {
             continue;
         }
-        // Copy the valid records into a fresh file, then swap it in.
-        let tmp = dir.join(format!("{id:020}.seg.repair"));
         let file = File::open(&path).map_err(err("reading a segment"))?;
         let len = file.metadata().map_err(err("reading a segment"))?.len();
-        let mut out = Vec::from(record::segment_header(id));
+        let mut out = Vec::from(record::segment_header(new_id));
+        if let Some(seq) = first_seq {
+            record::encode_start(seq, &mut out);
+        }
         let mut cursor = Cursor::new(file, from.max(SEGMENT_HEADER).min(len), len);
         while let Some(item) = cursor.next_item().map_err(err("reading a segment"))? {
             if let Item::Record { body, .. } = item {
                 let body = cursor.slice(body);
-                if record::payload(body).is_ok() {
+                if record::start_seq(body).is_none() && record::payload(body).is_ok() {
                     // Re-frame the body as it was (flags and all).
                     let len = body.len() as u32;
                     out.extend_from_slice(&record::RECORD_MAGIC);
@@ -318,18 +505,28 @@ pub fn repair(dir: &Path) -> Result<Repaired, Error> {
                     let crc = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), body);
                     out.extend_from_slice(&crc.to_le_bytes());
                     out.extend_from_slice(body);
-                    repaired.records_kept += 1;
                 }
             }
         }
-        repaired.bytes_dropped += scan.damaged_bytes;
+        repaired.bytes_dropped += whole.damaged_bytes;
+        let tmp = dir.join(format!("{new_id:020}.seg.repair"));
         std::fs::write(&tmp, &out).map_err(err("writing a repaired segment"))?;
         File::open(&tmp)
             .and_then(|f| f.sync_all())
             .map_err(err("syncing a repaired segment"))?;
-        std::fs::rename(&tmp, &path).map_err(err("replacing a segment"))?;
+        std::fs::rename(&tmp, segment_path(dir, new_id)).map_err(err("replacing a segment"))?;
+        if new_id != id {
+            std::fs::remove_file(&path).map_err(err("removing a renumbered segment"))?;
+            repaired.segments_renumbered += 1;
+            repaired
+                .notes
+                .push(format!("segment {id} is now segment {new_id}"));
+        }
+        if !whole.is_clean() {
+            repaired.notes.extend(whole.notes(id));
+        }
         repaired.segments_rewritten += 1;
-        if id == resume.segment {
+        if k == 0 {
             resume.offset = SEGMENT_HEADER;
             repaired.state_rewritten = true;
         }
@@ -338,8 +535,13 @@ pub fn repair(dir: &Path) -> Result<Repaired, Error> {
         Loaded::Valid(s) => s.generation,
         _ => 0,
     };
-    let state =
-        StateFile::create(&dir.join("state"), generation, resume).map_err(err("writing state"))?;
+    let seqs = Seqs {
+        acked: accounting.resume_seq.unwrap_or(0),
+        stored: accounting.next_seq,
+    };
+    write_reported(dir, &accounting.missing).map_err(err("writing the reported losses"))?;
+    let state = StateFile::create(&dir.join("state"), generation, resume, seqs)
+        .map_err(err("writing state"))?;
     state.sync().map_err(err("syncing state"))?;
     File::open(dir)
         .and_then(|d| d.sync_all())

@@ -41,8 +41,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, oneshot};
 
 use crate::cursor::{Cursor, Item};
-pub use crate::state::Position;
 use crate::state::{Loaded, StateFile};
+pub use crate::state::{Position, Seqs};
+
+/// Where the first data record of a new segment starts: after the header
+/// and the record holding the segment's first sequence number.
+const FIRST_RECORD: u64 = record::SEGMENT_HEADER + record::START_RECORD;
 
 /// When a batch counts as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +190,10 @@ pub struct Recovery {
     pub missing_segments: u64,
     /// The state file was unreadable: everything present is replayed.
     pub state_reset: bool,
+    /// Records that were stored and are gone (deleted or cut segments,
+    /// damage), counted by sequence number and reported once: this start
+    /// reports them, the next one does not again.
+    pub lost_records: u64,
     /// Human-readable notes, one per thing worth a log line.
     pub notes: Vec<String>,
 }
@@ -258,6 +266,10 @@ struct Pending {
 
 struct ReadState {
     pos: Position,
+    /// The sequence number of the next data record at `pos`; `None` until
+    /// a segment's start record says (after a skipped segment, or in a
+    /// queue from before sequence numbers).
+    seq: Option<u64>,
     cursor: Option<Cursor>,
     /// Records read from the current segment (for `drop_oldest`).
     read_in_segment: u64,
@@ -270,6 +282,7 @@ const READ_RETRIES: u32 = 10;
 
 struct InFlight {
     end: Position,
+    end_seq: Option<u64>,
     records: u64,
     done: bool,
 }
@@ -277,6 +290,7 @@ struct InFlight {
 struct AckState {
     inflight: BTreeMap<Position, InFlight>,
     acked: Position,
+    acked_seq: u64,
     state: StateFile,
 }
 
@@ -292,6 +306,11 @@ struct Inner {
     unpublished: AtomicU64,
     /// Records stored: recovered + appended.
     stored: AtomicU64,
+    /// Every record before this sequence number is on stable storage.
+    synced_seq: AtomicU64,
+    /// Sequence ranges known missing when the queue was opened (reported
+    /// then); a gap the reader meets outside them is a new loss.
+    missing: Vec<(u64, u64)>,
     reader: Mutex<ReadState>,
     acks: Mutex<AckState>,
     readable: Notify,
@@ -468,6 +487,7 @@ impl DiskQueue {
         }
         let mut segments = BTreeMap::new();
         let mut disk_bytes = 0;
+        let mut scans = Vec::new();
         for &id in ids.iter().filter(|&&id| id >= start.segment) {
             let path = segment_path(&dir, id);
             let from = if id == start.segment {
@@ -487,6 +507,10 @@ impl DiskQueue {
                     let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
                     disk_bytes += bytes;
                     segments.insert(id, SegInfo { bytes, records: 0 });
+                    scans.push(inspect::SegmentScan {
+                        id,
+                        ..Default::default()
+                    });
                     continue;
                 }
             };
@@ -506,12 +530,36 @@ impl DiskQueue {
                     records: scan.records,
                 },
             );
+            scans.push(scan);
         }
+        let saved_seqs = match &loaded {
+            Loaded::Valid(saved) => saved.seqs,
+            _ => None,
+        };
+        // (When the acknowledged segment is missing, reading resumes at
+        // the next one, and the records between are counted as lost.)
+        let accounting = inspect::account(saved_seqs, &scans, &inspect::read_reported(&dir));
+        recovery.lost_records = accounting.lost;
+        recovery.notes.extend(accounting.notes.iter().cloned());
+        // The losses are reported now: recorded at once, so a crash before
+        // the next start does not report them twice.
+        inspect::write_reported(&dir, &accounting.missing)
+            .map_err(io_error(&dir, "recording reported losses"))?;
+        let next_seq = accounting.next_seq;
+        let resume_seq = accounting.resume_seq;
         // Always write into a new segment: what an earlier process left is
         // sealed as it is, torn tail and all.
         let active = ids.last().map_or(1, |&last| last + 1).max(start.segment);
-        let state = StateFile::create(&dir.join("state"), generation, start)
-            .map_err(io_error(&dir, "writing state"))?;
+        let state = StateFile::create(
+            &dir.join("state"),
+            generation,
+            start,
+            Seqs {
+                acked: resume_seq.unwrap_or(0),
+                stored: next_seq,
+            },
+        )
+        .map_err(io_error(&dir, "writing state"))?;
         let inner = Arc::new(Inner {
             _lock: lock_file,
             pending: Mutex::new(Pending {
@@ -522,14 +570,17 @@ impl DiskQueue {
             wake_writer: Condvar::new(),
             tail: Mutex::new(Tail {
                 active,
-                end: record::SEGMENT_HEADER,
+                end: FIRST_RECORD,
             }),
             segments: Mutex::new(segments),
             disk_bytes: AtomicU64::new(disk_bytes),
             unpublished: AtomicU64::new(0),
             stored: AtomicU64::new(recovery.records),
+            synced_seq: AtomicU64::new(next_seq),
+            missing: accounting.missing.clone(),
             reader: Mutex::new(ReadState {
                 pos: start,
+                seq: resume_seq,
                 cursor: None,
                 read_in_segment: 0,
                 failures: 0,
@@ -537,6 +588,7 @@ impl DiskQueue {
             acks: Mutex::new(AckState {
                 inflight: BTreeMap::new(),
                 acked: start,
+                acked_seq: resume_seq.unwrap_or(0),
                 state,
             }),
             readable: Notify::new(),
@@ -549,13 +601,13 @@ impl DiskQueue {
             config,
         });
         let file = inner
-            .create_segment(active)
+            .create_segment(active, next_seq)
             .map_err(io_error(&dir, format!("creating segment {active}")))?;
         let writer = {
             let inner = inner.clone();
             std::thread::Builder::new()
                 .name("logbus-diskq".into())
-                .spawn(move || inner.write_loop(active, file))
+                .spawn(move || inner.write_loop(active, file, next_seq))
                 .map_err(io_error(&dir, "starting the writer thread"))?
         };
         Ok((
@@ -723,7 +775,13 @@ impl Drop for DiskQueue {
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
-        let acks = lock(&self.inner.acks);
+        // The last word on what is stored, so a later start can tell a cut
+        // or removed end of the queue from a torn last write.
+        let mut acks = lock(&self.inner.acks);
+        let (acked, seqs) = (acks.acked, self.inner.seqs(&acks));
+        if let Err(e) = acks.state.save(acked, seqs) {
+            tracing::warn!(dir = %self.inner.config.dir.display(), "saving queue state: {e}");
+        }
         if let Err(e) = acks.state.sync() {
             tracing::warn!(dir = %self.inner.config.dir.display(), "syncing queue state: {e}");
         }
@@ -731,7 +789,9 @@ impl Drop for DiskQueue {
 }
 
 impl Inner {
-    fn create_segment(&self, id: u64) -> io::Result<File> {
+    /// Creates segment `id`, whose first data record will have sequence
+    /// number `first_seq`.
+    fn create_segment(&self, id: u64, first_seq: u64) -> io::Result<File> {
         let path = segment_path(&self.config.dir, id);
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -739,7 +799,9 @@ impl Inner {
             .create(true)
             .truncate(true)
             .open(&path)?;
-        file.write_all_at(&record::segment_header(id), 0)?;
+        let mut head = Vec::from(record::segment_header(id));
+        record::encode_start(first_seq, &mut head);
+        file.write_all_at(&head, 0)?;
         if self.config.sync != SyncMode::None {
             file.sync_data()?;
             File::open(&self.config.dir)?.sync_all()?;
@@ -747,12 +809,11 @@ impl Inner {
         lock(&self.segments).insert(
             id,
             SegInfo {
-                bytes: record::SEGMENT_HEADER,
+                bytes: FIRST_RECORD,
                 records: 0,
             },
         );
-        self.disk_bytes
-            .fetch_add(record::SEGMENT_HEADER, Ordering::AcqRel);
+        self.disk_bytes.fetch_add(FIRST_RECORD, Ordering::AcqRel);
         Ok(file)
     }
 
@@ -779,8 +840,8 @@ impl Inner {
     }
 
     /// The writer thread: group commit.
-    fn write_loop(self: Arc<Self>, mut active: u64, mut file: File) {
-        let mut written = record::SEGMENT_HEADER;
+    fn write_loop(self: Arc<Self>, mut active: u64, mut file: File, mut next_seq: u64) {
+        let mut written = FIRST_RECORD;
         let mut last_sync = Instant::now();
         let mut dirty = false;
         let mut backoff = Duration::from_millis(10);
@@ -848,11 +909,10 @@ impl Inner {
                             // Cut what may have been written; failing that,
                             // seal this segment and continue in a new one.
                             if file.set_len(written).is_err() {
-                                match self.create_segment(active + 1) {
+                                match self.create_segment(active + 1, next_seq) {
                                     Ok(next) => {
                                         self.seal(active, written);
-                                        (active, file, written) =
-                                            (active + 1, next, record::SEGMENT_HEADER);
+                                        (active, file, written) = (active + 1, next, FIRST_RECORD);
                                     }
                                     Err(e) => tracing::warn!("starting a new segment: {e}"),
                                 }
@@ -872,6 +932,10 @@ impl Inner {
                     }
                 }
                 written += buf.len() as u64;
+                next_seq += records;
+                if self.config.sync == SyncMode::Batch {
+                    self.synced_seq.store(next_seq, Ordering::Release);
+                }
                 dirty = self.config.sync != SyncMode::Batch;
                 {
                     let mut segments = lock(&self.segments);
@@ -900,21 +964,24 @@ impl Inner {
                     || self.stop.load(Ordering::Acquire))
             {
                 self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = file.sync_data() {
-                    tracing::warn!(dir = %self.config.dir.display(), "queue sync failed: {e}");
+                match file.sync_data() {
+                    Ok(()) => self.synced_seq.store(next_seq, Ordering::Release),
+                    Err(e) => {
+                        tracing::warn!(dir = %self.config.dir.display(), "queue sync failed: {e}")
+                    }
                 }
                 last_sync = Instant::now();
                 dirty = false;
             }
             if written >= self.config.segment_bytes {
-                match self.create_segment(active + 1) {
+                match self.create_segment(active + 1, next_seq) {
                     Ok(next) => {
-                        if dirty {
-                            let _ = file.sync_data();
+                        if dirty && file.sync_data().is_ok() {
+                            self.synced_seq.store(next_seq, Ordering::Release);
                             dirty = false;
                         }
                         self.seal(active, written);
-                        (active, file, written) = (active + 1, next, record::SEGMENT_HEADER);
+                        (active, file, written) = (active + 1, next, FIRST_RECORD);
                     }
                     Err(e) => {
                         self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
@@ -923,20 +990,40 @@ impl Inner {
                 }
             }
         }
-        if dirty {
-            let _ = file.sync_data();
+        if !dirty || file.sync_data().is_ok() {
+            self.synced_seq.store(next_seq, Ordering::Release);
         }
         self.readable.notify_waiters();
     }
 
+    /// The sequence numbers saved with the acknowledged position.
+    fn seqs(&self, acks: &AckState) -> Seqs {
+        Seqs {
+            acked: acks.acked_seq,
+            stored: self.synced_seq.load(Ordering::Acquire),
+        }
+    }
+
     /// Publishes that `id` ended at `len` and the writer moved to `id + 1`.
+    /// The state is saved too, so what it says is stored lags the log by
+    /// at most a segment even while nothing is acknowledged (a stuck
+    /// consumer): a cut end of the queue is then counted, not mistaken for
+    /// a torn write.
     fn seal(&self, id: u64, len: u64) {
         if let Some(info) = lock(&self.segments).get_mut(&id) {
             info.bytes = len;
         }
+        {
+            let mut acks = lock(&self.acks);
+            let (acked, seqs) = (acks.acked, self.seqs(&acks));
+            if let Err(e) = acks.state.save(acked, seqs) {
+                self.counters.state_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(dir = %self.config.dir.display(), "saving the queue state: {e}");
+            }
+        }
         *lock(&self.tail) = Tail {
             active: id + 1,
-            end: record::SEGMENT_HEADER,
+            end: FIRST_RECORD,
         };
         self.readable.notify_waiters();
     }
@@ -997,6 +1084,9 @@ impl Inner {
             segment: next,
             offset: record::SEGMENT_HEADER,
         };
+        // The next segment's start record says where numbering resumes;
+        // what lies between is counted above.
+        reader.seq = None;
         reader.cursor = None;
         reader.read_in_segment = 0;
         let mut acks = lock(&self.acks);
@@ -1004,6 +1094,7 @@ impl Inner {
             start,
             InFlight {
                 end: reader.pos,
+                end_seq: None,
                 records: 0,
                 done: true,
             },
@@ -1066,7 +1157,31 @@ impl Inner {
                 None => None,
             };
             match item {
+                Some(Item::Record { body, .. })
+                    if record::start_seq(
+                        reader.cursor.as_ref().expect("cursor").slice(body.clone()),
+                    )
+                    .is_some() =>
+                {
+                    let cursor = reader.cursor.as_ref().expect("cursor");
+                    let first = record::start_seq(cursor.slice(body)).expect("a start record");
+                    // Records missing before this segment that the start did
+                    // not report (a segment removed while running).
+                    if let Some(at) = reader.seq
+                        && first > at
+                    {
+                        let gone = (first - at) - inspect::overlap(at, first, &self.missing);
+                        if gone > 0 {
+                            self.counters.unreadable.fetch_add(gone, Ordering::Relaxed);
+                            tracing::error!(dir = %dir.display(), segment = reader.pos.segment, records = gone, "queue records missing before this segment");
+                        }
+                    }
+                    let next = cursor.position();
+                    reader.seq = Some(first);
+                    reader.pos.offset = next;
+                }
                 Some(Item::Record { body, .. }) => {
+                    reader.seq = reader.seq.map(|s| s + 1);
                     let cursor = reader.cursor.as_ref().expect("cursor");
                     match record::payload(cursor.slice(body)) {
                         Ok(payload) => {
@@ -1129,6 +1244,7 @@ impl Inner {
             start,
             InFlight {
                 end,
+                end_seq: reader.seq,
                 records,
                 done: false,
             },
@@ -1172,6 +1288,7 @@ impl Inner {
             segment: next,
             offset: record::SEGMENT_HEADER,
         };
+        reader.seq = None;
         reader.cursor = None;
         reader.read_in_segment = 0;
         self.counters
@@ -1183,6 +1300,7 @@ impl Inner {
             start,
             InFlight {
                 end: reader.pos,
+                end_seq: None,
                 records: 0,
                 done: true,
             },
@@ -1220,6 +1338,9 @@ impl Inner {
             }
             let done = entry.remove();
             acks.acked = done.end;
+            if let Some(seq) = done.end_seq {
+                acks.acked_seq = seq;
+            }
             acked_records += done.records;
         }
         if acks.acked == before {
@@ -1228,7 +1349,8 @@ impl Inner {
         self.counters
             .acked
             .fetch_add(acked_records, Ordering::Relaxed);
-        if let Err(e) = acks.state.save(acks.acked) {
+        let seqs = self.seqs(acks);
+        if let Err(e) = acks.state.save(acks.acked, seqs) {
             self.counters.state_errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(dir = %self.config.dir.display(), "saving the queue position: {e}");
         }

@@ -23,6 +23,12 @@ pub const SEGMENT_HEADER: u64 = 16;
 
 /// Body flag: the rest of the body is an lz4 block with its size prepended.
 pub const FLAG_LZ4: u8 = 1;
+/// Body flag: not data but the first record of a segment, holding the
+/// sequence number of the segment's first data record (8 bytes, LE).
+/// Sequence numbers count every data record the queue ever stored, so a
+/// gap between one segment's start and what the previous segments hold is
+/// exactly the number of records lost there (see `inspect::account`).
+pub const FLAG_START: u8 = 0x80;
 
 pub fn segment_header(id: u64) -> [u8; SEGMENT_HEADER as usize] {
     let mut h = [0u8; SEGMENT_HEADER as usize];
@@ -66,6 +72,34 @@ pub fn encode(payload: &[u8], lz4: bool, out: &mut Vec<u8>) {
     let crc = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), &out[body_start..]);
     out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
 }
+
+/// Appends the record that opens a segment whose first data record will
+/// have sequence number `first_seq`.
+pub fn encode_start(first_seq: u64, out: &mut Vec<u8>) {
+    let body_len = 9u32;
+    let mut body = [0u8; 9];
+    body[0] = FLAG_START;
+    body[1..].copy_from_slice(&first_seq.to_le_bytes());
+    out.extend_from_slice(&RECORD_MAGIC);
+    out.extend_from_slice(&body_len.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&body_len.to_le_bytes()), &body);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&body);
+}
+
+/// The sequence number a segment's start record holds; `None` for a data
+/// record.
+pub fn start_seq(body: &[u8]) -> Option<u64> {
+    match body {
+        [FLAG_START, seq @ ..] if seq.len() == 8 => {
+            Some(u64::from_le_bytes(seq.try_into().expect("8 bytes")))
+        }
+        _ => None,
+    }
+}
+
+/// Bytes of a start record.
+pub const START_RECORD: u64 = RECORD_HEADER as u64 + 9;
 
 /// What the scanner found at a position of a buffer.
 #[derive(Debug, PartialEq, Eq)]

@@ -12,9 +12,12 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-const SLOT: usize = 40;
+/// Format 1 slots held the position only; format 2 adds the sequence
+/// numbers that make loss countable (and one reserved field). Both are
+/// read; format 2 is written.
+const SLOT_V1: usize = 40;
+const SLOT: usize = 64;
 const STATE_MAGIC: [u8; 4] = *b"LBQS";
-const STATE_VERSION: u32 = 1;
 
 /// Everything before `(segment, offset)` has been acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -23,40 +26,82 @@ pub struct Position {
     pub offset: u64,
 }
 
+/// Sequence numbers (counting every data record ever stored) saved with
+/// the position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seqs {
+    /// The first record not acknowledged (the one at the position).
+    pub acked: u64,
+    /// Every record before this one was on stable storage when saved.
+    pub stored: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Saved {
     pub generation: u64,
     pub acked: Position,
+    /// `None` in a format-1 state file.
+    pub seqs: Option<Seqs>,
 }
 
 fn encode(saved: Saved) -> [u8; SLOT] {
+    let seqs = saved.seqs.unwrap_or_default();
     let mut b = [0u8; SLOT];
     b[..4].copy_from_slice(&STATE_MAGIC);
-    b[4..8].copy_from_slice(&STATE_VERSION.to_le_bytes());
-    b[8..16].copy_from_slice(&saved.generation.to_le_bytes());
-    b[16..24].copy_from_slice(&saved.acked.segment.to_le_bytes());
-    b[24..32].copy_from_slice(&saved.acked.offset.to_le_bytes());
-    let crc = crc32c::crc32c(&b[..32]);
-    b[32..36].copy_from_slice(&crc.to_le_bytes());
+    b[4..8].copy_from_slice(&2u32.to_le_bytes());
+    for (i, v) in [
+        saved.generation,
+        saved.acked.segment,
+        saved.acked.offset,
+        seqs.acked,
+        seqs.stored,
+        // Reserved.
+        0,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b[..56]);
+    b[56..60].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
-fn decode(b: &[u8]) -> Option<Saved> {
-    if b.len() < SLOT
-        || b[..4] != STATE_MAGIC
-        || b[4..8] != STATE_VERSION.to_le_bytes()
-        || crc32c::crc32c(&b[..32]).to_le_bytes() != b[32..36]
-    {
+/// A slot of either format at the start of `b`, and its length.
+fn decode(b: &[u8]) -> Option<(Saved, usize)> {
+    if b.len() < SLOT_V1 || b[..4] != STATE_MAGIC {
         return None;
     }
-    let u = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().expect("8 bytes"));
-    Some(Saved {
-        generation: u(8..16),
-        acked: Position {
-            segment: u(16..24),
-            offset: u(24..32),
-        },
-    })
+    let u = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"));
+    match u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) {
+        1 if crc32c::crc32c(&b[..32]).to_le_bytes() == b[32..36] => Some((
+            Saved {
+                generation: u(0),
+                acked: Position {
+                    segment: u(1),
+                    offset: u(2),
+                },
+                seqs: None,
+            },
+            SLOT_V1,
+        )),
+        2 if b.len() >= SLOT && crc32c::crc32c(&b[..56]).to_le_bytes() == b[56..60] => Some((
+            Saved {
+                generation: u(0),
+                acked: Position {
+                    segment: u(1),
+                    offset: u(2),
+                },
+                seqs: Some(Seqs {
+                    acked: u(3),
+                    stored: u(4),
+                }),
+            },
+            SLOT,
+        )),
+        _ => None,
+    }
 }
 
 /// What reading the state file found.
@@ -75,9 +120,23 @@ pub fn load(path: &Path) -> io::Result<Loaded> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Loaded::Missing),
         Err(e) => return Err(e),
     };
+    // The second slot sits after the first, whose size its format gives;
+    // with the first slot torn, either size may be right.
     let a = decode(&bytes);
-    let b = bytes.get(SLOT..).and_then(decode);
-    Ok(match (a, b) {
+    let b = match a {
+        Some((_, size)) => bytes.get(size..).and_then(decode),
+        None => bytes
+            .get(SLOT..)
+            .and_then(decode)
+            .filter(|(_, size)| *size == SLOT)
+            .or_else(|| {
+                bytes
+                    .get(SLOT_V1..)
+                    .and_then(decode)
+                    .filter(|(_, size)| *size == SLOT_V1)
+            }),
+    };
+    Ok(match (a.map(|(s, _)| s), b.map(|(s, _)| s)) {
         (Some(a), Some(b)) => Loaded::Valid(if b.generation > a.generation { b } else { a }),
         (Some(s), None) | (None, Some(s)) => Loaded::Valid(s),
         (None, None) => Loaded::Garbage,
@@ -92,7 +151,12 @@ pub struct StateFile {
 
 impl StateFile {
     /// Opens (creating) the file and writes `acked` into both slots.
-    pub fn create(path: &Path, generation: u64, acked: Position) -> io::Result<StateFile> {
+    pub fn create(
+        path: &Path,
+        generation: u64,
+        acked: Position,
+        seqs: Seqs,
+    ) -> io::Result<StateFile> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -101,18 +165,19 @@ impl StateFile {
             .open(path)?;
         file.set_len(2 * SLOT as u64)?;
         let mut state = StateFile { file, generation };
-        state.save(acked)?;
-        state.save(acked)?;
+        state.save(acked, seqs)?;
+        state.save(acked, seqs)?;
         Ok(state)
     }
 
-    pub fn save(&mut self, acked: Position) -> io::Result<()> {
+    pub fn save(&mut self, acked: Position, seqs: Seqs) -> io::Result<()> {
         self.generation += 1;
         let slot = (self.generation % 2) * SLOT as u64;
         self.file.write_all_at(
             &encode(Saved {
                 generation: self.generation,
                 acked,
+                seqs: Some(seqs),
             }),
             slot,
         )
@@ -140,13 +205,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         assert_eq!(load(&path).unwrap(), Loaded::Missing);
-        let mut state = StateFile::create(&path, 0, pos(1, 16)).unwrap();
-        state.save(pos(1, 100)).unwrap();
-        state.save(pos(2, 16)).unwrap();
+        let seqs = |n: u64| Seqs {
+            acked: n,
+            stored: n + 5,
+        };
+        let mut state = StateFile::create(&path, 0, pos(1, 16), seqs(0)).unwrap();
+        state.save(pos(1, 100), seqs(3)).unwrap();
+        state.save(pos(2, 16), seqs(7)).unwrap();
         let Loaded::Valid(saved) = load(&path).unwrap() else {
             panic!("valid")
         };
         assert_eq!(saved.acked, pos(2, 16));
+        assert_eq!(saved.seqs, Some(seqs(7)));
         // Tear the newest slot: the previous position comes back.
         let newest = (saved.generation % 2) as usize * SLOT;
         let mut bytes = std::fs::read(&path).unwrap();
@@ -156,7 +226,30 @@ mod tests {
             load(&path).unwrap(),
             Loaded::Valid(Saved {
                 generation: saved.generation - 1,
-                acked: pos(1, 100)
+                acked: pos(1, 100),
+                seqs: Some(seqs(3)),
+            })
+        );
+        // A format-1 file (position only) still reads.
+        let mut v1 = Vec::new();
+        for (generation, segment) in [(4u64, 3u64), (5, 4)] {
+            let mut slot = [0u8; SLOT_V1];
+            slot[..4].copy_from_slice(&STATE_MAGIC);
+            slot[4..8].copy_from_slice(&1u32.to_le_bytes());
+            slot[8..16].copy_from_slice(&generation.to_le_bytes());
+            slot[16..24].copy_from_slice(&segment.to_le_bytes());
+            slot[24..32].copy_from_slice(&16u64.to_le_bytes());
+            let crc = crc32c::crc32c(&slot[..32]);
+            slot[32..36].copy_from_slice(&crc.to_le_bytes());
+            v1.extend_from_slice(&slot);
+        }
+        std::fs::write(&path, &v1).unwrap();
+        assert_eq!(
+            load(&path).unwrap(),
+            Loaded::Valid(Saved {
+                generation: 5,
+                acked: pos(4, 16),
+                seqs: None
             })
         );
         std::fs::write(&path, b"not a state file at all, just garbage text").unwrap();

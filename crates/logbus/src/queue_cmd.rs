@@ -12,9 +12,19 @@ fn render(report: &Report, verbose: bool) -> String {
     let state = match &report.state {
         StateReport::Missing => "missing".to_string(),
         StateReport::Garbage => "damaged (no valid slot)".to_string(),
-        StateReport::Valid { generation, acked } => format!(
-            "acknowledged up to segment {} offset {} (generation {generation})",
-            acked.segment, acked.offset
+        StateReport::Valid {
+            generation,
+            acked,
+            seqs,
+        } => format!(
+            "acknowledged up to segment {} offset {} (generation {generation}){}",
+            acked.segment,
+            acked.offset,
+            seqs.map(|s| format!(
+                "; record {} next, records before {} stored",
+                s.acked, s.stored
+            ))
+            .unwrap_or_default()
         ),
     };
     out.push_str(&format!("queue {}\n", report.dir.display()));
@@ -32,10 +42,11 @@ fn render(report: &Report, verbose: bool) -> String {
     }
     let bytes: u64 = report.segments.iter().map(|s| s.file_bytes).sum();
     out.push_str(&format!(
-        "  segments: {}, {} bytes; unacknowledged records: {}\n",
+        "  segments: {}, {} bytes; unacknowledged records: {}; lost records: {}\n",
         report.segments.len(),
         bytes,
-        report.unacked_records()
+        report.unacked_records(),
+        report.lost_records
     ));
     out.push_str(&format!(
         "  {:>20} {:>12} {:>10} {:>10} {:>8}\n",
@@ -85,11 +96,16 @@ pub fn check(dir: &Path, repair: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     let repaired = inspect::repair(dir)?;
+    for note in &repaired.notes {
+        crate::emit(&format!("  repair: {note}\n"));
+    }
     crate::emit(&format!(
-        "  repaired: {} segments rewritten, {} acknowledged segments removed, {} records kept, {} damaged bytes dropped{}\n",
+        "  repaired: {} segments rewritten, {} renumbered, {} acknowledged segments removed, {} records kept, {} records lost, {} damaged bytes dropped{}\n",
         repaired.segments_rewritten,
+        repaired.segments_renumbered,
         repaired.segments_removed,
         repaired.records_kept,
+        repaired.records_lost,
         repaired.bytes_dropped,
         if repaired.state_rewritten {
             ", state rewritten"

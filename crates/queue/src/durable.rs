@@ -94,8 +94,12 @@ pub struct DurableSnapshot {
     pub full_waits: u64,
     pub damaged_regions: u64,
     pub damaged_bytes: u64,
-    /// Records lost with a segment that could not be read (I/O errors).
+    /// Records lost while running: a segment that could not be read (I/O
+    /// errors) or went missing.
     pub unreadable: u64,
+    /// Records an earlier run stored that were gone when this run opened
+    /// the queue (damaged, cut or deleted segments), counted exactly.
+    pub lost_at_open: u64,
     pub undecodable: u64,
     pub returned: u64,
     /// Memory events written to the log at a forced stop.
@@ -106,9 +110,10 @@ pub struct DurableSnapshot {
 
 impl DurableSnapshot {
     /// Events this channel accounts for besides `received`: dropped by
-    /// policy, or still on disk for the next start.
+    /// policy, or still on disk for the next start. Records lost to damage
+    /// are not among them: they count as lost.
     pub fn not_received(&self) -> u64 {
-        self.dropped_newest + self.dropped_oldest + self.unread + self.undecodable + self.unreadable
+        self.dropped_newest + self.dropped_oldest + self.unread + self.undecodable
     }
 }
 
@@ -222,6 +227,7 @@ impl Durable {
             damaged_regions: s.damaged_regions,
             damaged_bytes: s.damaged_bytes,
             unreadable: s.unreadable,
+            lost_at_open: self.recovery.lost_records,
             undecodable: get(&self.stats.undecodable),
             returned: get(&self.stats.returned),
             saved: get(&self.stats.saved),
