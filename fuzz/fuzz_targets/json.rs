@@ -20,6 +20,7 @@ fuzz_target!(|data: &[u8]| {
         Meta {
             source: "f".into(),
             ingest_ns: 0,
+            origin: None,
         },
     );
     match parser.process(&mut event) {
@@ -31,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
                 Meta {
                     source: "f".into(),
                     ingest_ns: 0,
+                    origin: None,
                 },
             );
             assert!(matches!(parser.process(&mut again), Ok(Verdict::Keep)));

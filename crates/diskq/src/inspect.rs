@@ -160,7 +160,7 @@ pub fn account(seqs: Option<Seqs>, scans: &[SegmentScan], reported: &[(u64, u64)
         if i == 0 {
             out.resume_seq = expected;
         }
-        expected = expected.map(|e| e + scan.records);
+        expected = expected.map(|e| e.saturating_add(scan.records));
         previous = Some(scan.id);
     }
     if let (Some(s), Some(e)) = (seqs, expected)

@@ -42,7 +42,7 @@ fn render(report: &Report, verbose: bool) -> String {
     }
     let bytes: u64 = report.segments.iter().map(|s| s.file_bytes).sum();
     out.push_str(&format!(
-        "  segments: {}, {} bytes; unacknowledged records: {}; lost records: {}\n",
+        "  segments: {}, {} bytes; unacknowledged records: {}\n  lost records (not reported before): {}\n",
         report.segments.len(),
         bytes,
         report.unacked_records(),

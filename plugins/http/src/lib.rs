@@ -3,6 +3,8 @@
 
 use logbus_plugin_api::Registry;
 
+#[cfg(feature = "source-http")]
+pub mod body;
 #[cfg(feature = "sink-http")]
 pub mod sink;
 #[cfg(feature = "source-http")]

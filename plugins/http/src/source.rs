@@ -20,7 +20,6 @@
 //! did not get a 200 loses nothing across a crash. The slot is held for
 //! that wait too, so the bound above still holds.
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,9 +29,11 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use logbus_connections::{Closed, Connection, ConnectionTable, Limits};
+
+use crate::body::{Refused, split};
 use logbus_plugin_api::{
-    AckReceiver, BatchAck, BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError,
-    Outcome, Output, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+    AckReceiver, BatchAck, BuildContext, Built, Bytes, CheckOptions, OptionError, Outcome, Output,
+    Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
 use tokio::sync::Semaphore;
@@ -614,89 +615,10 @@ fn decode(headers: &HeaderMap, body: Bytes, max: usize) -> Result<Bytes, (Status
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("identity")
-        .trim()
-        .to_ascii_lowercase();
-    let format = match encoding.as_str() {
-        "identity" | "" => return Ok(body),
-        "gzip" | "x-gzip" => logbus_compress::ReadCompression::Gzip,
-        "zstd" => logbus_compress::ReadCompression::Zstd,
-        "deflate" => logbus_compress::ReadCompression::Deflate,
-        other => {
-            return Err((
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("Content-Encoding `{other}` is not supported (gzip, zstd, deflate)"),
-            ));
-        }
-    };
-    let bad = |e: std::io::Error| (StatusCode::BAD_REQUEST, format!("{encoding} body: {e}"));
-    let reader = logbus_compress::open(&body[..], format).map_err(bad)?;
-    let mut out = Vec::new();
-    // One byte past the limit tells "too large" from "exactly the limit".
-    reader
-        .take(max as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(bad)?;
-    if out.len() > max {
-        return Err((
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is larger than {max} bytes once decompressed"),
-        ));
-    }
-    Ok(Bytes::from(out))
-}
-
-/// Why a body made no events.
-enum Refused {
-    TooMany,
-    Malformed(String),
-}
-
-/// Events of a body: raw slices of it (lines), or each array element's
-/// JSON; at most `max` of them (counted before any is built).
-fn split(
-    body: &Bytes,
-    format: BodyFormat,
-    source: &Arc<str>,
-    max: usize,
-) -> Result<Vec<Event>, Refused> {
-    let meta = Meta::now(source.clone());
-    match format {
-        BodyFormat::Lines => {
-            let mut events = Vec::new();
-            let mut start = 0;
-            for end in memchr::memchr_iter(b'\n', body) {
-                push_line(body, start, end, &meta, &mut events);
-                if events.len() > max {
-                    return Err(Refused::TooMany);
-                }
-                start = end + 1;
-            }
-            push_line(body, start, body.len(), &meta, &mut events);
-            if events.len() > max {
-                return Err(Refused::TooMany);
-            }
-            Ok(events)
-        }
-        BodyFormat::JsonArray => {
-            let values: Vec<&serde_json::value::RawValue> = serde_json::from_slice(body)
-                .map_err(|e| Refused::Malformed(format!("the body is not a JSON array: {e}")))?;
-            if values.len() > max {
-                return Err(Refused::TooMany);
-            }
-            Ok(values
-                .into_iter()
-                .map(|v| Event::raw(Bytes::copy_from_slice(v.get().as_bytes()), meta.clone()))
-                .collect())
-        }
-    }
-}
-
-fn push_line(body: &Bytes, start: usize, mut end: usize, meta: &Meta, events: &mut Vec<Event>) {
-    if end > start && body[end - 1] == b'\r' {
-        end -= 1;
-    }
-    if end > start && !body[start..end].iter().all(u8::is_ascii_whitespace) {
-        events.push(Event::raw(body.slice(start..end), meta.clone()));
-    }
+        .unwrap_or("identity");
+    crate::body::decode(encoding, body, max).map_err(|refused| match refused {
+        crate::body::Undecodable::Unsupported(why) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, why),
+        crate::body::Undecodable::Malformed(why) => (StatusCode::BAD_REQUEST, why),
+        crate::body::Undecodable::TooLarge(why) => (StatusCode::PAYLOAD_TOO_LARGE, why),
+    })
 }

@@ -293,7 +293,7 @@ fn kill_9_with_a_stuck_sink_loses_nothing_and_check_and_repair_handle_damage() {
     let unacked: usize = text
         .split("unacknowledged records: ")
         .nth(1)
-        .and_then(|s| s.split(';').next()?.trim().parse().ok())
+        .and_then(|s| s.lines().next()?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{text}"));
     assert!(
         piped.len() + unacked >= n,

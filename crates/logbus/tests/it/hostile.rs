@@ -385,17 +385,21 @@ fn idle_syslog_connections_make_room_and_time_out() {
     let idle: Vec<TcpStream> = (0..256)
         .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
         .collect();
-    for sender in 0..4 {
-        let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        for i in 0..100 {
-            writeln!(
-                conn,
-                "<14>1 2026-12-01T00:00:00Z host app - - - sender {sender} message {i}"
-            )
-            .unwrap();
-        }
-        drop(conn);
-    }
+    // Senders stay connected (each needs a slot of its own, so each makes
+    // room by closing one idle connection).
+    let senders: Vec<TcpStream> = (0..4)
+        .map(|sender| {
+            let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            for i in 0..100 {
+                writeln!(
+                    conn,
+                    "<14>1 2026-12-01T00:00:00Z host app - - - sender {sender} message {i}"
+                )
+                .unwrap();
+            }
+            conn
+        })
+        .collect();
     let began = Instant::now();
     while lines_in(&out) < 400 {
         assert!(
@@ -413,6 +417,7 @@ fn idle_syslog_connections_make_room_and_time_out() {
         .filter(|c| *c)
         .count();
     assert_eq!(closed, 4);
+    drop(senders);
     child.kill().unwrap();
     child.wait().unwrap();
 
