@@ -43,6 +43,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "http", "sink-http"),
     (StageKind::Sink, "syslog", "sink-syslog"),
     (StageKind::Sink, "email", "sink-email"),
+    (StageKind::Sink, "kafka", "sink-kafka"),
 ];
 
 /// The registry of this build: compiled-in plugins, plus the rest of the
@@ -61,6 +62,7 @@ pub fn registry() -> Registry {
     logbus_net::register(&mut registry);
     logbus_host::register(&mut registry);
     logbus_email::register(&mut registry);
+    logbus_kafka::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

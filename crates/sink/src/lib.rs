@@ -11,8 +11,10 @@ pub mod batch;
 pub mod driver;
 pub mod encode;
 pub mod retry;
+pub mod template;
 
 pub use batch::{Batch, BatchLimits, Batcher};
 pub use driver::{Driver, DriverConfig, ItemResult, OnRejected, Response, Service};
 pub use encode::{Encoder, Framing, JsonArray, JsonLines, write_json_or_raw};
 pub use retry::{RetryPolicy, parse_retry_after};
+pub use template::Template;

@@ -1,0 +1,532 @@
+//! `sink: kafka` — a producer on the sink core (`logbus-sink`). The core
+//! batches, keeps several batches in flight, retries and dead-letters;
+//! this module says how a batch becomes Kafka messages and how each
+//! message's delivery report becomes that event's outcome. An event is
+//! committed (and acknowledged to its source) only once the broker
+//! confirmed it with the configured `acks` (all replicas by default,
+//! idempotent producer): librdkafka batches and compresses underneath.
+//!
+//! Delivery reports are per message, so a batch can end mixed: delivered
+//! messages are committed, retryable failures (a timed-out message, a
+//! full local queue, a broker gone) are sent again by the core, and
+//! permanent ones (larger than the broker takes, a topic that does not
+//! exist, not authorised) go to `<id>.dead` with the reason.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, Event, OptionError, Payload, Sink, SinkContext, StageError,
+    StageKind, TypedPlugin, async_trait,
+};
+use logbus_sink::{
+    Batch, BatchLimits, Driver, DriverConfig, Encoder, ItemResult, Response, RetryPolicy, Service,
+    Template, write_json_or_raw,
+};
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KafkaCompression {
+    #[default]
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl KafkaCompression {
+    fn name(self) -> &'static str {
+        match self {
+            KafkaCompression::None => "none",
+            KafkaCompression::Gzip => "gzip",
+            KafkaCompression::Snappy => "snappy",
+            KafkaCompression::Lz4 => "lz4",
+            KafkaCompression::Zstd => "zstd",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+pub enum Acks {
+    /// Every in-sync replica has the message (with the idempotent
+    /// producer: no duplicates from the producer's own retries).
+    #[default]
+    #[serde(rename = "all")]
+    All,
+    /// The partition leader has it.
+    #[serde(rename = "1")]
+    Leader,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnRejected {
+    /// Stop the stage (the pipeline drains and exits non-zero).
+    #[default]
+    Fail,
+    /// Count the refused events as discarded, log, go on.
+    Drop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SaslMechanism {
+    Plain,
+    ScramSha256,
+    ScramSha512,
+}
+
+/// SASL credentials (the password usually from `${VAR}`).
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Sasl {
+    pub mechanism: SaslMechanism,
+    pub username: String,
+    pub password: String,
+}
+
+/// TLS to the brokers: a private CA, and a client certificate if the
+/// brokers ask for one.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaTls {
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub cert_file: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+/// Options of `sink: kafka`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkOptions {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// The topic; `{{field}}` takes it from the event.
+    pub topic: String,
+    /// The message key; `{{field}}` takes it from the event. No key: the
+    /// producer spreads messages over the partitions.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Fields sent as message headers (name = field path; the value as
+    /// text, or JSON for non-strings). Missing fields are left out.
+    #[serde(default)]
+    pub headers: Vec<String>,
+    /// `none` (default), `gzip`, `snappy`, `lz4` or `zstd`.
+    #[serde(default)]
+    pub compression: KafkaCompression,
+    /// `all` (default, with the idempotent producer) or `1`.
+    #[serde(default)]
+    pub acks: Acks,
+    /// How long librdkafka waits to fill a batch, ms.
+    #[serde(default = "default_linger")]
+    #[schemars(range(max = 60000))]
+    pub linger_ms: u64,
+    /// How long one message may take to be delivered (librdkafka retries
+    /// within it); past it, the sink core retries the message.
+    #[serde(default = "default_message_timeout")]
+    #[schemars(range(min = 1))]
+    pub message_timeout_ms: u64,
+    /// The broker's largest message; larger ones go to `<id>.dead`
+    /// without being sent.
+    #[serde(default = "default_max_message")]
+    #[schemars(range(min = 1000, max = 1000000000))]
+    pub max_message_bytes: usize,
+    /// Events handed to the producer together (one delivery wait).
+    #[serde(default = "default_batch_events")]
+    #[schemars(range(min = 1))]
+    pub batch_max_events: usize,
+    /// A partial batch is handed over once its first event waited this long.
+    #[serde(default = "default_batch_timeout")]
+    pub batch_timeout_ms: u64,
+    /// Batches waiting for delivery reports at once.
+    #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1, max = 64))]
+    pub in_flight: usize,
+    #[serde(default = "default_initial_backoff")]
+    #[schemars(range(min = 1))]
+    pub retry_initial_backoff_ms: u64,
+    #[serde(default = "default_max_backoff")]
+    #[schemars(range(min = 1))]
+    pub retry_max_backoff_ms: u64,
+    /// Give up after this many attempts (unset: until the brokers are back).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub retry_max_attempts: Option<u32>,
+    /// Without a stage reading `<id>.dead`: `fail` (default) or `drop`.
+    #[serde(default)]
+    pub on_rejected: OnRejected,
+    #[serde(default)]
+    pub tls: Option<KafkaTls>,
+    #[serde(default)]
+    pub sasl: Option<Sasl>,
+    /// Further librdkafka producer properties, as librdkafka names them
+    /// (they override the ones above).
+    #[serde(default)]
+    pub librdkafka: BTreeMap<String, String>,
+}
+
+fn default_linger() -> u64 {
+    5
+}
+fn default_message_timeout() -> u64 {
+    30_000
+}
+fn default_max_message() -> usize {
+    1_000_000
+}
+fn default_batch_events() -> usize {
+    10_000
+}
+fn default_batch_timeout() -> u64 {
+    50
+}
+fn default_in_flight() -> usize {
+    4
+}
+fn default_initial_backoff() -> u64 {
+    100
+}
+fn default_max_backoff() -> u64 {
+    10_000
+}
+
+impl CheckOptions for KafkaSinkOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        if self.brokers.split(',').any(|b| {
+            let b = b.trim();
+            b.rsplit_once(':')
+                .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+        }) {
+            errors.push(OptionError::at(
+                &["brokers"],
+                format!("`{}` is not a list of host:port", self.brokers),
+            ));
+        }
+        for (name, text) in [("topic", Some(&self.topic)), ("key", self.key.as_ref())] {
+            if let Some(text) = text {
+                if let Err(e) = Template::parse(text) {
+                    errors.push(OptionError::at(&[name], e));
+                } else if text.is_empty() {
+                    errors.push(OptionError::at(&[name], "must not be empty"));
+                }
+            }
+        }
+        for (i, h) in self.headers.iter().enumerate() {
+            if logbus_plugin_api::FieldPath::parse(h).is_err() {
+                errors.push(OptionError::at(
+                    &["headers", &i.to_string()],
+                    format!("`{h}` is not a field path"),
+                ));
+            }
+        }
+        if self.message_timeout_ms == 0 {
+            errors.push(OptionError::at(
+                &["message_timeout_ms"],
+                "must be at least 1",
+            ));
+        }
+        if !(1000..=1_000_000_000).contains(&self.max_message_bytes) {
+            errors.push(OptionError::at(
+                &["max_message_bytes"],
+                "must be between 1000 and 1000000000",
+            ));
+        }
+        if !(1..=64).contains(&self.in_flight) {
+            errors.push(OptionError::at(&["in_flight"], "must be between 1 and 64"));
+        }
+        if self.batch_max_events == 0 {
+            errors.push(OptionError::at(&["batch_max_events"], "must be at least 1"));
+        }
+        if self.retry_max_attempts == Some(0) {
+            errors.push(OptionError::at(
+                &["retry_max_attempts"],
+                "must be at least 1",
+            ));
+        }
+        if let Some(tls) = &self.tls
+            && tls.cert_file.is_some() != tls.key_file.is_some()
+        {
+            errors.push(OptionError::at(
+                &["tls"],
+                "give `cert_file` and `key_file` together",
+            ));
+        }
+        errors
+    }
+}
+
+pub struct KafkaSink;
+
+impl KafkaSinkOptions {
+    /// The producer's librdkafka properties.
+    fn client_config(&self, cx: &BuildContext) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("compression.type", self.compression.name())
+            .set("linger.ms", self.linger_ms.to_string())
+            .set("message.timeout.ms", self.message_timeout_ms.to_string())
+            .set("message.max.bytes", self.max_message_bytes.to_string())
+            .set("client.id", format!("logbus-{}", cx.stage_id));
+        match self.acks {
+            Acks::All => c.set("acks", "all").set("enable.idempotence", "true"),
+            Acks::Leader => c.set("acks", "1").set("enable.idempotence", "false"),
+        };
+        let protocol = match (self.tls.is_some(), self.sasl.is_some()) {
+            (false, false) => "plaintext",
+            (true, false) => "ssl",
+            (false, true) => "sasl_plaintext",
+            (true, true) => "sasl_ssl",
+        };
+        c.set("security.protocol", protocol);
+        if let Some(tls) = &self.tls {
+            for (key, file) in [
+                ("ssl.ca.location", &tls.ca_file),
+                ("ssl.certificate.location", &tls.cert_file),
+                ("ssl.key.location", &tls.key_file),
+            ] {
+                if let Some(file) = file {
+                    c.set(key, cx.resolve(file).display().to_string());
+                }
+            }
+        }
+        if let Some(sasl) = &self.sasl {
+            let mechanism = match sasl.mechanism {
+                SaslMechanism::Plain => "PLAIN",
+                SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+                SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+            };
+            c.set("sasl.mechanism", mechanism)
+                .set("sasl.username", &sasl.username)
+                .set("sasl.password", &sasl.password);
+        }
+        for (k, v) in &self.librdkafka {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+impl TypedPlugin for KafkaSink {
+    type Options = KafkaSinkOptions;
+    const NAME: &'static str = "kafka";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "Kafka producer (librdkafka): topic and key from templates, headers from fields, gzip/snappy/lz4/zstd, idempotent acks=all; commits each event on its delivery report, refused ones to <id>.dead.";
+
+    fn build(&self, options: KafkaSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let topic = Template::parse(&options.topic).map_err(|e| OptionError::at(&["topic"], e))?;
+        let key = options
+            .key
+            .as_deref()
+            .map(Template::parse)
+            .transpose()
+            .map_err(|e| OptionError::at(&["key"], e))?;
+        let headers = options
+            .headers
+            .iter()
+            .map(|h| {
+                logbus_plugin_api::FieldPath::parse(h)
+                    .map(|p| (h.clone(), p))
+                    .map_err(|e| OptionError::at(&["headers"], e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let producer: FutureProducer = options
+            .client_config(cx)
+            .create()
+            .map_err(|e| OptionError::at(&["librdkafka"], format!("creating the producer: {e}")))?;
+        let config = DriverConfig {
+            limits: BatchLimits {
+                max_events: options.batch_max_events,
+                // Messages go one by one to librdkafka, which batches for
+                // the wire itself: bound a batch's memory, not its body.
+                max_bytes: 64 << 20,
+                max_age: Duration::from_millis(options.batch_timeout_ms),
+                ..BatchLimits::default()
+            },
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_millis(options.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(options.retry_max_backoff_ms),
+                max_attempts: options.retry_max_attempts,
+                max_elapsed: None,
+            },
+            in_flight: options.in_flight,
+            on_rejected: match options.on_rejected {
+                OnRejected::Fail => logbus_sink::OnRejected::Fail,
+                OnRejected::Drop => logbus_sink::OnRejected::Drop,
+            },
+            destination: format!("kafka {} topic {}", options.brokers, options.topic),
+        };
+        let service = KafkaService {
+            producer,
+            topic,
+            key,
+            headers,
+            max_message_bytes: options.max_message_bytes,
+        };
+        let driver = Driver::new(service, Unframed, config);
+        Ok(Built::Sink(Box::new(KafkaWriter { driver })))
+    }
+}
+
+/// One message per event: structured events as JSON, raw ones as they are.
+struct Unframed;
+
+impl Encoder for Unframed {
+    fn encode(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), String> {
+        write_json_or_raw(event, out)
+    }
+}
+
+struct KafkaWriter {
+    driver: Driver<KafkaService>,
+}
+
+#[async_trait]
+impl Sink for KafkaWriter {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        let ran = self.driver.run(cx).await;
+        // Every batch waited for its delivery reports; this only settles
+        // librdkafka's own bookkeeping before the producer is dropped.
+        let producer = self.driver.service().producer.clone();
+        let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
+        ran
+    }
+}
+
+struct KafkaService {
+    producer: FutureProducer,
+    topic: Template,
+    key: Option<Template>,
+    headers: Vec<(String, logbus_plugin_api::FieldPath)>,
+    max_message_bytes: usize,
+}
+
+/// One message, ready to hand to the producer.
+struct Message {
+    topic: String,
+    key: Option<String>,
+    payload: Vec<u8>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+#[async_trait]
+impl Service for KafkaService {
+    type Request = Vec<Message>;
+
+    fn prepare(&self, batch: &Batch) -> Result<Vec<Message>, String> {
+        Ok(batch
+            .events()
+            .iter()
+            .enumerate()
+            .map(|(i, event)| Message {
+                topic: self.topic.render(event),
+                key: self.key.as_ref().map(|k| k.render(event)),
+                payload: batch.item(i).to_vec(),
+                headers: self.headers_of(event),
+            })
+            .collect())
+    }
+
+    async fn send(&self, messages: &Vec<Message>) -> Response {
+        let mut waiting = Vec::with_capacity(messages.len());
+        for m in messages {
+            if m.payload.len() > self.max_message_bytes {
+                waiting.push(Err(ItemResult::Rejected(format!(
+                    "a message of {} bytes is larger than max_message_bytes ({})",
+                    m.payload.len(),
+                    self.max_message_bytes
+                ))));
+                continue;
+            }
+            let mut record = FutureRecord::to(&m.topic).payload(&m.payload[..]);
+            if let Some(key) = &m.key {
+                record = record.key(key.as_str());
+            }
+            if !m.headers.is_empty() {
+                let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
+                for (name, value) in &m.headers {
+                    headers = headers.insert(Header {
+                        key: name,
+                        value: Some(&value[..]),
+                    });
+                }
+                record = record.headers(headers);
+            }
+            waiting.push(match self.producer.send_result(record) {
+                Ok(delivery) => Ok(delivery),
+                Err((e, _)) => Err(outcome(&e, &m.topic)),
+            });
+        }
+        let mut results = Vec::with_capacity(waiting.len());
+        for (w, m) in waiting.into_iter().zip(messages) {
+            results.push(match w {
+                Err(result) => result,
+                Ok(delivery) => match delivery.await {
+                    Ok(Ok(_)) => ItemResult::Delivered,
+                    Ok(Err((e, _))) => outcome(&e, &m.topic),
+                    Err(_) => ItemResult::Retry("the producer went away".into()),
+                },
+            });
+        }
+        if results.iter().all(|r| *r == ItemResult::Delivered) {
+            Response::Delivered
+        } else {
+            Response::Items(results)
+        }
+    }
+}
+
+impl KafkaService {
+    fn headers_of(&self, event: &Event) -> Vec<(String, Vec<u8>)> {
+        let Payload::Fields(fields) = event.payload() else {
+            return Vec::new();
+        };
+        self.headers
+            .iter()
+            .filter_map(|(name, path)| {
+                let value = match path.get(fields)? {
+                    Value::String(s) => s.clone().into_bytes(),
+                    Value::Null => return None,
+                    other => other.to_string().into_bytes(),
+                };
+                Some((name.clone(), value))
+            })
+            .collect()
+    }
+}
+
+/// What a failed produce or delivery means for the event.
+fn outcome(e: &KafkaError, topic: &str) -> ItemResult {
+    use RDKafkaErrorCode as C;
+    let code = match e {
+        KafkaError::MessageProduction(code) => Some(*code),
+        _ => e.rdkafka_error_code(),
+    };
+    match code {
+        Some(
+            C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::InvalidRecord
+            | C::MessageBatchTooLarge
+            | C::InvalidTopic,
+        ) => ItemResult::Rejected(format!("kafka refused the message: {e}")),
+        Some(C::UnknownTopicOrPartition | C::UnknownTopic | C::UnknownPartition) => {
+            ItemResult::Rejected(format!("topic `{topic}` does not exist: {e}"))
+        }
+        Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => {
+            ItemResult::Rejected(format!("not authorised to write to `{topic}`: {e}"))
+        }
+        _ => ItemResult::Retry(format!("kafka: {e}")),
+    }
+}
