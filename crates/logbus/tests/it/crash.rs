@@ -93,7 +93,29 @@ fn start(dir: &Path, pipeline: &Path, port: Option<u16>) -> Child {
     command.spawn().unwrap()
 }
 
+/// Whether process `pid` has a handler for SIGTERM (`SigCgt` in
+/// `/proc/<pid>/status`, bit 15 - 1).
+fn catches_sigterm(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << 14) != 0)
+}
+
+/// A SIGTERM that arrives before the process installed its handler kills
+/// it (the default action): under load a start can take longer than the
+/// random run before the stop, so this first waits until it catches one.
 fn sigterm(child: &Child) {
+    let began = Instant::now();
+    while !catches_sigterm(child.id()) {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "logbus never installed its SIGTERM handler"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
