@@ -68,8 +68,10 @@ pub trait Service: Send + Sync + 'static {
 }
 
 /// What a sink does with events the destination refused for good, when
-/// nothing reads its `<id>.dead`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// nothing reads its `<id>.dead`. Also the `on_rejected` option of the
+/// sinks on this core (`fail` or `drop`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum OnRejected {
     /// Stop the stage (the pipeline drains and exits non-zero); the
     /// events count as errored, so a checkpointing source sends them again

@@ -20,8 +20,8 @@ use logbus_plugin_api::{
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, BatchLimits, Driver, DriverConfig, JsonArray, JsonLines, Response, RetryPolicy, Service,
-    parse_retry_after,
+    Batch, BatchLimits, Driver, DriverConfig, JsonArray, JsonLines, OnRejected, Response,
+    RetryPolicy, Service, parse_retry_after,
 };
 use serde::Deserialize;
 
@@ -50,16 +50,6 @@ pub enum BodyCompression {
     None,
     Gzip,
     Zstd,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum OnRejected {
-    /// Stop the stage (the pipeline drains and exits non-zero).
-    #[default]
-    Fail,
-    /// Count the batch as discarded, log it, go on.
-    Drop,
 }
 
 /// Options of `sink: http`.
@@ -295,10 +285,7 @@ impl TypedPlugin for HttpSink {
                 max_elapsed: options.retry_max_elapsed_ms.map(Duration::from_millis),
             },
             in_flight: options.in_flight,
-            on_rejected: match options.on_rejected {
-                OnRejected::Fail => logbus_sink::OnRejected::Fail,
-                OnRejected::Drop => logbus_sink::OnRejected::Drop,
-            },
+            on_rejected: options.on_rejected,
             destination: format!("{method} {}", options.url),
         };
         let service = HttpService {

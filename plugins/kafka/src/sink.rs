@@ -20,8 +20,8 @@ use logbus_plugin_api::{
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, BatchLimits, Driver, DriverConfig, Encoder, ItemResult, Response, RetryPolicy, Service,
-    Template, write_json_or_raw,
+    Batch, BatchLimits, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
+    RetryPolicy, Service, Template, write_json_or_raw,
 };
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -63,16 +63,6 @@ pub enum Acks {
     /// The partition leader has it.
     #[serde(rename = "1")]
     Leader,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum OnRejected {
-    /// Stop the stage (the pipeline drains and exits non-zero).
-    #[default]
-    Fail,
-    /// Count the refused events as discarded, log, go on.
-    Drop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -360,10 +350,7 @@ impl TypedPlugin for KafkaSink {
                 max_elapsed: None,
             },
             in_flight: options.in_flight,
-            on_rejected: match options.on_rejected {
-                OnRejected::Fail => logbus_sink::OnRejected::Fail,
-                OnRejected::Drop => logbus_sink::OnRejected::Drop,
-            },
+            on_rejected: options.on_rejected,
             destination: format!("kafka {} topic {}", options.brokers, options.topic),
         };
         let service = KafkaService {
