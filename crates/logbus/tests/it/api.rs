@@ -14,12 +14,21 @@ use crate::support::free_port;
 
 /// One HTTP/1.1 request; returns (status, body).
 pub(crate) fn http(port: u16, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    request(port, method, path, &format!("Host: 127.0.0.1\r\n{auth}"))
+}
+
+/// One request with the given head lines; the status and body.
+fn request(port: u16, method: &str, path: &str, headers: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
     let status = raw[9..12].parse().unwrap();
@@ -463,25 +472,6 @@ fn top_and_metrics_show_a_sources_acknowledgements() {
     );
     assert!(!frame.contains("acknowledgements out:"), "{frame}");
     stop(engine);
-}
-
-/// One request with the given head lines; the status and body.
-fn request(port: u16, method: &str, path: &str, headers: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let status = raw[9..12].parse().unwrap();
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// DNS rebinding and cross-site forgery against a token-less API on
