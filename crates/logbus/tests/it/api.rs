@@ -588,3 +588,33 @@ fn taps_have_a_fixed_number_of_slots() {
     assert_eq!(status, 200, "a slot is free again: {body}");
     stop(child);
 }
+
+/// A tap answer stops collecting at 4 MiB of events (as JSON) even when
+/// its `limit` is not reached, and says so.
+#[test]
+fn a_tap_answer_stops_at_four_mebibytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let yml = format!(
+        "stages:\n  gen: {{ source: generator, template: '{{{{\"seq\":{{{{seq}}}},\"pad\":\"{}\"}}}}' }}\n  out: {{ sink: blackhole, inputs: [gen] }}\n",
+        "x".repeat(20_000)
+    );
+    let (child, port) = start(dir.path(), &yml, &[]);
+    let (status, body) = http(
+        port,
+        "GET",
+        "/api/tap?stage=gen&limit=1000&wait_ms=20000",
+        None,
+    );
+    assert_eq!(status, 200);
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    let events = answer["events"].as_array().unwrap();
+    assert_eq!(answer["truncated"], true, "{} events", events.len());
+    // Each event is ~20 KB: the answer stops just past 4 MiB, far below 1000.
+    assert!(
+        (200..=220).contains(&events.len()),
+        "{} events",
+        events.len()
+    );
+    assert!(body.len() < (4 << 20) + 64 * 1024, "{} bytes", body.len());
+    stop(child);
+}
