@@ -21,6 +21,7 @@ fuzz_target!(|data: &[u8]| {
             source: "f".into(),
             ingest_ns: 0,
             origin: None,
+            attributes: None,
         },
     );
     match parser.process(&mut event) {
@@ -33,6 +34,7 @@ fuzz_target!(|data: &[u8]| {
                     source: "f".into(),
                     ingest_ns: 0,
                     origin: None,
+                    attributes: None,
                 },
             );
             assert!(matches!(parser.process(&mut again), Ok(Verdict::Keep)));

@@ -47,6 +47,12 @@ pub struct Meta {
     /// replace the payload), so a later `transform: fields` can write it
     /// into a field (`from_meta`).
     pub origin: Option<Arc<str>>,
+    /// What the source knows about the event beyond its origin, by name:
+    /// a Kafka message's topic, partition, offset, key, headers and
+    /// timestamp. Shared, never copied per stage; readable by
+    /// `transform: fields` (`from_meta`) and the JS transform, and kept
+    /// by a durable queue.
+    pub attributes: Option<Arc<Fields>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -177,6 +183,7 @@ impl Meta {
             source,
             ingest_ns: now_ns(),
             origin: None,
+            attributes: None,
         }
     }
 }
@@ -203,6 +210,7 @@ mod tests {
             source: "src".into(),
             ingest_ns: 1,
             origin: None,
+            attributes: None,
         }
     }
 

@@ -171,6 +171,7 @@ mod tests {
                 source: "t".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         )
     }
@@ -226,6 +227,7 @@ mod tests {
                 source: "t".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         );
         assert!(expectations(&expect(json!({"events": ["plain line"]})), &[raw]).is_ok());

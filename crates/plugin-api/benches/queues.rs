@@ -25,6 +25,7 @@ fn batch() -> Vec<Event> {
                     source: "bench".into(),
                     ingest_ns: 0,
                     origin: None,
+                    attributes: None,
                 },
             )
         })

@@ -256,6 +256,7 @@ mod tests {
                         source: "t".into(),
                         ingest_ns: 0,
                         origin: None,
+                        attributes: None,
                     },
                 )
             })

@@ -26,6 +26,7 @@ fn events(n: usize) -> Vec<Event> {
                     source: "t".into(),
                     ingest_ns: 0,
                     origin: None,
+                    attributes: None,
                 },
             )
         })

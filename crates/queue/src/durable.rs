@@ -34,6 +34,11 @@ const TAG_FIELDS: u8 = 2;
 /// of events whose source said where it found them).
 const TAG_RAW_ORIGIN: u8 = 3;
 const TAG_FIELDS_ORIGIN: u8 = 4;
+/// The same, with the source's attributes (a Kafka message's topic,
+/// partition, ...): `origin length | origin` (length 0: none) then
+/// `attributes length (u32) | attributes as JSON` after the source name.
+const TAG_RAW_ATTRIBUTES: u8 = 5;
+const TAG_FIELDS_ATTRIBUTES: u8 = 6;
 
 /// Which durable mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,25 +247,40 @@ impl Durable {
 }
 
 /// `tag | ingest_ns | source length | source | [origin length | origin] |
-/// payload`, where the payload is the raw bytes or the fields as JSON and
-/// the origin is there only under the `*_ORIGIN` tags. Records written
-/// before origins existed (tags 1 and 2) read back unchanged.
+/// [attributes length | attributes] | payload`, where the payload is the
+/// raw bytes or the fields as JSON; the origin is there under the
+/// `*_ORIGIN` and `*_ATTRIBUTES` tags, the attributes (JSON, u32 length)
+/// only under `*_ATTRIBUTES`. Events without attributes keep the older
+/// tags, so records written before attributes existed (or origins: tags 1
+/// and 2) read back unchanged.
 pub fn encode_event(event: &Event, out: &mut Vec<u8>) {
     let meta = event.meta();
     let source = clip(meta.source.as_bytes());
     let origin = meta.origin.as_deref().map(|o| clip(o.as_bytes()));
-    out.push(match (event.payload(), origin.is_some()) {
-        (Payload::Raw(_), false) => TAG_RAW,
-        (Payload::Fields(_), false) => TAG_FIELDS,
-        (Payload::Raw(_), true) => TAG_RAW_ORIGIN,
-        (Payload::Fields(_), true) => TAG_FIELDS_ORIGIN,
+    let fields = matches!(event.payload(), Payload::Fields(_));
+    out.push(match (fields, origin.is_some(), meta.attributes.is_some()) {
+        (false, _, true) => TAG_RAW_ATTRIBUTES,
+        (true, _, true) => TAG_FIELDS_ATTRIBUTES,
+        (false, false, false) => TAG_RAW,
+        (true, false, false) => TAG_FIELDS,
+        (false, true, false) => TAG_RAW_ORIGIN,
+        (true, true, false) => TAG_FIELDS_ORIGIN,
     });
     out.extend_from_slice(&meta.ingest_ns.to_le_bytes());
     out.extend_from_slice(&(source.len() as u16).to_le_bytes());
     out.extend_from_slice(source);
-    if let Some(origin) = origin {
+    if origin.is_some() || meta.attributes.is_some() {
+        let origin = origin.unwrap_or_default();
         out.extend_from_slice(&(origin.len() as u16).to_le_bytes());
         out.extend_from_slice(origin);
+    }
+    if let Some(attributes) = &meta.attributes {
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        serde_json::to_writer(&mut *out, &**attributes)
+            .expect("writing JSON to a Vec cannot fail");
+        let len = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }
     match event.payload() {
         Payload::Raw(bytes) => out.extend_from_slice(bytes),
@@ -298,11 +318,13 @@ pub fn decode_event(
             s
         }
     };
-    let (raw, with_origin) = match tag {
-        TAG_RAW => (true, false),
-        TAG_FIELDS => (false, false),
-        TAG_RAW_ORIGIN => (true, true),
-        TAG_FIELDS_ORIGIN => (false, true),
+    let (raw, with_origin, with_attributes) = match tag {
+        TAG_RAW => (true, false, false),
+        TAG_FIELDS => (false, false, false),
+        TAG_RAW_ORIGIN => (true, true, false),
+        TAG_FIELDS_ORIGIN => (false, true, false),
+        TAG_RAW_ATTRIBUTES => (true, true, true),
+        TAG_FIELDS_ATTRIBUTES => (false, true, true),
         other => return Err(format!("unknown event tag {other}")),
     };
     let (origin, payload_at) = if with_origin {
@@ -316,7 +338,23 @@ pub fn decode_event(
         }
         let origin = std::str::from_utf8(&b[payload_at + 2..end])
             .map_err(|_| "origin is not UTF-8".to_string())?;
-        (Some(Arc::from(origin)), end)
+        // An empty origin under the attribute tags means none.
+        ((!origin.is_empty() || !with_attributes).then(|| Arc::from(origin)), end)
+    } else {
+        (None, payload_at)
+    };
+    let (attributes, payload_at) = if with_attributes {
+        if b.len() < payload_at + 4 {
+            return Err("record ends before the attributes".into());
+        }
+        let len = u32::from_le_bytes(b[payload_at..payload_at + 4].try_into().expect("4 bytes"));
+        let end = (payload_at + 4).saturating_add(len as usize);
+        if b.len() < end {
+            return Err("record ends inside the attributes".into());
+        }
+        let attributes = serde_json::from_slice::<Fields>(&b[payload_at + 4..end])
+            .map_err(|e| format!("attributes do not decode: {e}"))?;
+        (Some(Arc::new(attributes)), end)
     } else {
         (None, payload_at)
     };
@@ -324,6 +362,7 @@ pub fn decode_event(
         source,
         ingest_ns,
         origin,
+        attributes,
     };
     let payload = &b[payload_at..];
     if raw {
@@ -359,6 +398,7 @@ mod tests {
             source: "src-1".into(),
             ingest_ns: 123_456_789,
             origin: None,
+            attributes: None,
         };
         let raw = Event::raw(&b"a line \xff with bytes"[..], meta.clone());
         let fields = Event::fields(
@@ -367,16 +407,38 @@ mod tests {
         );
         let from_file = Meta {
             origin: Some("/var/log/app/é.log".into()),
-            ..meta
+            ..meta.clone()
         };
         let raw_from_file = Event::raw(&b"tailed"[..], from_file.clone());
         let fields_from_file = Event::fields(
             serde_json::from_value(json!({"msg": "parsed"})).unwrap(),
-            from_file,
+            from_file.clone(),
+        );
+        let attributes: Fields =
+            serde_json::from_value(json!({"topic": "logs", "partition": 3, "offset": 17}))
+                .unwrap();
+        let with_attributes = Meta {
+            attributes: Some(Arc::new(attributes)),
+            ..meta.clone()
+        };
+        let raw_from_kafka = Event::raw(&b"consumed"[..], with_attributes.clone());
+        let fields_from_both = Event::fields(
+            serde_json::from_value(json!({"msg": "parsed"})).unwrap(),
+            Meta {
+                origin: from_file.origin.clone(),
+                ..with_attributes
+            },
         );
         let mut data = Vec::new();
         let mut ranges = Vec::new();
-        for e in [&raw, &fields, &raw_from_file, &fields_from_file] {
+        for e in [
+            &raw,
+            &fields,
+            &raw_from_file,
+            &fields_from_file,
+            &raw_from_kafka,
+            &fields_from_both,
+        ] {
             let at = data.len();
             encode_event(e, &mut data);
             ranges.push(at..data.len());
@@ -387,8 +449,21 @@ mod tests {
             .into_iter()
             .map(|r| decode_event(&data, r, &mut cache).unwrap())
             .collect();
-        assert_eq!(back, vec![raw, fields, raw_from_file, fields_from_file]);
+        assert_eq!(
+            back,
+            vec![
+                raw,
+                fields,
+                raw_from_file,
+                fields_from_file,
+                raw_from_kafka,
+                fields_from_both
+            ]
+        );
         assert_eq!(back[2].meta().origin.as_deref(), Some("/var/log/app/é.log"));
+        assert_eq!(back[4].meta().origin, None);
+        assert_eq!(back[4].meta().attributes.as_ref().unwrap()["partition"], 3);
+        assert_eq!(back[5].meta().origin.as_deref(), Some("/var/log/app/é.log"));
         // Field order survives.
         let keys: Vec<&String> = back[1].as_fields().unwrap().keys().collect();
         assert_eq!(keys, ["z", "a"]);
@@ -406,6 +481,10 @@ mod tests {
             b"\x03\0\0\0\0\0\0\0\0\x01\0s\x09\0/var",
             b"\x03\0\0\0\0\0\0\0\0\x01\0s\x09",
             b"\x04\0\0\0\0\0\0\0\0\x01\0s\x01\0\xff{}",
+            // Attributes cut short, longer than the record, not JSON.
+            b"\x05\0\0\0\0\0\0\0\0\x01\0s\0\0\x02",
+            b"\x05\0\0\0\0\0\0\0\0\x01\0s\0\0\xff\xff\xff\xff{}",
+            b"\x06\0\0\0\0\0\0\0\0\x01\0s\0\0\x02\0\0\0[]{}",
         ] {
             let data = Bytes::copy_from_slice(bad);
             assert!(

@@ -20,6 +20,7 @@ fn events(from: usize, n: usize) -> Vec<Event> {
                     source: "t".into(),
                     ingest_ns: i as u64,
                     origin: None,
+                    attributes: None,
                 },
             )
         })

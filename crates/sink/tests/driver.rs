@@ -37,6 +37,7 @@ fn events(heard: &Arc<Heard>, range: std::ops::Range<u64>) -> Vec<Event> {
                     source: "t".into(),
                     ingest_ns: 0,
                     origin: None,
+                    attributes: None,
                 },
             )
             .with_ack(ack.handle())

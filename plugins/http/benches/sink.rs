@@ -31,6 +31,7 @@ fn events(n: usize) -> Vec<Event> {
                     source: "bench".into(),
                     ingest_ns: 0,
                     origin: None,
+                    attributes: None,
                 },
             )
         })

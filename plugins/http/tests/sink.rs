@@ -131,6 +131,7 @@ fn events(from: usize, n: usize) -> Vec<Event> {
                     source: "t".into(),
                     ingest_ns: 0,
                     origin: None,
+                    attributes: None,
                 },
             )
         })

@@ -56,6 +56,7 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
                     source: "t".into(),
                     ingest_ns: 0,
                     origin: None,
+                    attributes: None,
                 },
             )
         })

@@ -347,6 +347,7 @@ mod tests {
                 source: "t".into(),
                 ingest_ns,
                 origin: None,
+                attributes: None,
             },
         )
     }

@@ -159,6 +159,7 @@ impl Source for Generator {
                 source: source.clone(),
                 ingest_ns: ts,
                 origin: None,
+                attributes: None,
             };
             let mut events = Vec::with_capacity(n as usize);
             for _ in 0..n {

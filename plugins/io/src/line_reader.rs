@@ -204,6 +204,7 @@ async fn read_all<R: Read + Send + 'static>(
                     source,
                     ingest_ns: 0,
                     origin,
+                    attributes: None,
                 },
                 &tx,
                 &thread_stop,

@@ -19,6 +19,7 @@ fn event(service: &str, n: usize) -> Event {
             source: "t".into(),
             ingest_ns: 1_795_000_000_000_000_000,
             origin: None,
+            attributes: None,
         },
     )
 }

@@ -22,7 +22,7 @@ use logbus_plugin_api::{
 use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Object, Runtime, Value};
 use serde::Deserialize;
 
-use crate::convert::{ReadLimits, Walk, array_items, object_from_js};
+use crate::convert::{ReadLimits, Walk, array_items, object_from_js, object_to_js};
 use crate::lazy::{LazyEvents, apply};
 
 /// Options of `transform: js`.
@@ -303,6 +303,21 @@ impl CallBudget {
     }
 }
 
+/// `process`'s third argument: `{source, origin, ingest_ms, attributes}`
+/// (origin and attributes absent when the source gave none).
+fn meta_object<'js>(ctx: &Ctx<'js>, meta: &logbus_plugin_api::Meta) -> rquickjs::Result<Object<'js>> {
+    let object = Object::new(ctx.clone())?;
+    object.set("source", &*meta.source)?;
+    object.set("ingest_ms", (meta.ingest_ns / 1_000_000) as f64)?;
+    if let Some(origin) = &meta.origin {
+        object.set("origin", &**origin)?;
+    }
+    if let Some(attributes) = &meta.attributes {
+        object.set("attributes", object_to_js(ctx, attributes)?)?;
+    }
+    Ok(object)
+}
+
 /// What one event costs besides its fields (its allocation, metadata and
 /// map), roughly: about what the HTTP source measures for a tiny event.
 const EVENT_BYTES: usize = 256;
@@ -328,6 +343,9 @@ pub struct JsWorker {
     context: Context,
     runtime: Runtime,
     budget: Arc<CallBudget>,
+    /// Whether `process` declares a third parameter: only then is the
+    /// event's metadata turned into an object for each call.
+    wants_meta: bool,
     timeout: Duration,
     memory_limit: u64,
 }
@@ -346,7 +364,7 @@ impl JsWorker {
         let context = Context::full(&runtime).map_err(|e| format!("cannot start QuickJS: {e}"))?;
         let stage: Arc<str> = cx.stage_id.as_str().into();
         let worker = cx.worker;
-        let lazy = context.with(|ctx| -> Result<LazyEvents, String> {
+        let (lazy, wants_meta) = context.with(|ctx| -> Result<(LazyEvents, bool), String> {
             let cx_object = Object::new(ctx.clone()).map_err(|e| e.to_string())?;
             cx_object
                 .set("stage", stage.as_ref())
@@ -405,6 +423,7 @@ impl JsWorker {
                 Ok(v) if v.is_function() => v.into_function().expect("is a function"),
                 _ => return Err("the script defines no `process(event, ctx)` function".into()),
             };
+            let wants_meta = process.get::<_, u32>("length").unwrap_or(0) >= 3;
             let prototype = process.as_object().and_then(Object::get_prototype);
             if let Some((_, kind)) = refused_kinds.iter().flatten().find(|(refused, _)| {
                 prototype.as_ref().is_some_and(|p| p.as_value() == refused)
@@ -429,10 +448,13 @@ impl JsWorker {
             globals
                 .set(HIDDEN_CTX, cx_object)
                 .map_err(|e| e.to_string())?;
-            LazyEvents::install(&ctx).map_err(|e| format!("cannot start QuickJS: {e}"))
+            let lazy =
+                LazyEvents::install(&ctx).map_err(|e| format!("cannot start QuickJS: {e}"))?;
+            Ok((lazy, wants_meta))
         })?;
         Ok(JsWorker {
             lazy,
+            wants_meta,
             context,
             runtime,
             budget,
@@ -512,8 +534,14 @@ impl JsWorker {
         state: &Object<'js>,
         limits: &ReadLimits<'_>,
     ) -> Result<Verdict, EventError> {
-        let result = process
-            .call::<_, Value>((proxy.clone(), cx_object))
+        let called = if self.wants_meta {
+            let meta = meta_object(ctx, event.meta())
+                .map_err(|e| EventError::new(format!("passing the metadata to the script: {e}")))?;
+            process.call::<_, Value>((proxy.clone(), cx_object, meta))
+        } else {
+            process.call::<_, Value>((proxy.clone(), cx_object))
+        };
+        let result = called
             .catch(ctx)
             .map_err(|e| EventError::new(describe(e, "process() threw", 0)))?;
         if result == *proxy {

@@ -39,6 +39,7 @@ fn event(v: Value) -> Event {
             source: "t".into(),
             ingest_ns: 7,
             origin: None,
+            attributes: None,
         },
     )
 }
@@ -229,6 +230,7 @@ fn raw_events_arrive_as_message() {
             source: "t".into(),
             ingest_ns: 0,
             origin: None,
+            attributes: None,
         },
     );
     p.process(&mut e).unwrap();
@@ -504,4 +506,47 @@ fn many_returned_events_are_charged_against_the_memory_limit() {
         err.contains("more than memory_limit_mb (32 MiB) as event fields"),
         "{err}"
     );
+}
+
+#[test]
+fn a_third_parameter_receives_the_event_metadata() {
+    let mut p = build(json!({"script": r#"
+        function process(event, ctx, meta) {
+          event.from = meta.source;
+          event.file = meta.origin ?? "none";
+          event.topic = meta.attributes?.topic ?? "none";
+          event.offset = meta.attributes?.offset ?? -1;
+          event.trace = meta.attributes?.headers?.trace_id ?? "none";
+          event.ms = meta.ingest_ms;
+          return event;
+        }
+    "#}));
+    let attributes = json!({"topic": "logs", "offset": 41, "headers": {"trace_id": "t-9"}});
+    let mut e = Event::fields(
+        json!({"msg": "hi"}).as_object().unwrap().clone(),
+        Meta {
+            source: "kafka-in".into(),
+            ingest_ns: 5_000_000,
+            origin: None,
+            attributes: Some(std::sync::Arc::new(
+                attributes.as_object().unwrap().clone(),
+            )),
+        },
+    );
+    assert!(matches!(p.process(&mut e).unwrap(), Verdict::Keep));
+    assert_eq!(
+        fields(&e),
+        json!({"msg": "hi", "from": "kafka-in", "file": "none", "topic": "logs",
+               "offset": 41, "trace": "t-9", "ms": 5})
+    );
+    // Without attributes the object has none; a two-parameter script never
+    // sees a third argument.
+    let mut plain = event(json!({"msg": "x"}));
+    p.process(&mut plain).unwrap();
+    assert_eq!(fields(&plain)["topic"], "none");
+    let mut two = build(json!({"script":
+        "function process(event, ctx) { event.n = arguments.length; return event; }"}));
+    let mut e = event(json!({}));
+    two.process(&mut e).unwrap();
+    assert_eq!(fields(&e)["n"], 2);
 }

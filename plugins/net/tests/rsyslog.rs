@@ -102,6 +102,7 @@ async fn logbus_forwards_to_rsyslog() {
                     source: "t".into(),
                     ingest_ns: 0,
                     origin: None,
+                    attributes: None,
                 },
             )
         })

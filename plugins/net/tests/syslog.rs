@@ -151,6 +151,7 @@ async fn forward(options: serde_json::Value, n: usize) -> Arc<StageMetrics> {
                             source: "t".into(),
                             ingest_ns: 0,
                             origin: None,
+                            attributes: None,
                         },
                     )
                 })

@@ -223,6 +223,7 @@ mod tests {
                 source: "src".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         )
     }
@@ -303,6 +304,7 @@ mod tests {
                 source: "src".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         );
         assert!(

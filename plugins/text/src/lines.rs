@@ -99,6 +99,7 @@ mod tests {
                 source: "t".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         )
     }
@@ -153,6 +154,7 @@ mod tests {
                 source: "t".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         );
         assert!(p.process(&mut e).is_err());
@@ -162,6 +164,7 @@ mod tests {
                 source: "t".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         );
         assert!(p.process(&mut e).is_err());

@@ -27,6 +27,7 @@ fn meta() -> Meta {
         source: "t".into(),
         ingest_ns: 0,
         origin: None,
+        attributes: None,
     }
 }
 

@@ -24,23 +24,46 @@ pub struct FieldsOptions {
     /// `field: value` — set fields to constant values (third).
     #[serde(default)]
     pub set: Fields,
-    /// `field: origin|source` — set fields from the event's metadata
-    /// (fourth): `origin`, where the source found it (a tailed file's
-    /// path; skipped when the source did not say), or `source`, the id of
-    /// the source stage.
+    /// `field: what` — set fields from the event's metadata (fourth):
+    /// `origin`, where the source found it (a tailed file's path); `source`,
+    /// the id of the source stage; `attributes`, everything the source
+    /// attached (an object: a Kafka message's topic, partition, offset,
+    /// key, headers, timestamp); or `attributes.<path>`, one of them
+    /// (`attributes.headers.trace_id`). What the event does not have is
+    /// skipped.
     #[serde(default)]
-    pub from_meta: std::collections::BTreeMap<String, MetaKey>,
+    pub from_meta: std::collections::BTreeMap<String, String>,
     /// Fields to remove (last).
     #[serde(default)]
     pub delete: Vec<String>,
 }
 
 /// What of an event's metadata `from_meta` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaKey {
     Origin,
     Source,
+    Attributes,
+    Attribute(FieldPath),
+}
+
+impl MetaKey {
+    fn parse(what: &str, at: &[&str]) -> Result<MetaKey, OptionError> {
+        match what {
+            "origin" => Ok(MetaKey::Origin),
+            "source" => Ok(MetaKey::Source),
+            "attributes" => Ok(MetaKey::Attributes),
+            other => match other.strip_prefix("attributes.") {
+                Some(path) => field_path(path, at).map(MetaKey::Attribute),
+                None => Err(OptionError::at(
+                    at,
+                    format!(
+                        "unknown metadata `{other}`: use origin, source, attributes or attributes.<name>"
+                    ),
+                )),
+            },
+        }
+    }
 }
 
 struct Plan {
@@ -85,9 +108,10 @@ impl FieldsOptions {
             }
         }
         let mut from_meta = Vec::new();
-        for (k, key) in &self.from_meta {
-            match field_path(k, &["from_meta", k]) {
-                Ok(p) => from_meta.push((p, *key)),
+        for (k, what) in &self.from_meta {
+            let at = ["from_meta", k.as_str()];
+            match field_path(k, &at).and_then(|p| Ok((p, MetaKey::parse(what, &at)?))) {
+                Ok(pair) => from_meta.push(pair),
                 Err(e) => errors.push(e),
             }
         }
@@ -166,11 +190,17 @@ impl Processor for Plan {
         }
         for (path, key) in &self.from_meta {
             let value = match key {
-                MetaKey::Origin => meta.origin.as_deref(),
-                MetaKey::Source => Some(&*meta.source),
+                MetaKey::Origin => meta.origin.as_deref().map(|o| Value::String(o.into())),
+                MetaKey::Source => Some(Value::String(meta.source.to_string())),
+                MetaKey::Attributes => meta.attributes.as_deref().cloned().map(Value::Object),
+                MetaKey::Attribute(name) => meta
+                    .attributes
+                    .as_deref()
+                    .and_then(|a| name.get(a))
+                    .cloned(),
             };
             if let Some(v) = value {
-                path.set(fields, Value::String(v.to_string()));
+                path.set(fields, v);
             }
         }
         for path in &self.delete {
@@ -202,6 +232,7 @@ mod tests {
                 source: "s".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         );
         plan.process(&mut e).unwrap();
@@ -227,6 +258,7 @@ mod tests {
                     source: "logs".into(),
                     ingest_ns: 0,
                     origin: origin.map(Into::into),
+                    attributes: None,
                 },
             )
         };
@@ -248,6 +280,50 @@ mod tests {
         let mut e = event(None);
         opts.plan().unwrap().process(&mut e).unwrap();
         assert_eq!(e.as_fields().unwrap()["via"], "logs");
+    }
+
+    #[test]
+    fn from_meta_reads_the_source_attributes_whole_or_by_path() {
+        let opts: FieldsOptions = serde_json::from_value(json!({
+            "from_meta": {
+                "kafka": "attributes",
+                "partition": "attributes.partition",
+                "trace": "attributes.headers.trace_id",
+                "absent": "attributes.headers.nope"
+            }
+        }))
+        .unwrap();
+        let mut plan = opts.plan().unwrap();
+        let attributes: Fields = serde_json::from_value(
+            json!({"topic": "logs", "partition": 2, "headers": {"trace_id": "t-1"}}),
+        )
+        .unwrap();
+        let mut e = Event::fields(
+            Fields::new(),
+            Meta {
+                attributes: Some(std::sync::Arc::new(attributes)),
+                ..Meta::now("k".into())
+            },
+        );
+        plan.process(&mut e).unwrap();
+        assert_eq!(
+            Value::Object(e.as_fields().unwrap().clone()),
+            json!({
+                "kafka": {"topic": "logs", "partition": 2, "headers": {"trace_id": "t-1"}},
+                "partition": 2,
+                "trace": "t-1"
+            }),
+            "a missing attribute is skipped"
+        );
+        // An event without attributes gets none of them.
+        let mut plain = Event::fields(Fields::new(), Meta::now("k".into()));
+        plan.process(&mut plain).unwrap();
+        assert!(plain.as_fields().unwrap().is_empty());
+        let bad: FieldsOptions =
+            serde_json::from_value(json!({"from_meta": {"x": "offset"}})).unwrap();
+        let errs = bad.check();
+        assert_eq!(errs[0].path, ["from_meta", "x"]);
+        assert!(errs[0].message.contains("unknown metadata `offset`"), "{}", errs[0].message);
     }
 
     #[test]

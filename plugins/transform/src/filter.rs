@@ -226,6 +226,7 @@ mod tests {
                 source: "s".into(),
                 ingest_ns: 0,
                 origin: None,
+                attributes: None,
             },
         );
         matches!(f.process(&mut e).unwrap(), Verdict::Keep)

@@ -148,6 +148,7 @@ mod tests {
                 source: "s".into(),
                 ingest_ns: 42,
                 origin: None,
+                attributes: None,
             },
         );
         s.process(&mut e).unwrap();
@@ -161,6 +162,7 @@ mod tests {
                 source: "s".into(),
                 ingest_ns: 42,
                 origin: None,
+                attributes: None,
             },
         );
         assert!(s.process(&mut raw).is_err());

@@ -900,6 +900,7 @@ mod tests {
                         source: "t".into(),
                         ingest_ns: 0,
                         origin: None,
+                        attributes: None,
                     },
                 )
             })
@@ -1028,6 +1029,7 @@ mod tests {
                 source: "t".into(),
                 ingest_ns: old,
                 origin: None,
+                attributes: None,
             },
         );
         tx.send(vec![event]).await.unwrap();
