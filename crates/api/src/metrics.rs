@@ -330,7 +330,7 @@ impl Collector for Snapshot {
             }
         }
         // Acknowledgements of the sources that checkpoint.
-        let acked: [StageFamily; 3] = [
+        let acked: [StageFamily; 4] = [
             (
                 "logbus_source_acked_delivered",
                 "Events a checkpointing source heard were delivered.",
@@ -345,6 +345,11 @@ impl Collector for Snapshot {
                 "logbus_source_acked_errored",
                 "Events a checkpointing source heard were not finished (its position waits before them).",
                 |c| c.acked_errored,
+            ),
+            (
+                "logbus_source_redelivered",
+                "Events a source let go of unfinished for another reader to read again (a Kafka rebalance): possible duplicates.",
+                |c| c.redelivered,
             ),
         ];
         let checkpointing: Vec<_> = report

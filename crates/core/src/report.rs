@@ -168,8 +168,17 @@ impl fmt::Display for RunReport {
             }
             writeln!(
                 f,
-                "  acknowledged {}: delivered={} rejected={} errored={} oldest-unacknowledged={}ms",
-                s.id, c.acked_delivered, c.acked_rejected, c.acked_errored, c.oldest_unacked_ms
+                "  acknowledged {}: delivered={} rejected={} errored={} oldest-unacknowledged={}ms{}",
+                s.id,
+                c.acked_delivered,
+                c.acked_rejected,
+                c.acked_errored,
+                c.oldest_unacked_ms,
+                if c.redelivered > 0 {
+                    format!(" redelivered={} (may arrive twice)", c.redelivered)
+                } else {
+                    String::new()
+                }
             )?;
         }
         for c in &self.channels {

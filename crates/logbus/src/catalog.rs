@@ -16,6 +16,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "exec", "source-exec"),
     (StageKind::Source, "sysinfo", "source-sysinfo"),
     (StageKind::Source, "journald", "source-journald"),
+    (StageKind::Source, "kafka", "source-kafka"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),
@@ -48,7 +49,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
 
 /// Plugins that need system C libraries to build (and so are in the
 /// `full` build, not in `default` or their kind's group).
-pub const FULL_ONLY: &[&str] = &["sink-kafka"];
+pub const FULL_ONLY: &[&str] = &["sink-kafka", "source-kafka"];
 
 /// The registry of this build: compiled-in plugins, plus the rest of the
 /// catalog marked absent.

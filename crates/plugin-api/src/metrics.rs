@@ -26,6 +26,9 @@ pub struct StageMetrics {
     /// When the oldest batch not yet acknowledged was sent (ns since the
     /// epoch; 0: none outstanding).
     oldest_unacked_ns: AtomicU64,
+    /// Events a source let go of unfinished, knowing another reader takes
+    /// them over (a Kafka partition revoked in a rebalance).
+    redelivered: AtomicU64,
 }
 
 /// A point-in-time copy of [`StageMetrics`].
@@ -51,6 +54,10 @@ pub struct StageCounts {
     /// Age of the oldest batch sent and not yet acknowledged, in
     /// milliseconds (0: none).
     pub oldest_unacked_ms: u64,
+    /// Events this source let go of unfinished, knowing another reader
+    /// reads them again: each may arrive twice downstream (a Kafka
+    /// partition revoked in a rebalance while its events were in flight).
+    pub redelivered: u64,
 }
 
 impl StageCounts {
@@ -85,6 +92,7 @@ impl StageMetrics {
     counter!(add_created, created);
     counter!(add_blocked_ns, blocked_ns);
     counter!(add_bytes_out, bytes_out);
+    counter!(add_redelivered, redelivered);
 
     /// Bytes of raw payloads this stage sent on: what a source read, what a
     /// formatter produced.
@@ -122,6 +130,7 @@ impl StageMetrics {
             } else {
                 crate::now_ns().saturating_sub(oldest) / 1_000_000
             },
+            redelivered: self.redelivered.load(Ordering::Relaxed),
             events_in: self.events_in.load(Ordering::Relaxed),
             events_out: self.events_out.load(Ordering::Relaxed),
             discarded: self.discarded.load(Ordering::Relaxed),

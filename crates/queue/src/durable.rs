@@ -258,14 +258,16 @@ pub fn encode_event(event: &Event, out: &mut Vec<u8>) {
     let source = clip(meta.source.as_bytes());
     let origin = meta.origin.as_deref().map(|o| clip(o.as_bytes()));
     let fields = matches!(event.payload(), Payload::Fields(_));
-    out.push(match (fields, origin.is_some(), meta.attributes.is_some()) {
-        (false, _, true) => TAG_RAW_ATTRIBUTES,
-        (true, _, true) => TAG_FIELDS_ATTRIBUTES,
-        (false, false, false) => TAG_RAW,
-        (true, false, false) => TAG_FIELDS,
-        (false, true, false) => TAG_RAW_ORIGIN,
-        (true, true, false) => TAG_FIELDS_ORIGIN,
-    });
+    out.push(
+        match (fields, origin.is_some(), meta.attributes.is_some()) {
+            (false, _, true) => TAG_RAW_ATTRIBUTES,
+            (true, _, true) => TAG_FIELDS_ATTRIBUTES,
+            (false, false, false) => TAG_RAW,
+            (true, false, false) => TAG_FIELDS,
+            (false, true, false) => TAG_RAW_ORIGIN,
+            (true, true, false) => TAG_FIELDS_ORIGIN,
+        },
+    );
     out.extend_from_slice(&meta.ingest_ns.to_le_bytes());
     out.extend_from_slice(&(source.len() as u16).to_le_bytes());
     out.extend_from_slice(source);
@@ -277,8 +279,7 @@ pub fn encode_event(event: &Event, out: &mut Vec<u8>) {
     if let Some(attributes) = &meta.attributes {
         let at = out.len();
         out.extend_from_slice(&[0; 4]);
-        serde_json::to_writer(&mut *out, &**attributes)
-            .expect("writing JSON to a Vec cannot fail");
+        serde_json::to_writer(&mut *out, &**attributes).expect("writing JSON to a Vec cannot fail");
         let len = (out.len() - at - 4) as u32;
         out[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }
@@ -339,7 +340,10 @@ pub fn decode_event(
         let origin = std::str::from_utf8(&b[payload_at + 2..end])
             .map_err(|_| "origin is not UTF-8".to_string())?;
         // An empty origin under the attribute tags means none.
-        ((!origin.is_empty() || !with_attributes).then(|| Arc::from(origin)), end)
+        (
+            (!origin.is_empty() || !with_attributes).then(|| Arc::from(origin)),
+            end,
+        )
     } else {
         (None, payload_at)
     };
@@ -415,8 +419,7 @@ mod tests {
             from_file.clone(),
         );
         let attributes: Fields =
-            serde_json::from_value(json!({"topic": "logs", "partition": 3, "offset": 17}))
-                .unwrap();
+            serde_json::from_value(json!({"topic": "logs", "partition": 3, "offset": 17})).unwrap();
         let with_attributes = Meta {
             attributes: Some(Arc::new(attributes)),
             ..meta.clone()

@@ -305,7 +305,10 @@ impl CallBudget {
 
 /// `process`'s third argument: `{source, origin, ingest_ms, attributes}`
 /// (origin and attributes absent when the source gave none).
-fn meta_object<'js>(ctx: &Ctx<'js>, meta: &logbus_plugin_api::Meta) -> rquickjs::Result<Object<'js>> {
+fn meta_object<'js>(
+    ctx: &Ctx<'js>,
+    meta: &logbus_plugin_api::Meta,
+) -> rquickjs::Result<Object<'js>> {
     let object = Object::new(ctx.clone())?;
     object.set("source", &*meta.source)?;
     object.set("ingest_ms", (meta.ingest_ns / 1_000_000) as f64)?;

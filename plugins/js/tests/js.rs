@@ -528,9 +528,7 @@ fn a_third_parameter_receives_the_event_metadata() {
             source: "kafka-in".into(),
             ingest_ns: 5_000_000,
             origin: None,
-            attributes: Some(std::sync::Arc::new(
-                attributes.as_object().unwrap().clone(),
-            )),
+            attributes: Some(std::sync::Arc::new(attributes.as_object().unwrap().clone())),
         },
     );
     assert!(matches!(p.process(&mut e).unwrap(), Verdict::Keep));

@@ -30,6 +30,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::client::{KafkaTls, Sasl, apply_security, check_connection};
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KafkaCompression {
@@ -63,36 +65,6 @@ pub enum Acks {
     /// The partition leader has it.
     #[serde(rename = "1")]
     Leader,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum SaslMechanism {
-    Plain,
-    ScramSha256,
-    ScramSha512,
-}
-
-/// SASL credentials (the password usually from `${VAR}`).
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Sasl {
-    pub mechanism: SaslMechanism,
-    pub username: String,
-    pub password: String,
-}
-
-/// TLS to the brokers: a private CA, and a client certificate if the
-/// brokers ask for one.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaTls {
-    #[serde(default)]
-    pub ca_file: Option<std::path::PathBuf>,
-    #[serde(default)]
-    pub cert_file: Option<std::path::PathBuf>,
-    #[serde(default)]
-    pub key_file: Option<std::path::PathBuf>,
 }
 
 /// Options of `sink: kafka`.
@@ -193,16 +165,7 @@ fn default_max_backoff() -> u64 {
 impl CheckOptions for KafkaSinkOptions {
     fn check(&self) -> Vec<OptionError> {
         let mut errors = Vec::new();
-        if self.brokers.split(',').any(|b| {
-            let b = b.trim();
-            b.rsplit_once(':')
-                .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
-        }) {
-            errors.push(OptionError::at(
-                &["brokers"],
-                format!("`{}` is not a list of host:port", self.brokers),
-            ));
-        }
+        errors.extend(check_connection(&self.brokers, self.tls.as_ref()));
         for (name, text) in [("topic", Some(&self.topic)), ("key", self.key.as_ref())] {
             if let Some(text) = text {
                 if let Err(e) = Template::parse(text) {
@@ -244,14 +207,6 @@ impl CheckOptions for KafkaSinkOptions {
                 "must be at least 1",
             ));
         }
-        if let Some(tls) = &self.tls
-            && tls.cert_file.is_some() != tls.key_file.is_some()
-        {
-            errors.push(OptionError::at(
-                &["tls"],
-                "give `cert_file` and `key_file` together",
-            ));
-        }
         errors
     }
 }
@@ -272,34 +227,7 @@ impl KafkaSinkOptions {
             Acks::All => c.set("acks", "all").set("enable.idempotence", "true"),
             Acks::Leader => c.set("acks", "1").set("enable.idempotence", "false"),
         };
-        let protocol = match (self.tls.is_some(), self.sasl.is_some()) {
-            (false, false) => "plaintext",
-            (true, false) => "ssl",
-            (false, true) => "sasl_plaintext",
-            (true, true) => "sasl_ssl",
-        };
-        c.set("security.protocol", protocol);
-        if let Some(tls) = &self.tls {
-            for (key, file) in [
-                ("ssl.ca.location", &tls.ca_file),
-                ("ssl.certificate.location", &tls.cert_file),
-                ("ssl.key.location", &tls.key_file),
-            ] {
-                if let Some(file) = file {
-                    c.set(key, cx.resolve(file).display().to_string());
-                }
-            }
-        }
-        if let Some(sasl) = &self.sasl {
-            let mechanism = match sasl.mechanism {
-                SaslMechanism::Plain => "PLAIN",
-                SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
-                SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
-            };
-            c.set("sasl.mechanism", mechanism)
-                .set("sasl.username", &sasl.username)
-                .set("sasl.password", &sasl.password);
-        }
+        apply_security(&mut c, self.tls.as_ref(), self.sasl.as_ref(), cx);
         for (k, v) in &self.librdkafka {
             c.set(k, v);
         }

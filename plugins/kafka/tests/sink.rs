@@ -5,64 +5,16 @@
 //! Without a broker the tests skip, unless `LOGBUS_REQUIRE_KAFKA` is set
 //! (CI sets it).
 
-use std::process::Command;
 use std::sync::Arc;
+
+mod common;
+use common::{brokers, python, topic};
 
 use logbus_plugin_api::testing;
 use logbus_plugin_api::{
     Event, Meta, Output, OutputRole, SinkContext, StageMetrics, Typed, channel,
 };
 use serde_json::{Value, json};
-
-fn brokers() -> Option<String> {
-    let brokers = std::env::var("LOGBUS_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    let first = brokers.split(',').next().unwrap_or_default().to_string();
-    let up = std::net::TcpStream::connect(&first).is_ok()
-        && Command::new("python3")
-            .args(["-c", "import kafka"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-    assert!(
-        up || std::env::var_os("LOGBUS_REQUIRE_KAFKA").is_none(),
-        "a Kafka broker at {first} and kafka-python are required (.ci/services up kafka; pip install kafka-python)"
-    );
-    if !up {
-        eprintln!("skipped: no Kafka broker at {first} (or no kafka-python)");
-    }
-    up.then_some(brokers)
-}
-
-/// Runs a kafka-python snippet with `BROKERS` and the arguments set;
-/// returns its stdout.
-fn python(brokers: &str, script: &str, args: &[&str]) -> String {
-    let o = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sys, json\nBROKERS = {brokers:?}\nARGS = sys.argv[1:]\n{script}"
-        ))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
-}
-
-/// A fresh topic with `partitions` partitions.
-fn topic(brokers: &str, name: &str, partitions: u32) -> String {
-    let name = format!(
-        "{name}-{}-{}",
-        std::process::id(),
-        logbus_plugin_api::now_ns()
-    );
-    python(
-        brokers,
-        "from kafka.admin import KafkaAdminClient, NewTopic\n\
-         a = KafkaAdminClient(bootstrap_servers=BROKERS)\n\
-         a.create_topics([NewTopic(ARGS[0], num_partitions=int(ARGS[1]), replication_factor=1)])",
-        &[&name, &partitions.to_string()],
-    );
-    name
-}
 
 /// Every message of `topic`, read from the start by kafka-python:
 /// `(partition, key, value, headers)`.

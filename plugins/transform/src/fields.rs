@@ -323,7 +323,11 @@ mod tests {
             serde_json::from_value(json!({"from_meta": {"x": "offset"}})).unwrap();
         let errs = bad.check();
         assert_eq!(errs[0].path, ["from_meta", "x"]);
-        assert!(errs[0].message.contains("unknown metadata `offset`"), "{}", errs[0].message);
+        assert!(
+            errs[0].message.contains("unknown metadata `offset`"),
+            "{}",
+            errs[0].message
+        );
     }
 
     #[test]

@@ -1,0 +1,850 @@
+//! `source: kafka` — a consumer-group member. Several LogBus processes in
+//! one group share a topic's partitions: that is how LogBus scales out
+//! across machines (docs/deploy.md), with Kafka doing the coordination.
+//!
+//! Offsets are committed only for events the pipeline has finished: each
+//! partition has its own [`OrderedCheckpoint`], every batch sent holds an
+//! acknowledgement per partition it carries, and the offset committed for
+//! a partition is one past the newest batch that it and every earlier
+//! batch of that partition finished. Completion may come in any order
+//! (fan-out, workers, retrying sinks); the committed offset never passes
+//! an unfinished event, so a crash re-reads and never skips.
+//!
+//! One thread owns the consumer and polls it: librdkafka runs rebalance
+//! callbacks inside `poll`, so the thread keeps polling (with every
+//! partition paused) while the pipeline is full, which keeps the group
+//! membership alive without reading more. On a revoke, what is finished
+//! is committed before the partition goes; what is still in flight is let
+//! go, counted as `redelivered` (the new owner reads it again, so it may
+//! arrive twice).
+//!
+//! Memory: librdkafka prefetches at most `fetch_queue_max_kib` for the
+//! whole consumer, and a partition with more than
+//! `max_in_flight_per_partition` unfinished events is paused until the
+//! pipeline catches up, so backpressure reaches the broker.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use logbus_plugin_api::{
+    AckReceiver, BatchAck, BuildContext, Built, Bytes, CheckOptions, Event, Fields, Meta,
+    OptionError, OrderedCheckpoint, Outcome, Output, Source, SourceContext, StageError, StageKind,
+    TypedPlugin, async_trait,
+};
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::client::{KafkaTls, Sasl, apply_security, check_connection};
+
+/// Where a group with no committed offset for a partition starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StartFrom {
+    /// The oldest message the broker still has (nothing already there is
+    /// skipped).
+    #[default]
+    Earliest,
+    /// Only messages produced from now on.
+    Latest,
+}
+
+/// Options of `source: kafka`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSourceOptions {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// The consumer group: processes with the same group share the
+    /// partitions, each partition read by one of them.
+    pub group_id: String,
+    /// Topics to read; an entry starting with `^` is a regular expression
+    /// matched against every topic (new matching topics are picked up).
+    pub topics: Vec<String>,
+    /// Where to start in a partition the group has no offset for:
+    /// `earliest` (default) or `latest`.
+    #[serde(default)]
+    pub start_from: StartFrom,
+    /// Messages sent downstream together (one acknowledgement per
+    /// partition in the batch).
+    #[serde(default = "default_batch_events")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub batch_max_events: usize,
+    /// How often finished offsets are committed, ms (they are also
+    /// committed on a revoke and at shutdown).
+    #[serde(default = "default_commit_interval")]
+    #[schemars(range(min = 10, max = 3600000))]
+    pub commit_interval_ms: u64,
+    /// A partition with this many unfinished events is paused until the
+    /// pipeline has finished half of them.
+    #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1))]
+    pub max_in_flight_per_partition: u64,
+    /// The most librdkafka prefetches for this consumer, KiB
+    /// (`queued.max.messages.kbytes`).
+    #[serde(default = "default_queue_kib")]
+    #[schemars(range(min = 1, max = 2097151))]
+    pub fetch_queue_max_kib: u64,
+    /// The most one fetch asks a partition for, bytes
+    /// (`max.partition.fetch.bytes`).
+    #[serde(default = "default_partition_fetch")]
+    #[schemars(range(min = 1024))]
+    pub max_partition_fetch_bytes: u64,
+    /// How long the group waits for a silent member before giving its
+    /// partitions to others, ms.
+    #[serde(default = "default_session_timeout")]
+    #[schemars(range(min = 1000, max = 3600000))]
+    pub session_timeout_ms: u64,
+    /// How long a stopping source waits for its in-flight events to finish
+    /// before committing what finished, ms.
+    #[serde(default = "default_drain")]
+    pub drain_timeout_ms: u64,
+    #[serde(default)]
+    pub tls: Option<KafkaTls>,
+    #[serde(default)]
+    pub sasl: Option<Sasl>,
+    /// Further librdkafka consumer properties, as librdkafka names them
+    /// (they override the ones above).
+    #[serde(default)]
+    pub librdkafka: BTreeMap<String, String>,
+}
+
+fn default_batch_events() -> usize {
+    1000
+}
+fn default_commit_interval() -> u64 {
+    1000
+}
+fn default_in_flight() -> u64 {
+    100_000
+}
+fn default_queue_kib() -> u64 {
+    16 * 1024
+}
+fn default_partition_fetch() -> u64 {
+    1 << 20
+}
+fn default_session_timeout() -> u64 {
+    10_000
+}
+fn default_drain() -> u64 {
+    30_000
+}
+
+impl CheckOptions for KafkaSourceOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = check_connection(&self.brokers, self.tls.as_ref());
+        if self.group_id.trim().is_empty() {
+            errors.push(OptionError::at(&["group_id"], "must not be empty"));
+        }
+        if self.topics.is_empty() {
+            errors.push(OptionError::at(&["topics"], "name at least one topic"));
+        }
+        for (i, t) in self.topics.iter().enumerate() {
+            let at = ["topics".to_string(), i.to_string()];
+            let at: Vec<&str> = at.iter().map(String::as_str).collect();
+            if let Some(pattern) = t.strip_prefix('^') {
+                if let Err(e) = regex::Regex::new(pattern) {
+                    errors.push(OptionError::at(
+                        &at,
+                        format!("`{t}` is not a regular expression: {e}"),
+                    ));
+                }
+            } else if t.is_empty()
+                || t.len() > 249
+                || !t
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            {
+                errors.push(OptionError::at(
+                    &at,
+                    format!(
+                        "`{t}` is not a topic name (1-249 of letters, digits, `.`, `_`, `-`; start with `^` for a pattern)"
+                    ),
+                ));
+            }
+        }
+        if !(1..=100_000).contains(&self.batch_max_events) {
+            errors.push(OptionError::at(
+                &["batch_max_events"],
+                "must be between 1 and 100000",
+            ));
+        }
+        if !(10..=3_600_000).contains(&self.commit_interval_ms) {
+            errors.push(OptionError::at(
+                &["commit_interval_ms"],
+                "must be between 10 and 3600000",
+            ));
+        }
+        if self.max_in_flight_per_partition == 0 {
+            errors.push(OptionError::at(
+                &["max_in_flight_per_partition"],
+                "must be at least 1",
+            ));
+        }
+        if !(1..=2_097_151).contains(&self.fetch_queue_max_kib) {
+            errors.push(OptionError::at(
+                &["fetch_queue_max_kib"],
+                "must be between 1 and 2097151",
+            ));
+        }
+        if self.max_partition_fetch_bytes < 1024 {
+            errors.push(OptionError::at(
+                &["max_partition_fetch_bytes"],
+                "must be at least 1024",
+            ));
+        }
+        if !(1000..=3_600_000).contains(&self.session_timeout_ms) {
+            errors.push(OptionError::at(
+                &["session_timeout_ms"],
+                "must be between 1000 and 3600000",
+            ));
+        }
+        errors
+    }
+}
+
+pub struct KafkaSource;
+
+impl TypedPlugin for KafkaSource {
+    type Options = KafkaSourceOptions;
+    const NAME: &'static str = "kafka";
+    const KIND: StageKind = StageKind::Source;
+    const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
+        "end to end: each partition's committed offset never passes an event the sinks have not confirmed, so a restart or a rebalance re-reads, never skips",
+    );
+    const DESCRIPTION: &'static str = "Kafka consumer-group member (librdkafka): topics by name or pattern, offsets committed only for finished events, rebalances, bounded prefetch; topic, partition, offset, key, headers and timestamp as attributes.";
+
+    fn build(&self, options: KafkaSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &options.brokers)
+            .set("group.id", &options.group_id)
+            .set("client.id", format!("logbus-{}", cx.stage_id))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set(
+                "auto.offset.reset",
+                match options.start_from {
+                    StartFrom::Earliest => "earliest",
+                    StartFrom::Latest => "latest",
+                },
+            )
+            .set(
+                "queued.max.messages.kbytes",
+                options.fetch_queue_max_kib.to_string(),
+            )
+            .set(
+                "max.partition.fetch.bytes",
+                options.max_partition_fetch_bytes.to_string(),
+            )
+            .set("session.timeout.ms", options.session_timeout_ms.to_string())
+            .set(
+                "heartbeat.interval.ms",
+                (options.session_timeout_ms / 4).max(250).to_string(),
+            );
+        apply_security(&mut config, options.tls.as_ref(), options.sasl.as_ref(), cx);
+        for (k, v) in &options.librdkafka {
+            config.set(k, v);
+        }
+        Ok(Built::Source(Box::new(KafkaConsumerSource {
+            config,
+            brokers: options.brokers,
+            topics: options.topics,
+            batch_max_events: options.batch_max_events,
+            commit_interval: Duration::from_millis(options.commit_interval_ms),
+            max_in_flight: options.max_in_flight_per_partition,
+            drain: Duration::from_millis(options.drain_timeout_ms),
+        })))
+    }
+}
+
+struct KafkaConsumerSource {
+    config: ClientConfig,
+    brokers: String,
+    topics: Vec<String>,
+    batch_max_events: usize,
+    commit_interval: Duration,
+    max_in_flight: u64,
+    drain: Duration,
+}
+
+/// One assigned partition: its checkpoint (what the acknowledgements
+/// report to) and what was last committed.
+struct Track {
+    checkpoint: Mutex<OrderedCheckpoint<i64>>,
+    /// Events sent downstream.
+    sent: AtomicU64,
+    /// The offset last committed (the next one to read), -1: none yet.
+    committed: Mutex<i64>,
+}
+
+impl Track {
+    fn new() -> Self {
+        Track {
+            checkpoint: Mutex::new(OrderedCheckpoint::new()),
+            sent: AtomicU64::new(0),
+            committed: Mutex::new(-1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OrderedCheckpoint<i64>> {
+        self.checkpoint.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Events sent and not finished.
+    fn unfinished(&self) -> u64 {
+        let c = self.lock().counts();
+        self.sent
+            .load(Ordering::Relaxed)
+            .saturating_sub(c.delivered + c.rejected + c.errored)
+    }
+
+    /// The offset to commit when it moved since the last commit.
+    fn to_commit(&self) -> Option<i64> {
+        let next = self.lock().committed().map(|o| o + 1)?;
+        let last = self.committed.lock().unwrap_or_else(|p| p.into_inner());
+        (next > *last).then_some(next)
+    }
+
+    fn committed_at(&self, next: i64) {
+        let mut last = self.committed.lock().unwrap_or_else(|p| p.into_inner());
+        *last = (*last).max(next);
+    }
+}
+
+impl AckReceiver for Track {
+    fn finished(&self, token: u64, outcome: Outcome) {
+        self.lock().finish(token, outcome);
+    }
+}
+
+type PartitionKey = (Arc<str>, i32);
+
+/// What the consumer thread and librdkafka's callbacks (which run on it,
+/// inside `poll`) share.
+#[derive(Default)]
+struct Shared {
+    stage: Arc<str>,
+    tracks: Mutex<HashMap<PartitionKey, Arc<Track>>>,
+    /// Acknowledgement counts of partitions no longer assigned.
+    gone: Mutex<logbus_plugin_api::AckCounts>,
+    redelivered: AtomicU64,
+    /// An error retrying cannot fix (the brokers refused our credentials).
+    fatal: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn tracks(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionKey, Arc<Track>>> {
+        self.tracks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Commits what each track finished; `only` limits it to some
+    /// partitions (a revoke).
+    fn commit(
+        &self,
+        consumer: &BaseConsumer<GroupContext>,
+        only: Option<&[PartitionKey]>,
+        mode: CommitMode,
+    ) {
+        let mut list = TopicPartitionList::new();
+        let mut moved = Vec::new();
+        for (key, track) in self.tracks().iter() {
+            if only.is_some_and(|o| !o.contains(key)) {
+                continue;
+            }
+            if let Some(next) = track.to_commit()
+                && list
+                    .add_partition_offset(&key.0, key.1, Offset::Offset(next))
+                    .is_ok()
+            {
+                moved.push((track.clone(), next));
+            }
+        }
+        if moved.is_empty() {
+            return;
+        }
+        match consumer.commit(&list, mode) {
+            Ok(()) => {
+                for (track, next) in moved {
+                    track.committed_at(next);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(stage = %self.stage, "committing offsets failed (retried at the next commit): {e}")
+            }
+        }
+    }
+
+    fn publish(&self, metrics: &logbus_plugin_api::StageMetrics) {
+        let mut counts = *self.gone.lock().unwrap_or_else(|p| p.into_inner());
+        let mut oldest: Option<Instant> = None;
+        for track in self.tracks().values() {
+            let c = track.lock();
+            let t = c.counts();
+            counts.delivered += t.delivered;
+            counts.rejected += t.rejected;
+            counts.errored += t.errored;
+            if let Some(o) = c.oldest_open() {
+                oldest = Some(oldest.map_or(o, |x| x.min(o)));
+            }
+        }
+        let oldest = oldest.map(|o| SystemTime::now() - o.elapsed());
+        metrics.set_acks(counts, oldest);
+    }
+}
+
+/// librdkafka's callbacks: rebalances, errors and its log, in our log.
+struct GroupContext {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        let stage = &*self.shared.stage;
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => tracing::error!(stage, "librdkafka {fac}: {message}"),
+            RDKafkaLogLevel::Warning => tracing::warn!(stage, "librdkafka {fac}: {message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(stage, "librdkafka {fac}: {message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(stage, "librdkafka {fac}: {message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        let stage = &*self.shared.stage;
+        if is_fatal(&error) {
+            let mut fatal = self.shared.fatal.lock().unwrap_or_else(|p| p.into_inner());
+            fatal.get_or_insert_with(|| format!("{error}: {reason}"));
+        }
+        tracing::warn!(stage, "kafka: {error}: {reason}");
+    }
+}
+
+/// Errors that retrying cannot fix: wrong credentials, a TLS setup the
+/// brokers refuse, librdkafka's own fatal state.
+fn is_fatal(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+        )
+    )
+}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(list) = rebalance else {
+            return;
+        };
+        let keys: Vec<PartitionKey> = list
+            .elements()
+            .iter()
+            .map(|e| (Arc::from(e.topic()), e.partition()))
+            .collect();
+        // Commit what is finished while the partitions are still ours.
+        self.shared.commit(consumer, Some(&keys), CommitMode::Sync);
+        let mut let_go = 0;
+        let mut tracks = self.shared.tracks();
+        for key in &keys {
+            if let Some(track) = tracks.remove(key) {
+                let_go += track.unfinished();
+                let c = track.lock().counts();
+                let mut gone = self.shared.gone.lock().unwrap_or_else(|p| p.into_inner());
+                gone.delivered += c.delivered;
+                gone.rejected += c.rejected;
+                gone.errored += c.errored;
+            }
+        }
+        drop(tracks);
+        self.shared.redelivered.fetch_add(let_go, Ordering::Relaxed);
+        tracing::info!(
+            stage = %self.shared.stage,
+            partitions = keys.len(),
+            "partitions revoked; {let_go} events still in flight may be read again by the next owner"
+        );
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(list) => {
+                let mut tracks = self.shared.tracks();
+                for e in list.elements() {
+                    tracks
+                        .entry((Arc::from(e.topic()), e.partition()))
+                        .or_insert_with(|| Arc::new(Track::new()));
+                }
+                tracing::info!(stage = %self.shared.stage, partitions = list.count(), "partitions assigned");
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => {
+                tracing::warn!(stage = %self.shared.stage, "rebalance failed: {e}")
+            }
+        }
+    }
+}
+
+/// A message taken from the consumer, not yet sent downstream.
+struct Polled {
+    key: PartitionKey,
+    offset: i64,
+    payload: Bytes,
+    attributes: Arc<Fields>,
+}
+
+/// The consumer thread's state.
+struct Reader<'a> {
+    id: Arc<str>,
+    consumer: BaseConsumer<GroupContext>,
+    shared: Arc<Shared>,
+    handle: &'a tokio::runtime::Handle,
+    topics: HashMap<String, Arc<str>>,
+    /// Partitions paused because too many of their events are unfinished.
+    paused: Vec<PartitionKey>,
+    max_in_flight: u64,
+    commit_interval: Duration,
+    last_commit: Instant,
+    /// Each consumption error is logged once a minute at most.
+    warned: HashMap<String, Instant>,
+}
+
+impl KafkaConsumerSource {
+    fn consume(self, handle: &tokio::runtime::Handle, cx: SourceContext) -> Result<(), StageError> {
+        let shared = Arc::new(Shared {
+            stage: cx.id.clone(),
+            ..Shared::default()
+        });
+        let consumer: BaseConsumer<GroupContext> = self
+            .config
+            .create_with_context(GroupContext {
+                shared: shared.clone(),
+            })
+            .map_err(|e| StageError::Other(format!("cannot create a Kafka consumer: {e}")))?;
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics).map_err(|e| {
+            StageError::Other(format!(
+                "cannot subscribe to {}: {e}",
+                self.topics.join(", ")
+            ))
+        })?;
+        let mut reader = Reader {
+            id: cx.id.clone(),
+            consumer,
+            shared,
+            handle,
+            topics: HashMap::new(),
+            paused: Vec::new(),
+            max_in_flight: self.max_in_flight,
+            commit_interval: self.commit_interval,
+            last_commit: Instant::now(),
+            warned: HashMap::new(),
+        };
+        let metrics = cx.output.metrics().clone();
+        let mut carried: Vec<Polled> = Vec::new();
+        let outcome = loop {
+            if let Some(fatal) = reader.fatal() {
+                break Err(StageError::Other(format!(
+                    "Kafka brokers {} refused this consumer: {fatal}",
+                    self.brokers
+                )));
+            }
+            if cx.shutdown.is_cancelled() {
+                break Ok(());
+            }
+            let mut batch = std::mem::take(&mut carried);
+            let wait = if batch.is_empty() {
+                Duration::from_millis(100)
+            } else {
+                Duration::ZERO
+            };
+            reader.poll_into(&mut batch, self.batch_max_events, wait);
+            if !batch.is_empty() {
+                match reader.send(batch, &cx.output) {
+                    Ok(rest) => carried = rest,
+                    Err(e) => break Err(e),
+                }
+            }
+            reader.maintain(&metrics);
+        };
+        // Let downstream drain (its input ends once this output is gone),
+        // keep the group membership while waiting, then commit.
+        drop(cx.output);
+        let deadline = Instant::now() + self.drain;
+        while Instant::now() < deadline && reader.worth_waiting() {
+            let _ = reader.consumer.poll(Duration::from_millis(5));
+            reader.maintain(&metrics);
+        }
+        reader
+            .shared
+            .commit(&reader.consumer, None, CommitMode::Sync);
+        reader.shared.publish(&metrics);
+        let open: u64 = reader
+            .shared
+            .tracks()
+            .values()
+            .map(|t| t.unfinished())
+            .sum();
+        if open > 0 {
+            tracing::warn!(
+                stage = %reader.id,
+                "{open} events were not finished; their offsets stay uncommitted and the group reads them again"
+            );
+        }
+        metrics.add_redelivered(reader.shared.redelivered.swap(0, Ordering::Relaxed));
+        reader.consumer.unsubscribe();
+        outcome
+    }
+}
+
+impl Reader<'_> {
+    fn fatal(&self) -> Option<String> {
+        self.shared
+            .fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Takes up to `max` messages, waiting at most `wait` for the first.
+    fn poll_into(&mut self, batch: &mut Vec<Polled>, max: usize, wait: Duration) {
+        let mut wait = wait;
+        let mut errors = Vec::new();
+        while batch.len() < max {
+            match self.consumer.poll(wait) {
+                None => break,
+                Some(Ok(message)) => batch.push(take(&mut self.topics, &message)),
+                Some(Err(e)) => errors.push(e),
+            }
+            wait = Duration::ZERO;
+        }
+        for e in errors {
+            self.warn_once(&e);
+        }
+    }
+
+    fn warn_once(&mut self, error: &KafkaError) {
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::PartitionEOF)
+        ) {
+            return;
+        }
+        if is_fatal(error) {
+            let mut fatal = self.shared.fatal.lock().unwrap_or_else(|p| p.into_inner());
+            fatal.get_or_insert_with(|| error.to_string());
+        }
+        let text = error.to_string();
+        let now = Instant::now();
+        if self
+            .warned
+            .get(&text)
+            .is_some_and(|at| now.duration_since(*at) < Duration::from_secs(60))
+        {
+            return;
+        }
+        self.warned.insert(text.clone(), now);
+        tracing::warn!(stage = %self.id, "consuming: {text}");
+    }
+
+    /// Sends a batch downstream, one acknowledgement per partition in it.
+    /// While the pipeline is full, every partition is paused and the
+    /// consumer keeps being polled (rebalances, heartbeats, commits); what
+    /// that polling returns comes back to be sent next.
+    fn send(&mut self, batch: Vec<Polled>, output: &Output) -> Result<Vec<Polled>, StageError> {
+        let tracks: HashMap<PartitionKey, Arc<Track>> = self.shared.tracks().clone();
+        // Per partition: (track, last offset, events) in the order met.
+        let mut parts: Vec<(PartitionKey, Arc<Track>, i64, u64)> = Vec::new();
+        let mut kept = Vec::with_capacity(batch.len());
+        for p in batch {
+            let Some(track) = tracks.get(&p.key) else {
+                // Revoked between being polled and being sent: the next
+                // owner reads it; it never entered the pipeline here.
+                continue;
+            };
+            match parts.iter_mut().find(|(k, ..)| *k == p.key) {
+                Some(part) => {
+                    part.2 = part.2.max(p.offset);
+                    part.3 += 1;
+                }
+                None => parts.push((p.key.clone(), track.clone(), p.offset, 1)),
+            }
+            kept.push(p);
+        }
+        if kept.is_empty() {
+            return Ok(Vec::new());
+        }
+        let acks: Vec<(PartitionKey, BatchAck)> = parts
+            .iter()
+            .map(|(key, track, last, n)| {
+                track.sent.fetch_add(*n, Ordering::Relaxed);
+                let token = track.lock().begin(*last, *n);
+                let receiver: Arc<dyn AckReceiver> = track.clone();
+                (key.clone(), BatchAck::new(receiver, token))
+            })
+            .collect();
+        let meta = Meta::now(self.id.clone());
+        let events: Vec<Event> = kept
+            .into_iter()
+            .map(|p| {
+                let ack = &acks
+                    .iter()
+                    .find(|(k, _)| *k == p.key)
+                    .expect("begun above")
+                    .1;
+                Event::raw(
+                    p.payload,
+                    Meta {
+                        attributes: Some(p.attributes),
+                        ..meta.clone()
+                    },
+                )
+                .with_ack(ack.handle())
+            })
+            .collect();
+        drop(acks);
+        let mut carried = Vec::new();
+        let mut paused_all = false;
+        let mut sending = std::pin::pin!(output.send(events));
+        let sent = loop {
+            match self.handle.block_on(async {
+                tokio::time::timeout(Duration::from_millis(200), sending.as_mut()).await
+            }) {
+                Ok(sent) => break sent,
+                Err(_) => {
+                    // The pipeline is full: stop fetching, stay in the group.
+                    if !paused_all {
+                        if let Ok(assigned) = self.consumer.assignment() {
+                            let _ = self.consumer.pause(&assigned);
+                        }
+                        paused_all = true;
+                    }
+                    self.poll_into(&mut carried, usize::MAX, Duration::ZERO);
+                    self.commit_if_due();
+                }
+            }
+        };
+        if paused_all && let Ok(assigned) = self.consumer.assignment() {
+            let mut resume = TopicPartitionList::new();
+            for e in assigned.elements() {
+                let key: PartitionKey = (Arc::from(e.topic()), e.partition());
+                if !self.paused.contains(&key) {
+                    resume.add_partition(e.topic(), e.partition());
+                }
+            }
+            let _ = self.consumer.resume(&resume);
+        }
+        sent.map_err(|_| StageError::OutputClosed)?;
+        Ok(carried)
+    }
+
+    fn commit_if_due(&mut self) {
+        if self.last_commit.elapsed() >= self.commit_interval {
+            self.shared.commit(&self.consumer, None, CommitMode::Async);
+            self.last_commit = Instant::now();
+        }
+    }
+
+    /// Periodic work: commit, publish the counts, pause partitions with too
+    /// much in flight and resume those that caught up.
+    fn maintain(&mut self, metrics: &logbus_plugin_api::StageMetrics) {
+        self.commit_if_due();
+        self.shared.publish(metrics);
+        metrics.add_redelivered(self.shared.redelivered.swap(0, Ordering::Relaxed));
+        let tracks = self.shared.tracks().clone();
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (key, track) in &tracks {
+            let open = track.unfinished();
+            let paused = self.paused.contains(key);
+            if !paused && open >= self.max_in_flight {
+                pause.add_partition(&key.0, key.1);
+                self.paused.push(key.clone());
+            } else if paused && open <= self.max_in_flight / 2 {
+                resume.add_partition(&key.0, key.1);
+                self.paused.retain(|k| k != key);
+            }
+        }
+        // Partitions revoked while paused are forgotten.
+        self.paused.retain(|k| tracks.contains_key(k));
+        if pause.count() > 0 {
+            let _ = self.consumer.pause(&pause);
+        }
+        if resume.count() > 0 {
+            let _ = self.consumer.resume(&resume);
+        }
+    }
+
+    /// Whether a stopping source can still see its checkpoints move.
+    fn worth_waiting(&self) -> bool {
+        self.shared
+            .tracks()
+            .values()
+            .any(|t| t.lock().worth_waiting())
+    }
+}
+
+/// Copies a message out of librdkafka's buffer, with its attributes.
+fn take(topics: &mut HashMap<String, Arc<str>>, message: &BorrowedMessage<'_>) -> Polled {
+    let topic = match topics.get(message.topic()) {
+        Some(t) => t.clone(),
+        None => {
+            let t: Arc<str> = Arc::from(message.topic());
+            topics.insert(message.topic().to_string(), t.clone());
+            t
+        }
+    };
+    let mut attributes = Fields::new();
+    attributes.insert("topic".into(), Value::String(topic.to_string()));
+    attributes.insert("partition".into(), Value::from(message.partition()));
+    attributes.insert("offset".into(), Value::from(message.offset()));
+    if let Some(key) = message.key() {
+        attributes.insert(
+            "key".into(),
+            Value::String(String::from_utf8_lossy(key).into_owned()),
+        );
+    }
+    if let Some(ms) = message.timestamp().to_millis() {
+        attributes.insert("timestamp".into(), Value::from(ms));
+    }
+    if let Some(headers) = message.headers() {
+        let mut map = Fields::new();
+        for h in headers.iter() {
+            let value = h.value.map_or(Value::Null, |v| {
+                Value::String(String::from_utf8_lossy(v).into_owned())
+            });
+            map.insert(h.key.to_string(), value);
+        }
+        attributes.insert("headers".into(), Value::Object(map));
+    }
+    Polled {
+        key: (topic, message.partition()),
+        offset: message.offset(),
+        payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
+        attributes: Arc::new(attributes),
+    }
+}
+
+#[async_trait]
+impl Source for KafkaConsumerSource {
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || self.consume(&handle, cx))
+            .await
+            .map_err(|e| StageError::Other(format!("the Kafka consumer thread panicked: {e}")))?
+    }
+}

@@ -1,0 +1,98 @@
+//! What the Kafka tests share: the broker (`.ci/services up kafka` on
+//! 127.0.0.1:9092, or `LOGBUS_KAFKA_BROKERS`) and kafka-python, the
+//! independent client that creates topics, produces input and reads
+//! output. Without a broker the tests skip, unless `LOGBUS_REQUIRE_KAFKA`
+//! is set (CI sets it).
+#![allow(dead_code)]
+
+use std::process::Command;
+
+/// The SASL listener `.ci/services` opens beside the plain one.
+pub const SASL_BROKERS: &str = "127.0.0.1:9094";
+
+pub fn brokers() -> Option<String> {
+    let brokers = std::env::var("LOGBUS_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let first = brokers.split(',').next().unwrap_or_default().to_string();
+    let up = std::net::TcpStream::connect(&first).is_ok()
+        && Command::new("python3")
+            .args(["-c", "import kafka"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    assert!(
+        up || std::env::var_os("LOGBUS_REQUIRE_KAFKA").is_none(),
+        "a Kafka broker at {first} and kafka-python are required (.ci/services up kafka; pip install kafka-python)"
+    );
+    if !up {
+        eprintln!("skipped: no Kafka broker at {first} (or no kafka-python)");
+    }
+    up.then_some(brokers)
+}
+
+/// Runs a kafka-python snippet with `BROKERS` and the arguments set;
+/// returns its stdout.
+pub fn python(brokers: &str, script: &str, args: &[&str]) -> String {
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sys, json\nBROKERS = {brokers:?}\nARGS = sys.argv[1:]\n{script}"
+        ))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// A fresh topic with `partitions` partitions.
+pub fn topic(brokers: &str, name: &str, partitions: u32) -> String {
+    let name = format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        logbus_plugin_api::now_ns()
+    );
+    python(
+        brokers,
+        "from kafka.admin import KafkaAdminClient, NewTopic\n\
+         a = KafkaAdminClient(bootstrap_servers=BROKERS)\n\
+         a.create_topics([NewTopic(ARGS[0], num_partitions=int(ARGS[1]), replication_factor=1)])",
+        &[&name, &partitions.to_string()],
+    );
+    name
+}
+
+/// Produces `count` messages `{"id": i}` (i from `first`) to `topic`, to
+/// partition `i % partitions`, keyed `k<i>`, with a `trace` header.
+pub fn produce(brokers: &str, topic: &str, first: usize, count: usize, partitions: u32) {
+    python(
+        brokers,
+        "from kafka import KafkaProducer\n\
+         p = KafkaProducer(bootstrap_servers=BROKERS, acks='all', linger_ms=5)\n\
+         first, count, parts = int(ARGS[1]), int(ARGS[2]), int(ARGS[3])\n\
+         for i in range(first, first + count):\n\
+         \x20   p.send(ARGS[0], value=json.dumps({'id': i}).encode(), key=b'k%d' % i,\n\
+         \x20          partition=i % parts, headers=[('trace', b't-%d' % i)])\n\
+         p.flush()",
+        &[
+            topic,
+            &first.to_string(),
+            &count.to_string(),
+            &partitions.to_string(),
+        ],
+    );
+}
+
+/// The group's committed offset per partition of `topic` (absent: none).
+pub fn committed(brokers: &str, group: &str, topic: &str) -> std::collections::BTreeMap<i32, i64> {
+    let out = python(
+        brokers,
+        "from kafka.admin import KafkaAdminClient\n\
+         a = KafkaAdminClient(bootstrap_servers=BROKERS)\n\
+         offsets = a.list_group_offsets(ARGS[0])[ARGS[0]]\n\
+         print(json.dumps({str(tp.partition): m.offset for tp, m in offsets.items() if tp.topic == ARGS[1]}))",
+        &[group, topic],
+    );
+    let map: std::collections::BTreeMap<String, i64> = serde_json::from_str(out.trim()).unwrap();
+    map.into_iter()
+        .map(|(k, v)| (k.parse().unwrap(), v))
+        .collect()
+}
