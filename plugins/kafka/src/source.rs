@@ -314,6 +314,21 @@ impl Track {
         (next > *last).then_some(next)
     }
 
+    /// For a revoke: the offset to commit, the events still unfinished
+    /// and the counts, read under one lock so an event finishing meanwhile
+    /// is either committed or counted unfinished, never neither.
+    fn release(&self) -> (Option<i64>, u64, logbus_plugin_api::AckCounts) {
+        let checkpoint = self.lock();
+        let c = checkpoint.counts();
+        let unfinished = self
+            .sent
+            .load(Ordering::Relaxed)
+            .saturating_sub(c.delivered + c.rejected + c.errored);
+        let next = checkpoint.committed().map(|o| o + 1);
+        let last = *self.committed.lock().unwrap_or_else(|p| p.into_inner());
+        (next.filter(|n| *n > last), unfinished, c)
+    }
+
     fn committed_at(&self, next: i64) {
         let mut last = self.committed.lock().unwrap_or_else(|p| p.into_inner());
         *last = (*last).max(next);
@@ -457,21 +472,33 @@ impl ConsumerContext for GroupContext {
             .iter()
             .map(|e| (Arc::from(e.topic()), e.partition()))
             .collect();
-        // Commit what is finished while the partitions are still ours.
-        self.shared.commit(consumer, Some(&keys), CommitMode::Sync);
+        // Stop tracking first (nothing else commits for these partitions
+        // from now on), then commit what is finished while the partitions
+        // are still ours.
         let mut let_go = 0;
-        let mut tracks = self.shared.tracks();
-        for key in &keys {
-            if let Some(track) = tracks.remove(key) {
-                let_go += track.unfinished();
-                let c = track.lock().counts();
-                let mut gone = self.shared.gone.lock().unwrap_or_else(|p| p.into_inner());
-                gone.delivered += c.delivered;
-                gone.rejected += c.rejected;
-                gone.errored += c.errored;
+        let mut list = TopicPartitionList::new();
+        let released: Vec<(&PartitionKey, Arc<Track>)> = {
+            let mut tracks = self.shared.tracks();
+            keys.iter()
+                .filter_map(|k| tracks.remove(k).map(|t| (k, t)))
+                .collect()
+        };
+        for (key, track) in released {
+            let (next, unfinished, c) = track.release();
+            let_go += unfinished;
+            if let Some(next) = next {
+                let _ = list.add_partition_offset(&key.0, key.1, Offset::Offset(next));
             }
+            let mut gone = self.shared.gone.lock().unwrap_or_else(|p| p.into_inner());
+            gone.delivered += c.delivered;
+            gone.rejected += c.rejected;
+            gone.errored += c.errored;
         }
-        drop(tracks);
+        if list.count() > 0
+            && let Err(e) = consumer.commit(&list, CommitMode::Sync)
+        {
+            tracing::warn!(stage = %self.shared.stage, "committing the revoked partitions' offsets failed (the next owner re-reads from the last commit): {e}");
+        }
         self.shared.redelivered.fetch_add(let_go, Ordering::Relaxed);
         tracing::info!(
             stage = %self.shared.stage,

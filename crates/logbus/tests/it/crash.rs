@@ -107,7 +107,7 @@ fn catches_sigterm(pid: u32) -> bool {
 /// A SIGTERM that arrives before the process installed its handler kills
 /// it (the default action): under load a start can take longer than the
 /// random run before the stop, so this first waits until it catches one.
-fn sigterm(child: &Child) {
+pub(crate) fn sigterm(child: &Child) {
     let began = Instant::now();
     while !catches_sigterm(child.id()) {
         assert!(

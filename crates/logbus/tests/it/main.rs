@@ -11,6 +11,12 @@ mod durable;
 mod edge_agent;
 mod hostile;
 mod js;
+#[cfg(feature = "source-kafka")]
+mod kafka;
+// The Kafka plugin's test helpers (broker, kafka-python), shared.
+#[cfg(feature = "source-kafka")]
+#[path = "../../../../plugins/kafka/tests/common/mod.rs"]
+mod kafka_common;
 mod reload;
 mod runtime;
 mod schema;

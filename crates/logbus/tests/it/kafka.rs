@@ -1,0 +1,375 @@
+//! LogBus processes around a real Kafka broker (`.ci/services up kafka`):
+//! scale-out through a consumer group (a member killed with SIGKILL, a
+//! member added mid-run), a kill -9 and restart, a broker restarted
+//! mid-run. Every input id is looked for in the output, read back by
+//! kafka-python; duplicates are counted and compared with what the
+//! processes reported. Built only with the Kafka features
+//! (`cargo test -p logbus --features full --test it -- kafka::`).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::kafka_common::{brokers, produce, python, topic};
+
+/// One test at a time: the broker restart would disturb the others.
+static BROKER: Mutex<()> = Mutex::new(());
+
+fn unique(name: &str) -> String {
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        logbus_plugin_api::now_ns()
+    )
+}
+
+/// Kafka `input` → json → attributes into fields → Kafka `output`.
+fn relay(dir: &Path, brokers: &str, group: &str, input: &str, output: &str) -> std::path::PathBuf {
+    let p = dir.join("relay.yml");
+    std::fs::write(
+        &p,
+        format!(
+            "settings: {{ drain_timeout_ms: 10000 }}
+stages:
+  from_kafka:
+    source: kafka
+    brokers: {brokers}
+    group_id: {group}
+    topics: [{input}]
+    session_timeout_ms: 6000
+    commit_interval_ms: 200
+    codec: json
+  tag:
+    transform: fields
+    inputs: [from_kafka]
+    from_meta: {{ src.partition: attributes.partition, src.offset: attributes.offset }}
+  to_kafka:
+    sink: kafka
+    inputs: [tag]
+    brokers: {brokers}
+    topic: {output}
+    linger_ms: 20
+"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn start(pipeline: &Path, stats: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .env("LOGBUS_LOG", "info")
+        .arg("run")
+        .arg(pipeline)
+        .arg("--stats-json")
+        .arg(stats)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Messages in `topic` (the sum of its partitions' end offsets).
+fn produced(brokers: &str, topic: &str) -> u64 {
+    python(
+        brokers,
+        "from kafka import KafkaConsumer, TopicPartition\n\
+         c = KafkaConsumer(bootstrap_servers=BROKERS)\n\
+         parts = [TopicPartition(ARGS[0], p) for p in c.partitions_for_topic(ARGS[0])]\n\
+         print(sum(c.end_offsets(parts).values()))",
+        &[topic],
+    )
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+/// How many times each id is in `topic`.
+fn ids_in(brokers: &str, topic: &str) -> HashMap<u64, u32> {
+    let out = python(
+        brokers,
+        "from kafka import KafkaConsumer\n\
+         c = KafkaConsumer(ARGS[0], bootstrap_servers=BROKERS, auto_offset_reset='earliest',\n\
+         \x20   consumer_timeout_ms=5000, max_poll_records=5000)\n\
+         for m in c:\n\
+         \x20   print(json.loads(m.value)['id'])",
+        &[topic],
+    );
+    let mut seen = HashMap::new();
+    for l in out.lines() {
+        *seen.entry(l.parse().unwrap()).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// Waits until `topic` holds at least `n` messages.
+fn wait_for_output(brokers: &str, topic: &str, n: u64, children: &mut [&mut Child]) {
+    let began = Instant::now();
+    loop {
+        if produced(brokers, topic) >= n {
+            return;
+        }
+        for c in children.iter_mut() {
+            if let Some(status) = c.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                panic!("a logbus process ended early ({status}): {err}");
+            }
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(180),
+            "{topic} did not reach {n} messages within 180 s"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// SIGTERM, then the process's summary counters (from --stats-json) and
+/// what it printed.
+fn stop(child: Child, stats: &Path) -> (Value, String) {
+    crate::crash::sigterm(&child);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let stats: Value = serde_json::from_str(&std::fs::read_to_string(stats).unwrap()).unwrap();
+    (stats, err)
+}
+
+fn stage<'a>(stats: &'a Value, id: &str) -> &'a Value {
+    stats["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap_or_else(|| panic!("no stage {id} in {stats}"))
+}
+
+/// Every id below `count` at least once; returns how many arrived twice
+/// or more (their extra copies).
+fn missing_and_duplicates(seen: &HashMap<u64, u32>, count: u64) -> (Vec<u64>, u64) {
+    let missing: Vec<u64> = (0..count).filter(|i| !seen.contains_key(i)).collect();
+    let duplicates = seen.values().map(|n| u64::from(n - 1)).sum();
+    (missing, duplicates)
+}
+
+/// Two processes share a 6-partition topic; one is killed with SIGKILL
+/// mid-run; the other takes its partitions over and every id reaches the
+/// output (duplicates: at most what the dead one had in flight).
+#[test]
+fn a_member_killed_mid_run_hands_its_partitions_over() {
+    let Some(brokers) = brokers() else { return };
+    let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let input = topic(&brokers, "scale-in", 6);
+    let output = topic(&brokers, "scale-out", 6);
+    let pipeline = relay(dir.path(), &brokers, &unique("scale"), &input, &output);
+    produce(&brokers, &input, 0, 30_000, 6);
+    let (s1, s2) = (dir.path().join("1.json"), dir.path().join("2.json"));
+    let mut p1 = start(&pipeline, &s1);
+    let mut p2 = start(&pipeline, &s2);
+    wait_for_output(&brokers, &output, 5_000, &mut [&mut p1, &mut p2]);
+    p1.kill().unwrap();
+    p1.wait().unwrap();
+    // What comes now on the dead member's partitions only the other reads.
+    produce(&brokers, &input, 30_000, 30_000, 6);
+    wait_for_output(&brokers, &output, 60_000, &mut [&mut p2]);
+    let (stats, err) = stop(p2, &s2);
+    let seen = ids_in(&brokers, &output);
+    let (missing, duplicates) = missing_and_duplicates(&seen, 60_000);
+    eprintln!(
+        "kill -9 of one of two members: missing {}, duplicates {duplicates}",
+        missing.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "missing {:?}…\n{err}",
+        &missing[..missing.len().min(10)]
+    );
+    assert!(
+        stage(&stats, "from_kafka.source")["events_out"]
+            .as_u64()
+            .unwrap()
+            > 30_000,
+        "the survivor read the dead member's partitions too: {stats}"
+    );
+}
+
+/// Two processes, a third joins mid-run: the group rebalances, every id
+/// arrives, the newcomer does part of the work, and the duplicates in the
+/// output are no more than the members reported letting go of in flight.
+#[test]
+fn a_member_added_mid_run_takes_a_share_without_losing_anything() {
+    let Some(brokers) = brokers() else { return };
+    let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let input = topic(&brokers, "join-in", 6);
+    let output = topic(&brokers, "join-out", 6);
+    let pipeline = relay(dir.path(), &brokers, &unique("join"), &input, &output);
+    produce(&brokers, &input, 0, 30_000, 6);
+    let stats: Vec<_> = (1..=3)
+        .map(|i| dir.path().join(format!("{i}.json")))
+        .collect();
+    let mut p1 = start(&pipeline, &stats[0]);
+    let mut p2 = start(&pipeline, &stats[1]);
+    wait_for_output(&brokers, &output, 5_000, &mut [&mut p1, &mut p2]);
+    let mut p3 = start(&pipeline, &stats[2]);
+    produce(&brokers, &input, 30_000, 30_000, 6);
+    wait_for_output(&brokers, &output, 60_000, &mut [&mut p1, &mut p2, &mut p3]);
+    let mut redelivered = 0;
+    let mut read = Vec::new();
+    for (p, s) in [p1, p2, p3].into_iter().zip(&stats) {
+        let (stats, _) = stop(p, s);
+        let from = stage(&stats, "from_kafka.source");
+        redelivered += from["redelivered"].as_u64().unwrap();
+        read.push(from["events_out"].as_u64().unwrap());
+    }
+    let seen = ids_in(&brokers, &output);
+    let (missing, duplicates) = missing_and_duplicates(&seen, 60_000);
+    eprintln!(
+        "a third member joining: missing {}, duplicates {duplicates}, reported redelivered {redelivered}, read per member {read:?}",
+        missing.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "missing {:?}…",
+        &missing[..missing.len().min(10)]
+    );
+    assert!(read[2] > 0, "the newcomer got partitions: {read:?}");
+    assert!(
+        duplicates <= redelivered,
+        "{duplicates} duplicates, but only {redelivered} reported as possibly read twice"
+    );
+}
+
+/// kill -9 mid-run, then a restart: the new process resumes from the
+/// committed offsets; every id arrives.
+#[test]
+fn kill_9_and_restart_lose_nothing() {
+    let Some(brokers) = brokers() else { return };
+    let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let input = topic(&brokers, "crash-in", 3);
+    let output = topic(&brokers, "crash-out", 3);
+    let pipeline = relay(dir.path(), &brokers, &unique("crash"), &input, &output);
+    produce(&brokers, &input, 0, 40_000, 3);
+    let stats = dir.path().join("s.json");
+    let mut p = start(&pipeline, &stats);
+    wait_for_output(&brokers, &output, 5_000, &mut [&mut p]);
+    p.kill().unwrap();
+    p.wait().unwrap();
+    let at_kill = produced(&brokers, &output);
+    let mut p = start(&pipeline, &stats);
+    wait_for_output(&brokers, &output, 40_000, &mut [&mut p]);
+    let (_, err) = stop(p, &stats);
+    let seen = ids_in(&brokers, &output);
+    let (missing, duplicates) = missing_and_duplicates(&seen, 40_000);
+    eprintln!(
+        "kill -9 at {at_kill} of 40000 and restart: missing {}, duplicates {duplicates}",
+        missing.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "missing {:?}…\n{err}",
+        &missing[..missing.len().min(10)]
+    );
+}
+
+/// The broker stops and starts again mid-run (its data kept): source and
+/// sink reconnect, nothing is lost.
+#[test]
+fn a_broker_restarted_mid_run_loses_nothing() {
+    let Some(brokers) = brokers() else { return };
+    let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let input = topic(&brokers, "restart-in", 3);
+    let output = topic(&brokers, "restart-out", 3);
+    let pipeline = relay(dir.path(), &brokers, &unique("restart"), &input, &output);
+    produce(&brokers, &input, 0, 40_000, 3);
+    let stats = dir.path().join("s.json");
+    let mut p = start(&pipeline, &stats);
+    wait_for_output(&brokers, &output, 3_000, &mut [&mut p]);
+    let services = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/services");
+    let restarted = Command::new(&services)
+        .args(["restart", "kafka"])
+        .output()
+        .unwrap();
+    assert!(
+        restarted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restarted.stderr)
+    );
+    wait_for_output(&brokers, &output, 40_000, &mut [&mut p]);
+    let (_, err) = stop(p, &stats);
+    let seen = ids_in(&brokers, &output);
+    let (missing, duplicates) = missing_and_duplicates(&seen, 40_000);
+    eprintln!(
+        "broker restarted mid-run: missing {}, duplicates {duplicates}",
+        missing.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "missing {:?}…\n{err}",
+        &missing[..missing.len().min(10)]
+    );
+}
+
+/// No broker where the pipeline says: the source keeps retrying and says
+/// which broker it cannot reach.
+#[test]
+fn an_unreachable_broker_is_named_while_retrying() {
+    if brokers().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::support::free_port();
+    let p = dir.path().join("p.yml");
+    std::fs::write(
+        &p,
+        format!(
+            "stages:
+  from_kafka: {{ source: kafka, brokers: '127.0.0.1:{port}', group_id: g, topics: [t] }}
+  out: {{ sink: blackhole, inputs: [from_kafka] }}
+"
+        ),
+    )
+    .unwrap();
+    let stats = dir.path().join("s.json");
+    let mut child = start(&p, &stats);
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buf = [0u8; 4096];
+        let mut text = String::new();
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            let _ = tx.send(text.clone());
+        }
+    });
+    let began = Instant::now();
+    let mut said = String::new();
+    while began.elapsed() < Duration::from_secs(30) {
+        if let Ok(text) = rx.recv_timeout(Duration::from_millis(200)) {
+            said = text;
+        }
+        if said.contains(&format!("127.0.0.1:{port}")) && said.contains("Connection refused") {
+            break;
+        }
+    }
+    crate::crash::sigterm(&child);
+    let status = child.wait().unwrap();
+    assert!(
+        said.contains(&format!("127.0.0.1:{port}")) && said.contains("Connection refused"),
+        "{said}"
+    );
+    assert!(said.contains("from_kafka"), "the stage is named: {said}");
+    assert_eq!(status.code(), Some(0), "a stop while retrying is clean");
+}
