@@ -106,6 +106,13 @@ pub fn dist(root: &Path, profile: &str, plugins: Option<&str>) -> anyhow::Result
     if !feature_arg.iter().any(|f| f == "default" || f == "full") {
         feature_arg.push("mimalloc".into());
     }
+    // librdkafka needs OpenSSL and libcurl: linked statically too.
+    let kafka = feature_arg
+        .iter()
+        .any(|f| f == "full" || f.ends_with("-kafka"));
+    if kafka {
+        feature_arg.push("kafka-static".into());
+    }
     let triple = host_triple()?;
     let target =
         std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
@@ -132,6 +139,7 @@ pub fn dist(root: &Path, profile: &str, plugins: Option<&str>) -> anyhow::Result
         // With an explicit --target these flags reach only the target's
         // crates, not build scripts or proc macros.
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env("OPENSSL_STATIC", "1")
         .current_dir(root)
         .status()?;
     if !status.success() {

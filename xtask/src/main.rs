@@ -12,6 +12,10 @@
 //!   LTO-optimised binary with chosen plugins in `target/dist/`, a manifest,
 //!   and its size, start-up time and idle RSS.
 //! - `check-features`: every plugin feature builds alone.
+//! - `kafka-bench [--events N] [--reps N] [--binary PATH] [--brokers B]`:
+//!   file → Kafka and Kafka → json → Kafka against a real broker
+//!   (`.ci/services up kafka`): events/s, peak RSS, LogBus's and the
+//!   broker's CPU time, per run and the median.
 //! - `load profile|quick [--pipeline FILE] [--reps N] [--out DIR]
 //!   [--peer NAME[@tcp]=COMMAND]... [--quorum Q] [--start-rate R]`: the
 //!   open-loop load profile (docs/load-testing.md); `load sweep
@@ -32,6 +36,7 @@ use sha2::{Digest, Sha256};
 
 mod diskbench;
 mod dist;
+mod kafkabench;
 mod load;
 mod screen;
 
@@ -39,7 +44,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
         bail!(
-            "usage: cargo xtask <corpus|bench|load|screen|disk-bench|dist|check-features> [options]"
+            "usage: cargo xtask <corpus|bench|load|screen|disk-bench|dist|check-features|kafka-bench> [options]"
         );
     };
     let opt = |name: &str| -> Option<String> {
@@ -107,6 +112,18 @@ fn main() -> anyhow::Result<()> {
             dist::dist(&root, &profile, plugins.as_deref())?;
         }
         "check-features" => dist::check_features(&root)?,
+        "kafka-bench" => {
+            let events: usize = opt("--events").map_or(Ok(500_000), |v| v.parse())?;
+            let reps: usize = opt("--reps").map_or(Ok(3), |v| v.parse())?;
+            let brokers = opt("--brokers").unwrap_or_else(|| "127.0.0.1:9092".into());
+            kafkabench::kafka_bench(
+                &root,
+                opt("--binary").map(PathBuf::from),
+                events,
+                reps,
+                &brokers,
+            )?;
+        }
         "disk-bench" => {
             let reps: usize = opt("--reps").map_or(Ok(5), |v| v.parse())?;
             let events: u64 = opt("--events").map_or(Ok(1_000_000), |v| v.parse())?;

@@ -27,42 +27,37 @@ fn unique(name: &str) -> String {
     )
 }
 
-/// Kafka `input` → json → attributes into fields → Kafka `output`.
-fn relay(dir: &Path, brokers: &str, group: &str, input: &str, output: &str) -> std::path::PathBuf {
-    let p = dir.join("relay.yml");
-    std::fs::write(
-        &p,
-        format!(
-            "settings: {{ drain_timeout_ms: 10000 }}
-stages:
-  from_kafka:
-    source: kafka
-    brokers: {brokers}
-    group_id: {group}
-    topics: [{input}]
-    session_timeout_ms: 6000
-    commit_interval_ms: 200
-    codec: json
-  tag:
-    transform: fields
-    inputs: [from_kafka]
-    from_meta: {{ src.partition: attributes.partition, src.offset: attributes.offset }}
-  to_kafka:
-    sink: kafka
-    inputs: [tag]
-    brokers: {brokers}
-    topic: {output}
-    linger_ms: 20
-"
-        ),
-    )
-    .unwrap();
-    p
+/// `examples/kafka/processor.yml` (Kafka `input` → json → attributes
+/// into fields → Kafka `output`), its variables set.
+struct Relay {
+    env: Vec<(&'static str, String)>,
 }
 
-fn start(pipeline: &Path, stats: &Path) -> Child {
+fn relay(brokers: &str, group: &str, input: &str, output: &str) -> Relay {
+    Relay {
+        env: vec![
+            ("KAFKA_BROKERS", brokers.to_string()),
+            ("KAFKA_GROUP", group.to_string()),
+            ("KAFKA_INPUT", input.to_string()),
+            ("KAFKA_OUTPUT", output.to_string()),
+        ],
+    }
+}
+
+fn example(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/kafka")
+        .join(name)
+}
+
+fn start(relay: &Relay, stats: &Path) -> Child {
+    start_file(&example("processor.yml"), &relay.env, stats)
+}
+
+fn start_file(pipeline: &Path, env: &[(&str, String)], stats: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_logbus"))
         .env("LOGBUS_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .arg("run")
         .arg(pipeline)
         .arg("--stats-json")
@@ -167,7 +162,7 @@ fn a_member_killed_mid_run_hands_its_partitions_over() {
     let dir = tempfile::tempdir().unwrap();
     let input = topic(&brokers, "scale-in", 6);
     let output = topic(&brokers, "scale-out", 6);
-    let pipeline = relay(dir.path(), &brokers, &unique("scale"), &input, &output);
+    let pipeline = relay(&brokers, &unique("scale"), &input, &output);
     produce(&brokers, &input, 0, 30_000, 6);
     let (s1, s2) = (dir.path().join("1.json"), dir.path().join("2.json"));
     let mut p1 = start(&pipeline, &s1);
@@ -209,7 +204,7 @@ fn a_member_added_mid_run_takes_a_share_without_losing_anything() {
     let dir = tempfile::tempdir().unwrap();
     let input = topic(&brokers, "join-in", 6);
     let output = topic(&brokers, "join-out", 6);
-    let pipeline = relay(dir.path(), &brokers, &unique("join"), &input, &output);
+    let pipeline = relay(&brokers, &unique("join"), &input, &output);
     produce(&brokers, &input, 0, 30_000, 6);
     let stats: Vec<_> = (1..=3)
         .map(|i| dir.path().join(format!("{i}.json")))
@@ -255,7 +250,7 @@ fn kill_9_and_restart_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let input = topic(&brokers, "crash-in", 3);
     let output = topic(&brokers, "crash-out", 3);
-    let pipeline = relay(dir.path(), &brokers, &unique("crash"), &input, &output);
+    let pipeline = relay(&brokers, &unique("crash"), &input, &output);
     produce(&brokers, &input, 0, 40_000, 3);
     let stats = dir.path().join("s.json");
     let mut p = start(&pipeline, &stats);
@@ -288,7 +283,7 @@ fn a_broker_restarted_mid_run_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let input = topic(&brokers, "restart-in", 3);
     let output = topic(&brokers, "restart-out", 3);
-    let pipeline = relay(dir.path(), &brokers, &unique("restart"), &input, &output);
+    let pipeline = relay(&brokers, &unique("restart"), &input, &output);
     produce(&brokers, &input, 0, 40_000, 3);
     let stats = dir.path().join("s.json");
     let mut p = start(&pipeline, &stats);
@@ -339,7 +334,7 @@ fn an_unreachable_broker_is_named_while_retrying() {
     )
     .unwrap();
     let stats = dir.path().join("s.json");
-    let mut child = start(&p, &stats);
+    let mut child = start_file(&p, &[], &stats);
     let mut stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -372,4 +367,25 @@ fn an_unreachable_broker_is_named_while_retrying() {
     );
     assert!(said.contains("from_kafka"), "the stage is named: {said}");
     assert_eq!(status.code(), Some(0), "a stop while retrying is clean");
+}
+
+/// The Kafka examples validate without warnings and pass their tests.
+#[test]
+fn the_kafka_examples_validate_and_pass_their_tests() {
+    for name in ["processor.yml", "edge.yml"] {
+        for args in [&["validate", "--deny-warnings"][..], &["test"][..]] {
+            let o = Command::new(env!("CARGO_BIN_EXE_logbus"))
+                .args(args)
+                .arg(example(name))
+                .output()
+                .unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{name} {args:?}: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
 }
