@@ -145,7 +145,21 @@ impl<S: Service> Driver<S> {
     /// fails, or the drain deadline passes.
     pub async fn run(&self, cx: &mut SinkContext) -> Result<(), StageError> {
         let c = &self.config;
-        let mut batcher = Batcher::new(c.limits, self.encoder.framing());
+        // The sink holds the events of open and in-flight batches against
+        // its input channel's capacity: a batch larger than half of it could
+        // only ever close by age (with the channel full behind it), so it
+        // is capped there.
+        let mut limits = c.limits;
+        let capacity = cx.input.handle().stats().capacity();
+        if capacity > 0 && limits.max_events > capacity / 2 {
+            tracing::debug!(
+                stage = %cx.id,
+                "batches capped at {} events (half the input channel's {capacity})",
+                (capacity / 2).max(1)
+            );
+            limits.max_events = (capacity / 2).max(1);
+        }
+        let mut batcher = Batcher::new(limits, self.encoder.framing());
         let mut sealed: VecDeque<Batch> = VecDeque::new();
         let mut in_flight = FuturesUnordered::new();
         let mut inputs = Inputs::default();

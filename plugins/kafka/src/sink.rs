@@ -147,13 +147,13 @@ fn default_max_message() -> usize {
     1_000_000
 }
 fn default_batch_events() -> usize {
-    10_000
+    1000
 }
 fn default_batch_timeout() -> u64 {
     50
 }
 fn default_in_flight() -> usize {
-    4
+    16
 }
 fn default_initial_backoff() -> u64 {
     100
