@@ -245,6 +245,11 @@ impl TypedPlugin for KafkaSource {
                 "max.partition.fetch.bytes",
                 options.max_partition_fetch_bytes.to_string(),
             )
+            // Once the prefetch queue is full, librdkafka waits this long
+            // before fetching again (1 s by default): a pipeline that
+            // drains the queue in less would idle in one-second steps
+            // (measured: 25k events/s instead of 140k+).
+            .set("fetch.queue.backoff.ms", "10")
             .set("session.timeout.ms", options.session_timeout_ms.to_string())
             .set(
                 "heartbeat.interval.ms",
@@ -755,6 +760,7 @@ impl Reader<'_> {
                 Err(_) => {
                     // The pipeline is full: stop fetching, stay in the group.
                     if !paused_all {
+                        tracing::debug!(stage = %self.id, "the pipeline is full: partitions paused");
                         if let Ok(assigned) = self.consumer.assignment() {
                             let _ = self.consumer.pause(&assigned);
                         }
