@@ -45,4 +45,4 @@ pub use plugin::{
 pub use registry::Registry;
 pub use schemars;
 pub use serde_json;
-pub use tokio_util::sync::CancellationToken;
+pub use tokio_util::sync::{CancellationToken, DropGuard};

@@ -71,11 +71,15 @@ pub fn sink(plugin: &dyn Plugin, options: Value) -> Box<dyn Sink> {
     }
 }
 
-/// A source running on the test's runtime, feeding `rx`.
+/// A source running on the test's runtime, feeding `rx`. Dropped without
+/// [`RunningSource::stop`] (a test that panicked), it still tells the
+/// source to stop, so a source running on a blocking thread does not keep
+/// the test's runtime (and the test) from ending.
 pub struct RunningSource {
     pub rx: Receiver,
     pub shutdown: CancellationToken,
     pub task: tokio::task::JoinHandle<Result<(), StageError>>,
+    pub stop_on_drop: crate::DropGuard,
 }
 
 impl RunningSource {
@@ -99,7 +103,12 @@ pub fn run_source(source: Box<dyn Source>, capacity: usize) -> RunningSource {
         ),
         shutdown: shutdown.clone(),
     }));
-    RunningSource { rx, shutdown, task }
+    RunningSource {
+        rx,
+        stop_on_drop: shutdown.clone().drop_guard(),
+        shutdown,
+        task,
+    }
 }
 
 /// Receives at least `n` events; panics when none comes for 20 s, so a

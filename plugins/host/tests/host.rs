@@ -29,6 +29,7 @@ async fn an_interval_schedule_ticks_with_its_fields_and_stops_at_count() {
         mut rx,
         shutdown: _stop,
         task,
+        stop_on_drop: _guard,
     } = run_source(s, 10);
     let started = tokio::time::Instant::now();
     let got = take(&mut rx, 3).await;
@@ -54,6 +55,7 @@ async fn a_cron_schedule_fires_on_its_seconds() {
         mut rx,
         shutdown: _stop,
         task,
+        stop_on_drop: _guard,
     } = run_source(s, 10);
     let got = take(&mut rx, 2).await;
     task.await.unwrap().unwrap();
@@ -81,6 +83,7 @@ async fn exec_streams_lines_and_ends_when_the_command_does_with_restart_never() 
         mut rx,
         shutdown: _stop,
         task,
+        stop_on_drop: _guard,
     } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     task.await.unwrap().unwrap();
@@ -97,6 +100,7 @@ async fn exec_restarts_a_failing_command_and_runs_one_on_a_schedule() {
         mut rx,
         shutdown: stop,
         task,
+        stop_on_drop: _guard,
     } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     stop.cancel();
@@ -111,6 +115,7 @@ async fn exec_restarts_a_failing_command_and_runs_one_on_a_schedule() {
         mut rx,
         shutdown: stop,
         task,
+        stop_on_drop: _guard,
     } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     stop.cancel();
@@ -128,6 +133,7 @@ async fn a_command_that_cannot_start_fails_the_stage_by_name() {
         rx: _rx,
         shutdown: _stop,
         task,
+        stop_on_drop: _guard,
     } = run_source(s, 10);
     let err = task.await.unwrap().unwrap_err().to_string();
     assert!(err.contains("/no/such/program"), "{err}");
@@ -144,6 +150,7 @@ async fn a_fast_command_is_held_back_by_the_pipeline_and_killed_at_shutdown() {
         mut rx,
         shutdown: stop,
         task,
+        stop_on_drop: _guard,
     } = run_source(s, 10);
     let h = rx.handle();
     while h.occupancy() < 10 {

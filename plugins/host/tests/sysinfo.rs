@@ -8,7 +8,12 @@ use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_metrics_match_what_the_kernel_says() {
-    let RunningSource { mut rx, task, .. } = testing::run_source(
+    let RunningSource {
+        mut rx,
+        task,
+        stop_on_drop: _guard,
+        ..
+    } = testing::run_source(
         testing::source(
             &Typed(logbus_host::sysinfo::SysInfo),
             json!({ "interval_ms": 200, "count": 2, "top_processes": 3 }),

@@ -15,6 +15,7 @@ struct Running {
     rx: Receiver,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), logbus_plugin_api::StageError>>,
+    _stop_on_drop: logbus_plugin_api::DropGuard,
 }
 
 async fn start(options: serde_json::Value, capacity: usize) -> Running {
@@ -25,7 +26,12 @@ async fn start(options: serde_json::Value, capacity: usize) -> Running {
         .port();
     let mut options = options;
     options["address"] = json!(format!("127.0.0.1:{port}"));
-    let RunningSource { rx, shutdown, task } = testing::run_source(
+    let RunningSource {
+        rx,
+        shutdown,
+        task,
+        stop_on_drop,
+    } = testing::run_source(
         testing::source(&Typed(logbus_http::source::HttpSource), options),
         capacity,
     );
@@ -39,6 +45,7 @@ async fn start(options: serde_json::Value, capacity: usize) -> Running {
         rx,
         shutdown,
         task,
+        _stop_on_drop: stop_on_drop,
     }
 }
 

@@ -1,8 +1,13 @@
 //! What the Kafka source and sink share: how to reach the brokers (the
 //! list, TLS, SASL) and how librdkafka's own reports reach our log.
 
+use std::sync::{Arc, Mutex};
+
 use logbus_plugin_api::{BuildContext, OptionError};
 use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -95,5 +100,98 @@ pub fn apply_security(
         c.set("sasl.mechanism", mechanism)
             .set("sasl.username", &sasl.username)
             .set("sasl.password", &sasl.password);
+    }
+}
+
+/// What librdkafka reports about a client, in our log under the stage's
+/// id, and the first error retrying cannot fix.
+pub struct Reports {
+    pub stage: Arc<str>,
+    fatal: Mutex<Option<String>>,
+    noticed: tokio::sync::Notify,
+}
+
+impl Reports {
+    pub fn new(stage: Arc<str>) -> Self {
+        Reports {
+            stage,
+            fatal: Mutex::new(None),
+            noticed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The first error that retrying cannot fix, if one came.
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits for an error that retrying cannot fix.
+    pub async fn fatal_error(&self) -> String {
+        loop {
+            if let Some(f) = self.fatal() {
+                return f;
+            }
+            self.noticed.notified().await;
+        }
+    }
+
+    /// Notes `error` if it is one retrying cannot fix.
+    pub fn note(&self, error: &KafkaError, reason: &str) {
+        if is_fatal(error) {
+            self.fatal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| format!("{error}: {reason}"));
+            self.noticed.notify_one();
+        }
+    }
+
+    pub fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        let stage = &*self.stage;
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => tracing::error!(stage, "librdkafka {fac}: {message}"),
+            RDKafkaLogLevel::Warning => tracing::warn!(stage, "librdkafka {fac}: {message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(stage, "librdkafka {fac}: {message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(stage, "librdkafka {fac}: {message}"),
+        }
+    }
+
+    pub fn error(&self, error: KafkaError, reason: &str) {
+        self.note(&error, reason);
+        tracing::warn!(stage = %self.stage, "kafka: {error}: {reason}");
+    }
+}
+
+/// Errors that retrying cannot fix: wrong credentials, an authorisation
+/// refusal, librdkafka's own fatal state.
+pub fn is_fatal(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+        )
+    )
+}
+
+/// A client context that only reports (the producer's).
+pub struct ReportingContext(pub Arc<Reports>);
+
+impl ClientContext for ReportingContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        self.0.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.0.error(error, reason);
     }
 }

@@ -13,6 +13,7 @@
 //! exist, not authorised) go to `<id>.dead` with the reason.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use logbus_plugin_api::{
@@ -30,7 +31,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::client::{KafkaTls, Sasl, apply_security, check_connection};
+use crate::client::{KafkaTls, ReportingContext, Reports, Sasl, apply_security, check_connection};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -258,9 +259,10 @@ impl TypedPlugin for KafkaSink {
                     .map_err(|e| OptionError::at(&["headers"], e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let producer: FutureProducer = options
+        let reports = Arc::new(Reports::new(cx.stage_id.clone().into()));
+        let producer: FutureProducer<ReportingContext> = options
             .client_config(cx)
-            .create()
+            .create_with_context(ReportingContext(reports.clone()))
             .map_err(|e| OptionError::at(&["librdkafka"], format!("creating the producer: {e}")))?;
         let config = DriverConfig {
             limits: BatchLimits {
@@ -289,7 +291,11 @@ impl TypedPlugin for KafkaSink {
             max_message_bytes: options.max_message_bytes,
         };
         let driver = Driver::new(service, Unframed, config);
-        Ok(Built::Sink(Box::new(KafkaWriter { driver })))
+        Ok(Built::Sink(Box::new(KafkaWriter {
+            driver,
+            reports,
+            brokers: options.brokers,
+        })))
     }
 }
 
@@ -304,12 +310,23 @@ impl Encoder for Unframed {
 
 struct KafkaWriter {
     driver: Driver<KafkaService>,
+    reports: Arc<Reports>,
+    brokers: String,
 }
 
 #[async_trait]
 impl Sink for KafkaWriter {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        let ran = self.driver.run(cx).await;
+        // Wrong credentials or a refused authorisation end the stage with
+        // the brokers' reason instead of retrying forever; what it held is
+        // settled errored (a checkpointing source sends it again).
+        let ran = tokio::select! {
+            ran = self.driver.run(cx) => ran,
+            why = self.reports.fatal_error() => Err(StageError::Other(format!(
+                "Kafka brokers {} refused this producer: {why}",
+                self.brokers
+            ))),
+        };
         // Every batch waited for its delivery reports; this only settles
         // librdkafka's own bookkeeping before the producer is dropped.
         let producer = self.driver.service().producer.clone();
@@ -319,7 +336,7 @@ impl Sink for KafkaWriter {
 }
 
 struct KafkaService {
-    producer: FutureProducer,
+    producer: FutureProducer<ReportingContext>,
     topic: Template,
     key: Option<Template>,
     headers: Vec<(String, logbus_plugin_api::FieldPath)>,

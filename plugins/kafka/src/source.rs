@@ -42,7 +42,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::client::{KafkaTls, Sasl, apply_security, check_connection};
+use crate::client::{KafkaTls, Reports, Sasl, apply_security, check_connection};
 
 /// Where a group with no committed offset for a partition starts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -250,6 +250,10 @@ impl TypedPlugin for KafkaSource {
             // drains the queue in less would idle in one-second steps
             // (measured: 25k events/s instead of 140k+).
             .set("fetch.queue.backoff.ms", "10")
+            // A topic that does not exist yet (or a new one matching a
+            // pattern) is found at the next metadata refresh: 10 s, not
+            // librdkafka's 5 minutes.
+            .set("topic.metadata.refresh.interval.ms", "10000")
             .set("session.timeout.ms", options.session_timeout_ms.to_string())
             .set(
                 "heartbeat.interval.ms",
@@ -350,15 +354,15 @@ type PartitionKey = (Arc<str>, i32);
 
 /// What the consumer thread and librdkafka's callbacks (which run on it,
 /// inside `poll`) share.
-#[derive(Default)]
 struct Shared {
     stage: Arc<str>,
     tracks: Mutex<HashMap<PartitionKey, Arc<Track>>>,
     /// Acknowledgement counts of partitions no longer assigned.
     gone: Mutex<logbus_plugin_api::AckCounts>,
     redelivered: AtomicU64,
-    /// An error retrying cannot fix (the brokers refused our credentials).
-    fatal: Mutex<Option<String>>,
+    /// librdkafka's reports, and an error retrying cannot fix (the
+    /// brokers refused our credentials).
+    reports: Reports,
 }
 
 impl Shared {
@@ -428,43 +432,12 @@ struct GroupContext {
 
 impl ClientContext for GroupContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        let stage = &*self.shared.stage;
-        match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => tracing::error!(stage, "librdkafka {fac}: {message}"),
-            RDKafkaLogLevel::Warning => tracing::warn!(stage, "librdkafka {fac}: {message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(stage, "librdkafka {fac}: {message}")
-            }
-            RDKafkaLogLevel::Debug => tracing::debug!(stage, "librdkafka {fac}: {message}"),
-        }
+        self.shared.reports.log(level, fac, message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        let stage = &*self.shared.stage;
-        if is_fatal(&error) {
-            let mut fatal = self.shared.fatal.lock().unwrap_or_else(|p| p.into_inner());
-            fatal.get_or_insert_with(|| format!("{error}: {reason}"));
-        }
-        tracing::warn!(stage, "kafka: {error}: {reason}");
+        self.shared.reports.error(error, reason);
     }
-}
-
-/// Errors that retrying cannot fix: wrong credentials, a TLS setup the
-/// brokers refuse, librdkafka's own fatal state.
-fn is_fatal(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::Authentication
-                | RDKafkaErrorCode::SaslAuthenticationFailed
-                | RDKafkaErrorCode::Fatal
-                | RDKafkaErrorCode::TopicAuthorizationFailed
-                | RDKafkaErrorCode::GroupAuthorizationFailed
-        )
-    )
 }
 
 impl ConsumerContext for GroupContext {
@@ -559,7 +532,10 @@ impl KafkaConsumerSource {
     fn consume(self, handle: &tokio::runtime::Handle, cx: SourceContext) -> Result<(), StageError> {
         let shared = Arc::new(Shared {
             stage: cx.id.clone(),
-            ..Shared::default()
+            reports: Reports::new(cx.id.clone()),
+            tracks: Mutex::default(),
+            gone: Mutex::default(),
+            redelivered: AtomicU64::new(0),
         });
         let consumer: BaseConsumer<GroupContext> = self
             .config
@@ -645,11 +621,7 @@ impl KafkaConsumerSource {
 
 impl Reader<'_> {
     fn fatal(&self) -> Option<String> {
-        self.shared
-            .fatal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.shared.reports.fatal()
     }
 
     /// Takes up to `max` messages, waiting at most `wait` for the first.
@@ -676,10 +648,7 @@ impl Reader<'_> {
         ) {
             return;
         }
-        if is_fatal(error) {
-            let mut fatal = self.shared.fatal.lock().unwrap_or_else(|p| p.into_inner());
-            fatal.get_or_insert_with(|| error.to_string());
-        }
+        self.shared.reports.note(error, "while consuming");
         let text = error.to_string();
         let now = Instant::now();
         if self

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 mod common;
-use common::{brokers, python, topic};
+use common::{SASL_BROKERS, brokers, python, topic};
 
 use logbus_plugin_api::testing;
 use logbus_plugin_api::{
@@ -221,4 +221,48 @@ fn bad_options_are_named() {
     for expected in ["brokers", "topic", "headers.0", "in_flight"] {
         assert!(err.contains(expected), "{expected}: {err}");
     }
+}
+
+/// SASL PLAIN and SCRAM on the broker's SASL listener: the right password
+/// delivers; a wrong one ends the stage with the brokers' reason instead
+/// of retrying forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_credentials_are_used_and_a_wrong_password_fails_clearly() {
+    let Some(brokers) = brokers() else { return };
+    let t = topic(&brokers, "sink-sasl", 1);
+    for (i, mechanism) in ["plain", "scram-sha-256", "scram-sha-512"]
+        .into_iter()
+        .enumerate()
+    {
+        let options = |password: &str| {
+            json!({
+                "brokers": SASL_BROKERS, "topic": t,
+                "sasl": {"mechanism": mechanism, "username": "logbus", "password": password}
+            })
+        };
+        let (result, metrics) = run(options("logbus-secret"), vec![events(i * 10, 10)], None).await;
+        result.unwrap_or_else(|e| panic!("{mechanism}: {e}"));
+        assert_eq!(metrics.snapshot().events_out, 10, "{mechanism}");
+        let (result, metrics) = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            run(options("wrong"), vec![events(100, 10)], None),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{mechanism}: a wrong password must end the stage"));
+        let err = result.expect_err("a wrong password is an error");
+        assert!(
+            err.contains(SASL_BROKERS) && err.to_lowercase().contains("authentication"),
+            "{mechanism}: {err}"
+        );
+        assert_eq!(metrics.snapshot().events_out, 0);
+    }
+    let ids: Vec<u64> = read_all(&brokers, &t, 30)
+        .iter()
+        .map(|m| {
+            serde_json::from_str::<Value>(m["value"].as_str().unwrap()).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, (0..30).collect::<Vec<_>>());
 }

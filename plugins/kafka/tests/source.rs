@@ -163,6 +163,50 @@ async fn a_pattern_reads_every_matching_topic() {
     assert_eq!(topics, [a, b].into());
 }
 
+/// A topic that does not exist yet is not an error: the source waits, and
+/// reads it once it is created (patterns alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_created_later_is_read_once_it_exists() {
+    let Some(brokers) = brokers() else { return };
+    let tag = format!("later{}", logbus_plugin_api::now_ns());
+    let named = format!("{tag}-named");
+    let mut s = source(
+        json!({"brokers": brokers, "group_id": group("later"), "topics": [named, format!("^{tag}-pat.*")]}),
+        1000,
+    );
+    // Nothing to read, no error.
+    let nothing = tokio::time::timeout(Duration::from_secs(1), s.rx.recv()).await;
+    assert!(nothing.is_err(), "no topic, no events");
+    assert!(
+        !s.task.is_finished(),
+        "a missing topic does not end the source"
+    );
+    common::python(
+        &brokers,
+        "from kafka.admin import KafkaAdminClient, NewTopic\n\
+         a = KafkaAdminClient(bootstrap_servers=BROKERS)\n\
+         a.create_topics([NewTopic(t, num_partitions=1, replication_factor=1) for t in ARGS])",
+        &[&named, &format!("{tag}-pattern")],
+    );
+    produce(&brokers, &named, 0, 5, 1);
+    produce(&brokers, &format!("{tag}-pattern"), 5, 5, 1);
+    // Found at the next metadata refresh (10 s).
+    let mut ids = BTreeSet::new();
+    let began = std::time::Instant::now();
+    while ids.len() < 10 {
+        assert!(
+            began.elapsed() < Duration::from_secs(40),
+            "got only {ids:?}"
+        );
+        if let Ok(Some(mut b)) = tokio::time::timeout(Duration::from_secs(1), s.rx.recv()).await {
+            b.settle(Outcome::Delivered);
+            ids.extend(b.take().iter().map(id));
+        }
+    }
+    s.stop().await.unwrap();
+    assert_eq!(ids, (0..10).collect());
+}
+
 /// `start_from: latest` skips what a new group finds in the topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latest_reads_only_what_comes_after_joining() {

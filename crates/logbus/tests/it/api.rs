@@ -81,13 +81,25 @@ pub(crate) fn start(dir: &Path, yml: &str, args: &[&str]) -> (Engine, u16) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let child = Engine(Some(child));
+    let mut child = Engine(Some(child));
     let start = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the API never came up"
         );
+        // An engine that could not start (its port taken) says why.
+        if let Some(status) = child.0.as_mut().expect("running").try_wait().unwrap() {
+            let mut err = String::new();
+            let _ = child
+                .0
+                .take()
+                .unwrap()
+                .stderr
+                .unwrap()
+                .read_to_string(&mut err);
+            panic!("logbus exited ({status}) before its API came up: {err}");
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
     (child, port)

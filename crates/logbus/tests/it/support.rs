@@ -177,14 +177,31 @@ pub fn append(path: &std::path::Path, text: &str) {
         .unwrap();
 }
 
-/// A free loopback port (bound and released; another process could take it
-/// before the test binds it, a race these tests accept).
+/// A free loopback port, below the kernel's ephemeral range (32768 and
+/// up). A port bound to 0 comes from that range, which outgoing
+/// connections also draw from: a client elsewhere in the run could hold it
+/// when the engine binds, and a probe `connect` to a port in that range
+/// can connect to itself (TCP simultaneous open) before anything listens.
+/// Ports are handed out once per test process, from a start that differs
+/// between processes. Another process could still take one before the
+/// test binds it, a race these tests accept.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(7919)) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    loop {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Waits (up to 20 s) until something listens on loopback `port`.
