@@ -16,6 +16,11 @@
 //!   file → Kafka and Kafka → json → Kafka against a real broker
 //!   (`.ci/services up kafka`): events/s, peak RSS, LogBus's and the
 //!   broker's CPU time, per run and the median.
+//! - `sink-bench [--targets opensearch,clickhouse] [--events N] [--reps N]
+//!   [--batches 500,2000] [--in-flight 2,4] [--binary PATH]`: file → json →
+//!   OpenSearch / ClickHouse against the real servers (`.ci/services up
+//!   opensearch clickhouse`), sweeping batch size and requests in flight:
+//!   events/s, peak RSS, LogBus's and the server's CPU time, medians.
 //! - `load profile|quick [--pipeline FILE] [--reps N] [--out DIR]
 //!   [--peer NAME[@tcp]=COMMAND]... [--quorum Q] [--start-rate R]`: the
 //!   open-loop load profile (docs/load-testing.md); `load sweep
@@ -39,12 +44,13 @@ mod dist;
 mod kafkabench;
 mod load;
 mod screen;
+mod sinkbench;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
         bail!(
-            "usage: cargo xtask <corpus|bench|load|screen|disk-bench|dist|check-features|kafka-bench> [options]"
+            "usage: cargo xtask <corpus|bench|load|screen|disk-bench|dist|check-features|kafka-bench|sink-bench> [options]"
         );
     };
     let opt = |name: &str| -> Option<String> {
@@ -122,6 +128,29 @@ fn main() -> anyhow::Result<()> {
                 events,
                 reps,
                 &brokers,
+            )?;
+        }
+        "sink-bench" => {
+            let list = |name: &str, default: &str| -> anyhow::Result<Vec<usize>> {
+                opt(name)
+                    .unwrap_or_else(|| default.into())
+                    .split(',')
+                    .map(|v| v.trim().parse().with_context(|| format!("{name}: `{v}`")))
+                    .collect()
+            };
+            let targets: Vec<String> = opt("--targets")
+                .unwrap_or_else(|| "opensearch,clickhouse".into())
+                .split(',')
+                .map(str::to_string)
+                .collect();
+            sinkbench::sink_bench(
+                &root,
+                opt("--binary").map(PathBuf::from),
+                &targets,
+                opt("--events").map_or(Ok(300_000), |v| v.parse())?,
+                opt("--reps").map_or(Ok(3), |v| v.parse())?,
+                &list("--batches", "500,2000")?,
+                &list("--in-flight", "2,4")?,
             )?;
         }
         "disk-bench" => {

@@ -273,7 +273,7 @@ impl Snapshot {
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let report = &self.report;
-        let counters: [StageFamily; 5] = [
+        let counters: [StageFamily; 6] = [
             (
                 "logbus_events_in",
                 "Events a stage received from its input.",
@@ -298,6 +298,11 @@ impl Collector for Snapshot {
                 "logbus_events_routed",
                 "Events sent to a stage's <id>.errors output.",
                 |c| c.routed,
+            ),
+            (
+                "logbus_sink_retried",
+                "Events a sink sent again after a failed attempt, once per retry.",
+                |c| c.retried,
             ),
         ];
         for (name, help, get) in counters {

@@ -161,6 +161,13 @@ impl fmt::Display for RunReport {
                 s.id, s.kind, c.events_in, c.events_out, c.discarded, c.errored, c.routed
             )?;
         }
+        for s in self.stages.iter().filter(|s| s.counts.retried > 0) {
+            writeln!(
+                f,
+                "  retried {}: {} events sent again after a failed attempt",
+                s.id, s.counts.retried
+            )?;
+        }
         for s in &self.stages {
             let c = &s.counts;
             if !c.has_acks() {

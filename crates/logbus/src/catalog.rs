@@ -45,6 +45,8 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "syslog", "sink-syslog"),
     (StageKind::Sink, "email", "sink-email"),
     (StageKind::Sink, "kafka", "sink-kafka"),
+    (StageKind::Sink, "opensearch", "sink-opensearch"),
+    (StageKind::Sink, "clickhouse", "sink-clickhouse"),
 ];
 
 /// Plugins that need system C libraries to build (and so are in the
@@ -68,6 +70,8 @@ pub fn registry() -> Registry {
     logbus_host::register(&mut registry);
     logbus_email::register(&mut registry);
     logbus_kafka::register(&mut registry);
+    logbus_opensearch::register(&mut registry);
+    logbus_clickhouse::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

@@ -29,6 +29,8 @@ pub struct StageMetrics {
     /// Events a source let go of unfinished, knowing another reader takes
     /// them over (a Kafka partition revoked in a rebalance).
     redelivered: AtomicU64,
+    /// Events a sink sent again after a failed attempt.
+    retried: AtomicU64,
 }
 
 /// A point-in-time copy of [`StageMetrics`].
@@ -58,6 +60,9 @@ pub struct StageCounts {
     /// reads them again: each may arrive twice downstream (a Kafka
     /// partition revoked in a rebalance while its events were in flight).
     pub redelivered: u64,
+    /// Sinks: events sent again after a failed attempt, once per retry
+    /// (a batch of 100 retried twice counts 200).
+    pub retried: u64,
 }
 
 impl StageCounts {
@@ -93,6 +98,7 @@ impl StageMetrics {
     counter!(add_blocked_ns, blocked_ns);
     counter!(add_bytes_out, bytes_out);
     counter!(add_redelivered, redelivered);
+    counter!(add_retried, retried);
 
     /// Bytes of raw payloads this stage sent on: what a source read, what a
     /// formatter produced.
@@ -131,6 +137,7 @@ impl StageMetrics {
                 crate::now_ns().saturating_sub(oldest) / 1_000_000
             },
             redelivered: self.redelivered.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
             events_in: self.events_in.load(Ordering::Relaxed),
             events_out: self.events_out.load(Ordering::Relaxed),
             discarded: self.discarded.load(Ordering::Relaxed),

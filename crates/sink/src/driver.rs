@@ -118,6 +118,8 @@ struct Finished {
     gave_up: Option<String>,
     /// Still held when the drain deadline passed.
     held: Vec<(Event, u64)>,
+    /// Events sent again after a failed attempt (once per retry).
+    retried: u64,
 }
 
 impl<S: Service> Driver<S> {
@@ -280,6 +282,7 @@ impl<S: Service> Driver<S> {
     ) -> Result<(), String> {
         let c = &self.config;
         let mut failure = None;
+        cx.metrics.add_retried(done.retried);
         if !done.delivered.is_empty() {
             cx.committed(done.delivered.len());
             for (mut event, tag) in done.delivered {
@@ -497,6 +500,7 @@ async fn deliver<S: Service>(
             "{} events not delivered, retrying in {delay:.1?}: {reason}",
             batch.len()
         );
+        done.retried += batch.len() as u64;
         tokio::select! {
             biased;
             _ = stop.cancelled() => {

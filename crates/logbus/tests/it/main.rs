@@ -17,6 +17,12 @@ mod kafka;
 #[cfg(feature = "source-kafka")]
 #[path = "../../../../plugins/kafka/tests/common/mod.rs"]
 mod kafka_common;
+#[cfg(feature = "sink-opensearch")]
+mod opensearch;
+// The OpenSearch plugin's test helpers (node, opensearch-py), shared.
+#[cfg(feature = "sink-opensearch")]
+#[path = "../../../../plugins/opensearch/tests/common/mod.rs"]
+mod opensearch_common;
 mod reload;
 mod runtime;
 mod schema;

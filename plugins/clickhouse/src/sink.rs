@@ -1,0 +1,701 @@
+//! `sink: clickhouse` — batched RowBinary inserts over the `clickhouse`
+//! crate's HTTP client (LZ4 by default), on the sink core. An event is
+//! committed, and acknowledged to its source, once the insert holding it
+//! was accepted.
+//!
+//! At start the column mapping is checked against `DESCRIBE TABLE`: a
+//! mapped column the table lacks, a type the mapping states that differs
+//! from the table's, or a type LogBus cannot write fails the stage naming
+//! the column. Rows are encoded for the table's own types (`types.rs`); a
+//! value that does not fit is that event's error (`<id>.dead`, the column
+//! named). When the server refuses an insert for its data (a constraint,
+//! a value it cannot take), the batch is split in halves and retried until
+//! the refused rows are alone: they go to `<id>.dead` with the server's
+//! message, every other row is stored. Network errors, timeouts and the
+//! server's transient errors retry the insert whole.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::time::Duration;
+
+use logbus_plugin_api::{
+    BuildContext, Built, Bytes, CheckOptions, Event, FieldPath, OptionError, Payload, Sink,
+    SinkContext, StageError, StageKind, TypedPlugin, async_trait,
+};
+use logbus_sink::{
+    Batch, BatchLimits, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
+    RetryPolicy, Service,
+};
+use serde::Deserialize;
+
+use crate::types::ColumnType;
+
+/// One column of the mapping: the field it takes (shorthand: just the
+/// field), and optionally the type the user expects the table to have.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum ColumnSpec {
+    Field(String),
+    Full {
+        #[serde(default)]
+        field: Option<String>,
+        #[serde(default, rename = "type")]
+        kind: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InsertCompression {
+    None,
+    /// ClickHouse's own LZ4 framing (`decompress=1`).
+    #[default]
+    Lz4,
+}
+
+/// Options of `sink: clickhouse`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClickHouseSinkOptions {
+    /// The HTTP interface: `http://host:8123`.
+    pub url: String,
+    #[serde(default = "default_database")]
+    pub database: String,
+    pub table: String,
+    /// Column name → the field it takes (`{ field, type }` to also state
+    /// the type the table must have). Unset: every column of the table,
+    /// from the field of its name.
+    #[serde(default)]
+    pub columns: Option<BTreeMap<String, ColumnSpec>>,
+    #[serde(default)]
+    pub username: Option<String>,
+    /// The environment variable holding the password.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// `lz4` (default) or `none`.
+    #[serde(default)]
+    pub compression: InsertCompression,
+    #[serde(default = "default_max_events")]
+    #[schemars(range(min = 1))]
+    pub batch_max_events: usize,
+    /// Most RowBinary bytes in one insert (before compression).
+    #[serde(default = "default_max_bytes")]
+    #[schemars(range(min = 1))]
+    pub batch_max_bytes: usize,
+    #[serde(default = "default_batch_timeout")]
+    pub batch_timeout_ms: u64,
+    /// Most time to send an insert and for the server to answer it.
+    #[serde(default = "default_request_timeout")]
+    #[schemars(range(min = 1))]
+    pub request_timeout_ms: u64,
+    #[serde(default = "default_initial_backoff")]
+    #[schemars(range(min = 1))]
+    pub retry_initial_backoff_ms: u64,
+    #[serde(default = "default_max_backoff")]
+    #[schemars(range(min = 1))]
+    pub retry_max_backoff_ms: u64,
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub retry_max_attempts: Option<u32>,
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub retry_max_elapsed_ms: Option<u64>,
+    /// Most inserts waiting for an answer at once.
+    #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1, max = 64))]
+    pub in_flight: usize,
+    #[serde(default)]
+    pub on_rejected: OnRejected,
+}
+
+fn default_database() -> String {
+    "default".into()
+}
+fn default_max_events() -> usize {
+    10_000
+}
+fn default_max_bytes() -> usize {
+    16 << 20
+}
+fn default_batch_timeout() -> u64 {
+    1000
+}
+fn default_request_timeout() -> u64 {
+    30_000
+}
+fn default_initial_backoff() -> u64 {
+    100
+}
+fn default_max_backoff() -> u64 {
+    30_000
+}
+fn default_in_flight() -> usize {
+    2
+}
+
+/// A name ClickHouse takes unquoted or in backquotes.
+fn identifier(name: &str) -> String {
+    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+impl CheckOptions for ClickHouseSinkOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        match self.url.split_once("://") {
+            Some(("http", rest)) if !rest.is_empty() => {}
+            Some(("https", _)) => errors.push(OptionError::at(
+                &["url"],
+                "https:// is not supported yet (put a TLS proxy on loopback in front)",
+            )),
+            _ => errors.push(OptionError::at(
+                &["url"],
+                format!("`{}` is not an http:// URL", self.url),
+            )),
+        }
+        if self.table.is_empty() {
+            errors.push(OptionError::at(&["table"], "must not be empty"));
+        }
+        for (name, spec) in self.columns.iter().flatten() {
+            let (field, kind) = match spec {
+                ColumnSpec::Field(f) => (Some(f.as_str()), None),
+                ColumnSpec::Full { field, kind } => (field.as_deref(), kind.as_deref()),
+            };
+            if let Err(e) = FieldPath::parse(field.unwrap_or(name)) {
+                errors.push(OptionError::at(&["columns", name], e.to_string()));
+            }
+            if let Some(kind) = kind
+                && let Err(e) = ColumnType::parse(kind)
+            {
+                errors.push(OptionError::at(&["columns", name, "type"], e));
+            }
+        }
+        if self.columns.as_ref().is_some_and(|c| c.is_empty()) {
+            errors.push(OptionError::at(
+                &["columns"],
+                "names no column (leave it out to take every column of the table)",
+            ));
+        }
+        if self.password_env.is_some() && self.username.is_none() {
+            errors.push(OptionError::at(&["password_env"], "needs `username`"));
+        }
+        for (key, value) in [
+            ("batch_max_events", self.batch_max_events as u64),
+            ("batch_max_bytes", self.batch_max_bytes as u64),
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("retry_initial_backoff_ms", self.retry_initial_backoff_ms),
+            ("retry_max_backoff_ms", self.retry_max_backoff_ms),
+        ] {
+            if value == 0 {
+                errors.push(OptionError::at(&[key], "must be at least 1"));
+            }
+        }
+        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
+            errors.push(OptionError::at(
+                &["retry_max_backoff_ms"],
+                format!(
+                    "must not be below `retry_initial_backoff_ms` ({})",
+                    self.retry_initial_backoff_ms
+                ),
+            ));
+        }
+        if !(1..=64).contains(&self.in_flight) {
+            errors.push(OptionError::at(
+                &["in_flight"],
+                format!("must be between 1 and 64, got {}", self.in_flight),
+            ));
+        }
+        if self.retry_max_attempts == Some(0) {
+            errors.push(OptionError::at(
+                &["retry_max_attempts"],
+                "must be at least 1",
+            ));
+        }
+        if self.retry_max_elapsed_ms == Some(0) {
+            errors.push(OptionError::at(
+                &["retry_max_elapsed_ms"],
+                "must be at least 1",
+            ));
+        }
+        errors
+    }
+}
+
+pub struct ClickHouseSink;
+
+impl TypedPlugin for ClickHouseSink {
+    type Options = ClickHouseSinkOptions;
+    const NAME: &'static str = "clickhouse";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "ClickHouse: batched RowBinary inserts (LZ4) with a column mapping checked against DESCRIBE TABLE at start; values that do not fit and rows the server refuses (found by splitting the batch) to <id>.dead, the rest stored.";
+
+    fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
+        let mut client = clickhouse::Client::default()
+            .with_url(&options.url)
+            .with_database(&options.database)
+            .with_compression(match options.compression {
+                InsertCompression::None => clickhouse::Compression::None,
+                InsertCompression::Lz4 => clickhouse::Compression::Lz4,
+            });
+        if let Some(user) = &options.username {
+            client = client.with_user(user);
+        }
+        if let Some(var) = &options.password_env {
+            let password = std::env::var(var).map_err(|_| {
+                OptionError::at(
+                    &["password_env"],
+                    format!("the environment variable `{var}` is not set (or not UTF-8)"),
+                )
+            })?;
+            client = client.with_password(password);
+        }
+        let mapping: Vec<Mapped> = options
+            .columns
+            .iter()
+            .flatten()
+            .map(|(name, spec)| {
+                let (field, stated) = match spec {
+                    ColumnSpec::Field(f) => (Some(f.clone()), None),
+                    ColumnSpec::Full { field, kind } => (field.clone(), kind.clone()),
+                };
+                Mapped {
+                    name: name.clone(),
+                    field,
+                    stated,
+                }
+            })
+            .collect();
+        let config = DriverConfig {
+            limits: BatchLimits {
+                max_events: options.batch_max_events,
+                max_bytes: options.batch_max_bytes,
+                max_age: Duration::from_millis(options.batch_timeout_ms),
+                ..BatchLimits::default()
+            },
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_millis(options.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(options.retry_max_backoff_ms),
+                max_attempts: options.retry_max_attempts,
+                max_elapsed: options.retry_max_elapsed_ms.map(Duration::from_millis),
+            },
+            in_flight: options.in_flight,
+            on_rejected: options.on_rejected,
+            destination: format!(
+                "ClickHouse {} {}.{}",
+                options.url, options.database, options.table
+            ),
+        };
+        Ok(Built::Sink(Box::new(ClickHouseWriter {
+            client,
+            url: options.url,
+            database: options.database,
+            table: options.table,
+            mapping: (!mapping.is_empty()).then_some(mapping),
+            timeout: Duration::from_millis(options.request_timeout_ms),
+            config,
+        })))
+    }
+}
+
+/// One column the user mapped: its name, the field it takes (default:
+/// the column's name) and the type it must have, if stated.
+#[derive(Debug, Clone)]
+struct Mapped {
+    name: String,
+    field: Option<String>,
+    stated: Option<String>,
+}
+
+struct ClickHouseWriter {
+    client: clickhouse::Client,
+    url: String,
+    database: String,
+    table: String,
+    /// `None`: every column of the table.
+    mapping: Option<Vec<Mapped>>,
+    timeout: Duration,
+    config: DriverConfig,
+}
+
+#[derive(Deserialize)]
+struct DescribedColumn {
+    name: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    default_type: String,
+}
+
+impl ClickHouseWriter {
+    /// The table's columns, by `DESCRIBE TABLE` (as JSONEachRow, which
+    /// every server version writes).
+    async fn describe(&self) -> Result<Vec<DescribedColumn>, Failure> {
+        let query = format!(
+            "DESCRIBE TABLE {}.{}",
+            identifier(&self.database),
+            identifier(&self.table)
+        );
+        let fetched = async {
+            let mut cursor = self.client.query(&query).fetch_bytes("JSONEachRow")?;
+            cursor.collect().await
+        };
+        let bytes = tokio::time::timeout(self.timeout, fetched)
+            .await
+            .map_err(|_| Failure::Transient(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| match e {
+                // The server answered: the table is not there, the user
+                // may not read it.
+                clickhouse::error::Error::BadResponse(text) => Failure::Data(text.trim().into()),
+                other => Failure::Transient(error_chain(&other)),
+            })?;
+        std::str::from_utf8(&bytes)
+            .map_err(|e| Failure::Data(e.to_string()))?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).map_err(|e| Failure::Data(format!("reading `{l}`: {e}")))
+            })
+            .collect()
+    }
+
+    /// The table's columns; while the server cannot be reached, retried
+    /// on the sink's policy (the pipeline waits, as for a failed insert).
+    async fn describe_with_retries(
+        &self,
+        cx: &SinkContext,
+        at: &str,
+    ) -> Result<Vec<DescribedColumn>, StageError> {
+        let started = tokio::time::Instant::now();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let reason = match self.describe().await {
+                Ok(columns) => return Ok(columns),
+                Err(Failure::Data(reason)) => {
+                    return Err(StageError::Other(format!(
+                        "{at}: DESCRIBE TABLE failed: {reason}"
+                    )));
+                }
+                Err(Failure::Transient(reason)) => reason,
+            };
+            let Some(delay) =
+                self.config
+                    .retry
+                    .next_delay(attempt, started.elapsed(), None, fastrand::f64())
+            else {
+                return Err(StageError::Other(format!(
+                    "{at}: DESCRIBE TABLE failed after {attempt} attempts: {reason}"
+                )));
+            };
+            tracing::warn!(stage = %cx.id, "{at}: DESCRIBE TABLE failed, retrying in {delay:.1?}: {reason}");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = cx.stop.cancelled() => {
+                    return Err(StageError::Other(format!(
+                        "{at}: stopped while the server could not be reached: {reason}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// The columns to write, checked against the table.
+    fn plan(&self, table: &[DescribedColumn]) -> Result<Vec<Column>, String> {
+        let writable: Vec<&DescribedColumn> = table
+            .iter()
+            .filter(|c| !matches!(c.default_type.as_str(), "MATERIALIZED" | "ALIAS"))
+            .collect();
+        let wanted: Vec<Mapped> = match &self.mapping {
+            Some(m) => m.clone(),
+            None => writable
+                .iter()
+                .map(|c| Mapped {
+                    name: c.name.clone(),
+                    field: None,
+                    stated: None,
+                })
+                .collect(),
+        };
+        let mut columns = Vec::new();
+        for Mapped {
+            name,
+            field,
+            stated,
+        } in wanted
+        {
+            let Some(found) = table.iter().find(|c| c.name == name) else {
+                let names: Vec<&str> = table.iter().map(|c| c.name.as_str()).collect();
+                let hint = names
+                    .iter()
+                    .min_by_key(|n| strsim::levenshtein(n, &name))
+                    .filter(|n| strsim::levenshtein(n, &name) <= 2)
+                    .map(|n| format!("; did you mean `{n}`?"))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "column `{name}` is not in the table (its columns: {}){hint}",
+                    names.join(", ")
+                ));
+            };
+            if matches!(found.default_type.as_str(), "MATERIALIZED" | "ALIAS") {
+                return Err(format!(
+                    "column `{name}` is {} (computed by the server): it cannot be written",
+                    found.default_type
+                ));
+            }
+            if let Some(stated) = stated
+                && normalise(&stated) != normalise(&found.kind)
+            {
+                return Err(format!(
+                    "column `{name}`: the mapping says {stated}, the table has {}",
+                    found.kind
+                ));
+            }
+            let kind =
+                ColumnType::parse(&found.kind).map_err(|e| format!("column `{name}`: {e}"))?;
+            let field = field.unwrap_or_else(|| name.clone());
+            let path = FieldPath::parse(&field).map_err(|e| format!("column `{name}`: {e}"))?;
+            columns.push(Column { name, path, kind });
+        }
+        Ok(columns)
+    }
+}
+
+/// A type with its spaces dropped, so `Map(String,UInt8)` equals
+/// `Map(String, UInt8)`.
+fn normalise(kind: &str) -> String {
+    kind.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+#[async_trait]
+impl Sink for ClickHouseWriter {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        let at = format!(
+            "ClickHouse {} table {}.{}",
+            self.url, self.database, self.table
+        );
+        let table = self.describe_with_retries(cx, &at).await?;
+        let columns = self
+            .plan(&table)
+            .map_err(|e| StageError::Other(format!("{at}: {e}")))?;
+        let names: Vec<String> = columns.iter().map(|c| identifier(&c.name)).collect();
+        tracing::info!(stage = %cx.id, "{at}: writing columns {}", names.join(", "));
+        let service = ClickHouseService {
+            client: self.client.clone(),
+            insert: format!(
+                "INSERT INTO {}.{} ({}) FORMAT RowBinary",
+                identifier(&self.database),
+                identifier(&self.table),
+                names.join(", ")
+            ),
+            timeout: self.timeout,
+        };
+        let driver = Driver::new(service, RowEncoder { columns }, self.config.clone());
+        driver.run(cx).await
+    }
+}
+
+struct Column {
+    name: String,
+    path: FieldPath,
+    kind: ColumnType,
+}
+
+/// One RowBinary row per event, in the insert's column order.
+struct RowEncoder {
+    columns: Vec<Column>,
+}
+
+impl Encoder for RowEncoder {
+    fn encode(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), String> {
+        let Payload::Fields(fields) = event.payload() else {
+            return Err("a raw event cannot be a ClickHouse row: parse it first".into());
+        };
+        for c in &self.columns {
+            c.kind
+                .encode(c.path.get(fields), out)
+                .map_err(|e| format!("column `{}`: {e}", c.name))?;
+        }
+        Ok(())
+    }
+}
+
+/// One insert: the rows' bytes, and where each row is in them.
+struct RowsRequest {
+    body: Bytes,
+    rows: Vec<Range<usize>>,
+}
+
+struct ClickHouseService {
+    client: clickhouse::Client,
+    insert: String,
+    timeout: Duration,
+}
+
+/// What a failed insert means.
+enum Failure {
+    /// The server refused the data: some row in it is at fault.
+    Data(String),
+    /// Trying again may work (network, timeout, the server's own trouble).
+    Transient(String),
+}
+
+/// Error codes meaning "the data of this insert is wrong": a row the
+/// server cannot take, not a server in trouble.
+const DATA_ERRORS: &[u32] = &[
+    6,   // CANNOT_PARSE_TEXT
+    26,  // CANNOT_PARSE_QUOTED_STRING
+    27,  // CANNOT_PARSE_INPUT_ASSERTION_FAILED
+    33,  // CANNOT_READ_ALL_DATA
+    36,  // BAD_ARGUMENTS
+    38,  // CANNOT_PARSE_DATE
+    41,  // CANNOT_PARSE_DATETIME
+    43,  // ILLEGAL_TYPE_OF_ARGUMENT
+    53,  // TYPE_MISMATCH
+    69,  // ARGUMENT_OUT_OF_BOUND
+    70,  // CANNOT_CONVERT_TYPE
+    72,  // CANNOT_PARSE_NUMBER
+    117, // INCORRECT_DATA
+    131, // TOO_LARGE_STRING_SIZE
+    321, // VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+    349, // CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+    395, // FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
+    469, // VIOLATED_CONSTRAINT
+];
+
+/// The `Code: N` of a server exception.
+fn error_code(text: &str) -> Option<u32> {
+    let at = text.find("Code: ")? + 6;
+    let digits: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+impl ClickHouseService {
+    async fn insert(&self, rows: Bytes) -> Result<(), Failure> {
+        let attempt = async {
+            let mut insert = self
+                .client
+                .insert_formatted_with(self.insert.clone())
+                .with_timeouts(Some(self.timeout), Some(self.timeout));
+            insert.send(rows).await?;
+            insert.end().await
+        };
+        let result = tokio::time::timeout(self.timeout * 2, attempt)
+            .await
+            .map_err(|_| Failure::Transient(format!("no answer within {:?}", self.timeout * 2)))?;
+        match result {
+            Ok(()) => Ok(()),
+            Err(clickhouse::error::Error::BadResponse(text)) => {
+                let text = text.trim().to_string();
+                match error_code(&text) {
+                    Some(code) if DATA_ERRORS.contains(&code) => Err(Failure::Data(text)),
+                    _ => Err(Failure::Transient(text)),
+                }
+            }
+            Err(e) => Err(Failure::Transient(error_chain(&e))),
+        }
+    }
+}
+
+#[async_trait]
+impl Service for ClickHouseService {
+    type Request = RowsRequest;
+
+    fn prepare(&self, batch: &Batch) -> Result<RowsRequest, String> {
+        Ok(RowsRequest {
+            body: Bytes::copy_from_slice(batch.body()),
+            rows: batch.items().to_vec(),
+        })
+    }
+
+    async fn send(&self, request: &RowsRequest) -> Response {
+        let failure = match self.insert(request.body.clone()).await {
+            Ok(()) => return Response::Delivered,
+            Err(Failure::Transient(reason)) => {
+                return Response::Retry {
+                    reason,
+                    retry_after: None,
+                };
+            }
+            Err(Failure::Data(reason)) => reason,
+        };
+        if request.rows.len() == 1 {
+            return Response::Items(vec![ItemResult::Rejected(failure)]);
+        }
+        // Split until the refused rows are alone. Rows are contiguous in
+        // the body, so a half is a slice of it, not a copy.
+        let mut results: Vec<Option<ItemResult>> = vec![None; request.rows.len()];
+        let mid = request.rows.len() / 2;
+        let mut pending: Vec<Range<usize>> = vec![mid..request.rows.len(), 0..mid];
+        while let Some(part) = pending.pop() {
+            let bytes = request
+                .body
+                .slice(request.rows[part.start].start..request.rows[part.end - 1].end);
+            match self.insert(bytes).await {
+                Ok(()) => part
+                    .clone()
+                    .for_each(|i| results[i] = Some(ItemResult::Delivered)),
+                Err(Failure::Data(reason)) if part.len() == 1 => {
+                    results[part.start] = Some(ItemResult::Rejected(reason));
+                }
+                Err(Failure::Data(_)) => {
+                    let mid = part.start + part.len() / 2;
+                    pending.push(mid..part.end);
+                    pending.push(part.start..mid);
+                }
+                Err(Failure::Transient(reason)) => {
+                    // What is not stored yet is sent again later.
+                    for i in part.chain(pending.drain(..).flatten()) {
+                        results[i] = Some(ItemResult::Retry(reason.clone()));
+                    }
+                }
+            }
+        }
+        Response::Items(
+            results
+                .into_iter()
+                .map(|r| r.expect("every row has an outcome"))
+                .collect(),
+        )
+    }
+}
+
+/// The error with its causes.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_read_from_server_exceptions() {
+        assert_eq!(
+            error_code("Code: 469. DB::Exception: Constraint `c` for table default.t is violated"),
+            Some(469)
+        );
+        assert_eq!(error_code("connection refused"), None);
+    }
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(identifier("a`b"), "`a\\`b`");
+    }
+
+    #[test]
+    fn types_compare_without_spaces() {
+        assert_eq!(
+            normalise("Map(String, UInt8)"),
+            normalise("Map(String,UInt8)")
+        );
+    }
+}

@@ -1,0 +1,450 @@
+//! `sink: clickhouse` against real ClickHouse servers started by
+//! `.ci/services up clickhouse clickhouse-old`: a modern one (24.10 on
+//! 127.0.0.1:8123) and Debian's 18.16 (on 127.0.0.1:8124). Tables are
+//! made and rows read back over the servers' own HTTP interface (Python's
+//! urllib, JSONEachRow), not through LogBus. Without the servers the tests
+//! skip, unless `LOGBUS_REQUIRE_CLICKHOUSE` is set (CI sets it).
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::sync::Arc;
+
+use logbus_plugin_api::testing;
+use logbus_plugin_api::{
+    Event, Meta, Output, OutputRole, SinkContext, StageMetrics, Typed, channel,
+};
+use serde_json::{Value, json};
+
+const MODERN: &str = "http://127.0.0.1:8123";
+const OLD: &str = "http://127.0.0.1:8124";
+
+/// The test that restarts the modern server runs alone (writing); the
+/// others share it (reading).
+static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+fn server(url: &str) -> Option<String> {
+    let up = std::net::TcpStream::connect(url.trim_start_matches("http://")).is_ok();
+    assert!(
+        up || std::env::var_os("LOGBUS_REQUIRE_CLICKHOUSE").is_none(),
+        "a ClickHouse server at {url} is required (.ci/services up clickhouse clickhouse-old)"
+    );
+    if !up {
+        eprintln!("skipped: no ClickHouse server at {url}");
+    }
+    up.then(|| url.to_string())
+}
+
+/// Runs `sql` over the server's HTTP interface; returns the answer.
+fn sql(url: &str, sql: &str) -> String {
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, urllib.request\n\
+             r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=sys.argv[2].encode()), timeout=60)\n\
+             sys.stdout.write(r.read().decode())",
+            url,
+            sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn rows(url: &str, query: &str) -> Vec<Value> {
+    sql(url, &format!("{query} FORMAT JSONEachRow"))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn table(name: &str) -> String {
+    format!(
+        "{name}_{}_{}",
+        std::process::id(),
+        logbus_plugin_api::now_ns()
+    )
+}
+
+fn event(v: Value) -> Event {
+    Event::fields(v.as_object().unwrap().clone(), Meta::now("t".into()))
+}
+
+/// Runs the sink over `batches`; with `dead`, a stage reads `ship.dead`.
+async fn run(
+    options: Value,
+    batches: Vec<Vec<Event>>,
+    dead: bool,
+) -> (Result<(), String>, Arc<StageMetrics>, Vec<Event>) {
+    let sink = testing::sink(&Typed(logbus_clickhouse::sink::ClickHouseSink), options);
+    let (tx, rx) = channel(100_000);
+    let metrics = Arc::new(StageMetrics::default());
+    let mut cx = SinkContext::new("ship", rx, metrics.clone());
+    let (dead_tx, mut dead_rx) = channel(100_000);
+    if dead {
+        cx.dead = Output::new(vec![dead_tx], metrics.clone(), OutputRole::Errors);
+    } else {
+        drop(dead_tx);
+    }
+    let feeding = tokio::spawn(async move {
+        for b in batches {
+            if tx.send(b).await.is_err() {
+                break;
+            }
+        }
+    });
+    let result = sink.run(&mut cx).await.map_err(|e| e.to_string());
+    drop(cx);
+    feeding.await.unwrap();
+    let mut refused = Vec::new();
+    while let Some(mut b) = dead_rx.recv().await {
+        refused.extend(b.take());
+    }
+    (result, metrics, refused)
+}
+
+fn reason(e: &Event) -> String {
+    e.as_fields().unwrap()["_error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Every supported type through a modern server, read back as the server
+/// shows it; columns the mapping leaves out get their defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_every_type_land_on_a_modern_server() {
+    let Some(url) = server(MODERN) else { return };
+    let _shared = SERVER.read().await;
+    let t = table("types");
+    sql(
+        &url,
+        &format!(
+            "CREATE TABLE {t} (id UInt64, s String, lc LowCardinality(String), fs FixedString(4),
+               i8 Int8, u16 UInt16, i64 Int64, f32 Float32, f64 Float64, b Bool,
+               d Date, d32 Date32, dt DateTime, dt64 DateTime64(3), u UUID, ip4 IPv4, ip6 IPv6,
+               e Enum8('info' = 1, 'warn' = 2), n Nullable(Int32), a Array(String),
+               m Map(String, UInt32), nested Array(Nullable(UInt8)),
+               defaulted String DEFAULT 'dflt', computed UInt64 MATERIALIZED id * 2)
+             ENGINE = MergeTree ORDER BY id"
+        ),
+    );
+    let n = 3000;
+    let events: Vec<Event> = (0..n)
+        .map(|i| {
+            event(json!({
+                "id": i, "msg": format!("message {i}"), "service": format!("svc{}", i % 4),
+                "code": "ab", "small": -(i as i64 % 100), "port": 8000 + i % 1000,
+                "big": -9_000_000_000_000i64 - i as i64, "ratio": 0.5, "precise": i as f64 / 8.0,
+                "ok": i % 2 == 0, "day": "2026-05-01", "old_day": "1950-01-02",
+                "at": "2026-05-01T10:00:00Z", "at_ms": 1_777_629_600_123u64 + i as u64,
+                "uuid": "00112233-4455-6677-8899-aabbccddeeff", "ip": "10.0.0.1", "ip6": "::1",
+                "level": if i % 3 == 0 { "warn" } else { "info" },
+                "maybe": if i % 5 == 0 { Value::Null } else { json!(i) },
+                "tags": ["a", format!("t{i}")], "counts": {"x": i, "y": 1},
+                "holes": [1, null, 3],
+            }))
+        })
+        .collect();
+    let (result, metrics, _) = run(
+        json!({"url": url, "table": t, "batch_max_events": 500, "columns": {
+            "id": "id", "s": "msg", "lc": "service", "fs": "code", "i8": "small", "u16": "port",
+            "i64": "big", "f32": "ratio", "f64": "precise", "b": "ok", "d": "day", "d32": "old_day",
+            "dt": {"field": "at", "type": "DateTime"}, "dt64": {"field": "at_ms", "type": "DateTime64(3)"},
+            "u": "uuid", "ip4": "ip", "ip6": "ip6", "e": "level", "n": "maybe", "a": "tags",
+            "m": "counts", "nested": "holes",
+        }}),
+        events.chunks(700).map(|c| c.to_vec()).collect(),
+        false,
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(metrics.snapshot().events_out, n as u64);
+    let back = rows(&url, &format!("SELECT *, computed FROM {t} ORDER BY id"));
+    assert_eq!(back.len(), n);
+    let r = &back[7];
+    let expect = json!({
+        "id": 7, "s": "message 7", "lc": "svc3", "fs": "ab\u{0}\u{0}", "i8": -7, "u16": 8007,
+        "i64": -9_000_000_000_007i64, "f32": 0.5, "f64": 0.875, "b": false, "d": "2026-05-01",
+        "d32": "1950-01-02", "dt": "2026-05-01 10:00:00", "dt64": "2026-05-01 10:00:00.130",
+        "u": "00112233-4455-6677-8899-aabbccddeeff", "ip4": "10.0.0.1", "ip6": "::1",
+        "e": "info", "n": 7, "a": ["a", "t7"], "m": {"x": 7, "y": 1}, "nested": [1, null, 3],
+        "defaulted": "dflt", "computed": 14,
+    });
+    // UInt64 and Int64 come back as JSON strings by default.
+    let norm = |v: &Value| -> Value {
+        let mut v = v.clone();
+        for k in ["id", "i64", "computed"] {
+            if let Some(s) = v[k].as_str() {
+                v[k] = json!(s.parse::<i64>().unwrap());
+            }
+        }
+        v
+    };
+    assert_eq!(norm(r), expect);
+    assert_eq!(back[5]["n"], Value::Null);
+}
+
+/// The old server (18.16, types it has), rows and a refused value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_land_on_an_old_server() {
+    let Some(url) = server(OLD) else { return };
+    let t = table("old");
+    sql(
+        &url,
+        &format!(
+            "CREATE TABLE {t} (id UInt64, s String, dt DateTime, d Date, n Nullable(Int32),
+               a Array(String), e Enum8('info' = 1, 'warn' = 2), small UInt8)
+             ENGINE = MergeTree ORDER BY id"
+        ),
+    );
+    let events: Vec<Event> = (0..2000)
+        .map(|i| {
+            event(json!({
+                "id": i, "s": format!("m{i}"), "dt": "2026-05-01T10:00:00Z", "d": "2026-05-01",
+                "n": if i % 2 == 0 { Value::Null } else { json!(i) }, "a": ["x"],
+                "e": "warn", "small": if i % 100 == 3 { json!(999) } else { json!(i % 200) },
+            }))
+        })
+        .collect();
+    let (result, metrics, refused) = run(json!({"url": url, "table": t}), vec![events], true).await;
+    result.unwrap();
+    assert_eq!(refused.len(), 20);
+    assert!(
+        reason(&refused[0]).contains("column `small`: 999 does not fit UInt8"),
+        "{}",
+        reason(&refused[0])
+    );
+    assert_eq!(metrics.snapshot().events_out, 1980);
+    let back = rows(
+        &url,
+        &format!("SELECT id, s, dt, n, e FROM {t} ORDER BY id"),
+    );
+    assert_eq!(back.len(), 1980);
+    assert_eq!(
+        back[1],
+        json!({"id": "1", "s": "m1", "dt": "2026-05-01 10:00:00", "n": 1, "e": "warn"})
+    );
+}
+
+/// A value that does not fit its column is that event's error, naming
+/// the column; a row the server refuses (a constraint) is found by
+/// splitting the batch: exactly the refused rows go to `ship.dead` with
+/// the server's message, every other row is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_values_and_rows_go_to_dead_and_the_rest_is_stored() {
+    let Some(url) = server(MODERN) else { return };
+    let _shared = SERVER.read().await;
+    let t = table("refused");
+    sql(
+        &url,
+        &format!(
+            "CREATE TABLE {t} (id UInt64, small UInt8, n Int64, CONSTRAINT below CHECK n < 1000000)
+             ENGINE = MergeTree ORDER BY id"
+        ),
+    );
+    let n = 2000u64;
+    let bad_value = |i: u64| i % 250 == 11;
+    let bad_row = |i: u64| [5, 777, 1999].contains(&i);
+    let events: Vec<Event> = (0..n)
+        .map(|i| {
+            event(json!({
+                "id": i,
+                "small": if bad_value(i) { json!("lots") } else { json!(i % 256) },
+                "n": if bad_row(i) { 5_000_000 } else { i as i64 },
+            }))
+        })
+        .collect();
+    let (result, metrics, refused) = run(
+        json!({"url": url, "table": t, "batch_max_events": 1000}),
+        vec![events],
+        true,
+    )
+    .await;
+    result.unwrap();
+    let mut by_value = BTreeSet::new();
+    let mut by_server = BTreeSet::new();
+    for e in &refused {
+        let id = e.as_fields().unwrap()["id"].as_u64().unwrap();
+        let why = reason(e);
+        if why.contains("column `small`") {
+            assert!(why.contains("\"lots\" is not an unsigned integer"), "{why}");
+            by_value.insert(id);
+        } else {
+            assert!(why.contains("Code: 469") && why.contains("below"), "{why}");
+            by_server.insert(id);
+        }
+    }
+    assert_eq!(by_value, (0..n).filter(|&i| bad_value(i)).collect());
+    assert_eq!(by_server, (0..n).filter(|&i| bad_row(i)).collect());
+    let stored: BTreeSet<u64> = rows(&url, &format!("SELECT id FROM {t}"))
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    let expected: BTreeSet<u64> = (0..n).filter(|&i| !bad_value(i) && !bad_row(i)).collect();
+    assert_eq!(stored, expected);
+    assert_eq!(metrics.snapshot().events_out, expected.len() as u64);
+}
+
+/// The mapping is checked against `DESCRIBE TABLE` before anything is
+/// sent: each disagreement fails the stage naming the column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mapping_is_checked_against_the_table_at_start() {
+    let Some(url) = server(MODERN) else { return };
+    let _shared = SERVER.read().await;
+    let t = table("checked");
+    sql(
+        &url,
+        &format!(
+            "CREATE TABLE {t} (id UInt64, message String, price Decimal(10, 2), c UInt64 MATERIALIZED id)
+             ENGINE = MergeTree ORDER BY id"
+        ),
+    );
+    for (columns, expected) in [
+        (
+            json!({"id": "id", "mesage": "msg"}),
+            "column `mesage` is not in the table (its columns: id, message, price, c); did you mean `message`?",
+        ),
+        (
+            json!({"id": {"type": "UInt32"}}),
+            "column `id`: the mapping says UInt32, the table has UInt64",
+        ),
+        (
+            json!({"price": "p"}),
+            "column `price`: type `Decimal(10, 2)` is not supported",
+        ),
+        (json!({"c": "x"}), "column `c` is MATERIALIZED"),
+    ] {
+        let (result, metrics, _) = run(
+            json!({"url": url, "table": t, "columns": columns}),
+            vec![vec![event(json!({"id": 1}))]],
+            false,
+        )
+        .await;
+        let err = result.unwrap_err();
+        assert!(err.contains(expected), "{expected}\n{err}");
+        assert!(err.contains(&format!("table default.{t}")), "{err}");
+        assert_eq!(metrics.snapshot().events_out, 0);
+    }
+    // Without a mapping, every column is taken — and one LogBus cannot
+    // write is named.
+    let (result, ..) = run(json!({"url": url, "table": t}), vec![], false).await;
+    assert!(result.unwrap_err().contains("column `price`"));
+    // A table that does not exist is named with the server's message.
+    let (result, ..) = run(json!({"url": url, "table": "no_such_table"}), vec![], false).await;
+    let err = result.unwrap_err();
+    assert!(
+        err.contains("no_such_table") && err.contains("DESCRIBE TABLE failed"),
+        "{err}"
+    );
+}
+
+/// The server restarted mid-run: inserts fail while it is down and are
+/// retried; every row is stored (exactly once here: an insert either
+/// landed whole or not at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_mid_run_loses_nothing() {
+    let Some(url) = server(MODERN) else { return };
+    let _alone = SERVER.write().await;
+    let t = table("restart");
+    sql(
+        &url,
+        &format!("CREATE TABLE {t} (id UInt64, s String) ENGINE = MergeTree ORDER BY id"),
+    );
+    let n = 200_000u64;
+    let batches: Vec<Vec<Event>> = (0..n / 1000)
+        .map(|b| {
+            (b * 1000..(b + 1) * 1000)
+                .map(|i| event(json!({"id": i, "s": "x".repeat(200)})))
+                .collect()
+        })
+        .collect();
+    let sending = tokio::spawn(run(
+        json!({"url": url, "table": t, "batch_max_events": 1000, "batch_timeout_ms": 50,
+               "retry_initial_backoff_ms": 50, "retry_max_backoff_ms": 500}),
+        batches,
+        false,
+    ));
+    // Restart once some rows are in.
+    loop {
+        let count: u64 = sql(&url, &format!("SELECT count() FROM {t}"))
+            .trim()
+            .parse()
+            .unwrap();
+        if count > 0 {
+            assert!(count < n, "finished before the restart");
+            break;
+        }
+    }
+    let services = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/services");
+    let o = Command::new(&services)
+        .args(["restart", "clickhouse"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (result, metrics, _) = sending.await.unwrap();
+    result.unwrap();
+    assert_eq!(metrics.snapshot().events_out, n);
+    let retried = metrics.snapshot().retried;
+    eprintln!("events retried across the restart: {retried}");
+    assert!(retried > 0, "the restart must have failed some inserts");
+    let counted = rows(
+        &url,
+        &format!("SELECT count() AS rows, uniqExact(id) AS ids FROM {t}"),
+    );
+    eprintln!("after a restart mid-run: {}", counted[0]);
+    assert_eq!(
+        counted[0]["ids"]
+            .as_str()
+            .map(|s| s.parse::<u64>().unwrap()),
+        Some(n)
+    );
+    assert_eq!(
+        counted[0]["rows"]
+            .as_str()
+            .map(|s| s.parse::<u64>().unwrap()),
+        Some(n)
+    );
+}
+
+/// Nothing listening where the options say: the stage retries the
+/// table's description, then fails naming the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_named() {
+    let (result, ..) = run(
+        json!({"url": "http://127.0.0.1:1", "table": "t", "retry_max_attempts": 2,
+               "retry_initial_backoff_ms": 10}),
+        vec![vec![event(json!({"id": 1}))]],
+        false,
+    )
+    .await;
+    let err = result.unwrap_err();
+    assert!(err.contains("http://127.0.0.1:1"), "{err}");
+    assert!(err.contains("DESCRIBE TABLE failed"), "{err}");
+}
+
+#[test]
+fn bad_options_are_named() {
+    let plugin = Typed(logbus_clickhouse::sink::ClickHouseSink);
+    let err = testing::option_errors(
+        &plugin,
+        json!({"url": "localhost:8123", "table": "t", "in_flight": 0,
+               "columns": {"a": {"field": "x..y"}, "b": {"type": "Decimal(1,2)"}}}),
+    );
+    for expected in ["url", "in_flight", "columns.a", "columns.b.type"] {
+        assert!(err.contains(expected), "{expected}: {err}");
+    }
+    let err = testing::option_errors(
+        &plugin,
+        json!({"url": "http://h:8123", "table": "t", "username": "u",
+               "password_env": "LOGBUS_TEST_SURELY_UNSET"}),
+    );
+    assert!(
+        err.contains("`LOGBUS_TEST_SURELY_UNSET` is not set"),
+        "{err}"
+    );
+}

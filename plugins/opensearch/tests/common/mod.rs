@@ -1,0 +1,75 @@
+//! What the OpenSearch tests share: the node (`.ci/services up
+//! opensearch` on 127.0.0.1:9200, or `LOGBUS_OPENSEARCH_URL`) and
+//! opensearch-py, the independent client that prepares indices and reads
+//! documents back. Without a node the tests skip, unless
+//! `LOGBUS_REQUIRE_OPENSEARCH` is set (CI sets it).
+#![allow(dead_code)]
+
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+pub fn node() -> Option<String> {
+    let url =
+        std::env::var("LOGBUS_OPENSEARCH_URL").unwrap_or_else(|_| "http://127.0.0.1:9200".into());
+    let hostport = url.trim_start_matches("http://").trim_end_matches('/');
+    let up = std::net::TcpStream::connect(hostport).is_ok()
+        && Command::new("python3")
+            .args(["-c", "import opensearchpy"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    assert!(
+        up || std::env::var_os("LOGBUS_REQUIRE_OPENSEARCH").is_none(),
+        "an OpenSearch node at {url} and opensearch-py are required (.ci/services up opensearch; pip install opensearch-py)"
+    );
+    if !up {
+        eprintln!("skipped: no OpenSearch node at {url} (or no opensearch-py)");
+    }
+    up.then_some(url)
+}
+
+/// Runs an opensearch-py snippet with `os` (a client), `json` and `ARGS`;
+/// returns its stdout.
+pub fn python(url: &str, script: &str, args: &[&str]) -> String {
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sys, json\nfrom opensearchpy import OpenSearch\nos = OpenSearch([{url:?}], timeout=60)\nARGS = sys.argv[1:]\n{script}"
+        ))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(name: &str) -> String {
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        logbus_plugin_api::now_ns()
+    )
+}
+
+/// Every document under `pattern` (refreshed first): `(index, id, source)`.
+pub fn documents(url: &str, pattern: &str) -> Vec<(String, String, Value)> {
+    let out = python(
+        url,
+        "from opensearchpy import helpers\n\
+         os.indices.refresh(index=ARGS[0])\n\
+         for h in helpers.scan(os, index=ARGS[0], query={'query': {'match_all': {}}}):\n\
+         \x20   print(json.dumps([h['_index'], h['_id'], h['_source'], h.get('_routing')]))",
+        &[pattern],
+    );
+    out.lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v[0].as_str().unwrap().to_string(),
+                v[1].as_str().unwrap().to_string(),
+                json!({"source": v[2], "routing": v[3]}),
+            )
+        })
+        .collect()
+}
