@@ -20,6 +20,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+/// `settings:` for both pipelines (`--settings "channel_capacity: 16384"`).
+static SETTINGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn settings_line() -> String {
+    match SETTINGS.get() {
+        Some(s) if !s.is_empty() => format!("settings: {{ {s} }}\n"),
+        _ => String::new(),
+    }
+}
+
 struct Figures {
     rate: f64,
     peak_rss_mib: f64,
@@ -88,10 +98,11 @@ fn file_to_kafka(
     std::fs::write(
         &pipeline,
         format!(
-            "stages:
+            "{}stages:
   read: {{ source: file, path: {corpus:?} }}
   ship: {{ sink: kafka, inputs: [read], brokers: {brokers:?}, topic: {topic:?}, linger_ms: 20 }}
 ",
+            settings_line(),
             corpus = corpus.display().to_string()
         ),
     )?;
@@ -137,10 +148,11 @@ fn kafka_to_kafka(
     std::fs::write(
         &pipeline,
         format!(
-            "stages:
+            "{}stages:
   consume: {{ source: kafka, brokers: {brokers:?}, group_id: {group:?}, topics: [{input:?}], codec: json }}
   ship: {{ sink: kafka, inputs: [consume], brokers: {brokers:?}, topic: {output:?}, linger_ms: 20 }}
-"
+",
+            settings_line()
         ),
     )?;
     // The watcher: prints the time at 10% and at 100% of the events.
@@ -227,7 +239,9 @@ pub fn kafka_bench(
     events: usize,
     reps: usize,
     brokers: &str,
+    settings: &str,
 ) -> anyhow::Result<()> {
+    let _ = SETTINGS.set(settings.to_string());
     let binary = match binary {
         Some(b) => b,
         None => {

@@ -12,12 +12,14 @@
 //!   LTO-optimised binary with chosen plugins in `target/dist/`, a manifest,
 //!   and its size, start-up time and idle RSS.
 //! - `check-features`: every plugin feature builds alone.
-//! - `kafka-bench [--events N] [--reps N] [--binary PATH] [--brokers B]`:
+//! - `kafka-bench [--events N] [--reps N] [--binary PATH] [--brokers B]
+//!   [--settings "channel_capacity: 16384"]`:
 //!   file → Kafka and Kafka → json → Kafka against a real broker
 //!   (`.ci/services up kafka`): events/s, peak RSS, LogBus's and the
 //!   broker's CPU time, per run and the median.
 //! - `sink-bench [--targets opensearch,clickhouse] [--events N] [--reps N]
-//!   [--batches 500,2000] [--in-flight 2,4] [--binary PATH]`: file → json →
+//!   [--batches 500,2000] [--in-flight 2,4] [--sink-options "k: v"] [--raw]
+//!   [--binary PATH]`: file → json →
 //!   OpenSearch / ClickHouse against the real servers (`.ci/services up
 //!   opensearch clickhouse`), sweeping batch size and requests in flight:
 //!   events/s, peak RSS, LogBus's and the server's CPU time, medians.
@@ -128,6 +130,7 @@ fn main() -> anyhow::Result<()> {
                 events,
                 reps,
                 &brokers,
+                &opt("--settings").unwrap_or_default(),
             )?;
         }
         "sink-bench" => {
@@ -151,6 +154,8 @@ fn main() -> anyhow::Result<()> {
                 opt("--reps").map_or(Ok(3), |v| v.parse())?,
                 &list("--batches", "500,2000")?,
                 &list("--in-flight", "2,4")?,
+                &opt("--sink-options").unwrap_or_default(),
+                !args.iter().any(|a| a == "--raw"),
             )?;
         }
         "disk-bench" => {

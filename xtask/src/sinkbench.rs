@@ -97,6 +97,8 @@ pub fn sink_bench(
     reps: usize,
     batches: &[usize],
     in_flights: &[usize],
+    extra: &str,
+    parse: bool,
 ) -> anyhow::Result<()> {
     let binary = match binary {
         Some(b) => b,
@@ -137,12 +139,25 @@ pub fn sink_bench(
         for (i, (target, batch, in_flight)) in configs.iter().enumerate() {
             let tag = format!("bench_{}_{round}_{i}", std::process::id());
             let corpus_path = corpus.display().to_string();
+            // Extra sink options (`compression: none`), and whether the
+            // lines are parsed (a raw JSON line is an OpenSearch document
+            // as it is; ClickHouse needs fields).
+            let extra = if extra.is_empty() {
+                String::new()
+            } else {
+                format!(", {extra}")
+            };
+            let codec = if parse || target == "clickhouse" {
+                ", codec: json"
+            } else {
+                ""
+            };
             let (yml, pid_file) = match target.as_str() {
                 "opensearch" => (
                     format!(
                         "stages:
-  read: {{ source: file, path: {corpus_path:?}, codec: json }}
-  ship: {{ sink: opensearch, inputs: [read], endpoints: [\"http://127.0.0.1:9200\"], index: {tag}, batch_max_events: {batch}, in_flight: {in_flight} }}
+  read: {{ source: file, path: {corpus_path:?}{codec} }}
+  ship: {{ sink: opensearch, inputs: [read], endpoints: [\"http://127.0.0.1:9200\"], index: {tag}, batch_max_events: {batch}, in_flight: {in_flight}{extra} }}
 "
                     ),
                     services.join("run/opensearch/pid"),
@@ -158,8 +173,8 @@ pub fn sink_bench(
                     (
                         format!(
                             "stages:
-  read: {{ source: file, path: {corpus_path:?}, codec: json }}
-  ship: {{ sink: clickhouse, inputs: [read], url: \"http://127.0.0.1:8123\", table: {tag}, batch_max_events: {batch}, in_flight: {in_flight} }}
+  read: {{ source: file, path: {corpus_path:?}{codec} }}
+  ship: {{ sink: clickhouse, inputs: [read], url: \"http://127.0.0.1:8123\", table: {tag}, batch_max_events: {batch}, in_flight: {in_flight}{extra} }}
 "
                         ),
                         services.join("run/clickhouse/pid"),

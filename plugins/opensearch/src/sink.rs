@@ -56,12 +56,14 @@ impl Action {
     }
 }
 
+/// Bulk bodies as they are (the default: on a LAN gzip costs both sides
+/// more CPU than it saves, docs/benchmarks.md), or gzipped for slow links.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum BodyCompression {
+    #[default]
     None,
     /// `Content-Encoding: gzip` (OpenSearch accepts it by default).
-    #[default]
     Gzip,
 }
 
@@ -95,7 +97,7 @@ pub struct OpenSearchSinkOptions {
     /// Missing or unreadable: the time LogBus read the event.
     #[serde(default = "default_time_field")]
     pub time_field: String,
-    /// `gzip` (default) or `none`.
+    /// `none` (default) or `gzip`.
     #[serde(default)]
     pub compression: BodyCompression,
     /// Basic authentication: the user name.

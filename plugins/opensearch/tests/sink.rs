@@ -71,8 +71,8 @@ async fn run(
 
 /// 3,000 events land once each in dated indices named from the service
 /// and the event's own day, with their ids; sending them all again (as a
-/// retry after a lost answer would) stores nothing twice. Both with gzip
-/// (the default) and without.
+/// retry after a lost answer would) stores nothing twice. Both gzipped and
+/// plain (the default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn documents_land_once_in_dated_indices_with_their_ids() {
     let Some(url) = node() else { return };

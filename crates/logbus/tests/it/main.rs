@@ -5,6 +5,8 @@
 mod api;
 mod attached;
 mod cli;
+#[cfg(feature = "sink-clickhouse")]
+mod clickhouse;
 mod compress;
 mod crash;
 mod durable;

@@ -1,0 +1,182 @@
+//! `sink: clickhouse` through the `logbus` binary against the real server
+//! of `.ci/services up clickhouse`: the shipped example end to end, read
+//! back over the server's own HTTP interface.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+const URL: &str = "http://127.0.0.1:8123";
+
+fn server() -> bool {
+    let up = std::net::TcpStream::connect("127.0.0.1:8123").is_ok();
+    assert!(
+        up || std::env::var_os("LOGBUS_REQUIRE_CLICKHOUSE").is_none(),
+        "a ClickHouse server at {URL} is required (.ci/services up clickhouse)"
+    );
+    if !up {
+        eprintln!("skipped: no ClickHouse server at {URL}");
+    }
+    up
+}
+
+/// `sql` over the server's HTTP interface (Python's urllib).
+fn sql(sql: &str) -> String {
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, urllib.request\n\
+             r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=sys.argv[2].encode()), timeout=60)\n\
+             sys.stdout.write(r.read().decode())",
+            URL,
+            sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// The example on 2,000 lines: one in 100 is not JSON (to `not_json`), one
+/// in 40 has a level the table's enum does not have (to `refused`, the
+/// column named); every other line is a row, with its types.
+#[test]
+fn the_example_ships_a_file_into_a_table_and_files_the_refusals() {
+    if !server() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!(
+        "example_{}_{}",
+        std::process::id(),
+        logbus_plugin_api::now_ns()
+    );
+    sql(&format!(
+        "CREATE TABLE {table} (ts DateTime64(3), service LowCardinality(String),
+           level Enum8('debug' = 1, 'info' = 2, 'warn' = 3, 'error' = 4),
+           status Nullable(UInt16), message String, user Map(String, String))
+         ENGINE = MergeTree ORDER BY (service, ts)"
+    ));
+    let input = dir.path().join("app.ndjson");
+    let mut f = std::fs::File::create(&input).unwrap();
+    for i in 0..2000u32 {
+        if i % 100 == 99 {
+            writeln!(f, "not json {i}").unwrap();
+            continue;
+        }
+        let level = if i % 40 == 3 {
+            "fatal"
+        } else {
+            ["debug", "info", "warn", "error"][i as usize % 4]
+        };
+        let status = if i % 2 == 0 {
+            format!("{}", 200 + i % 300)
+        } else {
+            "null".into()
+        };
+        writeln!(
+            f,
+            r#"{{"ts":"2026-11-30T05:00:{:02}.{:03}Z","service":"svc{}","level":"{level}","status":{status},"msg":"m{i}","user":{{"id":"u{i}"}}}}"#,
+            i % 60,
+            i % 1000,
+            i % 3
+        )
+        .unwrap();
+    }
+    drop(f);
+    let example = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/clickhouse/logs-to-clickhouse.yml");
+    let refused = dir.path().join("refused.ndjson");
+    let not_json = dir.path().join("not-json.ndjson");
+    let o = Command::new(env!("CARGO_BIN_EXE_logbus"))
+        .env("LOGBUS_LOG", "warn")
+        .arg("run")
+        .arg(&example)
+        .env("CLICKHOUSE_URL", URL)
+        .env("CLICKHOUSE_TABLE", &table)
+        .env("LOGS_FILE", &input)
+        .env("REFUSED_FILE", &refused)
+        .env("NOT_JSON_FILE", &not_json)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines = |p: &Path| -> Vec<Value> {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    assert_eq!(lines(&not_json).len(), 20);
+    let refused: BTreeSet<String> = lines(&refused)
+        .iter()
+        .map(|r| {
+            let reason = r["_error"]["message"].as_str().unwrap();
+            assert!(
+                reason.contains("column `level`: `fatal` is not one of the enum's names"),
+                "{reason}"
+            );
+            r["msg"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let expected: BTreeSet<String> = (0..2000)
+        .filter(|i| i % 40 == 3 && i % 100 != 99)
+        .map(|i| format!("m{i}"))
+        .collect();
+    assert_eq!(refused, expected);
+    let rows: Vec<Value> = sql(&format!(
+        "SELECT ts, service, level, status, message, user FROM {table} ORDER BY message FORMAT JSONEachRow"
+    ))
+    .lines()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    assert_eq!(rows.len(), 2000 - 20 - expected.len());
+    let m0 = rows.iter().find(|r| r["message"] == "m0").unwrap();
+    assert_eq!(
+        m0,
+        &serde_json::json!({"ts": "2026-11-30 05:00:00.000", "service": "svc0", "level": "debug",
+                            "status": 200, "message": "m0", "user": {"id": "u0"}})
+    );
+    let m1 = rows.iter().find(|r| r["message"] == "m1").unwrap();
+    assert_eq!(m1["status"], Value::Null);
+}
+
+/// The service examples have unit tests that pass and validate without a
+/// warning (their runs need the servers: this file and opensearch.rs).
+#[test]
+fn the_service_examples_validate_and_pass_their_tests() {
+    for example in [
+        "clickhouse/logs-to-clickhouse.yml",
+        "opensearch/logs-to-opensearch.yml",
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(example);
+        for args in [&["test"][..], &["validate", "--deny-warnings"][..]] {
+            let o = Command::new(env!("CARGO_BIN_EXE_logbus"))
+                .args(args)
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{example} {args:?}: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+}
