@@ -251,6 +251,18 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             names,
             format,
         } => {
+            // `demo.test.yml` is the test file of `demo.yml`: run those.
+            let file = match test_cmd::pipeline_of_test_file(&file) {
+                Some(pipeline) => {
+                    eprintln!(
+                        "logbus: {} holds the tests of {}; running them",
+                        file.display(),
+                        pipeline.display()
+                    );
+                    pipeline
+                }
+                None => file,
+            };
             let Some(loaded) = load_or_report(&file, &registry) else {
                 return Ok(ExitCode::from(2));
             };

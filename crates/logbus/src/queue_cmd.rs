@@ -74,15 +74,63 @@ fn render(report: &Report, verbose: bool) -> String {
     out
 }
 
+/// Whether `dir` holds a queue itself: a state file or a segment.
+fn holds_queue(dir: &Path) -> bool {
+    dir.join("state").is_file()
+        || logbus_plugin_api::durable::list_segments(dir).is_ok_and(|ids| !ids.is_empty())
+}
+
+/// The queues to look at for `dir`: itself when it holds one; else the
+/// queues directly below it (a stage's `queue.path` holds one queue per
+/// stage). None at all is an error naming the directory.
+fn queues(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    if holds_queue(dir) {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("`{}` is not a queue directory: {e}", dir.display()))?;
+    let mut below: Vec<std::path::PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && holds_queue(p))
+        .collect();
+    below.sort();
+    if below.is_empty() {
+        anyhow::bail!(
+            "no queue in `{}`: it has no state file and no segments, and no directory below it holds a queue",
+            dir.display()
+        );
+    }
+    crate::emit(&format!(
+        "{} holds no queue itself; the {} queue(s) below it:\n",
+        dir.display(),
+        below.len()
+    ));
+    Ok(below)
+}
+
 /// `inspect`: always exits 0 when the directory can be read.
 pub fn inspect(dir: &Path) -> anyhow::Result<ExitCode> {
-    let report = inspect::check(dir)?;
-    crate::emit(&render(&report, false));
+    for queue in queues(dir)? {
+        let report = inspect::check(&queue)?;
+        crate::emit(&render(&report, false));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `check`: exit 0 clean, 1 damaged (after `--repair`: 0 once it is clean).
+/// `check`: exit 0 clean, 1 damaged (after `--repair`: 0 once it is clean);
+/// for a directory of stage queues, each is checked and the worst counts.
 pub fn check(dir: &Path, repair: bool) -> anyhow::Result<ExitCode> {
+    let mut worst = ExitCode::SUCCESS;
+    for queue in queues(dir)? {
+        if check_one(&queue, repair)? != ExitCode::SUCCESS {
+            worst = ExitCode::from(1);
+        }
+    }
+    Ok(worst)
+}
+
+fn check_one(dir: &Path, repair: bool) -> anyhow::Result<ExitCode> {
     let report = inspect::check(dir)?;
     crate::emit(&render(&report, true));
     if report.is_clean() {

@@ -9,6 +9,17 @@ use anyhow::Context;
 use logbus_core::Pipeline;
 use logbus_pipeline_test::{Outcome, TestCase, junit, load_tests, run_test};
 
+/// For `dir/name.test.yml` (a pipeline's test file, no `stages:` of its
+/// own) whose pipeline `dir/name.yml` exists: that pipeline.
+pub fn pipeline_of_test_file(file: &Path) -> Option<std::path::PathBuf> {
+    let name = file.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".test.yml")?;
+    let pipeline = file.with_file_name(format!("{stem}.yml"));
+    let text = std::fs::read_to_string(file).ok()?;
+    let has_stages = text.lines().any(|l| l.starts_with("stages:"));
+    (pipeline.is_file() && !has_stages).then_some(pipeline)
+}
+
 pub fn run(
     file: &Path,
     pipeline: &Pipeline,

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
-pub use logbus_diskq::inspect;
 use logbus_diskq::{Appended, RecordBatch};
 pub use logbus_diskq::{
     Config as DiskConfig, DiskQueue, Recovery, Snapshot as DiskSnapshot, SyncMode, WhenFull,
 };
+pub use logbus_diskq::{inspect, list_segments};
 
 use logbus_event::{Event, Fields, Meta, Outcome, Payload};
 

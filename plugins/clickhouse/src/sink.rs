@@ -106,6 +106,14 @@ pub struct ClickHouseSinkOptions {
     pub in_flight: usize,
     #[serde(default)]
     pub on_rejected: OnRejected,
+    /// Send an `insert_deduplication_token` with each insert, the same on
+    /// every retry of it: an insert the server stored but whose answer
+    /// was lost is not stored twice when it is sent again. Needs a
+    /// `Replicated*MergeTree` table or a `MergeTree` with
+    /// `non_replicated_deduplication_window`, and a server of 22.2 or
+    /// later.
+    #[serde(default)]
+    pub deduplicate: bool,
 }
 
 fn default_database() -> String {
@@ -291,6 +299,7 @@ impl TypedPlugin for ClickHouseSink {
             table: options.table,
             mapping: (!mapping.is_empty()).then_some(mapping),
             timeout: Duration::from_millis(options.request_timeout_ms),
+            deduplicate: options.deduplicate,
             config,
         })))
     }
@@ -313,6 +322,7 @@ struct ClickHouseWriter {
     /// `None`: every column of the table.
     mapping: Option<Vec<Mapped>>,
     timeout: Duration,
+    deduplicate: bool,
     config: DriverConfig,
 }
 
@@ -487,6 +497,7 @@ impl Sink for ClickHouseWriter {
                 names.join(", ")
             ),
             timeout: self.timeout,
+            deduplicate: self.deduplicate,
         };
         let driver = Driver::new(service, RowEncoder { columns }, self.config.clone());
         driver.run(cx).await
@@ -522,12 +533,16 @@ impl Encoder for RowEncoder {
 struct RowsRequest {
     body: Bytes,
     rows: Vec<Range<usize>>,
+    /// With `deduplicate`: the token of this request, kept across its
+    /// retries (a batch shrunk by a partial failure gets a new one).
+    token: Option<String>,
 }
 
 struct ClickHouseService {
     client: clickhouse::Client,
     insert: String,
     timeout: Duration,
+    deduplicate: bool,
 }
 
 /// What a failed insert means.
@@ -572,12 +587,15 @@ fn error_code(text: &str) -> Option<u32> {
 }
 
 impl ClickHouseService {
-    async fn insert(&self, rows: Bytes) -> Result<(), Failure> {
+    async fn insert(&self, rows: Bytes, token: Option<String>) -> Result<(), Failure> {
         let attempt = async {
             let mut insert = self
                 .client
                 .insert_formatted_with(self.insert.clone())
                 .with_timeouts(Some(self.timeout), Some(self.timeout));
+            if let Some(token) = token {
+                insert = insert.with_setting("insert_deduplication_token", token);
+            }
             insert.send(rows).await?;
             insert.end().await
         };
@@ -606,11 +624,17 @@ impl Service for ClickHouseService {
         Ok(RowsRequest {
             body: Bytes::copy_from_slice(batch.body()),
             rows: batch.items().to_vec(),
+            token: self
+                .deduplicate
+                .then(|| format!("logbus-{:032x}", fastrand::u128(..))),
         })
     }
 
     async fn send(&self, request: &RowsRequest) -> Response {
-        let failure = match self.insert(request.body.clone()).await {
+        let failure = match self
+            .insert(request.body.clone(), request.token.clone())
+            .await
+        {
             Ok(()) => return Response::Delivered,
             Err(Failure::Transient(reason)) => {
                 return Response::Retry {
@@ -632,7 +656,12 @@ impl Service for ClickHouseService {
             let bytes = request
                 .body
                 .slice(request.rows[part.start].start..request.rows[part.end - 1].end);
-            match self.insert(bytes).await {
+            // A part of the batch is its own insert, with its own token.
+            let token = request
+                .token
+                .as_ref()
+                .map(|t| format!("{t}-{}-{}", part.start, part.end));
+            match self.insert(bytes, token).await {
                 Ok(()) => part
                     .clone()
                     .for_each(|i| results[i] = Some(ItemResult::Delivered)),

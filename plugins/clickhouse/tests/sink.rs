@@ -448,3 +448,115 @@ fn bad_options_are_named() {
         "{err}"
     );
 }
+
+/// A loopback proxy in front of the real server that loses the answer to
+/// the first insert: it forwards the request, and when the server's answer
+/// starts (the server has stored the rows by then) it closes both sides.
+/// Every later connection is forwarded whole. Returns its port.
+fn proxy_losing_the_first_answer(upstream: &str) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let upstream = upstream.trim_start_matches("http://").to_string();
+    let lost = Arc::new(AtomicBool::new(false));
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let Ok(mut server) = TcpStream::connect(&upstream) else {
+                return;
+            };
+            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            // Whether the request in flight on this connection is an insert.
+            let inserting = Arc::new(AtomicBool::new(false));
+            let noted = inserting.clone();
+            // Client → server, as it comes.
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64 * 1024];
+                loop {
+                    let n = match c2.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if buf[..n].starts_with(b"POST ") {
+                        let head = String::from_utf8_lossy(&buf[..n.min(2048)]).to_uppercase();
+                        noted.store(head.contains("INSERT"), Ordering::SeqCst);
+                    }
+                    if s2.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = s2.shutdown(std::net::Shutdown::Write);
+            });
+            let lost = lost.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64 * 1024];
+                while let Ok(n) = server.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let is_insert_answer =
+                        buf[..n].starts_with(b"HTTP/1.1 200") && inserting.load(Ordering::SeqCst);
+                    if is_insert_answer && !lost.swap(true, Ordering::SeqCst) {
+                        let _ = client.shutdown(std::net::Shutdown::Both);
+                        let _ = server.shutdown(std::net::Shutdown::Both);
+                        break;
+                    }
+                    if client.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The answer to an insert is lost after the server stored it, and the
+/// insert is sent again; the same 100 events then come a second time (a
+/// legitimate repeat, as identical heartbeat lines would be). Without
+/// `deduplicate` the lost answer stores the first batch twice (300 rows).
+/// With it, on a table with a deduplication window, the retry is dropped
+/// by its token while the repeat, under its own token, is kept (200 rows)
+/// — a window without tokens would drop the repeat too, by its checksum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_duplicates_unless_inserts_carry_a_deduplication_token() {
+    let Some(url) = server(MODERN) else { return };
+    let _shared = SERVER.read().await;
+    for (deduplicate, expected) in [(false, 300), (true, 200)] {
+        let t = table("lost_answer");
+        let window = if deduplicate {
+            "SETTINGS non_replicated_deduplication_window = 100"
+        } else {
+            ""
+        };
+        sql(
+            &url,
+            &format!("CREATE TABLE {t} (id UInt64) ENGINE = MergeTree ORDER BY id {window}"),
+        );
+        let port = proxy_losing_the_first_answer(&url);
+        let batch: Vec<Event> = (0..100).map(|i| event(json!({"id": i}))).collect();
+        let (result, metrics, _) = run(
+            json!({"url": format!("http://127.0.0.1:{port}"), "table": t,
+                   "deduplicate": deduplicate, "retry_initial_backoff_ms": 10,
+                   "batch_max_events": 100, "in_flight": 1}),
+            vec![batch.clone(), batch],
+            false,
+        )
+        .await;
+        result.unwrap();
+        assert_eq!(metrics.snapshot().events_out, 200);
+        assert!(
+            metrics.snapshot().retried >= 100,
+            "the insert was sent again"
+        );
+        let counted = rows(
+            &url,
+            &format!("SELECT count() AS rows, uniqExact(id) AS ids FROM {t}"),
+        );
+        let n = |k: &str| counted[0][k].as_str().unwrap().parse::<u64>().unwrap();
+        assert_eq!(n("ids"), 100, "deduplicate: {deduplicate}");
+        assert_eq!(n("rows"), expected, "deduplicate: {deduplicate}");
+    }
+}

@@ -332,6 +332,12 @@ pub fn encode(fields: &Fields, now: Option<&str>, out: &mut Vec<u8>) {
     match fields.get("message") {
         Some(Value::String(m)) => {
             out.push(b' ');
+            // A message that itself starts with U+FEFF keeps it: a reader
+            // takes one leading BOM as the "this is UTF-8" mark (RFC 5424
+            // §6.4), so write that mark first.
+            if m.starts_with('\u{feff}') {
+                out.extend_from_slice("\u{feff}".as_bytes());
+            }
             out.extend_from_slice(m.as_bytes());
         }
         Some(Value::Null) | None => {}

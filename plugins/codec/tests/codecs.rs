@@ -242,6 +242,20 @@ fn rfc3164_lines_as_seen_in_the_wild() {
     assert_eq!(f["message"], "just text");
 }
 
+/// A message that starts with U+FEFF (the fuzzer found one) survives a
+/// round trip: the encoder writes the UTF-8 mark a reader strips, and the
+/// message's own BOM after it. The crash input is kept in the fuzz corpus.
+#[test]
+fn a_message_starting_with_a_bom_round_trips() {
+    let input = "<77>1 - h a p - [x] \u{feff}\u{feff}\u{feff}>\u{feff}>";
+    let once = syslog::decode(input.as_bytes(), syslog::Format::Rfc5424).unwrap();
+    assert_eq!(once["message"], "\u{feff}\u{feff}>\u{feff}>");
+    let mut out = Vec::new();
+    syslog::encode(&once, None, &mut out);
+    let again = syslog::decode(&out, syslog::Format::Rfc5424).unwrap();
+    assert_eq!(again, once);
+}
+
 #[test]
 fn syslog_errors_name_the_offset() {
     for (input, offset, what) in [

@@ -329,6 +329,23 @@ fn stdin_to_stdout() {
     assert_eq!(stdout(&o), "{\"a\":1}\n{\"b\":2}\n");
 }
 
+/// `logbus test demo.test.yml` runs the tests of `demo.yml` (the file
+/// holds only tests) and says so, instead of calling it an invalid
+/// pipeline.
+#[test]
+fn a_test_file_given_to_logbus_test_runs_its_pipelines_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let o = logbus()
+        .arg("test")
+        .arg(root.join("pipelines/demo.test.yml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{}{err}", stdout(&o));
+    assert!(err.contains("demo.test.yml holds the tests of"), "{err}");
+    assert!(stdout(&o).contains("... ok"), "{}", stdout(&o));
+}
+
 /// Every pipeline shipped in `pipelines/` and `examples/` validates with no
 /// warning and runs to a clean reconciliation.
 #[test]

@@ -223,6 +223,30 @@ fn a_failed_stages_events_stay_on_disk_and_the_next_run_delivers_them_with_more_
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    // The stage's `queue.path` holds one queue per stage: checked each.
+    let o = logbus()
+        .args(["queue", "check"])
+        .arg(&queue)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("holds no queue itself; the 1 queue(s) below it")
+            && stdout(&o).contains(&format!("queue {}", queue.join("gate").display())),
+        "{}",
+        stdout(&o)
+    );
+    // A directory with no queue at all is an error, not "ok".
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = logbus()
+        .args(["queue", "check"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no queue in"), "{err}");
     // Run 2: nothing new, no failure, three workers: the rest comes out.
     let second_out = dir.path().join("out2.txt");
     let o = logbus()
