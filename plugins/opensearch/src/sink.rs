@@ -28,8 +28,8 @@ use logbus_plugin_api::{
     SinkContext, StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, BatchLimits, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
-    RetryPolicy, Service, Template, parse_retry_after,
+    Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
+    Service, Template, error_chain, parse_retry_after,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -181,6 +181,23 @@ fn default_max_backoff() -> u64 {
     30_000
 }
 
+impl OpenSearchSinkOptions {
+    fn delivery(&self) -> DeliveryOptions {
+        DeliveryOptions {
+            batch_max_events: self.batch_max_events,
+            batch_max_bytes: self.batch_max_bytes,
+            batch_timeout_ms: self.batch_timeout_ms,
+            request_timeout_ms: self.request_timeout_ms,
+            retry_initial_backoff_ms: self.retry_initial_backoff_ms,
+            retry_max_backoff_ms: self.retry_max_backoff_ms,
+            retry_max_attempts: self.retry_max_attempts,
+            retry_max_elapsed_ms: self.retry_max_elapsed_ms,
+            in_flight: self.in_flight,
+            max_in_flight: 256,
+        }
+    }
+}
+
 impl CheckOptions for OpenSearchSinkOptions {
     fn check(&self) -> Vec<OptionError> {
         let mut errors = Vec::new();
@@ -233,44 +250,7 @@ impl CheckOptions for OpenSearchSinkOptions {
                 "the URL's host is the name verified",
             ));
         }
-        for (key, value) in [
-            ("batch_max_events", self.batch_max_events as u64),
-            ("batch_max_bytes", self.batch_max_bytes as u64),
-            ("request_timeout_ms", self.request_timeout_ms),
-            ("retry_initial_backoff_ms", self.retry_initial_backoff_ms),
-            ("retry_max_backoff_ms", self.retry_max_backoff_ms),
-        ] {
-            if value == 0 {
-                errors.push(OptionError::at(&[key], "must be at least 1"));
-            }
-        }
-        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
-            errors.push(OptionError::at(
-                &["retry_max_backoff_ms"],
-                format!(
-                    "must not be below `retry_initial_backoff_ms` ({})",
-                    self.retry_initial_backoff_ms
-                ),
-            ));
-        }
-        if !(1..=256).contains(&self.in_flight) {
-            errors.push(OptionError::at(
-                &["in_flight"],
-                format!("must be between 1 and 256, got {}", self.in_flight),
-            ));
-        }
-        if self.retry_max_attempts == Some(0) {
-            errors.push(OptionError::at(
-                &["retry_max_attempts"],
-                "must be at least 1",
-            ));
-        }
-        if self.retry_max_elapsed_ms == Some(0) {
-            errors.push(OptionError::at(
-                &["retry_max_elapsed_ms"],
-                "must be at least 1",
-            ));
-        }
+        errors.extend(self.delivery().check());
         errors
     }
 }
@@ -368,18 +348,8 @@ impl TypedPlugin for OpenSearchSink {
             })
             .collect();
         let config = DriverConfig {
-            limits: BatchLimits {
-                max_events: options.batch_max_events,
-                max_bytes: options.batch_max_bytes,
-                max_age: Duration::from_millis(options.batch_timeout_ms),
-                ..BatchLimits::default()
-            },
-            retry: RetryPolicy {
-                initial_backoff: Duration::from_millis(options.retry_initial_backoff_ms),
-                max_backoff: Duration::from_millis(options.retry_max_backoff_ms),
-                max_attempts: options.retry_max_attempts,
-                max_elapsed: options.retry_max_elapsed_ms.map(Duration::from_millis),
-            },
+            limits: options.delivery().limits(),
+            retry: options.delivery().retry(),
             in_flight: options.in_flight,
             on_rejected: options.on_rejected,
             destination: format!("OpenSearch {}", options.endpoints.join(", ")),
@@ -687,18 +657,6 @@ impl Service for OpenSearchService {
             _ => Response::Rejected { reason },
         }
     }
-}
-
-/// The error with its causes ("error sending request: connection refused").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
 }
 
 #[cfg(test)]

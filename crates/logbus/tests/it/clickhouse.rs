@@ -9,6 +9,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use crate::support::rss;
+
 const URL: &str = "http://127.0.0.1:8123";
 
 fn server() -> bool {
@@ -179,16 +181,6 @@ fn the_service_examples_validate_and_pass_their_tests() {
             );
         }
     }
-}
-
-/// Resident memory of a process, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// The server frozen with SIGSTOP for a few seconds mid-run: inserts time

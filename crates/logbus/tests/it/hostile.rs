@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{free_port, wait_for_port};
+use crate::support::{free_port, rss, wait_for_port};
 
 fn start(pipeline: &std::path::Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_logbus"))
@@ -17,16 +17,6 @@ fn start(pipeline: &std::path::Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// Resident memory of a process, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// Sends one raw HTTP/1.1 request and returns the status code (0 when the

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::opensearch_common::{documents, node, python, unique};
+use crate::support::rss;
 
 /// `{{seq}}` of the generator counts from 0.
 const FIRST_SEQ: u64 = 0;
@@ -20,16 +21,6 @@ fn logbus() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_logbus"));
     c.env("LOGBUS_LOG", "warn");
     c
-}
-
-/// Resident memory of a process, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// The example, on a file of 3,000 lines: one line in 100 is not JSON

@@ -215,3 +215,13 @@ pub fn wait_for_port(port: u16) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Resident memory of a process, in bytes (0 once it is gone).
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
