@@ -143,6 +143,7 @@ fn metrics_stats_graph_stream_and_reload() {
     for family in [
         "logbus_events_in_total{stage=\"json\"}",
         "logbus_events_out_total{stage=\"gen\"}",
+        "logbus_sink_retried_total{stage=\"out\"} 0",
         "logbus_channel_capacity{stage=\"out\"} 256",
         "logbus_inflight_bound_events 768",
         "logbus_process_resident_memory_bytes",

@@ -209,6 +209,8 @@ stages:
         err.contains("retrying"),
         "the frozen node was retried: {err}"
     );
+    // The summary says how many events were sent again.
+    assert!(err.contains("  retried ship: "), "{err}");
     // Channels of 1,024 events (~250 bytes each) between three stages, and
     // the sink's bulks in flight: a few MiB of events over the process's
     // base. 150 MiB means the bound did not hold.
