@@ -57,8 +57,12 @@ pub enum InsertCompression {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClickHouseSinkOptions {
-    /// The HTTP interface: `http://host:8123`.
+    /// The HTTP interface: `http://host:8123`, or `https://host:8443`.
     pub url: String,
+    /// For `https://`: `{ ca_file: ... }` trusts a private CA instead of
+    /// the built-in Mozilla roots.
+    #[serde(default)]
+    pub tls: Option<logbus_tls::ClientTls>,
     #[serde(default = "default_database")]
     pub database: String,
     pub table: String,
@@ -167,15 +171,17 @@ impl CheckOptions for ClickHouseSinkOptions {
     fn check(&self) -> Vec<OptionError> {
         let mut errors = Vec::new();
         match self.url.split_once("://") {
-            Some(("http", rest)) if !rest.is_empty() => {}
-            Some(("https", _)) => errors.push(OptionError::at(
-                &["url"],
-                "https:// is not supported yet (put a TLS proxy on loopback in front)",
-            )),
+            Some(("http" | "https", rest)) if !rest.is_empty() => {}
             _ => errors.push(OptionError::at(
                 &["url"],
-                format!("`{}` is not an http:// URL", self.url),
+                format!("`{}` is not an http:// or https:// URL", self.url),
             )),
+        }
+        if self.tls.as_ref().is_some_and(|t| t.server_name.is_some()) {
+            errors.push(OptionError::at(
+                &["tls", "server_name"],
+                "the URL's host is the name verified",
+            ));
         }
         if self.table.is_empty() {
             errors.push(OptionError::at(&["table"], "must not be empty"));
@@ -216,8 +222,21 @@ impl TypedPlugin for ClickHouseSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "ClickHouse: batched RowBinary inserts (LZ4) with a column mapping checked against DESCRIBE TABLE at start; values that do not fit and rows the server refuses (found by splitting the batch) to <id>.dead, the rest stored.";
 
-    fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
-        let mut client = clickhouse::Client::default()
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
+        let tls = options.tls.clone().unwrap_or_default();
+        let tls = tls.config(&cx.base_dir).map_err(|e| {
+            let key: &[&str] = match tls.ca_file {
+                Some(_) => &["tls", "ca_file"],
+                None => &["tls"],
+            };
+            OptionError::at(key, e.to_string())
+        })?;
+        // Idle connections dropped after 2 s, as the crate's own client.
+        let http =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(2))
+                .build(connector(tls));
+        let mut client = clickhouse::Client::with_http_client(http)
             .with_url(&options.url)
             .with_database(&options.database)
             .with_compression(match options.compression {
@@ -282,6 +301,21 @@ struct Mapped {
     name: String,
     field: Option<String>,
     stated: Option<String>,
+}
+
+/// A connector for the crate's HTTP client, as it builds its own
+/// (keep-alive), with rustls from our TLS settings for `https://` URLs.
+fn connector(
+    tls: std::sync::Arc<logbus_tls::tokio_rustls::rustls::ClientConfig>,
+) -> hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector> {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    http.enforce_http(false);
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config((*tls).clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http)
 }
 
 struct ClickHouseWriter {

@@ -560,3 +560,43 @@ async fn a_lost_answer_duplicates_unless_inserts_carry_a_deduplication_token() {
         assert_eq!(n("rows"), expected, "deduplicate: {deduplicate}");
     }
 }
+
+/// `https://` to the server's TLS port (a private CA made by
+/// `.ci/services up clickhouse`): rows land with `tls.ca_file`; without
+/// it the certificate is refused and the stage fails saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_private_ca() {
+    let Some(url) = server(MODERN) else { return };
+    let _shared = SERVER.read().await;
+    let services = std::env::var("LOGBUS_SERVICES").unwrap_or("/var/tmp/logbus-services".into());
+    let ca = format!("{services}/run/clickhouse/tls/ca.pem");
+    let t = table("tls");
+    sql(
+        &url,
+        &format!("CREATE TABLE {t} (id UInt64, s String) ENGINE = MergeTree ORDER BY id"),
+    );
+    let events = || -> Vec<Event> {
+        (0..500)
+            .map(|i| event(json!({"id": i, "s": format!("over tls {i}")})))
+            .collect()
+    };
+    let (result, metrics, _) = run(
+        json!({"url": "https://localhost:8443", "table": t, "tls": {"ca_file": ca}}),
+        vec![events()],
+        false,
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(metrics.snapshot().events_out, 500);
+    let counted = rows(&url, &format!("SELECT count() AS n FROM {t}"));
+    assert_eq!(counted[0]["n"], "500");
+    let (result, ..) = run(
+        json!({"url": "https://localhost:8443", "table": t,
+               "retry_max_attempts": 1, "retry_initial_backoff_ms": 10}),
+        vec![events()],
+        false,
+    )
+    .await;
+    let err = result.unwrap_err();
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+}
