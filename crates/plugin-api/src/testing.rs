@@ -142,8 +142,17 @@ pub async fn run_sink(
     sink: Box<dyn Sink>,
     batches: Vec<Vec<Event>>,
 ) -> (Result<(), StageError>, Arc<StageMetrics>) {
+    run_sink_counting(sink, batches, Arc::new(StageMetrics::default())).await
+}
+
+/// [`run_sink`] counting into `metrics`, which a test can watch while the
+/// sink runs (to start a server only once the sink has retried).
+pub async fn run_sink_counting(
+    sink: Box<dyn Sink>,
+    batches: Vec<Vec<Event>>,
+    metrics: Arc<StageMetrics>,
+) -> (Result<(), StageError>, Arc<StageMetrics>) {
     let (tx, rx) = channel(batches.iter().map(Vec::len).sum::<usize>().max(1));
-    let metrics = Arc::new(StageMetrics::default());
     let mut cx = SinkContext::new("s", rx, metrics.clone());
     for batch in batches {
         tx.send(batch).await.expect("the sink's input is open");

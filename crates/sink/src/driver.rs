@@ -118,8 +118,6 @@ struct Finished {
     gave_up: Option<String>,
     /// Still held when the drain deadline passed.
     held: Vec<(Event, u64)>,
-    /// Events sent again after a failed attempt (once per retry).
-    retried: u64,
 }
 
 impl<S: Service> Driver<S> {
@@ -179,6 +177,7 @@ impl<S: Service> Driver<S> {
                     batch,
                     stop.clone(),
                     c.destination.clone(),
+                    cx.metrics.clone(),
                 ));
             }
             if in_flight.is_empty() && (failure.is_some() || stop.is_cancelled()) {
@@ -282,7 +281,6 @@ impl<S: Service> Driver<S> {
     ) -> Result<(), String> {
         let c = &self.config;
         let mut failure = None;
-        cx.metrics.add_retried(done.retried);
         if !done.delivered.is_empty() {
             cx.committed(done.delivered.len());
             for (mut event, tag) in done.delivered {
@@ -409,6 +407,7 @@ async fn deliver<S: Service>(
     mut batch: Batch,
     stop: CancellationToken,
     destination: String,
+    metrics: Arc<logbus_plugin_api::StageMetrics>,
 ) -> Finished {
     let mut done = Finished::default();
     let started = Instant::now();
@@ -500,7 +499,9 @@ async fn deliver<S: Service>(
             "{} events not delivered, retrying in {delay:.1?}: {reason}",
             batch.len()
         );
-        done.retried += batch.len() as u64;
+        // Counted now, not when the batch ends: a batch that retries for
+        // an hour shows in /metrics meanwhile.
+        metrics.add_retried(batch.len() as u64);
         tokio::select! {
             biased;
             _ = stop.cancelled() => {

@@ -154,6 +154,16 @@ async fn try_run(
     batches: &[usize],
     gap: Duration,
 ) -> (Result<(), StageError>, Arc<StageMetrics>) {
+    try_run_counting(options, batches, gap, Arc::new(StageMetrics::default())).await
+}
+
+/// [`try_run`], counting into `metrics` (watched while it runs).
+async fn try_run_counting(
+    options: serde_json::Value,
+    batches: &[usize],
+    gap: Duration,
+    metrics: Arc<StageMetrics>,
+) -> (Result<(), StageError>, Arc<StageMetrics>) {
     let cx = BuildContext {
         stage_id: "alerts".into(),
         base_dir: ".".into(),
@@ -165,7 +175,6 @@ async fn try_run(
         Ok(_) => panic!("not a sink"),
     };
     let (tx, rx) = channel(10_000);
-    let metrics = Arc::new(StageMetrics::default());
     let mut scx = SinkContext::new("alerts", rx, metrics.clone());
     let batches = batches.to_vec();
     let feeder = tokio::spawn(async move {
@@ -262,15 +271,35 @@ async fn a_server_that_is_not_up_yet_is_retried() {
     if !aiosmtpd_available() {
         return;
     }
+    // The server starts once the sink has failed and retried (its counter
+    // says so), not after a guessed delay.
     let port = free_port();
-    let starter = tokio::task::spawn_blocking(move || {
-        std::thread::sleep(Duration::from_millis(500));
-        smtpd(port)
-    });
-    let metrics = run(base(port), &[3], Duration::ZERO).await;
-    let server = starter.await.unwrap();
+    let counted = Arc::new(StageMetrics::default());
+    let sending = tokio::spawn(try_run_counting(
+        base(port),
+        &[3],
+        Duration::ZERO,
+        counted.clone(),
+    ));
+    let began = std::time::Instant::now();
+    while counted.snapshot().retried == 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "no retry within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let server = tokio::task::spawn_blocking(move || smtpd(port))
+        .await
+        .unwrap();
+    let (result, metrics) = sending.await.unwrap();
+    result.unwrap();
     assert_eq!(received(&server.maildir).len(), 1);
     assert_eq!(metrics.snapshot().events_out, 3);
+    assert!(
+        metrics.snapshot().retried >= 3,
+        "the first attempts failed and were retried"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use logbus_plugin_api::testing::{
-    self, RunningSource, option_errors, run_sink, run_source, take_text,
+    self, RunningSource, option_errors, run_sink_counting, run_source, take_text,
 };
 use logbus_plugin_api::{Event, Meta, Plugin, StageMetrics, Typed};
 use serde_json::json;
@@ -138,6 +138,15 @@ async fn logger_over_tcp_both_framings_and_udp() {
 }
 
 async fn forward(options: serde_json::Value, n: usize) -> Arc<StageMetrics> {
+    forward_counting(options, n, Arc::new(StageMetrics::default())).await
+}
+
+/// [`forward`], counting into `metrics` (watched while it runs).
+async fn forward_counting(
+    options: serde_json::Value,
+    n: usize,
+    metrics: Arc<StageMetrics>,
+) -> Arc<StageMetrics> {
     let batches = (0..n)
         .collect::<Vec<_>>()
         .chunks(50)
@@ -158,9 +167,10 @@ async fn forward(options: serde_json::Value, n: usize) -> Arc<StageMetrics> {
                 .collect()
         })
         .collect();
-    let (result, metrics) = run_sink(
+    let (result, metrics) = run_sink_counting(
         testing::sink(&Typed(logbus_net::sink::SyslogSink), options),
         batches,
+        metrics,
     )
     .await;
     result.unwrap();
@@ -169,14 +179,24 @@ async fn forward(options: serde_json::Value, n: usize) -> Arc<StageMetrics> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logbus_to_logbus_over_tcp_and_udp_with_the_receiver_down_at_first() {
-    // TCP, octet counting; the receiver starts after the sender tried.
+    // TCP, octet counting; the receiver starts once the sender has failed
+    // and retried (its counter says so).
     let port = free_port();
     let address = format!("127.0.0.1:{port}");
-    let sender = tokio::spawn(forward(
+    let counted = Arc::new(StageMetrics::default());
+    let sender = tokio::spawn(forward_counting(
         json!({ "address": address, "retry_initial_backoff_ms": 10, "retry_max_backoff_ms": 50 }),
         500,
+        counted.clone(),
     ));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let began = std::time::Instant::now();
+    while counted.snapshot().retried == 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "no retry within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut s = source(
         json!({ "address": address, "framing": "octet-counting" }),
         1000,
