@@ -11,39 +11,11 @@ use serde_json::Value;
 
 use crate::support::rss;
 
-const URL: &str = "http://127.0.0.1:8123";
+use crate::clickhouse_common::{MODERN as URL, server, sql as sql_at};
 
-fn server() -> bool {
-    let up = std::net::TcpStream::connect("127.0.0.1:8123").is_ok();
-    assert!(
-        up || std::env::var_os("LOGBUS_REQUIRE_CLICKHOUSE").is_none(),
-        "a ClickHouse server at {URL} is required (.ci/services up clickhouse)"
-    );
-    if !up {
-        eprintln!("skipped: no ClickHouse server at {URL}");
-    }
-    up
-}
-
-/// `sql` over the server's HTTP interface (Python's urllib).
+/// `sql` on the modern server.
 fn sql(sql: &str) -> String {
-    let o = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, urllib.request\n\
-             r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=sys.argv[2].encode()), timeout=60)\n\
-             sys.stdout.write(r.read().decode())",
-            URL,
-            sql,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
+    sql_at(URL, sql)
 }
 
 /// The example on 2,000 lines: one in 100 is not JSON (to `not_json`), one
@@ -51,7 +23,7 @@ fn sql(sql: &str) -> String {
 /// column named); every other line is a row, with its types.
 #[test]
 fn the_example_ships_a_file_into_a_table_and_files_the_refusals() {
-    if !server() {
+    if server(URL).is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -198,7 +170,7 @@ fn a_frozen_server_holds_the_pipeline_back_within_its_memory_bound() {
 }
 
 fn frozen_server_run(deduplicate: bool) {
-    if !server() {
+    if server(URL).is_none() {
         return;
     }
     let services = std::env::var("LOGBUS_SERVICES").unwrap_or("/var/tmp/logbus-services".into());

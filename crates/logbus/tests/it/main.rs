@@ -7,6 +7,10 @@ mod attached;
 mod cli;
 #[cfg(feature = "sink-clickhouse")]
 mod clickhouse;
+// The ClickHouse plugin's test helpers (servers, SQL over HTTP), shared.
+#[cfg(feature = "sink-clickhouse")]
+#[path = "../../../../plugins/clickhouse/tests/common/mod.rs"]
+mod clickhouse_common;
 mod compress;
 mod crash;
 mod durable;

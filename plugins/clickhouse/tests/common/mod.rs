@@ -1,0 +1,60 @@
+//! What the ClickHouse tests share: the servers (`.ci/services up
+//! clickhouse clickhouse-old`) and their own HTTP interface, through
+//! Python's urllib, to make tables and read rows back. Without a server
+//! the tests skip, unless `LOGBUS_REQUIRE_CLICKHOUSE` is set (CI sets it).
+#![allow(dead_code)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+pub const MODERN: &str = "http://127.0.0.1:8123";
+pub const OLD: &str = "http://127.0.0.1:8124";
+
+pub fn server(url: &str) -> Option<String> {
+    let up = std::net::TcpStream::connect(url.trim_start_matches("http://")).is_ok();
+    assert!(
+        up || std::env::var_os("LOGBUS_REQUIRE_CLICKHOUSE").is_none(),
+        "a ClickHouse server at {url} is required (.ci/services up clickhouse clickhouse-old)"
+    );
+    if !up {
+        eprintln!("skipped: no ClickHouse server at {url}");
+    }
+    up.then(|| url.to_string())
+}
+
+/// Runs `sql` over the server's HTTP interface; returns the answer.
+pub fn sql(url: &str, sql: &str) -> String {
+    let o = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, urllib.request\n\
+             r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=sys.argv[2].encode()), timeout=60)\n\
+             sys.stdout.write(r.read().decode())",
+            url,
+            sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+pub fn rows(url: &str, query: &str) -> Vec<Value> {
+    sql(url, &format!("{query} FORMAT JSONEachRow"))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+pub fn table(name: &str) -> String {
+    format!(
+        "{name}_{}_{}",
+        std::process::id(),
+        logbus_plugin_api::now_ns()
+    )
+}
