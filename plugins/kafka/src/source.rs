@@ -22,9 +22,16 @@
 //! whole consumer, and a partition with more than
 //! `max_in_flight_per_partition` unfinished events is paused until the
 //! pipeline catches up, so backpressure reaches the broker.
+//!
+//! librdkafka keeps a partition's pause across a revoke and a new
+//! assignment of the same partition. So every assignment sets each of its
+//! partitions to what the source wants at that moment (paused while the
+//! pipeline is full, reading otherwise): a partition paused before a
+//! rebalance (a broker restarting, a member joining) and given back after
+//! it would otherwise never be read again.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -360,6 +367,10 @@ struct Shared {
     /// Acknowledgement counts of partitions no longer assigned.
     gone: Mutex<logbus_plugin_api::AckCounts>,
     redelivered: AtomicU64,
+    /// Partitions paused because too many of their events are unfinished.
+    paused: Mutex<HashSet<PartitionKey>>,
+    /// Every partition is paused: the pipeline is full.
+    full: AtomicBool,
     /// librdkafka's reports, and an error retrying cannot fix (the
     /// brokers refused our credentials).
     reports: Reports,
@@ -368,6 +379,10 @@ struct Shared {
 impl Shared {
     fn tracks(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionKey, Arc<Track>>> {
         self.tracks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn paused(&self) -> std::sync::MutexGuard<'_, HashSet<PartitionKey>> {
+        self.paused.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Commits what each track finished; `only` limits it to some
@@ -456,6 +471,10 @@ impl ConsumerContext for GroupContext {
         let mut let_go = 0;
         let mut list = TopicPartitionList::new();
         let released: Vec<(&PartitionKey, Arc<Track>)> = {
+            let mut paused = self.shared.paused();
+            for k in &keys {
+                paused.remove(k);
+            }
             let mut tracks = self.shared.tracks();
             keys.iter()
                 .filter_map(|k| tracks.remove(k).map(|t| (k, t)))
@@ -485,14 +504,27 @@ impl ConsumerContext for GroupContext {
         );
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(list) => {
-                let mut tracks = self.shared.tracks();
-                for e in list.elements() {
-                    tracks
-                        .entry((Arc::from(e.topic()), e.partition()))
-                        .or_insert_with(|| Arc::new(Track::new()));
+                {
+                    let mut tracks = self.shared.tracks();
+                    let mut paused = self.shared.paused();
+                    for e in list.elements() {
+                        let key = (Arc::from(e.topic()), e.partition());
+                        // A new track has nothing unfinished.
+                        paused.remove(&key);
+                        tracks.entry(key).or_insert_with(|| Arc::new(Track::new()));
+                    }
+                }
+                // Whatever pause librdkafka kept from before the revoke.
+                let set = if self.shared.full.load(Ordering::Relaxed) {
+                    consumer.pause(list)
+                } else {
+                    consumer.resume(list)
+                };
+                if let Err(e) = set {
+                    tracing::warn!(stage = %self.shared.stage, "cannot pause or resume the assigned partitions: {e}");
                 }
                 tracing::info!(stage = %self.shared.stage, partitions = list.count(), "partitions assigned");
             }
@@ -519,8 +551,6 @@ struct Reader<'a> {
     shared: Arc<Shared>,
     handle: &'a tokio::runtime::Handle,
     topics: HashMap<String, Arc<str>>,
-    /// Partitions paused because too many of their events are unfinished.
-    paused: Vec<PartitionKey>,
     max_in_flight: u64,
     commit_interval: Duration,
     last_commit: Instant,
@@ -536,6 +566,8 @@ impl KafkaConsumerSource {
             tracks: Mutex::default(),
             gone: Mutex::default(),
             redelivered: AtomicU64::new(0),
+            paused: Mutex::default(),
+            full: AtomicBool::new(false),
         });
         let consumer: BaseConsumer<GroupContext> = self
             .config
@@ -556,7 +588,6 @@ impl KafkaConsumerSource {
             shared,
             handle,
             topics: HashMap::new(),
-            paused: Vec::new(),
             max_in_flight: self.max_in_flight,
             commit_interval: self.commit_interval,
             last_commit: Instant::now(),
@@ -730,6 +761,7 @@ impl Reader<'_> {
                     // The pipeline is full: stop fetching, stay in the group.
                     if !paused_all {
                         tracing::debug!(stage = %self.id, "the pipeline is full: partitions paused");
+                        self.shared.full.store(true, Ordering::Relaxed);
                         if let Ok(assigned) = self.consumer.assignment() {
                             let _ = self.consumer.pause(&assigned);
                         }
@@ -740,11 +772,13 @@ impl Reader<'_> {
                 }
             }
         };
+        self.shared.full.store(false, Ordering::Relaxed);
         if paused_all && let Ok(assigned) = self.consumer.assignment() {
+            let paused = self.shared.paused().clone();
             let mut resume = TopicPartitionList::new();
             for e in assigned.elements() {
                 let key: PartitionKey = (Arc::from(e.topic()), e.partition());
-                if !self.paused.contains(&key) {
+                if !paused.contains(&key) {
                     resume.add_partition(e.topic(), e.partition());
                 }
             }
@@ -770,19 +804,20 @@ impl Reader<'_> {
         let tracks = self.shared.tracks().clone();
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
-        for (key, track) in &tracks {
-            let open = track.unfinished();
-            let paused = self.paused.contains(key);
-            if !paused && open >= self.max_in_flight {
-                pause.add_partition(&key.0, key.1);
-                self.paused.push(key.clone());
-            } else if paused && open <= self.max_in_flight / 2 {
-                resume.add_partition(&key.0, key.1);
-                self.paused.retain(|k| k != key);
+        {
+            let mut paused = self.shared.paused();
+            for (key, track) in &tracks {
+                let open = track.unfinished();
+                let was = paused.contains(key);
+                if !was && open >= self.max_in_flight {
+                    pause.add_partition(&key.0, key.1);
+                    paused.insert(key.clone());
+                } else if was && open <= self.max_in_flight / 2 {
+                    resume.add_partition(&key.0, key.1);
+                    paused.remove(key);
+                }
             }
         }
-        // Partitions revoked while paused are forgotten.
-        self.paused.retain(|k| tracks.contains_key(k));
         if pause.count() > 0 {
             let _ = self.consumer.pause(&pause);
         }

@@ -303,6 +303,58 @@ async fn unfinished_events_per_partition_are_capped() {
     assert_eq!(rest.iter().map(id).max(), Some(199));
 }
 
+/// A partition paused at `max_in_flight_per_partition` keeps its pause in
+/// librdkafka across a revoke and a new assignment. A second member joins
+/// and leaves the group while both partitions are paused; once the held events
+/// are settled, every message is read (some twice: they were in flight at
+/// the revoke). Before each assignment set its partitions' pause, the
+/// partition stayed paused for ever and nothing more was read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_paused_at_its_cap_is_read_again_after_a_rebalance() {
+    let Some(brokers) = brokers() else { return };
+    let t = topic(&brokers, "src-repause", 2);
+    produce(&brokers, &t, 0, 200, 2);
+    let g = group("repause");
+    let mut s = source(
+        json!({
+            "brokers": brokers, "group_id": g, "topics": [t],
+            "batch_max_events": 5, "max_in_flight_per_partition": 20,
+            "session_timeout_ms": 6000
+        }),
+        10_000,
+    );
+    // Both partitions reach their cap.
+    let mut held = batches(&mut s, 40).await;
+    // Another member joins (the group rebalances: both partitions are
+    // revoked, one is assigned to it, one to us again), then leaves (both
+    // are assigned to us).
+    let joined = common::python(
+        &brokers,
+        "from kafka import KafkaConsumer\n\
+         import time\n\
+         c = KafkaConsumer(ARGS[0], bootstrap_servers=BROKERS, group_id=ARGS[1],\n\
+         \x20   enable_auto_commit=False, auto_offset_reset='earliest')\n\
+         began = time.time()\n\
+         while not c.assignment() and time.time() - began < 60:\n\
+         \x20   c.poll(timeout_ms=200, max_records=1)\n\
+         print('joined' if c.assignment() else 'never joined')\n\
+         c.close()",
+        &[&t, &g],
+    );
+    assert_eq!(joined.trim(), "joined");
+    for b in &mut held {
+        b.settle(Outcome::Delivered);
+    }
+    drop(held);
+    let mut seen = BTreeSet::new();
+    while seen.len() < 200 {
+        for e in testing::take(&mut s.rx, 1).await {
+            seen.insert(id(&e));
+        }
+    }
+    s.stop().await.unwrap();
+}
+
 /// SASL PLAIN and SCRAM against the broker's SASL listener: the right
 /// password reads, a wrong one ends the source with an error that says
 /// authentication failed (retrying would not fix it).

@@ -216,15 +216,14 @@ stages:
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_logbus"))
-        .env("LOGBUS_LOG", "warn")
-        .arg("run")
-        .arg(&pipeline)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let mut child = crate::support::Spawned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_logbus"))
+            .env("LOGBUS_LOG", "warn")
+            .arg("run")
+            .arg(&pipeline)
+            .stdout(std::process::Stdio::null()),
+    );
+    let pid = child.child.id();
     let began = std::time::Instant::now();
     while sql(&format!("SELECT count() FROM {table}")).trim() == "0" {
         assert!(began.elapsed().as_secs() < 60, "nothing stored");
@@ -245,15 +244,13 @@ stages:
         peak = peak.max(rss(pid));
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let still_running = child.try_wait().unwrap().is_none();
+    let still_running = child.try_wait().is_none();
     signal("-CONT");
     assert!(
         still_running,
         "the run finished while the server was frozen"
     );
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let (status, err) = child.wait();
     assert!(status.success(), "{err}");
     assert!(
         err.contains("retrying"),

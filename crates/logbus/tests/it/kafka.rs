@@ -8,13 +8,15 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use crate::support::Spawned;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::kafka_common::{brokers, produce, python, topic};
+use crate::kafka_common::{brokers, committed, produce, python, topic};
 
 /// One test at a time: the broker restart would disturb the others.
 static BROKER: Mutex<()> = Mutex::new(());
@@ -31,6 +33,8 @@ fn unique(name: &str) -> String {
 /// into fields → Kafka `output`), its variables set.
 struct Relay {
     env: Vec<(&'static str, String)>,
+    group: String,
+    input: String,
 }
 
 fn relay(brokers: &str, group: &str, input: &str, output: &str) -> Relay {
@@ -41,6 +45,8 @@ fn relay(brokers: &str, group: &str, input: &str, output: &str) -> Relay {
             ("KAFKA_INPUT", input.to_string()),
             ("KAFKA_OUTPUT", output.to_string()),
         ],
+        group: group.to_string(),
+        input: input.to_string(),
     }
 }
 
@@ -50,22 +56,21 @@ fn example(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
-fn start(relay: &Relay, stats: &Path) -> Child {
+fn start(relay: &Relay, stats: &Path) -> Spawned {
     start_file(&example("processor.yml"), &relay.env, stats)
 }
 
-fn start_file(pipeline: &Path, env: &[(&str, String)], stats: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_logbus"))
-        .env("LOGBUS_LOG", "info")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .arg("run")
-        .arg(pipeline)
-        .arg("--stats-json")
-        .arg(stats)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+fn start_file(pipeline: &Path, env: &[(&str, String)], stats: &Path) -> Spawned {
+    Spawned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_logbus"))
+            .env("LOGBUS_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .arg("run")
+            .arg(pipeline)
+            .arg("--stats-json")
+            .arg(stats)
+            .stdout(Stdio::null()),
+    )
 }
 
 /// Messages in `topic` (the sum of its partitions' end offsets).
@@ -101,36 +106,76 @@ fn ids_in(brokers: &str, topic: &str) -> HashMap<u64, u32> {
     seen
 }
 
-/// Waits until `topic` holds at least `n` messages.
-fn wait_for_output(brokers: &str, topic: &str, n: u64, children: &mut [&mut Child]) {
+/// Waits until `topic` holds at least `n` messages (some may be copies).
+fn wait_for_output(brokers: &str, topic: &str, n: u64, children: &mut [&mut Spawned]) {
+    wait_for(
+        &format!("{topic} to hold {n} messages"),
+        || produced(brokers, topic),
+        n,
+        children,
+    );
+}
+
+/// Waits until the relay's group has committed `n` offsets of its input:
+/// every input event was delivered to the output (counting the output
+/// instead would stop early when it holds copies of redelivered events).
+fn wait_for_commits(brokers: &str, relay: &Relay, n: u64, children: &mut [&mut Spawned]) {
+    wait_for(
+        &format!(
+            "group {} to commit {n} offsets of {}",
+            relay.group, relay.input
+        ),
+        || {
+            committed(brokers, &relay.group, &relay.input)
+                .values()
+                .map(|o| (*o).max(0) as u64)
+                .sum()
+        },
+        n,
+        children,
+    );
+}
+
+/// Waits until `progress` reaches `n`. If it never does, the processes are
+/// stopped and what they said (their last log lines and the per-stage
+/// summary) is the failure's message.
+fn wait_for(goal: &str, mut progress: impl FnMut() -> u64, n: u64, children: &mut [&mut Spawned]) {
     let began = Instant::now();
     loop {
-        if produced(brokers, topic) >= n {
+        let now = progress();
+        if now >= n {
             return;
         }
         for c in children.iter_mut() {
-            if let Some(status) = c.try_wait().unwrap() {
-                let mut err = String::new();
-                use std::io::Read;
-                c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                panic!("a logbus process ended early ({status}): {err}");
+            if let Some(status) = c.try_wait() {
+                panic!("a logbus process ended early ({status}): {}", c.said());
             }
         }
-        assert!(
-            began.elapsed() < Duration::from_secs(180),
-            "{topic} did not reach {n} messages within 180 s"
-        );
+        if began.elapsed() > Duration::from_secs(180) {
+            let mut said = String::new();
+            for c in children.iter_mut() {
+                crate::crash::sigterm(&c.child);
+                let _ = c.child.wait();
+                let text = c.said();
+                let tail: String = text.chars().rev().take(6000).collect();
+                said += &format!(
+                    "\n--- process {} ---\n{}",
+                    c.child.id(),
+                    tail.chars().rev().collect::<String>()
+                );
+            }
+            panic!("waited 180 s for {goal}; at {now}:{said}");
+        }
         std::thread::sleep(Duration::from_millis(300));
     }
 }
 
 /// SIGTERM, then the process's summary counters (from --stats-json) and
 /// what it printed.
-fn stop(child: Child, stats: &Path) -> (Value, String) {
-    crate::crash::sigterm(&child);
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(0), "{err}");
+fn stop(child: Spawned, stats: &Path) -> (Value, String) {
+    crate::crash::sigterm(&child.child);
+    let (status, err) = child.wait();
+    assert_eq!(status.code(), Some(0), "{err}");
     let stats: Value = serde_json::from_str(&std::fs::read_to_string(stats).unwrap()).unwrap();
     (stats, err)
 }
@@ -168,11 +213,11 @@ fn a_member_killed_mid_run_hands_its_partitions_over() {
     let mut p1 = start(&pipeline, &s1);
     let mut p2 = start(&pipeline, &s2);
     wait_for_output(&brokers, &output, 5_000, &mut [&mut p1, &mut p2]);
-    p1.kill().unwrap();
-    p1.wait().unwrap();
+    p1.child.kill().unwrap();
+    p1.child.wait().unwrap();
     // What comes now on the dead member's partitions only the other reads.
     produce(&brokers, &input, 30_000, 30_000, 6);
-    wait_for_output(&brokers, &output, 60_000, &mut [&mut p2]);
+    wait_for_commits(&brokers, &pipeline, 60_000, &mut [&mut p2]);
     let (stats, err) = stop(p2, &s2);
     let seen = ids_in(&brokers, &output);
     let (missing, duplicates) = missing_and_duplicates(&seen, 60_000);
@@ -214,7 +259,12 @@ fn a_member_added_mid_run_takes_a_share_without_losing_anything() {
     wait_for_output(&brokers, &output, 5_000, &mut [&mut p1, &mut p2]);
     let mut p3 = start(&pipeline, &stats[2]);
     produce(&brokers, &input, 30_000, 30_000, 6);
-    wait_for_output(&brokers, &output, 60_000, &mut [&mut p1, &mut p2, &mut p3]);
+    wait_for_commits(
+        &brokers,
+        &pipeline,
+        60_000,
+        &mut [&mut p1, &mut p2, &mut p3],
+    );
     let mut redelivered = 0;
     let mut read = Vec::new();
     for (p, s) in [p1, p2, p3].into_iter().zip(&stats) {
@@ -255,11 +305,11 @@ fn kill_9_and_restart_lose_nothing() {
     let stats = dir.path().join("s.json");
     let mut p = start(&pipeline, &stats);
     wait_for_output(&brokers, &output, 5_000, &mut [&mut p]);
-    p.kill().unwrap();
-    p.wait().unwrap();
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
     let at_kill = produced(&brokers, &output);
     let mut p = start(&pipeline, &stats);
-    wait_for_output(&brokers, &output, 40_000, &mut [&mut p]);
+    wait_for_commits(&brokers, &pipeline, 40_000, &mut [&mut p]);
     let (_, err) = stop(p, &stats);
     let seen = ids_in(&brokers, &output);
     let (missing, duplicates) = missing_and_duplicates(&seen, 40_000);
@@ -298,13 +348,14 @@ fn a_broker_restarted_mid_run_loses_nothing() {
         "{}",
         String::from_utf8_lossy(&restarted.stderr)
     );
-    wait_for_output(&brokers, &output, 40_000, &mut [&mut p]);
+    wait_for_commits(&brokers, &pipeline, 40_000, &mut [&mut p]);
     let (_, err) = stop(p, &stats);
     let seen = ids_in(&brokers, &output);
     let (missing, duplicates) = missing_and_duplicates(&seen, 40_000);
     eprintln!(
-        "broker restarted mid-run: missing {}, duplicates {duplicates}",
-        missing.len()
+        "broker restarted mid-run: missing {}, duplicates {duplicates}, {} bytes of log",
+        missing.len(),
+        err.len()
     );
     assert!(
         missing.is_empty(),
@@ -334,33 +385,18 @@ fn an_unreachable_broker_is_named_while_retrying() {
     )
     .unwrap();
     let stats = dir.path().join("s.json");
-    let mut child = start_file(&p, &[], &stats);
-    let mut stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut buf = [0u8; 4096];
-        let mut text = String::new();
-        while let Ok(n) = stderr.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            text.push_str(&String::from_utf8_lossy(&buf[..n]));
-            let _ = tx.send(text.clone());
-        }
-    });
+    let child = start_file(&p, &[], &stats);
     let began = Instant::now();
     let mut said = String::new();
     while began.elapsed() < Duration::from_secs(30) {
-        if let Ok(text) = rx.recv_timeout(Duration::from_millis(200)) {
-            said = text;
-        }
+        said = child.said();
         if said.contains(&format!("127.0.0.1:{port}")) && said.contains("Connection refused") {
             break;
         }
+        std::thread::sleep(Duration::from_millis(200));
     }
-    crate::crash::sigterm(&child);
-    let status = child.wait().unwrap();
+    crate::crash::sigterm(&child.child);
+    let (status, _) = child.wait();
     assert!(
         said.contains(&format!("127.0.0.1:{port}")) && said.contains("Connection refused"),
         "{said}"

@@ -156,16 +156,15 @@ stages:
     )
     .unwrap();
     let stats = dir.path().join("stats.json");
-    let mut child = logbus()
-        .arg("run")
-        .arg(&pipeline)
-        .arg("--stats-json")
-        .arg(&stats)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let mut child = crate::support::Spawned::spawn(
+        logbus()
+            .arg("run")
+            .arg(&pipeline)
+            .arg("--stats-json")
+            .arg(&stats)
+            .stdout(Stdio::null()),
+    );
+    let pid = child.child.id();
     // Freeze the node once documents are arriving.
     let began = Instant::now();
     loop {
@@ -198,12 +197,10 @@ stages:
         peak = peak.max(rss(pid));
         std::thread::sleep(Duration::from_millis(50));
     }
-    let still_running = child.try_wait().unwrap().is_none();
+    let still_running = child.try_wait().is_none();
     signal("-CONT");
     assert!(still_running, "the run finished while the node was frozen");
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let (status, err) = child.wait();
     assert!(status.success(), "{err}");
     assert!(
         err.contains("retrying"),

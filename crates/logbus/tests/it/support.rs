@@ -225,3 +225,64 @@ pub fn rss(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
+
+/// A `logbus` process whose stderr is read as it is written, into memory.
+/// A piped stderr that nobody reads fills at 64 KiB, and the process's next
+/// log line then blocks a runtime thread: under load (a broker restarting,
+/// a sink retrying, each saying so) the pipeline stalls and the test sees
+/// a hang that no user would.
+pub struct Spawned {
+    pub child: std::process::Child,
+    said: Arc<Mutex<Vec<u8>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spawned {
+    /// Spawns `command` with stderr piped and drained.
+    pub fn spawn(command: &mut std::process::Command) -> Spawned {
+        let mut child = command
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let said = Arc::new(Mutex::new(Vec::new()));
+        let sink = said.clone();
+        let reader = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = stderr.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Spawned {
+            child,
+            said,
+            reader: Some(reader),
+        }
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn said(&self) -> String {
+        String::from_utf8_lossy(&self.said.lock().unwrap()).into_owned()
+    }
+
+    /// The exit status, once it has ended (stderr read to its end).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.try_wait().unwrap()?;
+        self.join_reader();
+        Some(status)
+    }
+
+    /// Waits for the end; the exit status and all of stderr.
+    pub fn wait(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.child.wait().unwrap();
+        self.join_reader();
+        (status, self.said())
+    }
+
+    fn join_reader(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+    }
+}
