@@ -119,6 +119,19 @@ impl<W: Write> CompressWriter<W> {
         }
     }
 
+    /// The inner writer, e.g. to take the bytes compressed so far out of a
+    /// `Vec` (an object's next part) while the stream goes on.
+    pub fn get_mut(&mut self) -> &mut W {
+        match self {
+            CompressWriter::None(w) => w,
+            CompressWriter::Gzip(e) => e.get_mut(),
+            CompressWriter::Deflate(e) => e.get_mut(),
+            CompressWriter::Lz4(e) => e.get_mut(),
+            CompressWriter::Snappy(e) => e.get_mut(),
+            CompressWriter::Zstd(e) => e.get_mut(),
+        }
+    }
+
     pub fn get_ref(&self) -> &W {
         match self {
             CompressWriter::None(w) => w,

@@ -612,6 +612,7 @@ impl Supervisor {
                     let mut cx = SinkContext::new(id, input, metrics.clone());
                     cx.dead = Output::with_targets(errors, metrics, OutputRole::Errors);
                     cx.stop = sinks_stop;
+                    cx.shutdown = self.shutdown.clone();
                     let stage = SinkStage {
                         cx,
                         sink,

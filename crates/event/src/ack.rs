@@ -101,6 +101,16 @@ impl Ack {
         self.0.is_some()
     }
 
+    /// Whether both handles report to the same source batch (a sink that
+    /// holds handles for a long time keeps one per batch: the batch reports
+    /// once its last handle is gone, and the worst outcome wins).
+    pub fn same_batch(&self, other: &Ack) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// Records the outcome for this handle; later calls do nothing.
     pub fn settle(&mut self, outcome: Outcome) {
         if let Some(batch) = self.0.take() {

@@ -94,6 +94,13 @@ impl Event {
         &self.ack
     }
 
+    /// Moves the acknowledgement handle out (the event keeps none), for a
+    /// sink that lets go of the event's data before the destination has
+    /// confirmed it (an object uploaded in parts).
+    pub fn take_ack(&mut self) -> Ack {
+        std::mem::take(&mut self.ack)
+    }
+
     /// Gives the event `ack` unless it already has a pending one.
     pub fn inherit_ack(&mut self, ack: &Ack) {
         if !self.ack.is_pending() {

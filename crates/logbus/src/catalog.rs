@@ -47,6 +47,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "kafka", "sink-kafka"),
     (StageKind::Sink, "opensearch", "sink-opensearch"),
     (StageKind::Sink, "clickhouse", "sink-clickhouse"),
+    (StageKind::Sink, "s3", "sink-s3"),
 ];
 
 /// Plugins that need system C libraries to build (and so are in the
@@ -72,6 +73,7 @@ pub fn registry() -> Registry {
     logbus_kafka::register(&mut registry);
     logbus_opensearch::register(&mut registry);
     logbus_clickhouse::register(&mut registry);
+    logbus_aws::register(&mut registry);
     for (kind, name, feature) in CATALOG {
         registry.add_absent(*kind, name, feature);
     }

@@ -176,6 +176,12 @@ pub struct SinkContext {
     /// checkpointing source sends those again after a restart) and returns
     /// an error that says how many events it held.
     pub stop: CancellationToken,
+    /// Cancelled when a shutdown is requested. A sink that holds events
+    /// until some limit is reached (an open object, a file to roll)
+    /// finishes them now instead of at the end of its input: upstream
+    /// sources wait for their events' acknowledgements before they end,
+    /// and the input ends only once they have.
+    pub shutdown: CancellationToken,
 }
 
 impl SinkContext {
@@ -189,6 +195,7 @@ impl SinkContext {
             metrics,
             dead,
             stop: CancellationToken::new(),
+            shutdown: CancellationToken::new(),
         }
     }
 

@@ -31,6 +31,12 @@ mod opensearch;
 mod opensearch_common;
 mod reload;
 mod runtime;
+#[cfg(feature = "sink-s3")]
+mod s3;
+// The AWS plugins' test helpers (MinIO, boto3), shared.
+#[cfg(feature = "sink-s3")]
+#[path = "../../../../plugins/aws/tests/common/mod.rs"]
+mod s3_common;
 mod schema;
 mod support;
 mod tail;

@@ -1,0 +1,118 @@
+//! What every AWS plugin needs to reach its service: region, endpoint
+//! (an S3-compatible store, a local test server) and credentials, the
+//! standard chain unless keys are given. The SDK's own HTTPS client would
+//! bring aws-lc (a C build); its hyper client with rustls on ring is used
+//! instead, as in the rest of the workspace. The SDK's retries are off:
+//! the plugins retry under the sink core's policy, so every sink has the
+//! same knobs and counts its retries the same way.
+
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_credential_types::Credentials;
+use logbus_plugin_api::OptionError;
+use serde::Deserialize;
+
+/// Options shared by the AWS plugins.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+pub struct AwsOptions {
+    /// The region (else `AWS_REGION`, the profile's, then `us-east-1`).
+    pub region: Option<String>,
+    /// The service's URL, for S3-compatible stores and local servers
+    /// (`http://127.0.0.1:9000`); empty or unset: AWS's own.
+    pub endpoint: Option<String>,
+    /// Bucket in the path (`endpoint/bucket/key`) instead of the host
+    /// name; most S3-compatible stores need it.
+    #[serde(default)]
+    pub force_path_style: bool,
+    /// Static credentials (write `${VAR}` to take them from the
+    /// environment). Without them: the standard chain (`AWS_ACCESS_KEY_ID`
+    /// and friends, the shared profile, web identity, the instance's role).
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub session_token: Option<String>,
+    /// A named profile of `~/.aws/config` for the standard chain.
+    pub profile: Option<String>,
+}
+
+impl AwsOptions {
+    /// The endpoint, if one is set (an empty one, as `${S3_ENDPOINT:-}`
+    /// gives, means AWS's own).
+    pub fn endpoint(&self) -> Option<&str> {
+        self.endpoint.as_deref().filter(|e| !e.is_empty())
+    }
+
+    pub fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        match (&self.access_key_id, &self.secret_access_key) {
+            (Some(_), None) => errors.push(OptionError::at(
+                &["secret_access_key"],
+                "is needed with `access_key_id`",
+            )),
+            (None, Some(_)) => errors.push(OptionError::at(
+                &["access_key_id"],
+                "is needed with `secret_access_key`",
+            )),
+            _ => {}
+        }
+        if self.session_token.is_some() && self.access_key_id.is_none() {
+            errors.push(OptionError::at(
+                &["session_token"],
+                "goes with `access_key_id` and `secret_access_key`",
+            ));
+        }
+        if self.profile.is_some() && self.access_key_id.is_some() {
+            errors.push(OptionError::at(
+                &["profile"],
+                "static keys and a profile exclude each other",
+            ));
+        }
+        if let Some(url) = self.endpoint()
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            errors.push(OptionError::at(
+                &["endpoint"],
+                format!("`{url}` is not an http:// or https:// URL"),
+            ));
+        }
+        errors
+    }
+}
+
+/// The SDK configuration these options describe.
+pub async fn sdk_config(o: &AwsOptions) -> aws_config::SdkConfig {
+    use aws_smithy_http_client::tls;
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(http)
+        .retry_config(RetryConfig::disabled());
+    if let Some(region) = &o.region {
+        loader = loader.region(aws_config::Region::new(region.clone()));
+    }
+    if let Some(url) = o.endpoint() {
+        loader = loader.endpoint_url(url);
+    }
+    if let Some(profile) = &o.profile {
+        loader = loader.profile_name(profile);
+    }
+    if let (Some(id), Some(secret)) = (&o.access_key_id, &o.secret_access_key) {
+        loader = loader.credentials_provider(Credentials::new(
+            id,
+            secret,
+            o.session_token.clone(),
+            None,
+            "logbus pipeline options",
+        ));
+    }
+    let config = loader.load().await;
+    if config.region().is_some() {
+        return config;
+    }
+    config
+        .into_builder()
+        .region(aws_config::Region::new("us-east-1"))
+        .build()
+}

@@ -1,0 +1,799 @@
+//! `sink: s3` — events into objects, one open object per key prefix.
+//!
+//! An object can be far larger than memory: its bytes are compressed as
+//! they come and uploaded in parts (S3's multipart upload) whenever
+//! `part_size_bytes` of them are ready, so what is held is one part per
+//! open object, never the object. The events' data is let go once encoded
+//! (their channel slots return), but their acknowledgement handles are
+//! kept, one per source batch, until the object is complete: only then are
+//! they settled delivered, so a checkpointing source never moves past an
+//! event whose object does not exist yet. An object that cannot be
+//! finished (the bucket refuses us, retries run out, the drain deadline
+//! passes) has its multipart upload aborted, its events settled errored
+//! (the source reads them again after a restart), and the stage ends with
+//! the reason.
+//!
+//! Memory: at most `max_open_objects` × `part_size_bytes` of compressed
+//! bytes, plus the compressors' windows.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use logbus_compress::{CompressWriter, Compression};
+use logbus_plugin_api::{
+    Ack, BuildContext, Built, CheckOptions, Event, OptionError, Outcome, Payload, Sink,
+    SinkContext, StageError, StageKind, TypedPlugin, async_trait,
+};
+use logbus_sink::{RetryPolicy, Template};
+use serde::Deserialize;
+
+use crate::client::{AwsOptions, sdk_config};
+
+/// S3's smallest part (all but the last).
+const MIN_PART: usize = 5 << 20;
+/// S3's largest part.
+const MAX_PART: usize = 5 << 30;
+/// S3's most parts per object.
+const MAX_PARTS: i32 = 10_000;
+
+/// Options of `sink: s3`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct S3SinkOptions {
+    pub bucket: String,
+    /// Where objects go: `{{field}}` names and strftime directives (`%Y`,
+    /// from the event's ingest time, UTC). Events with the same prefix
+    /// share an object; each object is named
+    /// `<prefix><unix ms>-<random>.<extension><compression's extension>`.
+    #[serde(default = "default_prefix")]
+    pub key_prefix: String,
+    /// The object name's extension (without the compression's).
+    #[serde(default = "default_extension")]
+    pub filename_extension: String,
+    /// How the object's bytes are compressed as they are written.
+    #[serde(default = "default_compression")]
+    pub compression: Compression,
+    /// How events follow each other in an object: raw events as they
+    /// are, structured ones as JSON.
+    #[serde(default)]
+    pub framing: logbus_framing::Framing,
+    /// `Content-Type` of the objects.
+    #[serde(default = "default_content_type")]
+    pub content_type: String,
+    /// An object is finished once it holds this many bytes of events
+    /// (before compression).
+    #[serde(default = "default_max_object_bytes")]
+    pub max_object_bytes: u64,
+    /// An object is finished once it holds this many events.
+    pub max_object_events: Option<u64>,
+    /// An object is finished this long after its first event.
+    #[serde(default = "default_max_object_age_ms")]
+    pub max_object_age_ms: u64,
+    /// Compressed bytes uploaded as one part (5 MiB to 5 GiB); memory is
+    /// about this per open object.
+    #[serde(default = "default_part_size")]
+    pub part_size_bytes: usize,
+    /// Open objects (prefixes being written) at most; one more finishes the
+    /// oldest first.
+    #[serde(default = "default_max_open_objects")]
+    pub max_open_objects: usize,
+    /// `STANDARD`, `STANDARD_IA`, `GLACIER_IR`, … (the bucket's default if
+    /// unset).
+    pub storage_class: Option<String>,
+    /// `AES256` or `aws:kms`.
+    pub server_side_encryption: Option<String>,
+    /// The KMS key for `server_side_encryption: aws:kms`.
+    pub ssekms_key_id: Option<String>,
+    #[serde(flatten)]
+    pub aws: AwsOptions,
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    #[serde(default = "default_initial_backoff_ms")]
+    pub retry_initial_backoff_ms: u64,
+    #[serde(default = "default_max_backoff_ms")]
+    pub retry_max_backoff_ms: u64,
+    /// Give up on a request after this many attempts (retries for ever if
+    /// unset, until the drain deadline of a shutdown).
+    pub retry_max_attempts: Option<u32>,
+    pub retry_max_elapsed_ms: Option<u64>,
+}
+
+fn default_prefix() -> String {
+    "%Y/%m/%d/".into()
+}
+fn default_extension() -> String {
+    "log".into()
+}
+fn default_compression() -> Compression {
+    Compression::Gzip
+}
+fn default_content_type() -> String {
+    "text/plain".into()
+}
+fn default_max_object_bytes() -> u64 {
+    100 << 20
+}
+fn default_max_object_age_ms() -> u64 {
+    300_000
+}
+fn default_part_size() -> usize {
+    MIN_PART
+}
+fn default_max_open_objects() -> usize {
+    16
+}
+fn default_request_timeout_ms() -> u64 {
+    60_000
+}
+fn default_initial_backoff_ms() -> u64 {
+    100
+}
+fn default_max_backoff_ms() -> u64 {
+    30_000
+}
+
+impl CheckOptions for S3SinkOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = self.aws.check();
+        if self.bucket.is_empty() {
+            errors.push(OptionError::at(&["bucket"], "must not be empty"));
+        }
+        if let Err(e) = Template::parse_timed(&self.key_prefix) {
+            errors.push(OptionError::at(&["key_prefix"], e));
+        }
+        if !(MIN_PART..=MAX_PART).contains(&self.part_size_bytes) {
+            errors.push(OptionError::at(
+                &["part_size_bytes"],
+                format!(
+                    "must be between {MIN_PART} (5 MiB) and {MAX_PART} (5 GiB), S3's limits on a part; got {}",
+                    self.part_size_bytes
+                ),
+            ));
+        }
+        for (key, value) in [
+            ("max_object_bytes", self.max_object_bytes),
+            ("max_object_age_ms", self.max_object_age_ms),
+            ("max_open_objects", self.max_open_objects as u64),
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("retry_initial_backoff_ms", self.retry_initial_backoff_ms),
+            ("retry_max_backoff_ms", self.retry_max_backoff_ms),
+        ] {
+            if value == 0 {
+                errors.push(OptionError::at(&[key], "must be at least 1"));
+            }
+        }
+        if self.max_object_events == Some(0) {
+            errors.push(OptionError::at(
+                &["max_object_events"],
+                "must be at least 1",
+            ));
+        }
+        if self.retry_max_attempts == Some(0) {
+            errors.push(OptionError::at(
+                &["retry_max_attempts"],
+                "must be at least 1",
+            ));
+        }
+        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
+            errors.push(OptionError::at(
+                &["retry_max_backoff_ms"],
+                "must not be below `retry_initial_backoff_ms`",
+            ));
+        }
+        if self.ssekms_key_id.is_some() && self.server_side_encryption.as_deref() != Some("aws:kms")
+        {
+            errors.push(OptionError::at(
+                &["ssekms_key_id"],
+                "needs `server_side_encryption: aws:kms`",
+            ));
+        }
+        if let Some(sse) = &self.server_side_encryption
+            && !matches!(sse.as_str(), "AES256" | "aws:kms" | "aws:kms:dsse")
+        {
+            errors.push(OptionError::at(
+                &["server_side_encryption"],
+                format!("`{sse}` is not one of AES256, aws:kms, aws:kms:dsse"),
+            ));
+        }
+        if self.framing == logbus_framing::Framing::Whole {
+            errors.push(OptionError::at(
+                &["framing"],
+                "`whole` cannot hold several events in one object",
+            ));
+        }
+        errors
+    }
+}
+
+pub struct S3Sink;
+
+impl TypedPlugin for S3Sink {
+    type Options = S3SinkOptions;
+    const NAME: &'static str = "s3";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "Amazon S3 (or any S3-compatible store): events into objects per key prefix, compressed as written and uploaded in parts, so an object is never whole in memory; its events are confirmed once the object is complete.";
+
+    fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
+        let prefix = Template::parse_timed(&options.key_prefix)
+            .map_err(|e| OptionError::at(&["key_prefix"], e))?;
+        Ok(Built::Sink(Box::new(S3Writer { prefix, options })))
+    }
+}
+
+struct S3Writer {
+    prefix: Template,
+    options: S3SinkOptions,
+}
+
+/// Why an object could not be written: the service refused for good,
+/// retries ran out, or the drain deadline passed.
+#[derive(Debug)]
+struct Failed {
+    message: String,
+}
+
+/// An object being written.
+struct OpenObject {
+    key: String,
+    opened: Instant,
+    events: u64,
+    bytes: u64,
+    /// Compressed bytes not yet uploaded.
+    body: CompressWriter<Vec<u8>>,
+    upload_id: Option<String>,
+    parts: Vec<CompletedPart>,
+    /// One handle per source batch, settled when the object is complete.
+    acks: Vec<Ack>,
+}
+
+impl OpenObject {
+    fn hold(&mut self, mut ack: Ack) {
+        if !ack.is_pending() {
+            return;
+        }
+        if self.acks.last().is_some_and(|last| last.same_batch(&ack)) {
+            // The held handle keeps the batch open; the worst outcome wins.
+            ack.settle(Outcome::Delivered);
+        } else {
+            self.acks.push(ack);
+        }
+    }
+
+    fn settle(&mut self, outcome: Outcome) {
+        for mut ack in self.acks.drain(..) {
+            ack.settle(outcome);
+        }
+    }
+}
+
+/// What the sink's requests need of its context (the input stays the
+/// loop's to read).
+struct Stage {
+    id: std::sync::Arc<str>,
+    metrics: std::sync::Arc<logbus_plugin_api::StageMetrics>,
+    stop: logbus_plugin_api::CancellationToken,
+}
+
+struct Uploader<'a> {
+    client: Client,
+    options: &'a S3SinkOptions,
+    retry: RetryPolicy,
+    cx: Stage,
+}
+
+impl Uploader<'_> {
+    /// Runs `attempt` under the retry policy; `Err` once it is refused for
+    /// good, retries run out or the drain deadline passes.
+    async fn retrying<T, E, F, Fut>(&self, what: &str, mut attempt: F) -> Result<T, Failed>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, SdkError<E>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let began = Instant::now();
+        let mut n = 0u32;
+        loop {
+            n += 1;
+            let timeout = Duration::from_millis(self.options.request_timeout_ms);
+            let outcome = tokio::select! {
+                r = tokio::time::timeout(timeout, attempt()) => r,
+                () = self.cx.stop.cancelled() => {
+                    return Err(Failed { message: format!("{what}: stopped at the drain deadline while retrying") });
+                }
+            };
+            let (message, retryable) = match outcome {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => describe(&e),
+                Err(_) => (format!("no answer within {timeout:?}"), true),
+            };
+            if !retryable {
+                return Err(Failed {
+                    message: format!("{what}: {message}"),
+                });
+            }
+            let Some(delay) = self
+                .retry
+                .next_delay(n, began.elapsed(), None, fastrand::f64())
+            else {
+                return Err(Failed {
+                    message: format!("{what}: {message} (gave up after {n} attempts)"),
+                });
+            };
+            tracing::warn!(stage = %self.cx.id, "{what}: {message}; retrying in {delay:?}");
+            self.cx.metrics.add_retried(1);
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.cx.stop.cancelled() => {
+                    return Err(Failed { message: format!("{what}: {message} (stopped at the drain deadline while retrying)") });
+                }
+            }
+        }
+    }
+
+    async fn start_upload(&self, key: &str) -> Result<String, Failed> {
+        let o = self.options;
+        let out = self
+            .retrying(
+                &format!("starting the upload of s3://{}/{key}", o.bucket),
+                || {
+                    let mut r = self
+                        .client
+                        .create_multipart_upload()
+                        .bucket(&o.bucket)
+                        .key(key)
+                        .content_type(&o.content_type);
+                    if let Some(encoding) = content_encoding(o.compression) {
+                        r = r.content_encoding(encoding);
+                    }
+                    if let Some(class) = &o.storage_class {
+                        r = r.storage_class(class.as_str().into());
+                    }
+                    if let Some(sse) = &o.server_side_encryption {
+                        r = r.server_side_encryption(sse.as_str().into());
+                    }
+                    if let Some(kms) = &o.ssekms_key_id {
+                        r = r.ssekms_key_id(kms);
+                    }
+                    r.send()
+                },
+            )
+            .await?;
+        out.upload_id().map(str::to_string).ok_or_else(|| Failed {
+            message: format!("s3://{}/{key}: the service answered no upload id", o.bucket),
+        })
+    }
+
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: i32,
+        body: Vec<u8>,
+    ) -> Result<CompletedPart, Failed> {
+        let o = self.options;
+        let body = aws_sdk_s3::primitives::SdkBody::from(body);
+        let out = self
+            .retrying(
+                &format!("uploading part {number} of s3://{}/{key}", o.bucket),
+                || {
+                    self.client
+                        .upload_part()
+                        .bucket(&o.bucket)
+                        .key(key)
+                        .upload_id(upload_id)
+                        .part_number(number)
+                        .body(ByteStream::new(
+                            body.try_clone().expect("an in-memory body"),
+                        ))
+                        .send()
+                },
+            )
+            .await?;
+        Ok(CompletedPart::builder()
+            .part_number(number)
+            .set_e_tag(out.e_tag().map(str::to_string))
+            .build())
+    }
+
+    async fn put(&self, key: &str, body: Vec<u8>) -> Result<(), Failed> {
+        let o = self.options;
+        let body = aws_sdk_s3::primitives::SdkBody::from(body);
+        self.retrying(&format!("writing s3://{}/{key}", o.bucket), || {
+            let mut r = self
+                .client
+                .put_object()
+                .bucket(&o.bucket)
+                .key(key)
+                .content_type(&o.content_type)
+                .body(ByteStream::new(
+                    body.try_clone().expect("an in-memory body"),
+                ));
+            if let Some(encoding) = content_encoding(o.compression) {
+                r = r.content_encoding(encoding);
+            }
+            if let Some(class) = &o.storage_class {
+                r = r.storage_class(class.as_str().into());
+            }
+            if let Some(sse) = &o.server_side_encryption {
+                r = r.server_side_encryption(sse.as_str().into());
+            }
+            if let Some(kms) = &o.ssekms_key_id {
+                r = r.ssekms_key_id(kms);
+            }
+            r.send()
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<CompletedPart>,
+    ) -> Result<(), Failed> {
+        let o = self.options;
+        let parts = CompletedMultipartUpload::builder()
+            .set_parts(Some(parts))
+            .build();
+        self.retrying(&format!("completing s3://{}/{key}", o.bucket), || {
+            self.client
+                .complete_multipart_upload()
+                .bucket(&o.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .multipart_upload(parts.clone())
+                .send()
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Best effort: an upload left behind costs storage until the bucket's
+    /// lifecycle rule (if any) removes it.
+    async fn abort(&self, key: &str, upload_id: &str) {
+        let o = self.options;
+        let r = tokio::time::timeout(
+            Duration::from_millis(o.request_timeout_ms),
+            self.client
+                .abort_multipart_upload()
+                .bucket(&o.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .send(),
+        )
+        .await;
+        if !matches!(r, Ok(Ok(_))) {
+            tracing::warn!(stage = %self.cx.id, "could not abort the unfinished upload of s3://{}/{key} (id {upload_id}); a lifecycle rule for incomplete multipart uploads removes it", o.bucket);
+        }
+    }
+
+    /// Uploads the bytes compressed so far as the object's next part.
+    async fn flush_part(&self, object: &mut OpenObject) -> Result<(), Failed> {
+        let upload_id = match &object.upload_id {
+            Some(id) => id.clone(),
+            None => {
+                let id = self.start_upload(&object.key).await?;
+                object.upload_id = Some(id.clone());
+                id
+            }
+        };
+        let number = object.parts.len() as i32 + 1;
+        if number > MAX_PARTS {
+            return Err(Failed {
+                message: format!(
+                    "s3://{}/{}: more than {MAX_PARTS} parts (raise part_size_bytes or lower max_object_bytes)",
+                    self.options.bucket, object.key
+                ),
+            });
+        }
+        let body = std::mem::take(object.body.get_mut());
+        let part = self
+            .upload_part(&object.key, &upload_id, number, body)
+            .await?;
+        object.parts.push(part);
+        Ok(())
+    }
+
+    /// Finishes the object: the last part and the completion (or one
+    /// PUT for an object that never needed parts), then its events are
+    /// delivered.
+    async fn finish(&self, mut object: OpenObject) -> Result<u64, Failed> {
+        let body = std::mem::replace(
+            &mut object.body,
+            CompressWriter::new(Vec::new(), Compression::None).expect("no compression"),
+        );
+        let body = body.finish().map_err(|e| Failed {
+            message: format!("finishing the compressed stream of {}: {e}", object.key),
+        })?;
+        let result = match object.upload_id.clone() {
+            None => self.put(&object.key, body).await,
+            Some(upload_id) => {
+                let number = object.parts.len() as i32 + 1;
+                let parts = match self
+                    .upload_part(&object.key, &upload_id, number, body)
+                    .await
+                {
+                    Ok(part) => {
+                        let mut parts = std::mem::take(&mut object.parts);
+                        parts.push(part);
+                        self.complete(&object.key, &upload_id, parts).await
+                    }
+                    Err(e) => Err(e),
+                };
+                if parts.is_err() {
+                    self.abort(&object.key, &upload_id).await;
+                }
+                parts
+            }
+        };
+        match result {
+            Ok(()) => {
+                object.settle(Outcome::Delivered);
+                tracing::debug!(stage = %self.cx.id, key = %object.key, events = object.events, "object written");
+                Ok(object.events)
+            }
+            Err(e) => {
+                object.settle(Outcome::Errored);
+                self.cx.metrics.add_errored(object.events);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives an object up: its upload aborted, its events errored.
+    async fn give_up(&self, mut object: OpenObject) -> u64 {
+        if let Some(id) = object.upload_id.clone() {
+            self.abort(&object.key, &id).await;
+        }
+        object.settle(Outcome::Errored);
+        self.cx.metrics.add_errored(object.events);
+        object.events
+    }
+}
+
+fn content_encoding(c: Compression) -> Option<&'static str> {
+    match c {
+        Compression::Gzip => Some("gzip"),
+        Compression::Zstd => Some("zstd"),
+        Compression::Deflate => Some("deflate"),
+        _ => None,
+    }
+}
+
+/// A failed request in words, and whether a retry could succeed.
+fn describe<E>(e: &SdkError<E>) -> (String, bool)
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match e {
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            let err = service.err();
+            let code = err.code().unwrap_or("no error code");
+            let message = err.message().unwrap_or("");
+            let retryable = matches!(status, 408 | 429 | 500..=599)
+                || matches!(code, "SlowDown" | "RequestTimeout" | "InternalError");
+            (format!("{code} (HTTP {status}): {message}"), retryable)
+        }
+        SdkError::ConstructionFailure(_) => (logbus_sink::error_chain(e), false),
+        other => (logbus_sink::error_chain(other), true),
+    }
+}
+
+/// Appends one event to `out` in `framing`: raw payloads as they are,
+/// structured ones as JSON.
+fn encode(event: &Event, framing: logbus_framing::Framing, out: &mut Vec<u8>) {
+    match event.payload() {
+        Payload::Raw(bytes) => logbus_framing::encode(framing, bytes, out),
+        Payload::Fields(fields) => {
+            let json = serde_json::to_vec(fields).expect("JSON into a Vec");
+            logbus_framing::encode(framing, &json, out);
+        }
+    }
+}
+
+fn object_key(prefix: &str, options: &S3SinkOptions) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    format!(
+        "{prefix}{now}-{:016x}.{}{}",
+        fastrand::u64(..),
+        options.filename_extension,
+        options.compression.extension()
+    )
+}
+
+#[async_trait]
+impl Sink for S3Writer {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        let o = &self.options;
+        let config = sdk_config(&o.aws).await;
+        let s3 = aws_sdk_s3::config::Builder::from(&config)
+            .force_path_style(o.aws.force_path_style)
+            .build();
+        let up = Uploader {
+            client: Client::from_conf(s3),
+            options: o,
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_millis(o.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(o.retry_max_backoff_ms),
+                max_attempts: o.retry_max_attempts,
+                max_elapsed: o.retry_max_elapsed_ms.map(Duration::from_millis),
+            },
+            cx: Stage {
+                id: cx.id.clone(),
+                metrics: cx.metrics.clone(),
+                stop: cx.stop.clone(),
+            },
+        };
+        let max_age = Duration::from_millis(o.max_object_age_ms);
+        let mut open: HashMap<String, OpenObject> = HashMap::new();
+        let mut scratch = Vec::new();
+        // Once a shutdown is requested, every object is finished as soon as
+        // no more input is ready (the sources wait for these events'
+        // acknowledgements before they end).
+        let mut draining = false;
+        let failure = 'run: loop {
+            let ready = if draining && !open.is_empty() {
+                match cx.input.try_recv() {
+                    Some(batch) => Some(batch),
+                    None => {
+                        let mut objects = open.drain().collect::<Vec<_>>().into_iter();
+                        while let Some((_, object)) = objects.next() {
+                            match up.finish(object).await {
+                                Ok(n) => cx.committed(n as usize),
+                                Err(e) => {
+                                    // The rest are given up below.
+                                    open.extend(objects);
+                                    break 'run Some(e);
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            // The next object to age out bounds the wait for input.
+            let next_due = open.values().map(|x| x.opened + max_age).min();
+            let batch = if ready.is_some() {
+                ready
+            } else {
+                tokio::select! {
+                b = cx.input.recv() => b,
+                () = cx.shutdown.cancelled(), if !draining => {
+                    draining = true;
+                    continue;
+                }
+                () = async {
+                    match next_due {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let due: Vec<String> = open
+                        .iter()
+                        .filter(|(_, x)| x.opened.elapsed() >= max_age)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for prefix in due {
+                        let object = open.remove(&prefix).expect("listed");
+                        match up.finish(object).await {
+                            Ok(n) => cx.committed(n as usize),
+                            Err(e) => break 'run Some(e),
+                        }
+                    }
+                    continue;
+                }
+                }
+            };
+            let Some(mut batch) = batch else { break None };
+            cx.metrics.add_in(batch.len() as u64);
+            for mut event in batch.take() {
+                let prefix = self.prefix.render(&event);
+                if !open.contains_key(&prefix) && open.len() >= o.max_open_objects {
+                    let oldest = open
+                        .iter()
+                        .min_by_key(|(_, x)| x.opened)
+                        .map(|(k, _)| k.clone())
+                        .expect("not empty");
+                    let object = open.remove(&oldest).expect("listed");
+                    match up.finish(object).await {
+                        Ok(n) => cx.committed(n as usize),
+                        Err(e) => {
+                            event.settle(Outcome::Errored);
+                            break 'run Some(e);
+                        }
+                    }
+                }
+                let object = match open.entry(prefix.clone()) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        let key = object_key(e.key(), o);
+                        let body = CompressWriter::new(Vec::new(), o.compression)
+                            .map_err(|e| StageError::Other(format!("starting compression: {e}")))?;
+                        e.insert(OpenObject {
+                            key,
+                            opened: Instant::now(),
+                            events: 0,
+                            bytes: 0,
+                            body,
+                            upload_id: None,
+                            parts: Vec::new(),
+                            acks: Vec::new(),
+                        })
+                    }
+                };
+                scratch.clear();
+                encode(&event, o.framing, &mut scratch);
+                object
+                    .body
+                    .write_all(&scratch)
+                    .map_err(|e| StageError::Other(format!("compressing: {e}")))?;
+                object.events += 1;
+                object.bytes += scratch.len() as u64;
+                object.hold(event.take_ack());
+                let full = object.bytes >= o.max_object_bytes
+                    || o.max_object_events.is_some_and(|m| object.events >= m);
+                if full {
+                    let object = open.remove(&prefix).expect("just written");
+                    match up.finish(object).await {
+                        Ok(n) => cx.committed(n as usize),
+                        Err(e) => break 'run Some(e),
+                    }
+                } else if object.body.get_ref().len() >= o.part_size_bytes
+                    && let Err(e) = up.flush_part(object).await
+                {
+                    break 'run Some(e);
+                }
+            }
+            // The batch's events are encoded: its channel slots return.
+            drop(batch);
+        };
+        let failure = match failure {
+            Some(e) => Some(e),
+            None => {
+                // The input ended: every open object is finished.
+                let mut failed = None;
+                for (_, object) in open.drain() {
+                    if failed.is_some() {
+                        up.give_up(object).await;
+                        continue;
+                    }
+                    match up.finish(object).await {
+                        Ok(n) => cx.committed(n as usize),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                failed
+            }
+        };
+        let Some(failure) = failure else {
+            return Ok(());
+        };
+        let mut held = 0;
+        for (_, object) in open.drain() {
+            held += up.give_up(object).await;
+        }
+        Err(StageError::Other(format!(
+            "{}{}",
+            failure.message,
+            if held > 0 {
+                format!(
+                    "; {held} events of unfinished objects were not written (a checkpointing source sends them again)"
+                )
+            } else {
+                String::new()
+            }
+        )))
+    }
+}

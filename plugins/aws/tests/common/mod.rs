@@ -1,0 +1,120 @@
+//! What the S3 tests share: the S3-compatible server `.ci/services up s3`
+//! starts (MinIO on 127.0.0.1:9002, or `LOGBUS_S3_ENDPOINT`), its keys,
+//! and boto3, the independent client that creates buckets and reads back
+//! what the sink wrote. Without a server the tests skip, unless
+//! `LOGBUS_REQUIRE_S3` is set (CI sets it).
+#![allow(dead_code)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+pub const ACCESS_KEY: &str = "logbus";
+pub const SECRET_KEY: &str = "logbus-secret";
+
+pub fn endpoint() -> Option<String> {
+    let url =
+        std::env::var("LOGBUS_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9002".into());
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let up = std::net::TcpStream::connect(&addr).is_ok()
+        && Command::new("python3")
+            .args(["-c", "import boto3"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    assert!(
+        up || std::env::var_os("LOGBUS_REQUIRE_S3").is_none(),
+        "an S3 server at {url} and boto3 are required (.ci/services up s3; pip install boto3)"
+    );
+    if !up {
+        eprintln!("skipped: no S3 server at {url} (or no boto3)");
+    }
+    up.then_some(url)
+}
+
+/// Runs a boto3 snippet with `s3` (a client of the test server) and
+/// `ARGS` set; returns its stdout.
+pub fn python(endpoint: &str, script: &str, args: &[&str]) -> String {
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sys, json, base64, boto3\n\
+             s3 = boto3.client('s3', endpoint_url={endpoint:?}, region_name='us-east-1',\n\
+             \x20   aws_access_key_id={ACCESS_KEY:?}, aws_secret_access_key={SECRET_KEY:?})\n\
+             ARGS = sys.argv[1:]\n{script}"
+        ))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// A fresh, empty bucket.
+pub fn bucket(endpoint: &str, name: &str) -> String {
+    let name = format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        logbus_plugin_api::now_ns() % 1_000_000_000
+    );
+    python(endpoint, "s3.create_bucket(Bucket=ARGS[0])", &[&name]);
+    name
+}
+
+/// One stored object, as boto3 reads it.
+#[derive(Debug)]
+pub struct Object {
+    pub key: String,
+    /// Decompressed by Python's own gzip/zstandard/lz4 modules (by the
+    /// key's extension).
+    pub text: String,
+    pub etag: String,
+    pub content_encoding: Option<String>,
+    pub content_type: String,
+    pub size: u64,
+}
+
+/// Every object of `bucket`, by key.
+pub fn objects(endpoint: &str, bucket: &str) -> Vec<Object> {
+    let out = python(
+        endpoint,
+        "import gzip, zstandard, lz4.frame, io\n\
+         keys = [o['Key'] for p in s3.get_paginator('list_objects_v2').paginate(Bucket=ARGS[0]) for o in p.get('Contents', [])]\n\
+         out = []\n\
+         for k in sorted(keys):\n\
+         \x20   r = s3.get_object(Bucket=ARGS[0], Key=k)\n\
+         \x20   b = r['Body'].read()\n\
+         \x20   if k.endswith('.gz'): b = gzip.decompress(b)\n\
+         \x20   elif k.endswith('.zst'): b = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b)).read()\n\
+         \x20   elif k.endswith('.lz4'): b = lz4.frame.decompress(b)\n\
+         \x20   out.append({'key': k, 'text': b.decode(), 'etag': r['ETag'], 'size': r['ContentLength'],\n\
+         \x20               'encoding': r.get('ContentEncoding'), 'type': r['ContentType']})\n\
+         print(json.dumps(out))",
+        &[bucket],
+    );
+    let list: Vec<Value> = serde_json::from_str(out.trim()).unwrap();
+    list.into_iter()
+        .map(|o| Object {
+            key: o["key"].as_str().unwrap().to_string(),
+            text: o["text"].as_str().unwrap().to_string(),
+            etag: o["etag"].as_str().unwrap().to_string(),
+            content_encoding: o["encoding"].as_str().map(str::to_string),
+            content_type: o["type"].as_str().unwrap().to_string(),
+            size: o["size"].as_u64().unwrap(),
+        })
+        .collect()
+}
+
+/// Multipart uploads started and neither completed nor aborted.
+pub fn unfinished_uploads(endpoint: &str, bucket: &str) -> usize {
+    python(
+        endpoint,
+        "print(len(s3.list_multipart_uploads(Bucket=ARGS[0]).get('Uploads', [])))",
+        &[bucket],
+    )
+    .trim()
+    .parse()
+    .unwrap()
+}

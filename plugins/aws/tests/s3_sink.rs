@@ -1,0 +1,400 @@
+//! `sink: s3` against a real S3 server (MinIO, `.ci/services up s3`),
+//! which checks every request's SigV4 signature; what was stored is read
+//! back by boto3 (see `common`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use logbus_plugin_api::testing;
+use logbus_plugin_api::{
+    AckReceiver, BatchAck, Event, Meta, Outcome, SinkContext, StageMetrics, Typed, channel,
+};
+use serde_json::{Value, json};
+
+mod common;
+use common::{ACCESS_KEY, SECRET_KEY, bucket, endpoint, objects, unfinished_uploads};
+
+/// The outcome each source batch reported, by its token.
+#[derive(Default)]
+struct Heard(Mutex<BTreeMap<u64, Outcome>>);
+impl AckReceiver for Heard {
+    fn finished(&self, token: u64, outcome: Outcome) {
+        assert!(self.0.lock().unwrap().insert(token, outcome).is_none());
+    }
+}
+
+impl Heard {
+    fn outcomes(&self) -> BTreeMap<u64, Outcome> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Events `{"seq": i, "service": …}` for `range`, one source batch (token
+/// `token`) for all of them.
+fn events(heard: &Arc<Heard>, token: u64, range: std::ops::Range<u64>) -> Vec<Event> {
+    let ack = BatchAck::new(heard.clone(), token);
+    range
+        .map(|i| {
+            let service = if i % 2 == 0 { "api" } else { "db" };
+            let fields = json!({"seq": i, "service": service, "msg": format!("event {i}")});
+            Event::fields(fields.as_object().unwrap().clone(), Meta::now("src".into()))
+                .with_ack(ack.handle())
+        })
+        .collect()
+}
+
+fn options(endpoint: &str, bucket: &str, more: Value) -> Value {
+    let mut o = json!({
+        "bucket": bucket, "endpoint": endpoint, "force_path_style": true,
+        "region": "us-east-1",
+        "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY,
+        "retry_initial_backoff_ms": 10, "retry_max_backoff_ms": 100,
+    });
+    for (k, v) in more.as_object().unwrap() {
+        o[k] = v.clone();
+    }
+    o
+}
+
+fn sink(options: Value) -> Box<dyn logbus_plugin_api::Sink> {
+    testing::sink(&Typed(logbus_aws::s3_sink::S3Sink), options)
+}
+
+fn seqs(text: &str) -> Vec<u64> {
+    text.lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Events go to one object per key prefix (rendered from a field and the
+/// date), gzip-compressed as written, as NDJSON; an object's events are
+/// confirmed only once the object exists, which is when the input ends
+/// here (no size or age limit is reached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_per_prefix_are_confirmed_only_once_written() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "prefix");
+    let heard = Arc::new(Heard::default());
+    let s = sink(options(
+        &url,
+        &b,
+        json!({"key_prefix": "logs/{{service}}/%Y/", "filename_extension": "ndjson"}),
+    ));
+    // A channel of 100 events: the second batch can only be sent once the
+    // sink has taken the first and let go of its slots.
+    let (tx, rx) = channel(100);
+    let mut cx = SinkContext::new("s3", rx, Arc::new(StageMetrics::default()));
+    let run = tokio::spawn(async move {
+        let r = s.run(&mut cx).await;
+        (r, cx.metrics.snapshot())
+    });
+    tx.send(events(&heard, 1, 0..100)).await.unwrap();
+    tx.send(events(&heard, 2, 100..200)).await.unwrap();
+    tx.send(events(&heard, 3, 200..300)).await.unwrap();
+    // Batch 1 was encoded and its slots came back, yet it is not confirmed:
+    // its objects are still open, and nothing is stored.
+    assert_eq!(heard.outcomes(), BTreeMap::new());
+    assert!(objects(&url, &b).is_empty());
+    drop(tx);
+    let (result, counts) = run.await.unwrap();
+    result.unwrap();
+    assert_eq!(counts.events_out, 300);
+    assert_eq!(
+        heard.outcomes(),
+        BTreeMap::from([
+            (1, Outcome::Delivered),
+            (2, Outcome::Delivered),
+            (3, Outcome::Delivered)
+        ])
+    );
+    let stored = objects(&url, &b);
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    let year = chrono::Utc::now().format("%Y").to_string();
+    for (o, service, first) in [(&stored[0], "api", 0), (&stored[1], "db", 1)] {
+        let prefix = format!("logs/{service}/{year}/");
+        assert!(
+            o.key.starts_with(&prefix) && o.key.ends_with(".ndjson.gz"),
+            "{}",
+            o.key
+        );
+        assert_eq!(o.content_encoding.as_deref(), Some("gzip"));
+        assert_eq!(o.content_type, "text/plain");
+        let want: Vec<u64> = (first..300).step_by(2).collect();
+        assert_eq!(seqs(&o.text), want);
+        for line in o.text.lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v["service"], service);
+        }
+    }
+}
+
+/// An object larger than a part goes up as a multipart upload (its ETag
+/// ends in `-<parts>`), every byte in order, and is finished once it holds
+/// `max_object_bytes`; the next events start a new object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_object_is_uploaded_in_parts() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "parts");
+    let heard = Arc::new(Heard::default());
+    // ~12 MiB per object of 200-byte lines, uncompressed: three parts of
+    // 5 MiB at most, so two full ones and a last one.
+    let pad = "x".repeat(170);
+    let n = 120_000u64;
+    let batches: Vec<Vec<Event>> = (0..n / 1000)
+        .map(|t| {
+            let ack = BatchAck::new(heard.clone(), t);
+            (t * 1000..(t + 1) * 1000)
+                .map(|i| {
+                    Event::raw(format!("{i:012} {pad}"), Meta::now("src".into()))
+                        .with_ack(ack.handle())
+                })
+                .collect()
+        })
+        .collect();
+    let (result, metrics) = testing::run_sink(
+        sink(options(
+            &url,
+            &b,
+            json!({"compression": "none", "max_object_bytes": 12 << 20, "part_size_bytes": 5 << 20}),
+        )),
+        batches,
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(metrics.snapshot().events_out, n);
+    let stored = objects(&url, &b);
+    let total: u64 = stored.iter().map(|o| o.size).sum();
+    assert_eq!(stored.len(), 2, "24 MiB of lines in objects of 12 MiB");
+    assert_eq!(total, n * 184);
+    let parts: Vec<&str> = stored
+        .iter()
+        .map(|o| o.etag.trim_matches('"').rsplit('-').next().unwrap())
+        .collect();
+    assert_eq!(parts, ["3", "2"], "{stored:?}");
+    let mut all: Vec<String> = Vec::new();
+    for o in &stored {
+        assert!(o.key.ends_with(".log"), "{}", o.key);
+        all.extend(o.text.lines().map(|l| l[..12].to_string()));
+    }
+    all.sort();
+    let want: Vec<String> = (0..n).map(|i| format!("{i:012}")).collect();
+    assert_eq!(all, want);
+    assert!(heard.outcomes().values().all(|o| *o == Outcome::Delivered));
+    assert_eq!(heard.outcomes().len(), 120);
+    assert_eq!(unfinished_uploads(&url, &b), 0);
+}
+
+/// An object is finished `max_object_age_ms` after its first event, while
+/// the input stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_is_finished_when_it_is_old_enough() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "age");
+    let heard = Arc::new(Heard::default());
+    let s = sink(options(
+        &url,
+        &b,
+        json!({"max_object_age_ms": 300, "compression": "zstd", "filename_extension": "ndjson"}),
+    ));
+    let (tx, rx) = channel(100);
+    let mut cx = SinkContext::new("s3", rx, Arc::new(StageMetrics::default()));
+    let run = tokio::spawn(async move { s.run(&mut cx).await });
+    tx.send(events(&heard, 7, 0..10)).await.unwrap();
+    let began = std::time::Instant::now();
+    while heard.outcomes().is_empty() {
+        assert!(began.elapsed().as_secs() < 20, "never written");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(heard.outcomes(), BTreeMap::from([(7, Outcome::Delivered)]));
+    let stored = objects(&url, &b);
+    assert_eq!(stored.len(), 1);
+    assert!(stored[0].key.ends_with(".ndjson.zst"), "{}", stored[0].key);
+    assert_eq!(seqs(&stored[0].text), (0..10).collect::<Vec<_>>());
+    drop(tx);
+    run.await.unwrap().unwrap();
+}
+
+/// A shutdown request finishes the open objects as soon as no input is
+/// ready, while the input is still open: the sources wait for their
+/// events' acknowledgements before they end the input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_request_finishes_open_objects_before_the_input_ends() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "shutdown");
+    let heard = Arc::new(Heard::default());
+    let s = sink(options(&url, &b, json!({})));
+    let (tx, rx) = channel(100);
+    let mut cx = SinkContext::new("s3", rx, Arc::new(StageMetrics::default()));
+    let shutdown = cx.shutdown.clone();
+    let run = tokio::spawn(async move { s.run(&mut cx).await });
+    tx.send(events(&heard, 1, 0..10)).await.unwrap();
+    // Taken (the channel is free again) but not written: no limit reached.
+    tx.send(events(&heard, 2, 10..20)).await.unwrap();
+    assert_eq!(heard.outcomes(), BTreeMap::new());
+    shutdown.cancel();
+    let began = std::time::Instant::now();
+    while heard.outcomes().len() < 2 {
+        assert!(began.elapsed().as_secs() < 20, "{:?}", heard.outcomes());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        heard.outcomes(),
+        BTreeMap::from([(1, Outcome::Delivered), (2, Outcome::Delivered)])
+    );
+    // Events after the request are written as soon as the input is idle.
+    tx.send(events(&heard, 3, 20..30)).await.unwrap();
+    while heard.outcomes().len() < 3 {
+        assert!(began.elapsed().as_secs() < 20, "{:?}", heard.outcomes());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(tx);
+    run.await.unwrap().unwrap();
+    let mut all: Vec<u64> = objects(&url, &b)
+        .iter()
+        .flat_map(|o| seqs(&o.text))
+        .collect();
+    all.sort();
+    assert_eq!(all, (0..30).collect::<Vec<_>>());
+}
+
+/// More prefixes than `max_open_objects`: the oldest object is finished to
+/// make room, so memory stays at that many parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_prefix_beyond_the_open_limit_finishes_the_oldest() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "open");
+    let heard = Arc::new(Heard::default());
+    let batch = |token: u64, service: &str| {
+        let ack = BatchAck::new(heard.clone(), token);
+        let fields = json!({"service": service});
+        vec![
+            Event::fields(fields.as_object().unwrap().clone(), Meta::now("s".into()))
+                .with_ack(ack.handle()),
+        ]
+    };
+    let s = sink(options(
+        &url,
+        &b,
+        json!({"key_prefix": "{{service}}/", "max_open_objects": 2}),
+    ));
+    let (tx, rx) = channel(1);
+    let mut cx = SinkContext::new("s3", rx, Arc::new(StageMetrics::default()));
+    let run = tokio::spawn(async move { s.run(&mut cx).await });
+    tx.send(batch(1, "a")).await.unwrap();
+    tx.send(batch(2, "b")).await.unwrap();
+    tx.send(batch(3, "c")).await.unwrap();
+    // A capacity of 1: this send waits until "c" was taken, which first
+    // finished "a".
+    tx.send(batch(4, "b")).await.unwrap();
+    assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Delivered)]));
+    drop(tx);
+    run.await.unwrap().unwrap();
+    let keys: Vec<String> = objects(&url, &b).into_iter().map(|o| o.key).collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert_eq!(heard.outcomes().len(), 4);
+}
+
+/// Wrong keys: the server refuses the signature, the stage ends saying
+/// so, and no event is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_fail_clearly_and_confirm_nothing() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "creds");
+    let heard = Arc::new(Heard::default());
+    let (result, metrics) = testing::run_sink(
+        sink(options(
+            &url,
+            &b,
+            json!({"secret_access_key": "not-the-secret"}),
+        )),
+        vec![events(&heard, 1, 0..10)],
+    )
+    .await;
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains("SignatureDoesNotMatch") && err.contains(&format!("s3://{b}/")),
+        "{err}"
+    );
+    assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Errored)]));
+    assert_eq!(metrics.snapshot().errored, 10);
+    assert_eq!(metrics.snapshot().events_out, 0);
+    assert!(objects(&url, &b).is_empty());
+}
+
+/// A bucket that does not exist is named in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_bucket_is_named() {
+    let Some(url) = endpoint() else { return };
+    let heard = Arc::new(Heard::default());
+    let (result, _) = testing::run_sink(
+        sink(options(&url, "no-such-bucket-here", json!({}))),
+        vec![events(&heard, 1, 0..3)],
+    )
+    .await;
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains("NoSuchBucket") && err.contains("s3://no-such-bucket-here/"),
+        "{err}"
+    );
+    assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Errored)]));
+}
+
+/// Nothing listens: each attempt is retried (and counted) until
+/// `retry_max_attempts`, then the stage ends naming the endpoint's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_retried_then_given_up() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let heard = Arc::new(Heard::default());
+    let (result, metrics) = testing::run_sink(
+        sink(options(
+            &format!("http://127.0.0.1:{port}"),
+            "b",
+            json!({"retry_max_attempts": 3}),
+        )),
+        vec![events(&heard, 1, 0..3)],
+    )
+    .await;
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("gave up after 3 attempts"), "{err}");
+    assert_eq!(metrics.snapshot().retried, 2);
+    assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Errored)]));
+}
+
+#[test]
+fn option_errors_name_the_option() {
+    let e = |o: Value| testing::option_errors(&Typed(logbus_aws::s3_sink::S3Sink), o);
+    assert_eq!(e(json!({"bucket": "b"})), "");
+    assert_eq!(
+        e(json!({"bucket": "b", "part_size_bytes": 1000})),
+        "part_size_bytes: must be between 5242880 (5 MiB) and 5368709120 (5 GiB), S3's limits on a part; got 1000"
+    );
+    assert_eq!(
+        e(json!({"bucket": "b", "access_key_id": "k"})),
+        "secret_access_key: is needed with `access_key_id`"
+    );
+    assert_eq!(
+        e(json!({"bucket": "b", "key_prefix": "%Q/"})),
+        "key_prefix: `%Q` in `%Q/` is not a supported time directive (%Y %m %d %H %M %S %j %y %U %b %B %a %A %e %G %V %u, or %% for %)"
+    );
+    assert_eq!(
+        e(json!({"bucket": "b", "endpoint": "127.0.0.1:9000"})),
+        "endpoint: `127.0.0.1:9000` is not an http:// or https:// URL"
+    );
+    assert_eq!(
+        e(json!({"bucket": "b", "ssekms_key_id": "k"})),
+        "ssekms_key_id: needs `server_side_encryption: aws:kms`"
+    );
+    assert_eq!(
+        e(json!({"bucket": "b", "framing": "whole"})),
+        "framing: `whole` cannot hold several events in one object"
+    );
+    assert!(e(json!({})).contains("bucket"), "{}", e(json!({})));
+}
