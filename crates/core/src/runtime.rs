@@ -744,6 +744,9 @@ impl Supervisor {
             };
             match (live.control.take(), b) {
                 (Some(Control::Source { stop }), mut instances) => {
+                    // The successor's output is made below; until then the
+                    // old one ending must not close the readers.
+                    let _handing_over = live.main.hold();
                     stop.cancel();
                     let Some(Built::Source(source)) = instances.pop() else {
                         unreachable!("a source builds a source")

@@ -17,6 +17,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "sysinfo", "source-sysinfo"),
     (StageKind::Source, "journald", "source-journald"),
     (StageKind::Source, "kafka", "source-kafka"),
+    (StageKind::Source, "s3", "source-s3"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),

@@ -2,7 +2,7 @@
 //! reference-counted, so each extra downstream costs a pointer increment per
 //! event, not a copy.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::mpsc;
@@ -23,6 +23,14 @@ pub enum OutputRole {
 /// The channels an output delivers to, and its taps. The engine replaces
 /// the channel list when a reload adds or removes readers; a send in
 /// progress finishes on the list it started with.
+///
+/// The list holds the readers' senders, and the engine keeps the targets
+/// for rewiring; so that a producer that is done closes its readers' input
+/// (a source that waits for its events' acknowledgements after its last
+/// send, while its sinks finish what they hold once their input ends), the
+/// list is emptied when the last [`Output`] on it is dropped. The engine
+/// [`hold`](OutputTargets::hold)s the targets while it hands them from a
+/// replaced stage to its successor.
 #[derive(Clone, Default)]
 pub struct OutputTargets(Arc<TargetsInner>);
 
@@ -33,6 +41,19 @@ struct TargetsInner {
     /// Whether any tap is open: the only cost of taps on the data path
     /// when nobody watches.
     tapped: AtomicBool,
+    /// Live `Output`s and holds on these targets.
+    producers: AtomicUsize,
+}
+
+/// Keeps an output's readers open while it lives (see [`OutputTargets`]).
+pub struct ProducerHold(OutputTargets);
+
+impl Drop for ProducerHold {
+    fn drop(&mut self) {
+        if self.0.0.producers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.set(Vec::new());
+        }
+    }
 }
 
 struct TapSlot {
@@ -60,6 +81,13 @@ impl OutputTargets {
         let targets = OutputTargets::default();
         targets.set(senders);
         targets
+    }
+
+    /// Counts as a producer until dropped: the readers stay open even if
+    /// every `Output` on these targets is gone meanwhile.
+    pub fn hold(&self) -> ProducerHold {
+        self.0.producers.fetch_add(1, Ordering::AcqRel);
+        ProducerHold(self.clone())
     }
 
     pub fn set(&self, senders: Vec<Sender>) {
@@ -119,6 +147,7 @@ impl OutputTargets {
 /// its frontend (or its "slots exhausted" answer) while it sends there.
 pub struct Output {
     targets: OutputTargets,
+    _producer: ProducerHold,
     metrics: Arc<StageMetrics>,
     role: OutputRole,
     registrations: Mutex<Registrations>,
@@ -149,6 +178,7 @@ impl Output {
         role: OutputRole,
     ) -> Self {
         Output {
+            _producer: targets.hold(),
             targets,
             metrics,
             role,
@@ -246,6 +276,36 @@ mod tests {
     use super::*;
     use crate::channel::channel;
     use crate::event::Meta;
+
+    /// The readers' input ends when the last producer on the targets is
+    /// gone, though the engine still has the targets; a hold keeps it open
+    /// across a hand-over.
+    #[tokio::test]
+    async fn the_last_producer_gone_ends_the_readers_input() {
+        let (tx, mut rx) = channel(10);
+        let targets = OutputTargets::new(vec![tx]);
+        let metrics = Arc::new(StageMetrics::default());
+        let first = Output::with_targets(targets.clone(), metrics.clone(), OutputRole::Main);
+        let second = first.clone();
+        first.send(events(1)).await.unwrap();
+        drop(first);
+        second.send(events(1)).await.unwrap();
+        let hold = targets.hold();
+        drop(second);
+        assert_eq!(rx.recv().await.unwrap().len(), 1);
+        assert_eq!(rx.recv().await.unwrap().len(), 1);
+        assert!(rx.try_recv().is_none());
+        let successor = Output::with_targets(targets.clone(), metrics, OutputRole::Main);
+        drop(hold);
+        successor.send(events(2)).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().len(), 2);
+        drop(successor);
+        assert!(
+            rx.recv().await.is_none(),
+            "closed, with `targets` still held"
+        );
+        drop(targets);
+    }
 
     fn events(n: usize) -> Vec<Event> {
         (0..n)

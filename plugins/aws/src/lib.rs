@@ -2,13 +2,17 @@
 
 use logbus_plugin_api::Registry;
 
-#[cfg(feature = "sink-s3")]
+#[cfg(any(feature = "sink-s3", feature = "source-s3"))]
 pub mod client;
 #[cfg(feature = "sink-s3")]
 pub mod s3_sink;
+#[cfg(feature = "source-s3")]
+pub mod s3_source;
 
 pub fn register(registry: &mut Registry) {
     #[cfg(feature = "sink-s3")]
     registry.add(logbus_plugin_api::Typed(s3_sink::S3Sink));
+    #[cfg(feature = "source-s3")]
+    registry.add(logbus_plugin_api::Typed(s3_source::S3Source));
     let _ = registry;
 }

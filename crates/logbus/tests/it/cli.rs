@@ -298,7 +298,7 @@ fn graph_plugins_and_version() {
         match name {
             "source tail" | "source journald" => assert!(line.contains("end to end"), "{line}"),
             "source http" => assert!(line.contains("ack: sink"), "{line}"),
-            "source file" => assert!(line.contains("with state_dir"), "{line}"),
+            "source file" | "source s3" => assert!(line.contains("with state_dir"), "{line}"),
             _ => assert!(line.contains("none — events in flight"), "{name}: {line}"),
         }
     }

@@ -1,0 +1,586 @@
+//! `source: s3` — the objects under a bucket's prefix, listed in key order,
+//! each read as a stream (decompressed by its magic bytes, cut into
+//! messages), several at once; with `poll_interval_ms`, listed again for
+//! new keys.
+//!
+//! The checkpoint is a key and a set: every listed key up to `after` is
+//! finished, and so are the keys in `done` (finished out of order, since
+//! objects are read concurrently); an object partly delivered has the count
+//! of its first messages that are (`partial`), so a restart skips them. An
+//! object counts as finished once it was read to its end and every batch
+//! of it was acknowledged delivered; the checkpoint never passes an
+//! unfinished or errored batch, so a restart neither re-reads what was
+//! delivered nor skips what was not (a crash re-reads what was in flight).
+//! S3 lists keys in UTF-8 binary order: a key that appears later but sorts
+//! before `after` is not read (name objects so that new ones sort last, as
+//! dated prefixes do).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::Client;
+use logbus_compress::ReadCompression;
+use logbus_framing::Deframer;
+use logbus_plugin_api::{
+    AckReceiver, BatchAck, BuildContext, Built, CheckOptions, Event, Meta, OptionError,
+    OrderedCheckpoint, Outcome, Output, Source, SourceContext, StageError, StageKind, TypedPlugin,
+    async_trait, now_ns,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::client::{AwsOptions, sdk_config};
+
+/// Read size from an object's (decompressed) stream.
+const READ_CHUNK: usize = 128 * 1024;
+/// How long a source that read everything waits for its last events to be
+/// delivered before it saves what it has and ends.
+const FINAL_ACK_WAIT: Duration = Duration::from_secs(30);
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Options of `source: s3`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct S3SourceOptions {
+    pub bucket: String,
+    /// Only keys starting with this.
+    #[serde(default)]
+    pub prefix: String,
+    /// Glob patterns a key must match (any of them; all keys if empty).
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// Glob patterns of keys to leave out.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Only keys after this one (in S3's key order).
+    pub start_after: Option<String>,
+    /// List again this often for new keys; unset: one pass, then the
+    /// source ends once what it read is delivered.
+    pub poll_interval_ms: Option<u64>,
+    /// Objects read at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// `auto` detects each object's format from its first bytes.
+    #[serde(default)]
+    pub compression: ReadCompression,
+    #[serde(default)]
+    pub framing: logbus_framing::Framing,
+    /// A longer message is cut (newline framing) or ends the object with
+    /// an error (counted framings).
+    #[serde(default = "default_max_line")]
+    pub max_line_bytes: usize,
+    /// Where the checkpoint (`<stage>.s3.json`) is kept; unset: none (a
+    /// restart reads everything again).
+    pub state_dir: Option<PathBuf>,
+    #[serde(flatten)]
+    pub aws: AwsOptions,
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_concurrency() -> usize {
+    4
+}
+fn default_max_line() -> usize {
+    1 << 20
+}
+fn default_request_timeout_ms() -> u64 {
+    60_000
+}
+
+impl CheckOptions for S3SourceOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = self.aws.check();
+        if self.bucket.is_empty() {
+            errors.push(OptionError::at(&["bucket"], "must not be empty"));
+        }
+        for (key, list) in [("include", &self.include), ("exclude", &self.exclude)] {
+            for (i, g) in list.iter().enumerate() {
+                if let Err(e) = glob::Pattern::new(g) {
+                    errors.push(OptionError {
+                        path: vec![key.to_string(), i.to_string()],
+                        message: format!("`{g}` is not a glob: {e}"),
+                    });
+                }
+            }
+        }
+        if !(1..=64).contains(&self.concurrency) {
+            errors.push(OptionError::at(
+                &["concurrency"],
+                format!("must be between 1 and 64, got {}", self.concurrency),
+            ));
+        }
+        for (key, value) in [
+            ("max_line_bytes", self.max_line_bytes as u64),
+            ("request_timeout_ms", self.request_timeout_ms),
+        ] {
+            if value == 0 {
+                errors.push(OptionError::at(&[key], "must be at least 1"));
+            }
+        }
+        if self.poll_interval_ms == Some(0) {
+            errors.push(OptionError::at(&["poll_interval_ms"], "must be at least 1"));
+        }
+        errors
+    }
+}
+
+pub struct S3Source;
+
+impl TypedPlugin for S3Source {
+    type Options = S3SourceOptions;
+    const NAME: &'static str = "s3";
+    const KIND: StageKind = StageKind::Source;
+    const DESCRIPTION: &'static str = "The objects under an S3 prefix (or any S3-compatible store), listed in key order and optionally polled for new ones, read as streams (decompressed by magic bytes), with a checkpoint of finished keys and of the messages delivered from a partly read object.";
+    const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
+        "with state_dir: an object's key enters the checkpoint once the sinks confirmed every event of it, and a partly confirmed object resumes after its confirmed messages, so a restart re-sends, never skips (without it, every run reads every object)",
+    );
+
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
+        let globs = |list: &[String]| -> Vec<glob::Pattern> {
+            list.iter()
+                .filter_map(|g| glob::Pattern::new(g).ok())
+                .collect()
+        };
+        Ok(Built::Source(Box::new(S3Reader {
+            include: globs(&options.include),
+            exclude: globs(&options.exclude),
+            state: options
+                .state_dir
+                .as_ref()
+                .map(|d| cx.resolve(d).join(format!("{}.s3.json", cx.stage_id))),
+            options,
+        })))
+    }
+}
+
+struct S3Reader {
+    options: S3SourceOptions,
+    include: Vec<glob::Pattern>,
+    exclude: Vec<glob::Pattern>,
+    state: Option<PathBuf>,
+}
+
+/// What the checkpoint file holds.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+struct Saved {
+    /// Every key up to this one is finished.
+    after: Option<String>,
+    /// Keys after `after` that are finished.
+    done: BTreeSet<String>,
+    /// Keys partly delivered: how many of their first messages.
+    partial: BTreeMap<String, u64>,
+}
+
+/// One object being read: the acknowledgements of its batches, by the
+/// count of messages each ends at.
+struct Track {
+    checkpoint: Mutex<OrderedCheckpoint<u64>>,
+    /// Messages skipped at the start (delivered by an earlier run).
+    skipped: u64,
+    /// Read to its end (every batch begun).
+    read_all: std::sync::atomic::AtomicBool,
+}
+
+impl AckReceiver for Track {
+    fn finished(&self, token: u64, outcome: Outcome) {
+        self.lock().finish(token, outcome);
+    }
+}
+
+impl Track {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OrderedCheckpoint<u64>> {
+        self.checkpoint.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finished(&self) -> bool {
+        self.read_all.load(std::sync::atomic::Ordering::Acquire) && self.lock().outstanding() == 0
+    }
+
+    /// Messages delivered from the start.
+    fn delivered(&self) -> u64 {
+        self.lock().committed().copied().unwrap_or(self.skipped)
+    }
+}
+
+/// The keys of the current and earlier passes and how far each got.
+#[derive(Default)]
+struct Progress {
+    saved: Saved,
+    /// Keys of this pass, in order, with their tracks once reading began.
+    pass: BTreeMap<String, Option<Arc<Track>>>,
+}
+
+impl Progress {
+    /// The checkpoint as it stands: `after` moves over every finished key
+    /// in order; finished ones beyond go to `done`.
+    fn checkpoint(&self) -> Saved {
+        let mut saved = self.saved.clone();
+        let mut contiguous = true;
+        for (key, track) in &self.pass {
+            let finished = track.as_ref().is_some_and(|t| t.finished());
+            if finished && contiguous {
+                saved.after = Some(key.clone());
+                saved.done.remove(key);
+                saved.partial.remove(key);
+                continue;
+            }
+            contiguous = false;
+            if finished {
+                saved.done.insert(key.clone());
+                saved.partial.remove(key);
+            } else if let Some(t) = track {
+                let n = t.delivered();
+                if n > 0 {
+                    saved.partial.insert(key.clone(), n);
+                }
+            }
+        }
+        // Keys at or before `after` need no entry of their own.
+        if let Some(after) = &saved.after {
+            saved.done.retain(|k| k > after);
+            saved.partial.retain(|k, _| k > after);
+        }
+        saved
+    }
+
+    fn worth_waiting(&self) -> bool {
+        self.pass
+            .values()
+            .flatten()
+            .any(|t| t.lock().worth_waiting())
+    }
+}
+
+fn save(path: &Option<PathBuf>, saved: &Saved, stage: &str) {
+    let Some(path) = path else { return };
+    let body = serde_json::to_vec_pretty(saved).expect("plain data");
+    if let Err(e) = logbus_plugin_api::state::replace_file(path, &body) {
+        tracing::warn!(stage, "cannot save the checkpoint {}: {e}", path.display());
+    }
+}
+
+fn load(path: &Option<PathBuf>, stage: &str) -> Result<Saved, StageError> {
+    let Some(path) = path else {
+        return Ok(Saved::default());
+    };
+    match std::fs::read(path) {
+        Ok(body) => serde_json::from_slice(&body).map_err(|e| {
+            StageError::Other(format!(
+                "the checkpoint {} is damaged ({e}); move it away to read the bucket from the start",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    StageError::io(format!("creating the state directory {}", dir.display()), e)
+                })?;
+            }
+            tracing::debug!(stage, "no checkpoint yet at {}", path.display());
+            Ok(Saved::default())
+        }
+        Err(e) => Err(StageError::io(
+            format!("reading the checkpoint {}", path.display()),
+            e,
+        )),
+    }
+}
+
+impl S3Reader {
+    fn wanted(&self, key: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|g| g.matches(key)))
+            && !self.exclude.iter().any(|g| g.matches(key))
+    }
+
+    /// Every wanted key after `after`, in order, not yet finished.
+    async fn list(&self, client: &Client, saved: &Saved) -> Result<Vec<String>, String> {
+        let o = &self.options;
+        let after = match (&saved.after, &o.start_after) {
+            (Some(a), Some(b)) => Some(a.max(b).clone()),
+            (a, b) => a.clone().or_else(|| b.clone()),
+        };
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut r = client.list_objects_v2().bucket(&o.bucket).prefix(&o.prefix);
+            if let Some(a) = &after {
+                r = r.start_after(a);
+            }
+            if let Some(t) = &token {
+                r = r.continuation_token(t);
+            }
+            let page = tokio::time::timeout(Duration::from_millis(o.request_timeout_ms), r.send())
+                .await
+                .map_err(|_| "no answer in time".to_string())?
+                .map_err(|e| describe(&e))?;
+            for object in page.contents() {
+                if let Some(k) = object.key()
+                    && self.wanted(k)
+                    && !saved.done.contains(k)
+                {
+                    keys.push(k.to_string());
+                }
+            }
+            match page.next_continuation_token() {
+                Some(t) if page.is_truncated() == Some(true) => token = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        Ok(keys)
+    }
+}
+
+fn describe<E>(e: &aws_sdk_s3::error::SdkError<E>) -> String
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match e {
+        aws_sdk_s3::error::SdkError::ServiceError(s) => {
+            let err = s.err();
+            format!(
+                "{} (HTTP {}): {}",
+                err.code().unwrap_or("no error code"),
+                s.raw().status().as_u16(),
+                err.message().unwrap_or("")
+            )
+        }
+        other => logbus_sink::error_chain(other),
+    }
+}
+
+/// Reads one object into the output: the first `skip` messages are left
+/// out. Runs on a blocking thread (decompression and framing are
+/// synchronous); sends through `handle`.
+#[allow(clippy::too_many_arguments)]
+fn read_object(
+    reader: impl Read,
+    what: &str,
+    options: &S3SourceOptions,
+    track: &Arc<Track>,
+    output: &Output,
+    handle: &tokio::runtime::Handle,
+    shutdown: &logbus_plugin_api::CancellationToken,
+    template: &Meta,
+) -> Result<bool, StageError> {
+    let mut reader = logbus_compress::open(reader, options.compression)
+        .map_err(|e| StageError::io(format!("reading {what}"), e))?;
+    let mut deframer = Deframer::new(options.framing, options.max_line_bytes);
+    let mut scratch = vec![0u8; READ_CHUNK];
+    let mut messages = Vec::new();
+    let mut count = 0u64;
+    let send = |messages: &mut Vec<logbus_plugin_api::Bytes>, count: &mut u64| {
+        let first = *count;
+        *count += messages.len() as u64;
+        let fresh: Vec<_> = messages
+            .drain(..)
+            .enumerate()
+            .filter(|(i, _)| first + *i as u64 >= track.skipped)
+            .map(|(_, m)| m)
+            .collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let token = track.lock().begin(*count, fresh.len() as u64);
+        let receiver: Arc<dyn AckReceiver> = track.clone();
+        let ack = BatchAck::new(receiver, token);
+        let meta = Meta {
+            ingest_ns: now_ns(),
+            ..template.clone()
+        };
+        let events: Vec<Event> = fresh
+            .into_iter()
+            .map(|m| Event::raw(m, meta.clone()).with_ack(ack.handle()))
+            .collect();
+        drop(ack);
+        handle
+            .block_on(output.send(events))
+            .map_err(|_| StageError::OutputClosed)
+    };
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(false);
+        }
+        let n = match reader.read(&mut scratch) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(StageError::io(format!("reading {what}"), e)),
+        };
+        deframer
+            .push(&scratch[..n], &mut messages)
+            .map_err(|e| StageError::Other(format!("{what}: {e}")))?;
+        if !messages.is_empty() {
+            send(&mut messages, &mut count)?;
+        }
+    }
+    if let Some(last) = deframer
+        .finish()
+        .map_err(|e| StageError::Other(format!("{what}: {e}")))?
+    {
+        messages.push(last);
+        send(&mut messages, &mut count)?;
+    }
+    Ok(true)
+}
+
+#[async_trait]
+impl Source for S3Reader {
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
+        let o = &self.options;
+        let config = sdk_config(&o.aws).await;
+        let client = Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&config)
+                .force_path_style(o.aws.force_path_style)
+                .build(),
+        );
+        let progress = Arc::new(Mutex::new(Progress {
+            saved: load(&self.state, &cx.id)?,
+            pass: BTreeMap::new(),
+        }));
+        let lock = || progress.lock().unwrap_or_else(|p| p.into_inner());
+        let handle = tokio::runtime::Handle::current();
+        let this = Arc::new(self);
+        let mut last_save = Instant::now();
+        let outcome: Result<(), StageError> = 'passes: loop {
+            let saved = lock().checkpoint();
+            let keys = match this.list(&client, &saved).await {
+                Ok(keys) => keys,
+                Err(e) => {
+                    break 'passes Err(StageError::Other(format!(
+                        "listing s3://{}/{}: {e}",
+                        this.options.bucket, this.options.prefix
+                    )));
+                }
+            };
+            let to_read: Vec<String> = {
+                let mut p = lock();
+                p.saved = saved;
+                // An object read to its end in an earlier pass whose events
+                // are still in flight keeps its track and is not read again.
+                let earlier = std::mem::take(&mut p.pass);
+                p.pass =
+                    keys.iter()
+                        .map(|k| {
+                            let carried =
+                                earlier.get(k).cloned().flatten().filter(|t| {
+                                    t.read_all.load(std::sync::atomic::Ordering::Acquire)
+                                });
+                            (k.clone(), carried)
+                        })
+                        .collect();
+                keys.into_iter()
+                    .filter(|k| p.pass.get(k).is_some_and(|t| t.is_none()))
+                    .collect()
+            };
+            let mut readers = tokio::task::JoinSet::new();
+            let mut next = to_read.into_iter();
+            let mut failed = None;
+            loop {
+                while readers.len() < this.options.concurrency && !cx.shutdown.is_cancelled() {
+                    let Some(key) = next.next() else { break };
+                    let skip = lock().saved.partial.get(&key).copied().unwrap_or(0);
+                    let track = Arc::new(Track {
+                        checkpoint: Mutex::new(OrderedCheckpoint::new()),
+                        skipped: skip,
+                        read_all: std::sync::atomic::AtomicBool::new(false),
+                    });
+                    lock().pass.insert(key.clone(), Some(track.clone()));
+                    let (client, this, output, shutdown, handle) = (
+                        client.clone(),
+                        this.clone(),
+                        cx.output.clone(),
+                        cx.shutdown.clone(),
+                        handle.clone(),
+                    );
+                    let source = cx.id.clone();
+                    readers.spawn(async move {
+                        let o = &this.options;
+                        let what = format!("s3://{}/{key}", o.bucket);
+                        let object = tokio::time::timeout(
+                            Duration::from_millis(o.request_timeout_ms),
+                            client.get_object().bucket(&o.bucket).key(&key).send(),
+                        )
+                        .await
+                        .map_err(|_| StageError::Other(format!("{what}: no answer in time")))?
+                        .map_err(|e| {
+                            StageError::Other(format!("reading {what}: {}", describe(&e)))
+                        })?;
+                        let body = object.body.into_async_read();
+                        let template = Meta {
+                            source,
+                            ingest_ns: 0,
+                            origin: Some(Arc::from(what.as_str())),
+                            attributes: None,
+                        };
+                        tokio::task::spawn_blocking(move || {
+                            let reader =
+                                tokio_util::io::SyncIoBridge::new_with_handle(body, handle.clone());
+                            let complete = read_object(
+                                reader,
+                                &what,
+                                &this.options,
+                                &track,
+                                &output,
+                                &handle,
+                                &shutdown,
+                                &template,
+                            )?;
+                            if complete {
+                                track
+                                    .read_all
+                                    .store(true, std::sync::atomic::Ordering::Release);
+                            }
+                            Ok::<(), StageError>(())
+                        })
+                        .await
+                        .map_err(|e| StageError::Other(format!("an object reader failed: {e}")))?
+                    });
+                }
+                if readers.is_empty() {
+                    break;
+                }
+                tokio::select! {
+                    joined = readers.join_next() => {
+                        if let Some(Ok(Err(e))) = joined {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                    () = tokio::time::sleep(SAVE_EVERY) => {}
+                }
+                if last_save.elapsed() >= SAVE_EVERY {
+                    save(&this.state, &lock().checkpoint(), &cx.id);
+                    last_save = Instant::now();
+                }
+            }
+            if let Some(e) = failed {
+                readers.abort_all();
+                break 'passes Err(e);
+            }
+            save(&this.state, &lock().checkpoint(), &cx.id);
+            if cx.shutdown.is_cancelled() {
+                break 'passes Ok(());
+            }
+            let Some(every) = this.options.poll_interval_ms else {
+                break 'passes Ok(());
+            };
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(every)) => {}
+                () = cx.shutdown.cancelled() => break 'passes Ok(()),
+            }
+        };
+        // Let downstream drain (the readers' input ends once the last output
+        // is gone), then save what it finished.
+        let SourceContext { id, output, .. } = cx;
+        drop(output);
+        let deadline = Instant::now() + FINAL_ACK_WAIT;
+        while lock().worth_waiting() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        save(&this.state, &lock().checkpoint(), &id);
+        outcome
+    }
+}
