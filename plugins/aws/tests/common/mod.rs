@@ -118,3 +118,16 @@ pub fn unfinished_uploads(endpoint: &str, bucket: &str) -> usize {
     .parse()
     .unwrap()
 }
+
+/// Parts stored so far for the multipart uploads under way in `bucket`.
+pub fn uploaded_parts(endpoint: &str, bucket: &str) -> usize {
+    python(
+        endpoint,
+        "ups = s3.list_multipart_uploads(Bucket=ARGS[0]).get('Uploads', [])\n\
+         print(sum(len(s3.list_parts(Bucket=ARGS[0], Key=u['Key'], UploadId=u['UploadId']).get('Parts', [])) for u in ups))",
+        &[bucket],
+    )
+    .trim()
+    .parse()
+    .unwrap()
+}
