@@ -49,6 +49,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "opensearch", "sink-opensearch"),
     (StageKind::Sink, "clickhouse", "sink-clickhouse"),
     (StageKind::Sink, "s3", "sink-s3"),
+    (StageKind::Sink, "cloudwatch_logs", "sink-cloudwatch_logs"),
 ];
 
 /// Plugins that need system C libraries to build (and so are in the

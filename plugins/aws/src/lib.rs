@@ -2,8 +2,14 @@
 
 use logbus_plugin_api::Registry;
 
-#[cfg(any(feature = "sink-s3", feature = "source-s3"))]
+#[cfg(any(
+    feature = "sink-s3",
+    feature = "source-s3",
+    feature = "sink-cloudwatch_logs"
+))]
 pub mod client;
+#[cfg(feature = "sink-cloudwatch_logs")]
+pub mod cloudwatch_logs;
 #[cfg(feature = "sink-s3")]
 pub mod s3_sink;
 #[cfg(feature = "source-s3")]
@@ -12,6 +18,10 @@ pub mod s3_source;
 pub fn register(registry: &mut Registry) {
     #[cfg(feature = "sink-s3")]
     registry.add(logbus_plugin_api::Typed(s3_sink::S3Sink));
+    #[cfg(feature = "sink-cloudwatch_logs")]
+    registry.add(logbus_plugin_api::Typed(
+        cloudwatch_logs::CloudWatchLogsSink,
+    ));
     #[cfg(feature = "source-s3")]
     registry.add(logbus_plugin_api::Typed(s3_source::S3Source));
     let _ = registry;

@@ -131,3 +131,42 @@ pub fn uploaded_parts(endpoint: &str, bucket: &str) -> usize {
     .parse()
     .unwrap()
 }
+
+/// The CloudWatch Logs test server (`moto_server`, `.ci/services up
+/// cloudwatch`, on 127.0.0.1:4566, or `LOGBUS_CLOUDWATCH_ENDPOINT`).
+/// Without it the tests skip, unless `LOGBUS_REQUIRE_CLOUDWATCH` is set.
+pub fn cloudwatch() -> Option<String> {
+    let url = std::env::var("LOGBUS_CLOUDWATCH_ENDPOINT")
+        .unwrap_or_else(|_| "http://127.0.0.1:4566".into());
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let up = std::net::TcpStream::connect(&addr).is_ok();
+    assert!(
+        up || std::env::var_os("LOGBUS_REQUIRE_CLOUDWATCH").is_none(),
+        "a CloudWatch Logs server at {url} is required (.ci/services up cloudwatch; pip install 'moto[server]')"
+    );
+    if !up {
+        eprintln!("skipped: no CloudWatch Logs server at {url}");
+    }
+    up.then_some(url)
+}
+
+/// Runs a boto3 snippet with `logs` (a CloudWatch Logs client of the
+/// test server) and `ARGS` set; returns its stdout.
+pub fn logs_python(endpoint: &str, script: &str, args: &[&str]) -> String {
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sys, json, boto3\n\
+             logs = boto3.client('logs', endpoint_url={endpoint:?}, region_name='us-east-1',\n\
+             \x20   aws_access_key_id='test', aws_secret_access_key='test')\n\
+             ARGS = sys.argv[1:]\n{script}"
+        ))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}

@@ -1,0 +1,609 @@
+//! `sink: cloudwatch_logs` — `PutLogEvents` on the sink core.
+//!
+//! The service's limits are enforced here, before a request is sent (a
+//! local test server does not enforce them, and AWS refuses a whole
+//! request that breaks one): at most 10,000 events and 1,048,576 bytes per
+//! request, counting 26 bytes per event besides its message — each item
+//! the encoder writes *is* a 26-byte header (the timestamp, then padding)
+//! and the message, so the batcher's exact byte count is the service's —;
+//! every event of a request within 24 hours (events are batched per day of
+//! their timestamp), and in chronological order (sorted when the request is
+//! built). Events the service reports as too old, too new or past the
+//! group's retention are refused for good and go to `<id>.dead`; throttling
+//! and 5xx are retried.
+
+use aws_sdk_cloudwatchlogs::Client;
+use aws_sdk_cloudwatchlogs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_cloudwatchlogs::types::InputLogEvent;
+use chrono::{DateTime, Utc};
+use logbus_plugin_api::{
+    BuildContext, Built, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
+    StageError, StageKind, TypedPlugin, async_trait,
+};
+use logbus_sink::{
+    Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
+    Template,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::client::{AwsOptions, sdk_config};
+
+/// The service's per-request limits.
+const MAX_EVENTS: usize = 10_000;
+const MAX_BYTES: usize = 1_048_576;
+/// Bytes the service counts per event besides its message.
+const EVENT_OVERHEAD: usize = 26;
+const DAY_MS: i64 = 24 * 3600 * 1000;
+
+/// Options of `sink: cloudwatch_logs`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloudWatchLogsOptions {
+    /// The log group: `{{field}}` names and strftime directives.
+    pub group: String,
+    /// The log stream, likewise.
+    pub stream: String,
+    /// Create a missing group or stream (else such events are refused).
+    #[serde(default = "yes")]
+    pub create_missing: bool,
+    /// Retention of a group this sink creates, in days (one of the values
+    /// CloudWatch accepts: 1, 3, 5, 7, 14, 30, …).
+    pub retention_days: Option<i32>,
+    /// The field with the event's time (RFC 3339 text, or epoch seconds or
+    /// milliseconds); else, or when missing, the time the event was read.
+    pub timestamp_field: Option<String>,
+    #[serde(default = "default_max_events")]
+    pub batch_max_events: usize,
+    #[serde(default = "default_max_bytes")]
+    pub batch_max_bytes: usize,
+    #[serde(default = "default_timeout")]
+    pub batch_timeout_ms: u64,
+    #[serde(default = "default_in_flight")]
+    pub in_flight: usize,
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_ms: u64,
+    #[serde(default = "default_initial_backoff")]
+    pub retry_initial_backoff_ms: u64,
+    #[serde(default = "default_max_backoff")]
+    pub retry_max_backoff_ms: u64,
+    pub retry_max_attempts: Option<u32>,
+    pub retry_max_elapsed_ms: Option<u64>,
+    #[serde(default)]
+    pub on_rejected: OnRejected,
+    #[serde(flatten)]
+    pub aws: AwsOptions,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_max_events() -> usize {
+    MAX_EVENTS
+}
+fn default_max_bytes() -> usize {
+    MAX_BYTES
+}
+fn default_timeout() -> u64 {
+    1000
+}
+fn default_in_flight() -> usize {
+    1
+}
+fn default_request_timeout() -> u64 {
+    30_000
+}
+fn default_initial_backoff() -> u64 {
+    200
+}
+fn default_max_backoff() -> u64 {
+    30_000
+}
+
+/// Retention periods CloudWatch Logs accepts.
+const RETENTIONS: &[i32] = &[
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+    3288, 3653,
+];
+
+impl CloudWatchLogsOptions {
+    fn delivery(&self) -> DeliveryOptions {
+        DeliveryOptions {
+            batch_max_events: self.batch_max_events,
+            batch_max_bytes: self.batch_max_bytes,
+            batch_timeout_ms: self.batch_timeout_ms,
+            request_timeout_ms: self.request_timeout_ms,
+            retry_initial_backoff_ms: self.retry_initial_backoff_ms,
+            retry_max_backoff_ms: self.retry_max_backoff_ms,
+            retry_max_attempts: self.retry_max_attempts,
+            retry_max_elapsed_ms: self.retry_max_elapsed_ms,
+            in_flight: self.in_flight,
+            // Requests to one stream are not ordered with each other by the
+            // service, so a few at most.
+            max_in_flight: 16,
+        }
+    }
+}
+
+impl CheckOptions for CloudWatchLogsOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = self.aws.check();
+        errors.extend(self.delivery().check());
+        for (key, text) in [("group", &self.group), ("stream", &self.stream)] {
+            if text.is_empty() {
+                errors.push(OptionError::at(&[key], "must not be empty"));
+            } else if let Err(e) = Template::parse_timed(text) {
+                errors.push(OptionError::at(&[key], e));
+            }
+        }
+        if self.batch_max_events > MAX_EVENTS {
+            errors.push(OptionError::at(
+                &["batch_max_events"],
+                format!("at most {MAX_EVENTS} (the service's limit per request)"),
+            ));
+        }
+        if self.batch_max_bytes > MAX_BYTES {
+            errors.push(OptionError::at(
+                &["batch_max_bytes"],
+                format!("at most {MAX_BYTES} (the service's limit per request, 26 bytes per event included)"),
+            ));
+        }
+        if let Some(days) = self.retention_days
+            && !RETENTIONS.contains(&days)
+        {
+            errors.push(OptionError::at(
+                &["retention_days"],
+                format!("{days} is not a retention CloudWatch accepts ({RETENTIONS:?})"),
+            ));
+        }
+        if let Some(f) = &self.timestamp_field
+            && let Err(e) = FieldPath::parse(f)
+        {
+            errors.push(OptionError::at(&["timestamp_field"], e.to_string()));
+        }
+        errors
+    }
+}
+
+pub struct CloudWatchLogsSink;
+
+impl TypedPlugin for CloudWatchLogsSink {
+    type Options = CloudWatchLogsOptions;
+    const NAME: &'static str = "cloudwatch_logs";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "Amazon CloudWatch Logs: PutLogEvents batches within the service's limits (10,000 events, 1 MiB counting 26 bytes per event, 24 hours, sorted), group and stream from templates and created if missing; events refused as too old, too new or expired to <id>.dead.";
+
+    fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
+        let group =
+            Template::parse_timed(&options.group).map_err(|e| OptionError::at(&["group"], e))?;
+        let stream =
+            Template::parse_timed(&options.stream).map_err(|e| OptionError::at(&["stream"], e))?;
+        let time = options
+            .timestamp_field
+            .as_deref()
+            .map(FieldPath::parse)
+            .transpose()
+            .map_err(|e| OptionError::at(&["timestamp_field"], e.to_string()))?;
+        Ok(Built::Sink(Box::new(CloudWatchWriter {
+            encoder: Some(LogEventEncoder { time: time.clone() }),
+            group,
+            stream,
+            time,
+            options,
+        })))
+    }
+}
+
+/// Each item: the timestamp (8 bytes, little endian), 18 bytes of padding
+/// (so the item is as long as the service counts it), the message.
+struct LogEventEncoder {
+    time: Option<FieldPath>,
+}
+
+fn timestamp_ms(time: &Option<FieldPath>, event: &Event) -> i64 {
+    let ingest = (event.meta().ingest_ns / 1_000_000) as i64;
+    let Some(value) = time
+        .as_ref()
+        .and_then(|p| event.as_fields().and_then(|f| p.get(f)))
+    else {
+        return ingest;
+    };
+    match value {
+        Value::String(s) => DateTime::parse_from_rfc3339(s)
+            .map(|t| t.timestamp_millis())
+            .unwrap_or(ingest),
+        Value::Number(n) => {
+            let n = n.as_f64().unwrap_or(0.0);
+            if n.abs() < 1e11 {
+                (n * 1000.0) as i64
+            } else {
+                n as i64
+            }
+        }
+        _ => ingest,
+    }
+}
+
+impl Encoder for LogEventEncoder {
+    fn encode(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), String> {
+        out.extend_from_slice(&timestamp_ms(&self.time, event).to_le_bytes());
+        out.extend_from_slice(&[0u8; EVENT_OVERHEAD - 8]);
+        match event.payload() {
+            Payload::Raw(b) => {
+                std::str::from_utf8(b).map_err(|e| {
+                    format!("CloudWatch Logs takes UTF-8 messages; this one is not ({e})")
+                })?;
+                out.extend_from_slice(b);
+            }
+            Payload::Fields(f) => {
+                serde_json::to_writer(&mut *out, f).map_err(|e| format!("encoding as JSON: {e}"))?
+            }
+        }
+        Ok(())
+    }
+}
+
+struct CloudWatchWriter {
+    encoder: Option<LogEventEncoder>,
+    group: Template,
+    stream: Template,
+    time: Option<FieldPath>,
+    options: CloudWatchLogsOptions,
+}
+
+/// One request: the destination and the events sorted by time, with the
+/// batch index of each.
+struct PutRequest {
+    group: String,
+    stream: String,
+    events: Vec<InputLogEvent>,
+    order: Vec<usize>,
+}
+
+struct CloudWatchService {
+    client: Client,
+    create_missing: bool,
+    retention_days: Option<i32>,
+}
+
+/// The partition key: group, stream and the day of the timestamp, joined
+/// by a byte no template renders.
+const SEP: char = '\u{1}';
+
+impl CloudWatchService {
+    async fn create(&self, group: &str, stream: &str) -> Result<(), (String, bool)> {
+        let made = self
+            .client
+            .create_log_group()
+            .log_group_name(group)
+            .send()
+            .await;
+        match made {
+            Ok(_) => {
+                if let Some(days) = self.retention_days {
+                    self.client
+                        .put_retention_policy()
+                        .log_group_name(group)
+                        .retention_in_days(days)
+                        .send()
+                        .await
+                        .map_err(|e| describe(&e))?;
+                }
+            }
+            Err(e) if e.code() == Some("ResourceAlreadyExistsException") => {}
+            Err(e) => return Err(describe(&e)),
+        }
+        match self
+            .client
+            .create_log_stream()
+            .log_group_name(group)
+            .log_stream_name(stream)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("ResourceAlreadyExistsException") => Ok(()),
+            Err(e) => Err(describe(&e)),
+        }
+    }
+
+    async fn put(&self, r: &PutRequest) -> Result<Response, (String, bool)> {
+        let out = self
+            .client
+            .put_log_events()
+            .log_group_name(&r.group)
+            .log_stream_name(&r.stream)
+            .set_log_events(Some(r.events.clone()))
+            .send()
+            .await
+            .map_err(|e| {
+                if e.code() == Some("ResourceNotFoundException") {
+                    (String::from("missing"), true)
+                } else {
+                    describe(&e)
+                }
+            })?;
+        let Some(info) = out.rejected_log_events_info() else {
+            return Ok(Response::Delivered);
+        };
+        let n = r.events.len();
+        let mut items = vec![ItemResult::Delivered; n];
+        let mark = |items: &mut Vec<ItemResult>, sorted: std::ops::Range<usize>, why: &str| {
+            for i in sorted {
+                if let Some(at) = r.order.get(i) {
+                    items[*at] = ItemResult::Rejected(format!(
+                        "CloudWatch Logs refused the event: {why} (log group {}, stream {})",
+                        r.group, r.stream
+                    ));
+                }
+            }
+        };
+        if let Some(end) = info.too_old_log_event_end_index() {
+            mark(
+                &mut items,
+                0..(end as usize + 1).min(n),
+                "too old (more than 14 days before now, or before the group's retention)",
+            );
+        }
+        if let Some(end) = info.expired_log_event_end_index() {
+            mark(
+                &mut items,
+                0..(end as usize + 1).min(n),
+                "expired (older than the group's retention)",
+            );
+        }
+        if let Some(start) = info.too_new_log_event_start_index() {
+            mark(
+                &mut items,
+                (start as usize).min(n)..n,
+                "too new (more than 2 hours after now)",
+            );
+        }
+        Ok(Response::Items(items))
+    }
+}
+
+#[async_trait]
+impl logbus_sink::Service for CloudWatchService {
+    type Request = PutRequest;
+
+    fn prepare(&self, batch: &Batch) -> Result<PutRequest, String> {
+        let mut parts = batch.key().split(SEP);
+        let group = parts.next().unwrap_or_default().to_string();
+        let stream = parts.next().unwrap_or_default().to_string();
+        let mut events: Vec<(i64, usize, String)> = (0..batch.len())
+            .map(|i| {
+                let item = batch.item(i);
+                let ts = i64::from_le_bytes(item[..8].try_into().expect("8 bytes"));
+                let message = String::from_utf8_lossy(&item[EVENT_OVERHEAD..]).into_owned();
+                (ts, i, message)
+            })
+            .collect();
+        // Chronological, as the service requires; stable for equal times.
+        events.sort_by_key(|(ts, i, _)| (*ts, *i));
+        let order = events.iter().map(|(_, i, _)| *i).collect();
+        let events = events
+            .into_iter()
+            .map(|(ts, _, message)| {
+                InputLogEvent::builder()
+                    .timestamp(ts)
+                    .message(message)
+                    .build()
+                    .map_err(|e| format!("building a log event: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(PutRequest {
+            group,
+            stream,
+            events,
+            order,
+        })
+    }
+
+    async fn send(&self, r: &PutRequest) -> Response {
+        let first = self.put(r).await;
+        let outcome = match first {
+            Err((what, true)) if what == "missing" => {
+                if !self.create_missing {
+                    return Response::Rejected {
+                        reason: format!(
+                            "the log group {} or its stream {} does not exist (create_missing is off)",
+                            r.group, r.stream
+                        ),
+                    };
+                }
+                match self.create(&r.group, &r.stream).await {
+                    Ok(()) => {
+                        tracing::info!(group = %r.group, stream = %r.stream, "created the log group and stream");
+                        self.put(r).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        };
+        match outcome {
+            Ok(response) => response,
+            Err((reason, true)) => Response::Retry {
+                reason: format!("log group {}: {reason}", r.group),
+                retry_after: None,
+            },
+            Err((reason, false)) => Response::Rejected {
+                reason: format!("log group {}: {reason}", r.group),
+            },
+        }
+    }
+}
+
+/// A failed call in words, and whether a retry could succeed.
+fn describe<E>(e: &SdkError<E>) -> (String, bool)
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match e {
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            let err = service.err();
+            let code = err.code().unwrap_or("no error code");
+            let retryable = status >= 500
+                || status == 429
+                || matches!(
+                    code,
+                    "ThrottlingException"
+                        | "ServiceUnavailableException"
+                        | "OperationAbortedException"
+                );
+            (
+                format!("{code} (HTTP {status}): {}", err.message().unwrap_or("")),
+                retryable,
+            )
+        }
+        SdkError::ConstructionFailure(_) => (logbus_sink::error_chain(e), false),
+        other => (logbus_sink::error_chain(other), true),
+    }
+}
+
+#[async_trait]
+impl Sink for CloudWatchWriter {
+    async fn run(mut self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        let o = &self.options;
+        let config = sdk_config(&o.aws).await;
+        let client = Client::new(&config);
+        let delivery = o.delivery();
+        let driver = Driver::new(
+            CloudWatchService {
+                client,
+                create_missing: o.create_missing,
+                retention_days: o.retention_days,
+            },
+            self.encoder.take().expect("run once"),
+            DriverConfig {
+                limits: delivery.limits(),
+                retry: delivery.retry(),
+                in_flight: o.in_flight,
+                on_rejected: o.on_rejected,
+                destination: format!("CloudWatch Logs {}", o.group),
+            },
+        );
+        let (group, stream, time) = (self.group.clone(), self.stream.clone(), self.time.clone());
+        let driver = driver.partition_by(move |event| {
+            let ts = timestamp_ms(&time, event);
+            let at = || DateTime::<Utc>::from_timestamp_millis(ts).unwrap_or_default();
+            format!(
+                "{}{SEP}{}{SEP}{}",
+                group.render_at(event, at),
+                stream.render_at(event, at),
+                ts.div_euclid(DAY_MS)
+            )
+        });
+        driver.run(cx).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::Meta;
+    use logbus_sink::Service;
+
+    #[test]
+    fn an_item_is_as_long_as_the_service_counts_it() {
+        let e = Event::raw("hello", Meta::now("t".into()));
+        let mut out = Vec::new();
+        LogEventEncoder { time: None }.encode(&e, &mut out).unwrap();
+        assert_eq!(out.len(), EVENT_OVERHEAD + 5);
+        assert_eq!(&out[EVENT_OVERHEAD..], b"hello");
+    }
+
+    #[test]
+    fn a_message_that_is_not_utf8_is_refused_naming_why() {
+        let e = Event::raw(vec![0xff, 0xfe], Meta::now("t".into()));
+        let err = LogEventEncoder { time: None }
+            .encode(&e, &mut Vec::new())
+            .unwrap_err();
+        assert!(err.contains("UTF-8"), "{err}");
+    }
+
+    /// The batcher, with the sink's default limits, never makes a request
+    /// the service would refuse: 10,000 events at most, and 1,048,576
+    /// bytes counting 26 per event.
+    #[test]
+    fn a_request_holds_at_most_what_the_service_takes() {
+        use logbus_sink::{Batcher, Framing};
+        let o: CloudWatchLogsOptions =
+            serde_json::from_value(serde_json::json!({"group": "g", "stream": "s"})).unwrap();
+        let encoder = LogEventEncoder { time: None };
+        for (events, size) in [(10_001usize, 10usize), (2_000, 1_000)] {
+            let mut batcher = Batcher::new(o.delivery().limits(), Framing::CONCAT);
+            let mut sealed = std::collections::VecDeque::new();
+            for _ in 0..events {
+                let e = Event::raw("x".repeat(size), Meta::now("t".into()));
+                assert!(
+                    batcher
+                        .push(
+                            "k",
+                            e,
+                            0,
+                            &encoder,
+                            tokio::time::Instant::now(),
+                            &mut sealed
+                        )
+                        .is_ok()
+                );
+            }
+            batcher.seal_all(&mut sealed);
+            let counted: Vec<(usize, usize)> = sealed
+                .iter()
+                .map(|b| (b.len(), (0..b.len()).map(|i| b.item(i).len()).sum()))
+                .collect();
+            assert_eq!(counted.iter().map(|(n, _)| n).sum::<usize>(), events);
+            for (n, bytes) in &counted {
+                assert!(*n <= MAX_EVENTS && *bytes <= MAX_BYTES, "{counted:?}");
+                assert_eq!(*bytes, n * (size + EVENT_OVERHEAD));
+            }
+            assert!(counted.len() >= 2, "{counted:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_is_sorted_by_time_and_remembers_each_event_s_place() {
+        use logbus_sink::{BatchLimits, Batcher, Framing};
+        let encoder = LogEventEncoder {
+            time: Some(FieldPath::parse("t").unwrap()),
+        };
+        let mut batcher = Batcher::new(BatchLimits::default(), Framing::CONCAT);
+        let mut sealed = std::collections::VecDeque::new();
+        let key = format!("g{SEP}s{SEP}0");
+        for t in [3000, 1000, 2000] {
+            let v = serde_json::json!({"t": t});
+            let e = Event::fields(v.as_object().unwrap().clone(), Meta::now("t".into()));
+            assert!(
+                batcher
+                    .push(
+                        &key,
+                        e,
+                        0,
+                        &encoder,
+                        tokio::time::Instant::now(),
+                        &mut sealed
+                    )
+                    .is_ok()
+            );
+        }
+        batcher.seal_all(&mut sealed);
+        let batch = sealed.pop_front().unwrap();
+        let config = aws_sdk_cloudwatchlogs::Config::builder()
+            .behavior_version(aws_sdk_cloudwatchlogs::config::BehaviorVersion::latest())
+            .build();
+        let service = CloudWatchService {
+            client: Client::from_conf(config),
+            create_missing: true,
+            retention_days: None,
+        };
+        let r = service.prepare(&batch).unwrap();
+        assert_eq!((r.group.as_str(), r.stream.as_str()), ("g", "s"));
+        let times: Vec<i64> = r.events.iter().map(|e| e.timestamp()).collect();
+        assert_eq!(times, [1_000_000, 2_000_000, 3_000_000]);
+        assert_eq!(r.order, [1, 2, 0]);
+    }
+}
