@@ -202,8 +202,9 @@ fn missing_and_duplicates(seen: &HashMap<u64, u32>, count: u64) -> (Vec<u64>, u6
 /// output (duplicates: at most what the dead one had in flight).
 #[test]
 fn a_member_killed_mid_run_hands_its_partitions_over() {
-    let Some(brokers) = brokers() else { return };
+    // The lock first: while another test restarts the broker, it is down.
     let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(brokers) = brokers() else { return };
     let dir = tempfile::tempdir().unwrap();
     let input = topic(&brokers, "scale-in", 6);
     let output = topic(&brokers, "scale-out", 6);
@@ -244,8 +245,9 @@ fn a_member_killed_mid_run_hands_its_partitions_over() {
 /// output are no more than the members reported letting go of in flight.
 #[test]
 fn a_member_added_mid_run_takes_a_share_without_losing_anything() {
-    let Some(brokers) = brokers() else { return };
+    // The lock first: while another test restarts the broker, it is down.
     let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(brokers) = brokers() else { return };
     let dir = tempfile::tempdir().unwrap();
     let input = topic(&brokers, "join-in", 6);
     let output = topic(&brokers, "join-out", 6);
@@ -295,8 +297,9 @@ fn a_member_added_mid_run_takes_a_share_without_losing_anything() {
 /// committed offsets; every id arrives.
 #[test]
 fn kill_9_and_restart_lose_nothing() {
-    let Some(brokers) = brokers() else { return };
+    // The lock first: while another test restarts the broker, it is down.
     let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(brokers) = brokers() else { return };
     let dir = tempfile::tempdir().unwrap();
     let input = topic(&brokers, "crash-in", 3);
     let output = topic(&brokers, "crash-out", 3);
@@ -328,8 +331,9 @@ fn kill_9_and_restart_lose_nothing() {
 /// sink reconnect, nothing is lost.
 #[test]
 fn a_broker_restarted_mid_run_loses_nothing() {
-    let Some(brokers) = brokers() else { return };
+    // The lock first: while another test restarts the broker, it is down.
     let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(brokers) = brokers() else { return };
     let dir = tempfile::tempdir().unwrap();
     let input = topic(&brokers, "restart-in", 3);
     let output = topic(&brokers, "restart-out", 3);
@@ -368,6 +372,7 @@ fn a_broker_restarted_mid_run_loses_nothing() {
 /// which broker it cannot reach.
 #[test]
 fn an_unreachable_broker_is_named_while_retrying() {
+    let _one = BROKER.lock().unwrap_or_else(|p| p.into_inner());
     if brokers().is_none() {
         return;
     }

@@ -23,8 +23,9 @@ fn logbus() -> Command {
 /// whole in the bucket and the process's peak RSS stays far below it.
 #[test]
 fn an_object_much_larger_than_memory_goes_up_in_parts_with_flat_rss() {
-    let Some(url) = endpoint() else { return };
+    // The lock first: while another test restarts the server, it is down.
     let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(url) = endpoint() else { return };
     let b = bucket(&url, "big");
     let dir = tempfile::tempdir().unwrap();
     let n: u64 = 300_000;
@@ -102,8 +103,9 @@ fn an_object_much_larger_than_memory_goes_up_in_parts_with_flat_rss() {
 /// with the process's memory bounded meanwhile.
 #[test]
 fn a_server_frozen_and_restarted_mid_upload_loses_nothing() {
-    let Some(url) = endpoint() else { return };
+    // The lock first: while another test restarts the server, it is down.
     let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(url) = endpoint() else { return };
     let b = bucket(&url, "restart");
     let dir = tempfile::tempdir().unwrap();
     let n: u64 = 60_000;
@@ -281,8 +283,9 @@ fn write_lines(path: &Path, range: std::ops::Range<u64>) {
 /// objects hold only the lines written after the first stopped.
 #[test]
 fn the_archive_example_restarted_neither_rereads_nor_skips() {
-    let Some(url) = endpoint() else { return };
+    // The lock first: while another test restarts the server, it is down.
     let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(url) = endpoint() else { return };
     let b = bucket(&url, "archive");
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
