@@ -299,3 +299,59 @@ pub fn open<R: Read>(
         }
     })
 }
+
+/// Why a body could not be decompressed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Undecodable {
+    /// A `Content-Encoding` this source does not take (415).
+    Unsupported(String),
+    /// The bytes are not what the encoding says (400).
+    Malformed(String),
+    /// Larger than allowed once decompressed (413).
+    TooLarge(String),
+}
+
+/// The body decompressed per its `Content-Encoding`, at most `max` bytes:
+/// decompression stops one byte past the limit, so a small body that
+/// inflates to gigabytes costs `max + 1` bytes.
+///
+/// `Ok(None)`: no encoding, the body is as sent.
+pub fn decode_content(
+    encoding: &str,
+    body: &[u8],
+    max: usize,
+) -> Result<Option<Vec<u8>>, Undecodable> {
+    let encoding = encoding.trim().to_ascii_lowercase();
+    let format = match encoding.as_str() {
+        "identity" | "" => {
+            if body.len() > max {
+                return Err(Undecodable::TooLarge(format!(
+                    "the body is larger than {max} bytes"
+                )));
+            }
+            return Ok(None);
+        }
+        "gzip" | "x-gzip" => ReadCompression::Gzip,
+        "zstd" => ReadCompression::Zstd,
+        "deflate" => ReadCompression::Deflate,
+        other => {
+            return Err(Undecodable::Unsupported(format!(
+                "Content-Encoding `{other}` is not supported (gzip, zstd, deflate)"
+            )));
+        }
+    };
+    let bad = |e: std::io::Error| Undecodable::Malformed(format!("{encoding} body: {e}"));
+    let reader = open(body, format).map_err(bad)?;
+    let mut out = Vec::new();
+    // One byte past the limit tells "too large" from "exactly the limit".
+    reader
+        .take(max as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(bad)?;
+    if out.len() > max {
+        return Err(Undecodable::TooLarge(format!(
+            "the body is larger than {max} bytes once decompressed"
+        )));
+    }
+    Ok(Some(out))
+}

@@ -21,6 +21,9 @@
 //! Time is tokio's clock, so tests drive it with a paused runtime instead
 //! of sleeping.
 
+#[cfg(feature = "http1")]
+pub mod http1;
+
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

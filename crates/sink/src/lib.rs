@@ -10,6 +10,7 @@
 pub mod batch;
 pub mod driver;
 pub mod encode;
+pub mod object;
 pub mod options;
 pub mod retry;
 pub mod template;
@@ -17,6 +18,7 @@ pub mod template;
 pub use batch::{Batch, BatchLimits, Batcher};
 pub use driver::{Driver, DriverConfig, ItemResult, OnRejected, Response, Service};
 pub use encode::{Encoder, Framing, JsonArray, JsonLines, write_json_or_raw};
+pub use object::{Misfit, ObjectFormat, ObjectWriter};
 pub use options::{DeliveryOptions, error_chain};
 pub use retry::{RetryPolicy, parse_retry_after};
 pub use template::Template;

@@ -12,7 +12,8 @@
 //! their numbers, decimals and UUIDs strings. Encoding resolves a JSON
 //! event against the schema (ints into longs, objects into records, a value
 //! into the first union branch that fits); what does not fit is an error
-//! naming the field.
+//! naming the field. With `object-avro`, [`object::AvroObjects`] is the
+//! container as an object format for sinks that store objects (`sink: s3`).
 
 #[allow(unused_imports)]
 use logbus_plugin_api::{Registry, Typed};
@@ -23,6 +24,8 @@ use logbus_plugin_api::{Registry, Typed};
     feature = "sink-avro"
 ))]
 pub mod codec;
+#[cfg(feature = "object-avro")]
+pub mod object;
 #[cfg(feature = "sink-avro")]
 pub mod sink;
 

@@ -116,3 +116,37 @@ pub async fn sdk_config(o: &AwsOptions) -> aws_config::SdkConfig {
         .region(aws_config::Region::new("us-east-1"))
         .build()
 }
+
+/// A failed SDK request in words, and whether a retry could succeed:
+/// timeouts, dispatch failures, 408, 429 and 5xx answers, and the error
+/// codes in `also_retryable` (a service's throttling codes) are worth a
+/// retry; a request the SDK could not even build and every other answer
+/// are not.
+pub fn describe<E>(
+    e: &aws_smithy_runtime_api::client::result::SdkError<E, aws_smithy_runtime_api::http::Response>,
+    also_retryable: &[&str],
+) -> (String, bool)
+where
+    E: aws_smithy_types::error::metadata::ProvideErrorMetadata
+        + std::error::Error
+        + Send
+        + Sync
+        + 'static,
+{
+    use aws_smithy_runtime_api::client::result::SdkError;
+    match e {
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            let err = service.err();
+            let code = err.code().unwrap_or("no error code");
+            let retryable =
+                matches!(status, 408 | 429 | 500..=599) || also_retryable.contains(&code);
+            (
+                format!("{code} (HTTP {status}): {}", err.message().unwrap_or("")),
+                retryable,
+            )
+        }
+        SdkError::ConstructionFailure(_) => (logbus_sink::error_chain(e), false),
+        other => (logbus_sink::error_chain(other), true),
+    }
+}

@@ -13,7 +13,7 @@
 //! and 5xx are retried.
 
 use aws_sdk_cloudwatchlogs::Client;
-use aws_sdk_cloudwatchlogs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_cloudwatchlogs::error::ProvideErrorMetadata;
 use aws_sdk_cloudwatchlogs::types::InputLogEvent;
 use chrono::{DateTime, Utc};
 use logbus_plugin_api::{
@@ -27,7 +27,7 @@ use logbus_sink::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::client::{AwsOptions, sdk_config};
+use crate::client::{AwsOptions, describe, sdk_config};
 
 /// The service's per-request limits.
 const MAX_EVENTS: usize = 10_000;
@@ -35,6 +35,12 @@ const MAX_BYTES: usize = 1_048_576;
 /// Bytes the service counts per event besides its message.
 const EVENT_OVERHEAD: usize = 26;
 const DAY_MS: i64 = 24 * 3600 * 1000;
+/// CloudWatch Logs' codes for "slow down" and "try again".
+const THROTTLED: &[&str] = &[
+    "ThrottlingException",
+    "ServiceUnavailableException",
+    "OperationAbortedException",
+];
 
 /// Options of `sink: cloudwatch_logs`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -287,11 +293,11 @@ impl CloudWatchService {
                         .retention_in_days(days)
                         .send()
                         .await
-                        .map_err(|e| describe(&e))?;
+                        .map_err(|e| describe(&e, THROTTLED))?;
                 }
             }
             Err(e) if e.code() == Some("ResourceAlreadyExistsException") => {}
-            Err(e) => return Err(describe(&e)),
+            Err(e) => return Err(describe(&e, THROTTLED)),
         }
         match self
             .client
@@ -303,7 +309,7 @@ impl CloudWatchService {
         {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some("ResourceAlreadyExistsException") => Ok(()),
-            Err(e) => Err(describe(&e)),
+            Err(e) => Err(describe(&e, THROTTLED)),
         }
     }
 
@@ -320,7 +326,7 @@ impl CloudWatchService {
                 if e.code() == Some("ResourceNotFoundException") {
                     (String::from("missing"), true)
                 } else {
-                    describe(&e)
+                    describe(&e, THROTTLED)
                 }
             })?;
         let Some(info) = out.rejected_log_events_info() else {
@@ -432,34 +438,6 @@ impl logbus_sink::Service for CloudWatchService {
                 reason: format!("log group {}: {reason}", r.group),
             },
         }
-    }
-}
-
-/// A failed call in words, and whether a retry could succeed.
-fn describe<E>(e: &SdkError<E>) -> (String, bool)
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    match e {
-        SdkError::ServiceError(service) => {
-            let status = service.raw().status().as_u16();
-            let err = service.err();
-            let code = err.code().unwrap_or("no error code");
-            let retryable = status >= 500
-                || status == 429
-                || matches!(
-                    code,
-                    "ThrottlingException"
-                        | "ServiceUnavailableException"
-                        | "OperationAbortedException"
-                );
-            (
-                format!("{code} (HTTP {status}): {}", err.message().unwrap_or("")),
-                retryable,
-            )
-        }
-        SdkError::ConstructionFailure(_) => (logbus_sink::error_chain(e), false),
-        other => (logbus_sink::error_chain(other), true),
     }
 }
 

@@ -27,12 +27,12 @@ use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use logbus_compress::{CompressWriter, Compression};
 use logbus_plugin_api::{
     Ack, BuildContext, Built, CheckOptions, Event, OptionError, Outcome, Payload, Sink,
-    SinkContext, StageError, StageKind, TypedPlugin, async_trait,
+    SinkContext, StageError, StageKind, TypedPlugin, async_trait, attach_error,
 };
-use logbus_sink::{RetryPolicy, Template};
+use logbus_sink::{Misfit, ObjectFormat, ObjectWriter, RetryPolicy, Template};
 use serde::Deserialize;
 
-use crate::client::{AwsOptions, sdk_config};
+use crate::client::{AwsOptions, describe, sdk_config};
 
 /// S3's smallest part (all but the last).
 const MIN_PART: usize = 5 << 20;
@@ -40,6 +40,19 @@ const MIN_PART: usize = 5 << 20;
 const MAX_PART: usize = 5 << 30;
 /// S3's most parts per object.
 const MAX_PARTS: i32 = 10_000;
+
+/// What an object is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ObjectFormatName {
+    /// One event after another (`framing`), compressed as a stream.
+    #[default]
+    Lines,
+    /// A Parquet file (options under `parquet`).
+    Parquet,
+    /// An Avro object container (options under `avro`).
+    Avro,
+}
 
 /// Options of `sink: s3`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -52,21 +65,30 @@ pub struct S3SinkOptions {
     /// `<prefix><unix ms>-<random>.<extension><compression's extension>`.
     #[serde(default = "default_prefix")]
     pub key_prefix: String,
-    /// The object name's extension (without the compression's).
-    #[serde(default = "default_extension")]
-    pub filename_extension: String,
-    /// How the object's bytes are compressed as they are written.
-    #[serde(default = "default_compression")]
-    pub compression: Compression,
-    /// How events follow each other in an object: raw events as they
-    /// are, structured ones as JSON.
+    /// What each object is: `lines` (events in `framing`, compressed),
+    /// `parquet` or `avro`.
+    #[serde(default)]
+    pub object_format: ObjectFormatName,
+    /// Parquet objects: page compression, rows per row group, schema.
+    #[cfg(feature = "sink-s3-parquet")]
+    pub parquet: Option<logbus_parquet::object::ParquetObjectOptions>,
+    /// Avro container objects: schema, block codec, records per block.
+    #[cfg(feature = "sink-s3-avro")]
+    pub avro: Option<logbus_avro::object::AvroObjectOptions>,
+    /// The object name's extension, without the compression's (`log`,
+    /// `parquet`, `avro` by format).
+    pub filename_extension: Option<String>,
+    /// How a `lines` object's bytes are compressed as they are written
+    /// (`gzip` unless set; Parquet and Avro compress inside, so `none`).
+    pub compression: Option<Compression>,
+    /// How events follow each other in a `lines` object: raw events as
+    /// they are, structured ones as JSON.
     #[serde(default)]
     pub framing: logbus_framing::Framing,
-    /// `Content-Type` of the objects.
-    #[serde(default = "default_content_type")]
-    pub content_type: String,
-    /// An object is finished once it holds this many bytes of events
-    /// (before compression).
+    /// `Content-Type` of the objects (by format if unset).
+    pub content_type: Option<String>,
+    /// An object is finished once it holds this many bytes: of events
+    /// before compression for `lines`, encoded for Parquet and Avro.
     #[serde(default = "default_max_object_bytes")]
     pub max_object_bytes: u64,
     /// An object is finished once it holds this many events.
@@ -105,15 +127,6 @@ pub struct S3SinkOptions {
 
 fn default_prefix() -> String {
     "%Y/%m/%d/".into()
-}
-fn default_extension() -> String {
-    "log".into()
-}
-fn default_compression() -> Compression {
-    Compression::Gzip
-}
-fn default_content_type() -> String {
-    "text/plain".into()
 }
 fn default_max_object_bytes() -> u64 {
     100 << 20
@@ -200,6 +213,29 @@ impl CheckOptions for S3SinkOptions {
                 format!("`{sse}` is not one of AES256, aws:kms, aws:kms:dsse"),
             ));
         }
+        match self.object_format {
+            ObjectFormatName::Lines => {}
+            ObjectFormatName::Parquet | ObjectFormatName::Avro => {
+                let name = if self.object_format == ObjectFormatName::Parquet {
+                    "Parquet"
+                } else {
+                    "Avro"
+                };
+                if self.compression.is_some_and(|c| c != Compression::None) {
+                    errors.push(OptionError::at(
+                        &["compression"],
+                        format!("{name} objects compress inside (their own `compression`/`codec`); leave this unset"),
+                    ));
+                }
+                if self.framing != logbus_framing::Framing::default() {
+                    errors.push(OptionError::at(
+                        &["framing"],
+                        format!("{name} objects have their own framing"),
+                    ));
+                }
+            }
+        }
+        errors.extend(self.format_check());
         if self.framing == logbus_framing::Framing::Whole {
             errors.push(OptionError::at(
                 &["framing"],
@@ -207,6 +243,157 @@ impl CheckOptions for S3SinkOptions {
             ));
         }
         errors
+    }
+}
+
+impl S3SinkOptions {
+    /// The chosen format's own options, checked; and options given for a
+    /// format not chosen (or not built in).
+    fn format_check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        #[cfg(feature = "sink-s3-parquet")]
+        match (&self.parquet, self.object_format) {
+            (Some(p), ObjectFormatName::Parquet) => errors.extend(p.check("parquet")),
+            (Some(_), _) => errors.push(OptionError::at(
+                &["parquet"],
+                "needs `object_format: parquet`",
+            )),
+            _ => {}
+        }
+        #[cfg(feature = "sink-s3-avro")]
+        match (&self.avro, self.object_format) {
+            (Some(a), ObjectFormatName::Avro) => errors.extend(a.check("avro")),
+            (Some(_), _) => errors.push(OptionError::at(&["avro"], "needs `object_format: avro`")),
+            (None, ObjectFormatName::Avro) => errors.push(OptionError::at(
+                &["avro"],
+                "`object_format: avro` needs `avro: { schema: … }`",
+            )),
+            _ => {}
+        }
+        #[cfg(not(feature = "sink-s3-parquet"))]
+        if self.object_format == ObjectFormatName::Parquet {
+            errors.push(OptionError::at(
+                &["object_format"],
+                "this build has no Parquet objects (cargo feature `sink-s3-parquet`)",
+            ));
+        }
+        #[cfg(not(feature = "sink-s3-avro"))]
+        if self.object_format == ObjectFormatName::Avro {
+            errors.push(OptionError::at(
+                &["object_format"],
+                "this build has no Avro objects (cargo feature `sink-s3-avro`)",
+            ));
+        }
+        errors
+    }
+
+    fn compression(&self) -> Compression {
+        match self.object_format {
+            ObjectFormatName::Lines => self.compression.unwrap_or(Compression::Gzip),
+            _ => Compression::None,
+        }
+    }
+
+    fn extension(&self) -> &str {
+        match (&self.filename_extension, self.object_format) {
+            (Some(e), _) => e,
+            (None, ObjectFormatName::Lines) => "log",
+            (None, ObjectFormatName::Parquet) => "parquet",
+            (None, ObjectFormatName::Avro) => "avro",
+        }
+    }
+
+    fn content_type(&self) -> &str {
+        match (&self.content_type, self.object_format) {
+            (Some(t), _) => t,
+            (None, ObjectFormatName::Lines) => "text/plain",
+            (None, ObjectFormatName::Parquet) => "application/vnd.apache.parquet",
+            (None, ObjectFormatName::Avro) => "application/avro",
+        }
+    }
+
+    /// The object format the options describe.
+    fn make_format(&self) -> Result<Box<dyn ObjectFormat>, OptionError> {
+        Ok(match self.object_format {
+            ObjectFormatName::Lines => Box::new(Lines {
+                framing: self.framing,
+                compression: self.compression(),
+            }),
+            #[cfg(feature = "sink-s3-parquet")]
+            ObjectFormatName::Parquet => Box::new(logbus_parquet::object::ParquetObjects::new(
+                &self.parquet.clone().unwrap_or_default(),
+                "parquet",
+            )?),
+            #[cfg(feature = "sink-s3-avro")]
+            ObjectFormatName::Avro => {
+                let options = self.avro.as_ref().ok_or_else(|| {
+                    OptionError::at(
+                        &["avro"],
+                        "`object_format: avro` needs `avro: { schema: … }`",
+                    )
+                })?;
+                Box::new(logbus_avro::object::AvroObjects::new(options, "avro")?)
+            }
+            #[allow(unreachable_patterns)]
+            other => {
+                return Err(OptionError::at(
+                    &["object_format"],
+                    format!("`{other:?}` objects are not in this build"),
+                ));
+            }
+        })
+    }
+}
+
+/// `lines` objects: each event in `framing`, through a streaming
+/// compressor.
+struct Lines {
+    framing: logbus_framing::Framing,
+    compression: Compression,
+}
+
+impl ObjectFormat for Lines {
+    fn open(&self) -> Result<Box<dyn ObjectWriter>, String> {
+        Ok(Box::new(LinesObject {
+            framing: self.framing,
+            body: CompressWriter::new(Vec::new(), self.compression)
+                .map_err(|e| format!("starting compression: {e}"))?,
+            bytes: 0,
+            scratch: Vec::new(),
+        }))
+    }
+}
+
+struct LinesObject {
+    framing: logbus_framing::Framing,
+    body: CompressWriter<Vec<u8>>,
+    bytes: u64,
+    scratch: Vec<u8>,
+}
+
+impl ObjectWriter for LinesObject {
+    fn write(&mut self, event: &Event) -> Result<(), Misfit> {
+        self.scratch.clear();
+        encode(event, self.framing, &mut self.scratch);
+        self.body
+            .write_all(&self.scratch)
+            .map_err(|e| Misfit::Never(format!("compressing: {e}")))?;
+        self.bytes += self.scratch.len() as u64;
+        Ok(())
+    }
+
+    fn ready(&mut self) -> &mut Vec<u8> {
+        self.body.get_mut()
+    }
+
+    fn size(&self) -> u64 {
+        self.bytes
+    }
+
+    fn finish(self: Box<Self>) -> Result<Vec<u8>, String> {
+        self.body
+            .finish()
+            .map_err(|e| format!("finishing the compressed stream: {e}"))
     }
 }
 
@@ -221,13 +408,19 @@ impl TypedPlugin for S3Sink {
     fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
         let prefix = Template::parse_timed(&options.key_prefix)
             .map_err(|e| OptionError::at(&["key_prefix"], e))?;
-        Ok(Built::Sink(Box::new(S3Writer { prefix, options })))
+        let format = options.make_format()?;
+        Ok(Built::Sink(Box::new(S3Writer {
+            prefix,
+            options,
+            format,
+        })))
     }
 }
 
 struct S3Writer {
     prefix: Template,
     options: S3SinkOptions,
+    format: Box<dyn ObjectFormat>,
 }
 
 /// Why an object could not be written: the service refused for good,
@@ -242,9 +435,8 @@ struct OpenObject {
     key: String,
     opened: Instant,
     events: u64,
-    bytes: u64,
-    /// Compressed bytes not yet uploaded.
-    body: CompressWriter<Vec<u8>>,
+    /// The object's encoder; its ready bytes are not yet uploaded.
+    body: Box<dyn ObjectWriter>,
     upload_id: Option<String>,
     parts: Vec<CompletedPart>,
     /// One handle per source batch, settled when the object is complete.
@@ -308,7 +500,7 @@ impl Uploader<'_> {
             };
             let (message, retryable) = match outcome {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => describe(&e),
+                Ok(Err(e)) => describe(&e, &["SlowDown", "RequestTimeout", "InternalError"]),
                 Err(_) => (format!("no answer within {timeout:?}"), true),
             };
             if !retryable {
@@ -346,8 +538,8 @@ impl Uploader<'_> {
                         .create_multipart_upload()
                         .bucket(&o.bucket)
                         .key(key)
-                        .content_type(&o.content_type);
-                    if let Some(encoding) = content_encoding(o.compression) {
+                        .content_type(o.content_type());
+                    if let Some(encoding) = content_encoding(o.compression()) {
                         r = r.content_encoding(encoding);
                     }
                     if let Some(class) = &o.storage_class {
@@ -409,11 +601,11 @@ impl Uploader<'_> {
                 .put_object()
                 .bucket(&o.bucket)
                 .key(key)
-                .content_type(&o.content_type)
+                .content_type(o.content_type())
                 .body(ByteStream::new(
                     body.try_clone().expect("an in-memory body"),
                 ));
-            if let Some(encoding) = content_encoding(o.compression) {
+            if let Some(encoding) = content_encoding(o.compression()) {
                 r = r.content_encoding(encoding);
             }
             if let Some(class) = &o.storage_class {
@@ -492,7 +684,7 @@ impl Uploader<'_> {
                 ),
             });
         }
-        let body = std::mem::take(object.body.get_mut());
+        let body = std::mem::take(object.body.ready());
         let part = self
             .upload_part(&object.key, &upload_id, number, body)
             .await?;
@@ -504,14 +696,35 @@ impl Uploader<'_> {
     /// PUT for an object that never needed parts), then its events are
     /// delivered.
     async fn finish(&self, mut object: OpenObject) -> Result<u64, Failed> {
-        let body = std::mem::replace(
-            &mut object.body,
-            CompressWriter::new(Vec::new(), Compression::None).expect("no compression"),
-        );
-        let body = body.finish().map_err(|e| Failed {
-            message: format!("finishing the compressed stream of {}: {e}", object.key),
-        })?;
-        let result = match object.upload_id.clone() {
+        if object.events == 0 && object.upload_id.is_none() {
+            // Every event was refused: no object.
+            return Ok(0);
+        }
+        let body = std::mem::replace(&mut object.body, Box::new(Finished(Vec::new())));
+        let result = match body.finish() {
+            Err(e) => Err(Failed {
+                message: format!("encoding s3://{}/{}: {e}", self.options.bucket, object.key),
+            }),
+            Ok(body) => self.store(&mut object, body).await,
+        };
+        match result {
+            Ok(()) => {
+                object.settle(Outcome::Delivered);
+                tracing::debug!(stage = %self.cx.id, key = %object.key, events = object.events, "object written");
+                Ok(object.events)
+            }
+            Err(e) => {
+                object.settle(Outcome::Errored);
+                self.cx.metrics.add_errored(object.events);
+                Err(e)
+            }
+        }
+    }
+
+    /// Stores the object's last bytes: one PUT, or the last part and the
+    /// completion (the upload aborted if either fails).
+    async fn store(&self, object: &mut OpenObject, body: Vec<u8>) -> Result<(), Failed> {
+        match object.upload_id.clone() {
             None => self.put(&object.key, body).await,
             Some(upload_id) => {
                 let number = object.parts.len() as i32 + 1;
@@ -531,18 +744,6 @@ impl Uploader<'_> {
                 }
                 parts
             }
-        };
-        match result {
-            Ok(()) => {
-                object.settle(Outcome::Delivered);
-                tracing::debug!(stage = %self.cx.id, key = %object.key, events = object.events, "object written");
-                Ok(object.events)
-            }
-            Err(e) => {
-                object.settle(Outcome::Errored);
-                self.cx.metrics.add_errored(object.events);
-                Err(e)
-            }
         }
     }
 
@@ -557,32 +758,30 @@ impl Uploader<'_> {
     }
 }
 
+/// What a finished object's writer is replaced with.
+struct Finished(Vec<u8>);
+
+impl ObjectWriter for Finished {
+    fn write(&mut self, _: &Event) -> Result<(), Misfit> {
+        Err(Misfit::NextObject("the object is finished".into()))
+    }
+    fn ready(&mut self) -> &mut Vec<u8> {
+        &mut self.0
+    }
+    fn size(&self) -> u64 {
+        0
+    }
+    fn finish(self: Box<Self>) -> Result<Vec<u8>, String> {
+        Ok(Vec::new())
+    }
+}
+
 fn content_encoding(c: Compression) -> Option<&'static str> {
     match c {
         Compression::Gzip => Some("gzip"),
         Compression::Zstd => Some("zstd"),
         Compression::Deflate => Some("deflate"),
         _ => None,
-    }
-}
-
-/// A failed request in words, and whether a retry could succeed.
-fn describe<E>(e: &SdkError<E>) -> (String, bool)
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    match e {
-        SdkError::ServiceError(service) => {
-            let status = service.raw().status().as_u16();
-            let err = service.err();
-            let code = err.code().unwrap_or("no error code");
-            let message = err.message().unwrap_or("");
-            let retryable = matches!(status, 408 | 429 | 500..=599)
-                || matches!(code, "SlowDown" | "RequestTimeout" | "InternalError");
-            (format!("{code} (HTTP {status}): {message}"), retryable)
-        }
-        SdkError::ConstructionFailure(_) => (logbus_sink::error_chain(e), false),
-        other => (logbus_sink::error_chain(other), true),
     }
 }
 
@@ -606,8 +805,8 @@ fn object_key(prefix: &str, options: &S3SinkOptions) -> String {
     format!(
         "{prefix}{now}-{:016x}.{}{}",
         fastrand::u64(..),
-        options.filename_extension,
-        options.compression.extension()
+        options.extension(),
+        options.compression().extension()
     )
 }
 
@@ -636,7 +835,7 @@ impl Sink for S3Writer {
         };
         let max_age = Duration::from_millis(o.max_object_age_ms);
         let mut open: HashMap<String, OpenObject> = HashMap::new();
-        let mut scratch = Vec::new();
+        let mut warned_refused = false;
         // Once a shutdown is requested, every object is finished as soon as
         // no more input is ready (the sources wait for these events'
         // acknowledgements before they end).
@@ -698,62 +897,104 @@ impl Sink for S3Writer {
             };
             let Some(mut batch) = batch else { break None };
             cx.metrics.add_in(batch.len() as u64);
+            let mut refused = Vec::new();
             for mut event in batch.take() {
                 let prefix = self.prefix.render(&event);
-                if !open.contains_key(&prefix) && open.len() >= o.max_open_objects {
-                    let oldest = open
-                        .iter()
-                        .min_by_key(|(_, x)| x.opened)
-                        .map(|(k, _)| k.clone())
-                        .expect("not empty");
-                    let object = open.remove(&oldest).expect("listed");
-                    match up.finish(object).await {
-                        Ok(n) => cx.committed(n as usize),
-                        Err(e) => {
-                            event.settle(Outcome::Errored);
-                            break 'run Some(e);
+                // At most twice: an event that does not fit its prefix's
+                // open object (a Parquet schema) finishes it and starts the
+                // next.
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    if !open.contains_key(&prefix) && open.len() >= o.max_open_objects {
+                        let oldest = open
+                            .iter()
+                            .min_by_key(|(_, x)| x.opened)
+                            .map(|(k, _)| k.clone())
+                            .expect("not empty");
+                        let object = open.remove(&oldest).expect("listed");
+                        match up.finish(object).await {
+                            Ok(n) => cx.committed(n as usize),
+                            Err(e) => {
+                                event.settle(Outcome::Errored);
+                                break 'run Some(e);
+                            }
                         }
                     }
+                    let object = match open.entry(prefix.clone()) {
+                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            let key = object_key(e.key(), o);
+                            let body = self.format.open().map_err(StageError::Other)?;
+                            e.insert(OpenObject {
+                                key,
+                                opened: Instant::now(),
+                                events: 0,
+                                body,
+                                upload_id: None,
+                                parts: Vec::new(),
+                                acks: Vec::new(),
+                            })
+                        }
+                    };
+                    match object.body.write(&event) {
+                        Ok(()) => {}
+                        Err(Misfit::NextObject(_)) if tries == 1 && object.events > 0 => {
+                            let object = open.remove(&prefix).expect("just written");
+                            match up.finish(object).await {
+                                Ok(n) => cx.committed(n as usize),
+                                Err(e) => {
+                                    event.settle(Outcome::Errored);
+                                    break 'run Some(e);
+                                }
+                            }
+                            continue;
+                        }
+                        Err(Misfit::NextObject(why) | Misfit::Never(why)) => {
+                            refused.push((event, why));
+                            break;
+                        }
+                    }
+                    object.events += 1;
+                    object.hold(event.take_ack());
+                    let full = object.body.size() >= o.max_object_bytes
+                        || o.max_object_events.is_some_and(|m| object.events >= m);
+                    if full {
+                        let object = open.remove(&prefix).expect("just written");
+                        match up.finish(object).await {
+                            Ok(n) => cx.committed(n as usize),
+                            Err(e) => break 'run Some(e),
+                        }
+                    } else if object.body.ready().len() >= o.part_size_bytes
+                        && let Err(e) = up.flush_part(object).await
+                    {
+                        break 'run Some(e);
+                    }
+                    break;
                 }
-                let object = match open.entry(prefix.clone()) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        let key = object_key(e.key(), o);
-                        let body = CompressWriter::new(Vec::new(), o.compression)
-                            .map_err(|e| StageError::Other(format!("starting compression: {e}")))?;
-                        e.insert(OpenObject {
-                            key,
-                            opened: Instant::now(),
-                            events: 0,
-                            bytes: 0,
-                            body,
-                            upload_id: None,
-                            parts: Vec::new(),
-                            acks: Vec::new(),
-                        })
+            }
+            if !refused.is_empty() {
+                let n = refused.len() as u64;
+                if cx.dead.is_connected() {
+                    let events = refused
+                        .into_iter()
+                        .map(|(e, why)| attach_error(e, &cx.id, &why))
+                        .collect();
+                    if cx.dead.send(events).await.is_err() {
+                        return Err(StageError::Other(format!(
+                            "{n} refused events could not go to `{}.dead`: its readers stopped",
+                            cx.id
+                        )));
                     }
-                };
-                scratch.clear();
-                encode(&event, o.framing, &mut scratch);
-                object
-                    .body
-                    .write_all(&scratch)
-                    .map_err(|e| StageError::Other(format!("compressing: {e}")))?;
-                object.events += 1;
-                object.bytes += scratch.len() as u64;
-                object.hold(event.take_ack());
-                let full = object.bytes >= o.max_object_bytes
-                    || o.max_object_events.is_some_and(|m| object.events >= m);
-                if full {
-                    let object = open.remove(&prefix).expect("just written");
-                    match up.finish(object).await {
-                        Ok(n) => cx.committed(n as usize),
-                        Err(e) => break 'run Some(e),
+                } else {
+                    if !warned_refused {
+                        warned_refused = true;
+                        tracing::warn!(stage = %cx.id, "{n} events refused and counted errored: {} (connect `{}.dead` to keep them; further ones not logged)", refused[0].1, cx.id);
                     }
-                } else if object.body.get_ref().len() >= o.part_size_bytes
-                    && let Err(e) = up.flush_part(object).await
-                {
-                    break 'run Some(e);
+                    for (mut e, _) in refused {
+                        e.settle(Outcome::Rejected);
+                    }
+                    cx.metrics.add_errored(n);
                 }
             }
             // The batch's events are encoded: its channel slots return.

@@ -11,6 +11,10 @@
 //! of it was acknowledged delivered; the checkpoint never passes an
 //! unfinished or errored batch, so a restart neither re-reads what was
 //! delivered nor skips what was not (a crash re-reads what was in flight).
+//! A transient failure (a timeout, a dropped connection, a 5xx answer)
+//! is retried with the sink core's backoff: a listing is asked again, an
+//! object is read again from its start and the messages already sent in
+//! this run are skipped, so nothing is sent twice for it.
 //! S3 lists keys in UTF-8 binary order: a key that appears later but sorts
 //! before `after` is not read (name objects so that new ones sort last, as
 //! dated prefixes do).
@@ -31,7 +35,8 @@ use logbus_plugin_api::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::client::{AwsOptions, sdk_config};
+use crate::client::{AwsOptions, describe, sdk_config};
+use logbus_sink::RetryPolicy;
 
 /// Read size from an object's (decompressed) stream.
 const READ_CHUNK: usize = 128 * 1024;
@@ -78,6 +83,21 @@ pub struct S3SourceOptions {
     pub aws: AwsOptions,
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    #[serde(default = "default_initial_backoff_ms")]
+    pub retry_initial_backoff_ms: u64,
+    #[serde(default = "default_max_backoff_ms")]
+    pub retry_max_backoff_ms: u64,
+    /// Give up (ending the stage with the error) after this many attempts
+    /// at a listing or an object without progress; unset: retry until
+    /// shutdown.
+    pub retry_max_attempts: Option<u32>,
+}
+
+fn default_initial_backoff_ms() -> u64 {
+    100
+}
+fn default_max_backoff_ms() -> u64 {
+    30_000
 }
 
 fn default_concurrency() -> usize {
@@ -115,10 +135,24 @@ impl CheckOptions for S3SourceOptions {
         for (key, value) in [
             ("max_line_bytes", self.max_line_bytes as u64),
             ("request_timeout_ms", self.request_timeout_ms),
+            ("retry_initial_backoff_ms", self.retry_initial_backoff_ms),
+            ("retry_max_backoff_ms", self.retry_max_backoff_ms),
         ] {
             if value == 0 {
                 errors.push(OptionError::at(&[key], "must be at least 1"));
             }
+        }
+        if self.retry_max_attempts == Some(0) {
+            errors.push(OptionError::at(
+                &["retry_max_attempts"],
+                "must be at least 1",
+            ));
+        }
+        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
+            errors.push(OptionError::at(
+                &["retry_max_backoff_ms"],
+                "must not be below `retry_initial_backoff_ms`",
+            ));
         }
         if self.poll_interval_ms == Some(0) {
             errors.push(OptionError::at(&["poll_interval_ms"], "must be at least 1"));
@@ -180,6 +214,9 @@ struct Track {
     checkpoint: Mutex<OrderedCheckpoint<u64>>,
     /// Messages skipped at the start (delivered by an earlier run).
     skipped: u64,
+    /// `skipped`, then the count of the object's first messages sent in
+    /// this run: a reading attempt after a failure skips them.
+    sent: std::sync::atomic::AtomicU64,
     /// Read to its end (every batch begun).
     read_all: std::sync::atomic::AtomicBool,
 }
@@ -296,7 +333,56 @@ impl S3Reader {
     }
 
     /// Every wanted key after `after`, in order, not yet finished.
-    async fn list(&self, client: &Client, saved: &Saved) -> Result<Vec<String>, String> {
+    fn retry_policy(&self) -> RetryPolicy {
+        let o = &self.options;
+        RetryPolicy {
+            initial_backoff: Duration::from_millis(o.retry_initial_backoff_ms),
+            max_backoff: Duration::from_millis(o.retry_max_backoff_ms),
+            max_attempts: o.retry_max_attempts,
+            max_elapsed: None,
+        }
+    }
+
+    /// [`Self::list`], retried while it fails transiently; `None` at a
+    /// shutdown.
+    async fn list_retrying(
+        &self,
+        client: &Client,
+        saved: &Saved,
+        cx: &SourceContext,
+    ) -> Option<Result<Vec<String>, StageError>> {
+        let o = &self.options;
+        let retry = self.retry_policy();
+        let began = Instant::now();
+        let mut n = 0;
+        loop {
+            n += 1;
+            let (message, transient) = match self.list(client, saved).await {
+                Ok(keys) => return Some(Ok(keys)),
+                Err(failed) => failed,
+            };
+            let what = format!("listing s3://{}/{}", o.bucket, o.prefix);
+            let delay = transient
+                .then(|| retry.next_delay(n, began.elapsed(), None, fastrand::f64()))
+                .flatten();
+            let Some(delay) = delay else {
+                let tries = if transient {
+                    format!(" (gave up after {n} attempts)")
+                } else {
+                    String::new()
+                };
+                return Some(Err(StageError::Other(format!("{what}: {message}{tries}"))));
+            };
+            tracing::warn!(stage = %cx.id, "{what}: {message}; retrying in {delay:?}");
+            cx.output.metrics().add_retried(1);
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = cx.shutdown.cancelled() => return None,
+            }
+        }
+    }
+
+    async fn list(&self, client: &Client, saved: &Saved) -> Result<Vec<String>, (String, bool)> {
         let o = &self.options;
         let after = match (&saved.after, &o.start_after) {
             (Some(a), Some(b)) => Some(a.max(b).clone()),
@@ -314,8 +400,8 @@ impl S3Reader {
             }
             let page = tokio::time::timeout(Duration::from_millis(o.request_timeout_ms), r.send())
                 .await
-                .map_err(|_| "no answer in time".to_string())?
-                .map_err(|e| describe(&e))?;
+                .map_err(|_| ("no answer in time".to_string(), true))?
+                .map_err(|e| describe(&e, RETRYABLE))?;
             for object in page.contents() {
                 if let Some(k) = object.key()
                     && self.wanted(k)
@@ -333,26 +419,45 @@ impl S3Reader {
     }
 }
 
-fn describe<E>(e: &aws_sdk_s3::error::SdkError<E>) -> String
-where
-    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    match e {
-        aws_sdk_s3::error::SdkError::ServiceError(s) => {
-            let err = s.err();
-            format!(
-                "{} (HTTP {}): {}",
-                err.code().unwrap_or("no error code"),
-                s.raw().status().as_u16(),
-                err.message().unwrap_or("")
-            )
+/// S3's codes for "try again".
+const RETRYABLE: &[&str] = &["SlowDown", "RequestTimeout", "InternalError"];
+
+/// Why reading an object failed, and whether reading it again could
+/// succeed (the connection failed, not the object's content).
+struct ReadFailure {
+    error: StageError,
+    transient: bool,
+}
+
+impl ReadFailure {
+    fn of_content(error: StageError) -> ReadFailure {
+        ReadFailure {
+            error,
+            transient: false,
         }
-        other => logbus_sink::error_chain(other),
     }
 }
 
-/// Reads one object into the output: the first `skip` messages are left
-/// out. Runs on a blocking thread (decompression and framing are
+/// The object's body, noting whether a read of it failed (as opposed to
+/// the decompressor or the deframer above it).
+struct Watched<R> {
+    inner: R,
+    failed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<R: Read> Read for Watched<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buf).inspect_err(|e| {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                self.failed
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+        })
+    }
+}
+
+/// Reads one object into the output: the first `track.sent` messages are
+/// left out. Runs on a blocking thread (decompression and framing are
 /// synchronous); sends through `handle`.
 #[allow(clippy::too_many_arguments)]
 fn read_object(
@@ -364,9 +469,18 @@ fn read_object(
     handle: &tokio::runtime::Handle,
     shutdown: &logbus_plugin_api::CancellationToken,
     template: &Meta,
-) -> Result<bool, StageError> {
+) -> Result<bool, ReadFailure> {
+    let body_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = Watched {
+        inner: reader,
+        failed: body_failed.clone(),
+    };
+    let failure = |error: StageError| ReadFailure {
+        error,
+        transient: body_failed.load(std::sync::atomic::Ordering::Acquire),
+    };
     let mut reader = logbus_compress::open(reader, options.compression)
-        .map_err(|e| StageError::io(format!("reading {what}"), e))?;
+        .map_err(|e| failure(StageError::io(format!("reading {what}"), e)))?;
     let mut deframer = Deframer::new(options.framing, options.max_line_bytes);
     let mut scratch = vec![0u8; READ_CHUNK];
     let mut messages = Vec::new();
@@ -374,10 +488,11 @@ fn read_object(
     let send = |messages: &mut Vec<logbus_plugin_api::Bytes>, count: &mut u64| {
         let first = *count;
         *count += messages.len() as u64;
+        let sent = track.sent.load(std::sync::atomic::Ordering::Acquire);
         let fresh: Vec<_> = messages
             .drain(..)
             .enumerate()
-            .filter(|(i, _)| first + *i as u64 >= track.skipped)
+            .filter(|(i, _)| first + *i as u64 >= sent)
             .map(|(_, m)| m)
             .collect();
         if fresh.is_empty() {
@@ -397,7 +512,11 @@ fn read_object(
         drop(ack);
         handle
             .block_on(output.send(events))
-            .map_err(|_| StageError::OutputClosed)
+            .map_err(|_| ReadFailure::of_content(StageError::OutputClosed))?;
+        track
+            .sent
+            .fetch_max(*count, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
     };
     loop {
         if shutdown.is_cancelled() {
@@ -407,23 +526,94 @@ fn read_object(
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(StageError::io(format!("reading {what}"), e)),
+            Err(e) => return Err(failure(StageError::io(format!("reading {what}"), e))),
         };
         deframer
             .push(&scratch[..n], &mut messages)
-            .map_err(|e| StageError::Other(format!("{what}: {e}")))?;
+            .map_err(|e| ReadFailure::of_content(StageError::Other(format!("{what}: {e}"))))?;
         if !messages.is_empty() {
             send(&mut messages, &mut count)?;
         }
     }
     if let Some(last) = deframer
         .finish()
-        .map_err(|e| StageError::Other(format!("{what}: {e}")))?
+        .map_err(|e| ReadFailure::of_content(StageError::Other(format!("{what}: {e}"))))?
     {
         messages.push(last);
         send(&mut messages, &mut count)?;
     }
     Ok(true)
+}
+
+/// One attempt at an object: its download started and its messages read
+/// (those already sent skipped).
+#[allow(clippy::too_many_arguments)]
+async fn read_attempt(
+    client: &Client,
+    this: &Arc<S3Reader>,
+    key: &str,
+    what: &str,
+    track: &Arc<Track>,
+    output: &Output,
+    handle: &tokio::runtime::Handle,
+    shutdown: &logbus_plugin_api::CancellationToken,
+    template: &Meta,
+) -> Result<(), ReadFailure> {
+    let o = &this.options;
+    let object = match tokio::time::timeout(
+        Duration::from_millis(o.request_timeout_ms),
+        client.get_object().bucket(&o.bucket).key(key).send(),
+    )
+    .await
+    {
+        Err(_) => {
+            return Err(ReadFailure {
+                error: StageError::Other(format!("reading {what}: no answer in time")),
+                transient: true,
+            });
+        }
+        Ok(Err(e)) => {
+            let (message, transient) = describe(&e, RETRYABLE);
+            return Err(ReadFailure {
+                error: StageError::Other(format!("reading {what}: {message}")),
+                transient,
+            });
+        }
+        Ok(Ok(object)) => object,
+    };
+    let body = object.body.into_async_read();
+    let (this, what, track, output, handle, shutdown, template) = (
+        this.clone(),
+        what.to_string(),
+        track.clone(),
+        output.clone(),
+        handle.clone(),
+        shutdown.clone(),
+        template.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        let reader = tokio_util::io::SyncIoBridge::new_with_handle(body, handle.clone());
+        let complete = read_object(
+            reader,
+            &what,
+            &this.options,
+            &track,
+            &output,
+            &handle,
+            &shutdown,
+            &template,
+        )?;
+        if complete {
+            track
+                .read_all
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| {
+        ReadFailure::of_content(StageError::Other(format!("an object reader failed: {e}")))
+    })?
 }
 
 #[async_trait]
@@ -442,18 +632,14 @@ impl Source for S3Reader {
         }));
         let lock = || progress.lock().unwrap_or_else(|p| p.into_inner());
         let handle = tokio::runtime::Handle::current();
-        let this = Arc::new(self);
+        let this = Arc::new(*self);
         let mut last_save = Instant::now();
         let outcome: Result<(), StageError> = 'passes: loop {
             let saved = lock().checkpoint();
-            let keys = match this.list(&client, &saved).await {
-                Ok(keys) => keys,
-                Err(e) => {
-                    break 'passes Err(StageError::Other(format!(
-                        "listing s3://{}/{}: {e}",
-                        this.options.bucket, this.options.prefix
-                    )));
-                }
+            let keys = match this.list_retrying(&client, &saved, &cx).await {
+                Some(Ok(keys)) => keys,
+                Some(Err(e)) => break 'passes Err(e),
+                None => break 'passes Ok(()),
             };
             let to_read: Vec<String> = {
                 let mut p = lock();
@@ -485,6 +671,7 @@ impl Source for S3Reader {
                     let track = Arc::new(Track {
                         checkpoint: Mutex::new(OrderedCheckpoint::new()),
                         skipped: skip,
+                        sent: std::sync::atomic::AtomicU64::new(skip),
                         read_all: std::sync::atomic::AtomicBool::new(false),
                     });
                     lock().pass.insert(key.clone(), Some(track.clone()));
@@ -496,47 +683,52 @@ impl Source for S3Reader {
                         handle.clone(),
                     );
                     let source = cx.id.clone();
+                    let source_id = cx.id.clone();
                     readers.spawn(async move {
                         let o = &this.options;
                         let what = format!("s3://{}/{key}", o.bucket);
-                        let object = tokio::time::timeout(
-                            Duration::from_millis(o.request_timeout_ms),
-                            client.get_object().bucket(&o.bucket).key(&key).send(),
-                        )
-                        .await
-                        .map_err(|_| StageError::Other(format!("{what}: no answer in time")))?
-                        .map_err(|e| {
-                            StageError::Other(format!("reading {what}: {}", describe(&e)))
-                        })?;
-                        let body = object.body.into_async_read();
                         let template = Meta {
                             source,
                             ingest_ns: 0,
                             origin: Some(Arc::from(what.as_str())),
                             attributes: None,
                         };
-                        tokio::task::spawn_blocking(move || {
-                            let reader =
-                                tokio_util::io::SyncIoBridge::new_with_handle(body, handle.clone());
-                            let complete = read_object(
-                                reader,
-                                &what,
-                                &this.options,
-                                &track,
-                                &output,
-                                &handle,
-                                &shutdown,
+                        let retry = this.retry_policy();
+                        let mut began = Instant::now();
+                        let mut n = 0;
+                        loop {
+                            n += 1;
+                            let sent_before = track.sent.load(std::sync::atomic::Ordering::Acquire);
+                            let failure = match read_attempt(
+                                &client, &this, &key, &what, &track, &output, &handle, &shutdown,
                                 &template,
-                            )?;
-                            if complete {
-                                track
-                                    .read_all
-                                    .store(true, std::sync::atomic::Ordering::Release);
+                            )
+                            .await
+                            {
+                                Ok(()) => return Ok(()),
+                                Err(f) if !f.transient => return Err(f.error),
+                                Err(f) => f,
+                            };
+                            if track.sent.load(std::sync::atomic::Ordering::Acquire) > sent_before {
+                                // It got further: count the attempts afresh.
+                                n = 1;
+                                began = Instant::now();
                             }
-                            Ok::<(), StageError>(())
-                        })
-                        .await
-                        .map_err(|e| StageError::Other(format!("an object reader failed: {e}")))?
+                            let Some(delay) =
+                                retry.next_delay(n, began.elapsed(), None, fastrand::f64())
+                            else {
+                                return Err(StageError::Other(format!(
+                                    "{} (gave up after {n} attempts)",
+                                    failure.error
+                                )));
+                            };
+                            tracing::warn!(stage = %source_id, "{}; reading it again in {delay:?}", failure.error);
+                            output.metrics().add_retried(1);
+                            tokio::select! {
+                                () = tokio::time::sleep(delay) => {}
+                                () = shutdown.cancelled() => return Ok(()),
+                            }
+                        }
                     });
                 }
                 if readers.is_empty() {

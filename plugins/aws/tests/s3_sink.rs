@@ -12,7 +12,9 @@ use logbus_plugin_api::{
 use serde_json::{Value, json};
 
 mod common;
-use common::{ACCESS_KEY, SECRET_KEY, bucket, endpoint, objects, unfinished_uploads};
+use common::{
+    ACCESS_KEY, SECRET_KEY, bucket, endpoint, objects, objects_meta, records, unfinished_uploads,
+};
 
 /// The outcome each source batch reported, by its token.
 #[derive(Default)]
@@ -396,5 +398,275 @@ fn option_errors_name_the_option() {
         e(json!({"bucket": "b", "framing": "whole"})),
         "framing: `whole` cannot hold several events in one object"
     );
+    assert_eq!(
+        e(json!({"bucket": "b", "object_format": "parquet", "compression": "gzip"})),
+        "compression: Parquet objects compress inside (their own `compression`/`codec`); leave this unset"
+    );
+    assert_eq!(
+        e(json!({"bucket": "b", "object_format": "avro"})),
+        "avro: `object_format: avro` needs `avro: { schema: … }`"
+    );
+    assert_eq!(
+        e(json!({"bucket": "b", "parquet": {"row_group_rows": 10}})),
+        "parquet: needs `object_format: parquet`"
+    );
+    assert_eq!(
+        e(json!({"bucket": "b", "object_format": "parquet", "parquet": {"row_group_rows": 0}})),
+        "parquet.row_group_rows: must be at least 1"
+    );
+    assert_eq!(
+        e(
+            json!({"bucket": "b", "object_format": "parquet", "parquet": {"schema": {"a": "uint8"}}})
+        ),
+        "parquet.schema.a: must be one of int64, int32, float64, float32, boolean, string"
+    );
+    assert!(
+        e(json!({"bucket": "b", "object_format": "avro", "avro": {"schema": {"type": "nope"}}}))
+            .starts_with("avro.schema"),
+        "{}",
+        e(json!({"bucket": "b", "object_format": "avro", "avro": {"schema": {"type": "nope"}}}))
+    );
     assert!(e(json!({})).contains("bucket"), "{}", e(json!({})));
+}
+
+/// `object_format: parquet`: each object is a Parquet file (read back by
+/// pyarrow) with row groups of `row_group_rows`, its schema inferred from
+/// the first row group and widened as rows come (an int column meeting a
+/// float becomes a float; a field first seen later is added). A row that
+/// clashes with the fixed schema of an object starts the next object;
+/// nothing is lost or refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_objects_hold_row_groups_and_a_clashing_row_starts_the_next() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "parquet");
+    let heard = Arc::new(Heard::default());
+    let ack = BatchAck::new(heard.clone(), 1);
+    let mut rows: Vec<Value> = (0..2500u64)
+        .map(|i| {
+            let mut r = json!({"seq": i, "msg": format!("event {i}")});
+            // A float among ints in the first row group, and a field that
+            // only appears later in it.
+            if i == 7 {
+                r["latency"] = json!(1.5);
+            } else if i < 900 {
+                r["latency"] = json!(i);
+            }
+            if i > 500 {
+                r["tags"] = json!({"zone": "a", "n": i});
+            }
+            r
+        })
+        .collect();
+    // After the first row group the schema is fixed: `seq` as a string
+    // clashes and starts a second object.
+    rows.push(json!({"seq": "late", "msg": "a string seq"}));
+    rows.push(json!({"seq": 2501, "msg": "after it"}));
+    let events: Vec<Event> = rows
+        .iter()
+        .map(|r| {
+            Event::fields(r.as_object().unwrap().clone(), Meta::now("src".into()))
+                .with_ack(ack.handle())
+        })
+        .collect();
+    drop(ack);
+    let (result, metrics) = testing::run_sink(
+        sink(options(
+            &url,
+            &b,
+            json!({"object_format": "parquet", "key_prefix": "p/",
+                   "parquet": {"row_group_rows": 1000, "compression": "snappy"}}),
+        )),
+        vec![events],
+    )
+    .await;
+    result.unwrap();
+    let counts = metrics.snapshot();
+    assert_eq!((counts.events_out, counts.errored), (2502, 0));
+    assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Delivered)]));
+    let mut stored = records(&url, &b);
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    // Keys are `<ms>-<random>`: order them by their first row instead.
+    stored.sort_by_key(|(_, _, _, rows)| rows[0]["msg"].as_str().unwrap() != "event 0");
+    let (key, content_type, groups, first) = &stored[0];
+    assert!(key.starts_with("p/") && key.ends_with(".parquet"), "{key}");
+    assert_eq!(content_type, "application/vnd.apache.parquet");
+    assert_eq!(*groups, 3, "2500 rows in groups of 1000");
+    assert_eq!(first.len(), 2500);
+    for (i, r) in first.iter().enumerate() {
+        assert_eq!(r["seq"], json!(i), "{r}");
+        assert_eq!(r["msg"], json!(format!("event {i}")));
+        let latency = match i {
+            7 => json!(1.5),
+            i if i < 900 => json!(i as f64),
+            _ => Value::Null,
+        };
+        assert_eq!(r["latency"], latency, "row {i}");
+        let tags = if i > 500 {
+            json!({"zone": "a", "n": i})
+        } else {
+            Value::Null
+        };
+        assert_eq!(r["tags"], tags, "row {i}");
+    }
+    let (_, _, _, second) = &stored[1];
+    assert_eq!(
+        second,
+        &vec![
+            json!({"seq": "late", "msg": "a string seq"}),
+            json!({"seq": "2501", "msg": "after it"})
+        ]
+    );
+}
+
+/// `object_format: parquet` with a configured schema: events outside it are
+/// refused and go to `<id>.dead` with the reason; the rest are stored, and
+/// the object is split into parts once its row groups pass a part's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_objects_with_a_schema_refuse_what_does_not_fit_to_dead() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "parquet-schema");
+    let heard = Arc::new(Heard::default());
+    let n = 60_000u64;
+    let pad = "p".repeat(200);
+    let batches: Vec<Vec<Event>> = (0..n / 1000)
+        .map(|t| {
+            let ack = BatchAck::new(heard.clone(), t);
+            (t * 1000..(t + 1) * 1000)
+                .map(|i| {
+                    // Every 1000th row has a string where an int64 goes.
+                    let seq = if i % 1000 == 999 {
+                        json!("bad")
+                    } else {
+                        json!(i)
+                    };
+                    // Random-looking text so that the pages do not compress
+                    // to nothing.
+                    let noise = format!("{:016x}{pad}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                    let f = json!({"seq": seq, "noise": noise});
+                    Event::fields(f.as_object().unwrap().clone(), Meta::now("src".into()))
+                        .with_ack(ack.handle())
+                })
+                .collect()
+        })
+        .collect();
+    let s = sink(options(
+        &url,
+        &b,
+        json!({"object_format": "parquet", "key_prefix": "s/",
+               "parquet": {"row_group_rows": 5000, "compression": "none",
+                           "schema": {"seq": "int64", "noise": "string"}}}),
+    ));
+    let (tx, rx) = channel(4096);
+    let (dead_tx, mut dead_rx) = channel(1000);
+    let mut cx = SinkContext::new("s3", rx, Arc::new(StageMetrics::default()));
+    cx.dead = logbus_plugin_api::Output::new(
+        vec![dead_tx],
+        cx.metrics.clone(),
+        logbus_plugin_api::OutputRole::Errors,
+    );
+    let run = tokio::spawn(async move {
+        let r = s.run(&mut cx).await;
+        (r, cx.metrics.snapshot())
+    });
+    let dead = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Some(mut batch) = dead_rx.recv().await {
+            for mut e in batch.take() {
+                got.push(e.as_fields().unwrap().clone());
+                e.settle(Outcome::Delivered);
+            }
+        }
+        got
+    });
+    for batch in batches {
+        tx.send(batch).await.unwrap();
+    }
+    drop(tx);
+    let (result, counts) = run.await.unwrap();
+    result.unwrap();
+    let dead = dead.await.unwrap();
+    assert_eq!(dead.len(), 60);
+    assert_eq!(dead[0]["seq"], "bad");
+    assert_eq!(dead[0]["_error"]["stage"], "s3");
+    assert!(
+        dead[0]["_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("schema"),
+        "{:?}",
+        dead[0]
+    );
+    assert_eq!(counts.events_out, n - 60);
+    assert!(heard.outcomes().values().all(|o| *o == Outcome::Delivered));
+    let objects = objects_meta(&url, &b);
+    assert_eq!(objects.len(), 1);
+    let parts: u64 = objects[0]
+        .1
+        .trim_matches('"')
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(objects[0].2 > 12 << 20, "{objects:?}");
+    assert!(parts >= 2, "{objects:?}");
+    let stored = records(&url, &b);
+    let (_, _, groups, rows) = &stored[0];
+    assert_eq!(*groups, 12, "59,940 rows in groups of 5000");
+    let seqs: Vec<u64> = rows.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    let want: Vec<u64> = (0..n).filter(|i| i % 1000 != 999).collect();
+    assert_eq!(seqs, want);
+    assert_eq!(unfinished_uploads(&url, &b), 0);
+}
+
+/// `object_format: avro`: an Avro object container (read back by fastavro), a
+/// block per `block_events`, deflate-compressed; events that do not
+/// resolve against the schema are refused and counted errored when no
+/// `<id>.dead` is connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_objects_are_containers_of_blocks() {
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "avro");
+    let heard = Arc::new(Heard::default());
+    let ack = BatchAck::new(heard.clone(), 1);
+    let events: Vec<Event> = (0..1001u64)
+        .map(|i| {
+            let f = if i == 500 {
+                json!({"seq": "not a long", "msg": "x"})
+            } else {
+                json!({"seq": i, "msg": format!("event {i}")})
+            };
+            Event::fields(f.as_object().unwrap().clone(), Meta::now("src".into()))
+                .with_ack(ack.handle())
+        })
+        .collect();
+    drop(ack);
+    let schema = json!({"type": "record", "name": "E", "fields": [
+        {"name": "seq", "type": "long"}, {"name": "msg", "type": "string"}]});
+    let (result, metrics) = testing::run_sink(
+        sink(options(
+            &url,
+            &b,
+            json!({"object_format": "avro", "key_prefix": "a/",
+                   "avro": {"schema": schema, "codec": "deflate", "block_events": 300}}),
+        )),
+        vec![events],
+    )
+    .await;
+    result.unwrap();
+    let counts = metrics.snapshot();
+    assert_eq!((counts.events_out, counts.errored), (1000, 1));
+    // The refused event's batch reports the worst outcome.
+    assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Rejected)]));
+    let stored = records(&url, &b);
+    assert_eq!(stored.len(), 1);
+    let (key, content_type, blocks, rows) = &stored[0];
+    assert!(key.starts_with("a/") && key.ends_with(".avro"), "{key}");
+    assert_eq!(content_type, "application/avro");
+    assert_eq!(*blocks, 4, "1000 records in blocks of 300");
+    let want: Vec<Value> = (0..1001u64)
+        .filter(|i| *i != 500)
+        .map(|i| json!({"seq": i, "msg": format!("event {i}")}))
+        .collect();
+    assert_eq!(rows, &want);
 }

@@ -2,61 +2,23 @@
 //! events, apart from the server so that they can be fuzzed on their own
 //! (they read whatever a client sends).
 
-use std::io::Read;
 use std::sync::Arc;
 
 use logbus_plugin_api::{Bytes, Event, Meta};
 
 use crate::source::BodyFormat;
 
-/// Why a body could not be decompressed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Undecodable {
-    /// A `Content-Encoding` this source does not take (415).
-    Unsupported(String),
-    /// The bytes are not what the encoding says (400).
-    Malformed(String),
-    /// Larger than allowed once decompressed (413).
-    TooLarge(String),
-}
+pub use logbus_compress::Undecodable;
 
-/// The body decompressed per its `Content-Encoding`, at most `max` bytes:
-/// decompression stops one byte past the limit, so a small body that
-/// inflates to gigabytes costs `max + 1` bytes.
+/// The body decompressed per its `Content-Encoding`, at most `max` bytes
+/// (see [`logbus_compress::decode_content`]).
 pub fn decode(encoding: &str, body: Bytes, max: usize) -> Result<Bytes, Undecodable> {
-    let encoding = encoding.trim().to_ascii_lowercase();
-    let format = match encoding.as_str() {
-        "identity" | "" => {
-            if body.len() > max {
-                return Err(Undecodable::TooLarge(format!(
-                    "the body is larger than {max} bytes"
-                )));
-            }
-            return Ok(body);
-        }
-        "gzip" | "x-gzip" => logbus_compress::ReadCompression::Gzip,
-        "zstd" => logbus_compress::ReadCompression::Zstd,
-        "deflate" => logbus_compress::ReadCompression::Deflate,
-        other => {
-            return Err(Undecodable::Unsupported(format!(
-                "Content-Encoding `{other}` is not supported (gzip, zstd, deflate)"
-            )));
-        }
-    };
-    let bad = |e: std::io::Error| Undecodable::Malformed(format!("{encoding} body: {e}"));
-    let reader = logbus_compress::open(&body[..], format).map_err(bad)?;
-    let mut out = Vec::new();
-    // One byte past the limit tells "too large" from "exactly the limit".
-    reader
-        .take(max as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(bad)?;
-    if out.len() > max {
-        return Err(Undecodable::TooLarge(format!(
-            "the body is larger than {max} bytes once decompressed"
-        )));
-    }
-    Ok(Bytes::from(out))
+    Ok(
+        match logbus_compress::decode_content(encoding, &body, max)? {
+            None => body,
+            Some(out) => Bytes::from(out),
+        },
+    )
 }
 
 /// Why a body made no events.

@@ -4,13 +4,17 @@
 //! arrow-rs. Columns become fields in schema order; nulls are kept as
 //! `null`; nested structs, lists and maps become objects and arrays;
 //! timestamps and dates become their ISO text (arrow-json's rendering).
+//! With `object-parquet`, [`object::ParquetObjects`] is Parquet as an
+//! object format for sinks that store objects (`sink: s3`).
 
 #[allow(unused_imports)]
 use logbus_plugin_api::{Registry, Typed};
 
+#[cfg(feature = "object-parquet")]
+pub mod object;
 #[cfg(feature = "parser-parquet")]
 pub mod reader;
-#[cfg(feature = "sink-parquet")]
+#[cfg(any(feature = "sink-parquet", feature = "object-parquet"))]
 pub mod writer;
 
 /// Adds every plugin of this crate that the enabled features include.

@@ -290,6 +290,15 @@ pub fn encode_file(
         .flush()
         .map_err(|e| fail(&e))?
         .ok_or_else(|| "no rows".to_string())?;
+    let props = writer_properties(compression, rows.len().max(1));
+    let mut writer = ArrowWriter::try_new(Vec::new(), schema, Some(props)).map_err(|e| fail(&e))?;
+    writer.write(&batch).map_err(|e| fail(&e))?;
+    writer.into_inner().map_err(|e| fail(&e))
+}
+
+/// Writer properties: page compression, and row groups of at most
+/// `row_group_rows`.
+pub fn writer_properties(compression: PageCompression, row_group_rows: usize) -> WriterProperties {
     let compression = match compression {
         PageCompression::None => Compression::UNCOMPRESSED,
         PageCompression::Snappy => Compression::SNAPPY,
@@ -297,12 +306,10 @@ pub fn encode_file(
         PageCompression::Lz4 => Compression::LZ4_RAW,
         PageCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
     };
-    let props = WriterProperties::builder()
+    WriterProperties::builder()
         .set_compression(compression)
-        .build();
-    let mut writer = ArrowWriter::try_new(Vec::new(), schema, Some(props)).map_err(|e| fail(&e))?;
-    writer.write(&batch).map_err(|e| fail(&e))?;
-    writer.into_inner().map_err(|e| fail(&e))
+        .set_max_row_group_size(row_group_rows.max(1))
+        .build()
 }
 
 /// The held batches' events are in a file that is written and closed:

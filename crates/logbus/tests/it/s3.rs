@@ -204,6 +204,11 @@ fn a_server_frozen_and_restarted_mid_upload_loses_nothing() {
 
 /// The events the archive example's source has read, from the API.
 fn read_so_far(port: u16) -> u64 {
+    stage_out(port, "app.source")
+}
+
+/// `events_out` of stage `id`, from the API (0 while it does not answer).
+fn stage_out(port: u16, id: &str) -> u64 {
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return 0;
     };
@@ -224,7 +229,7 @@ fn read_so_far(port: u16) -> u64 {
         .as_array()
         .into_iter()
         .flatten()
-        .find(|s| s["id"] == "app.source")
+        .find(|s| s["id"] == id)
         .and_then(|s| s["events_out"].as_u64())
         .unwrap_or(0)
 }
@@ -318,4 +323,186 @@ fn the_archive_example_restarted_neither_rereads_nor_skips() {
     seqs.sort();
     assert_eq!(seqs, (0..5000).collect::<Vec<_>>());
     assert_eq!(stored.len(), 6);
+}
+
+/// `source: s3` with the server restarted while it reads: the object
+/// being read is read again from its start with the messages already sent
+/// skipped, so every line arrives exactly once and the source ends
+/// normally.
+#[test]
+fn the_source_reads_on_across_a_server_restart_sending_each_line_once() {
+    // The lock first: while another test restarts the server, it is down.
+    let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "src-restart");
+    // Objects far larger than what the connection buffers, so the restart
+    // falls in the middle of the first one's body.
+    let (objects_n, per) = (2u64, 1_000_000u64);
+    for k in 0..objects_n {
+        crate::s3_common::python(
+            &url,
+            "first, n = int(ARGS[2]), int(ARGS[3])\n\
+             body = ''.join(f'{i:09} ' + 'x' * 80 + '\\n' for i in range(first, first + n)).encode()\n\
+             s3.put_object(Bucket=ARGS[0], Key=ARGS[1], Body=body)",
+            &[
+                &b,
+                &format!("in/{k}.log"),
+                &(k * per).to_string(),
+                &per.to_string(),
+            ],
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.log");
+    let pipeline = dir.path().join("p.yml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            "stages:
+  objects:
+    source: s3
+    bucket: {b}
+    prefix: in/
+    endpoint: {url}
+    force_path_style: true
+    region: us-east-1
+    access_key_id: {ACCESS_KEY}
+    secret_access_key: {SECRET_KEY}
+    concurrency: 1
+    request_timeout_ms: 2000
+    retry_initial_backoff_ms: 100
+    retry_max_backoff_ms: 1000
+  out: {{ sink: file, inputs: [objects], path: {} }}
+",
+            out.display()
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut child = Spawned::spawn(
+        logbus()
+            .arg("run")
+            .arg(&pipeline)
+            .args(["--api", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null()),
+    );
+    let began = Instant::now();
+    while stage_out(port, "objects") < per / 20 {
+        assert!(child.try_wait().is_none(), "{}", child.said());
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "{}",
+            child.said()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let services = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/services");
+    let restarted = Command::new(&services)
+        .args(["restart", "s3"])
+        .output()
+        .unwrap();
+    assert!(
+        restarted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restarted.stderr)
+    );
+    let read_at_restart = stage_out(port, "objects");
+    while child.try_wait().is_none() {
+        assert!(began.elapsed() < Duration::from_secs(180), "still running");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, err) = child.wait();
+    assert!(status.success(), "{err}");
+    let first = format!("s3://{b}/in/0.log");
+    assert!(
+        err.lines()
+            .any(|l| l.contains(&first) && l.contains("reading it again")),
+        "the first object was read again: {err}"
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut seqs: Vec<u64> = text.lines().map(|l| l[..9].parse().unwrap()).collect();
+    let n = seqs.len();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), n, "no line twice");
+    assert_eq!(seqs, (0..objects_n * per).collect::<Vec<_>>());
+    eprintln!(
+        "restarted after {read_at_restart} of {} lines",
+        objects_n * per
+    );
+}
+
+/// Credentials from a named profile of the shared files (the standard
+/// chain, with `profile:`): the right profile writes, a profile with a
+/// wrong secret fails with the service's reason and writes nothing.
+#[test]
+fn credentials_come_from_a_named_profile() {
+    let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(url) = endpoint() else { return };
+    let b = bucket(&url, "profile");
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("credentials");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[default]\naws_access_key_id = nobody\naws_secret_access_key = nothing\n\n\
+             [archiver]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n\n\
+             [wrong]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = not-the-secret\n"
+        ),
+    )
+    .unwrap();
+    let config = dir.path().join("config");
+    std::fs::write(
+        &config,
+        "[profile archiver]\nregion = us-east-1\n\n[profile wrong]\nregion = us-east-1\n",
+    )
+    .unwrap();
+    let run = |profile: &str| {
+        let pipeline = dir.path().join(format!("{profile}.yml"));
+        std::fs::write(
+            &pipeline,
+            format!(
+                "stages:
+  gen: {{ source: generator, count: 100, template: '{{\"seq\":{{{{seq}}}}}}' }}
+  archive:
+    sink: s3
+    inputs: [gen]
+    bucket: {b}
+    endpoint: {url}
+    force_path_style: true
+    profile: {profile}
+    key_prefix: {profile}/
+    retry_max_attempts: 2
+"
+            ),
+        )
+        .unwrap();
+        let o = logbus()
+            .arg("run")
+            .arg(&pipeline)
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_REGION")
+            .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+            .env("AWS_CONFIG_FILE", &config)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run("archiver");
+    assert!(ok, "{err}");
+    let stored = objects(&url, &b);
+    assert_eq!(stored.len(), 1, "{err}");
+    assert!(stored[0].key.starts_with("archiver/"), "{}", stored[0].key);
+    assert_eq!(stored[0].text.lines().count(), 100);
+    let (ok, err) = run("wrong");
+    assert!(!ok, "a wrong secret must fail");
+    assert!(err.contains("SignatureDoesNotMatch"), "{err}");
+    assert_eq!(objects(&url, &b).len(), 1, "nothing more written");
 }

@@ -170,3 +170,39 @@ pub fn logs_python(endpoint: &str, script: &str, args: &[&str]) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout).unwrap()
 }
+
+/// The records of every Parquet (`.parquet`, by pyarrow) or Avro container
+/// (`.avro`, by fastavro) object of `bucket`, by key: `(key, content
+/// type, row groups or blocks, records)`.
+pub fn records(endpoint: &str, bucket: &str) -> Vec<(String, String, u64, Vec<Value>)> {
+    let out = python(
+        endpoint,
+        "import io, pyarrow.parquet as pq, fastavro\n\
+         keys = [o['Key'] for p in s3.get_paginator('list_objects_v2').paginate(Bucket=ARGS[0]) for o in p.get('Contents', [])]\n\
+         out = []\n\
+         for k in sorted(keys):\n\
+         \x20   r = s3.get_object(Bucket=ARGS[0], Key=k)\n\
+         \x20   b = r['Body'].read()\n\
+         \x20   if k.endswith('.parquet'):\n\
+         \x20       f = pq.ParquetFile(io.BytesIO(b))\n\
+         \x20       groups, rows = f.metadata.num_row_groups, f.read().to_pylist()\n\
+         \x20   else:\n\
+         \x20       blocks = list(fastavro.block_reader(io.BytesIO(b)))\n\
+         \x20       groups, rows = len(blocks), [x for blk in blocks for x in blk]\n\
+         \x20   out.append([k, r['ContentType'], groups, rows])\n\
+         print(json.dumps(out))",
+        &[bucket],
+    );
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+/// `(key, etag, size)` of every object of `bucket`, by key.
+pub fn objects_meta(endpoint: &str, bucket: &str) -> Vec<(String, String, u64)> {
+    let out = python(
+        endpoint,
+        "out = [[o['Key'], o['ETag'], o['Size']] for p in s3.get_paginator('list_objects_v2').paginate(Bucket=ARGS[0]) for o in p.get('Contents', [])]\n\
+         print(json.dumps(sorted(out)))",
+        &[bucket],
+    );
+    serde_json::from_str(out.trim()).unwrap()
+}
