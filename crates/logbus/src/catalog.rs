@@ -69,6 +69,7 @@ pub fn registry() -> Registry {
     logbus_parquet::register(&mut registry);
     logbus_tail::register(&mut registry);
     logbus_http::register(&mut registry);
+    logbus_otlp::register(&mut registry);
     logbus_net::register(&mut registry);
     logbus_host::register(&mut registry);
     logbus_email::register(&mut registry);

@@ -1,0 +1,23 @@
+//! OpenTelemetry logs over OTLP: `source: otlp` receives them (gRPC and
+//! HTTP, protobuf and JSON bodies), `sink: otlp` sends them (gRPC or HTTP
+//! protobuf, on the sink core). Both map records to events and back with
+//! [`model`], so LogBus → LogBus over OTLP keeps every field. Traces and
+//! metrics are not taken (the source refuses them with a clear error).
+
+#[allow(unused_imports)]
+use logbus_plugin_api::{Registry, Typed};
+
+pub mod model;
+#[cfg(feature = "sink-otlp")]
+pub mod sink;
+#[cfg(feature = "source-otlp")]
+pub mod source;
+
+/// Adds every plugin of this crate that the enabled features include.
+pub fn register(registry: &mut Registry) {
+    #[cfg(feature = "source-otlp")]
+    registry.add(Typed(source::OtlpSource));
+    #[cfg(feature = "sink-otlp")]
+    registry.add(Typed(sink::OtlpSink));
+    let _ = registry;
+}

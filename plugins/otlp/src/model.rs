@@ -1,0 +1,396 @@
+//! OTLP log records and LogBus events, both ways. One mapping serves the
+//! source (records → events) and the sink (events → records), so that an
+//! event that came in over OTLP goes out as the record it was: body,
+//! severity, times, trace context, attributes, resource and scope.
+//!
+//! An event from a record (the default, `nested` layout):
+//!
+//! ```json
+//! {"body": "GET /", "severity_number": 9, "severity_text": "INFO",
+//!  "time_unix_nano": 1796168975078394997, "observed_time_unix_nano": …,
+//!  "timestamp": "2026-12-01T21:49:35.078394997Z",
+//!  "trace_id": "5b8efff798038103d269b633813fc60c", "span_id": "eee19b7ec3c1b174", "flags": 1,
+//!  "attributes": {"http.method": "GET"},
+//!  "resource": {"service.name": "api"},
+//!  "scope": {"name": "app.http", "version": "1.2", "attributes": {}}}
+//! ```
+//!
+//! `flatten` puts resource attributes at `resource.<key>` and the scope at
+//! `scope.name`, `scope.version`, `scope.attributes.<key>` instead.
+//! Values map the plain way: strings, booleans, integers and doubles as
+//! themselves, arrays and key-value lists as arrays and objects, bytes as
+//! base64 text.
+
+use base64::Engine;
+use opentelemetry_proto::tonic::common::v1::{
+    AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList, any_value::Value as V,
+};
+use opentelemetry_proto::tonic::logs::v1::LogRecord;
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use serde_json::{Map, Number, Value};
+
+/// Nesting beyond this in a body or attribute is cut (the value becomes
+/// its type's name): a hostile client cannot make a deep recursion.
+pub const MAX_DEPTH: usize = 64;
+
+/// Where resource and scope go in an event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// `resource: {…}`, `scope: {name, version, attributes}`.
+    #[default]
+    Nested,
+    /// `resource.<key>`, `scope.name`, `scope.version`, `scope.attributes.<key>`.
+    Flatten,
+}
+
+pub fn any_to_json(v: &AnyValue, depth: usize) -> Value {
+    match &v.value {
+        None | Some(V::StringValueStrindex(_)) => Value::Null,
+        Some(V::StringValue(s)) => Value::String(s.clone()),
+        Some(V::BoolValue(b)) => Value::Bool(*b),
+        Some(V::IntValue(i)) => Value::from(*i),
+        Some(V::DoubleValue(d)) => Number::from_f64(*d).map_or_else(
+            // NaN and the infinities have no JSON number.
+            || Value::String(d.to_string()),
+            Value::Number,
+        ),
+        Some(V::BytesValue(b)) => {
+            Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+        }
+        Some(V::ArrayValue(a)) if depth < MAX_DEPTH => {
+            Value::Array(a.values.iter().map(|x| any_to_json(x, depth + 1)).collect())
+        }
+        Some(V::KvlistValue(kv)) if depth < MAX_DEPTH => {
+            Value::Object(attributes_to_json(&kv.values, depth + 1))
+        }
+        Some(V::ArrayValue(_)) => Value::String("array".into()),
+        Some(V::KvlistValue(_)) => Value::String("kvlist".into()),
+    }
+}
+
+pub fn attributes_to_json(kvs: &[KeyValue], depth: usize) -> Map<String, Value> {
+    kvs.iter()
+        .map(|kv| {
+            let v = kv
+                .value
+                .as_ref()
+                .map_or(Value::Null, |v| any_to_json(v, depth));
+            (kv.key.clone(), v)
+        })
+        .collect()
+}
+
+pub fn json_to_any(v: &Value, depth: usize) -> AnyValue {
+    let value = match v {
+        Value::Null => None,
+        Value::Bool(b) => Some(V::BoolValue(*b)),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Some(V::IntValue(i)),
+            None => Some(V::DoubleValue(n.as_f64().unwrap_or(f64::NAN))),
+        },
+        Value::String(s) => Some(V::StringValue(s.clone())),
+        Value::Array(a) if depth < MAX_DEPTH => Some(V::ArrayValue(ArrayValue {
+            values: a.iter().map(|x| json_to_any(x, depth + 1)).collect(),
+        })),
+        Value::Object(m) if depth < MAX_DEPTH => Some(V::KvlistValue(KeyValueList {
+            values: json_to_attributes(m, depth + 1),
+        })),
+        Value::Array(_) => Some(V::StringValue("array".into())),
+        Value::Object(_) => Some(V::StringValue("object".into())),
+    };
+    AnyValue { value }
+}
+
+pub fn json_to_attributes(m: &Map<String, Value>, depth: usize) -> Vec<KeyValue> {
+    m.iter()
+        .map(|(k, v)| KeyValue {
+            key: k.clone(),
+            value: Some(json_to_any(v, depth)),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// RFC 3339 in UTC with nanoseconds.
+pub fn rfc3339(ns: u64) -> String {
+    let secs = (ns / 1_000_000_000) as i64;
+    let nanos = (ns % 1_000_000_000) as u32;
+    chrono::DateTime::from_timestamp(secs, nanos)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+/// The event fields of one record.
+pub fn record_to_fields(
+    resource: Option<&Resource>,
+    scope: Option<&InstrumentationScope>,
+    record: &LogRecord,
+    layout: Layout,
+) -> Map<String, Value> {
+    let mut f = Map::new();
+    f.insert(
+        "body".into(),
+        record
+            .body
+            .as_ref()
+            .map_or(Value::Null, |b| any_to_json(b, 0)),
+    );
+    if record.severity_number != 0 {
+        f.insert("severity_number".into(), record.severity_number.into());
+    }
+    if !record.severity_text.is_empty() {
+        f.insert("severity_text".into(), record.severity_text.clone().into());
+    }
+    if record.time_unix_nano != 0 {
+        f.insert("time_unix_nano".into(), record.time_unix_nano.into());
+    }
+    if record.observed_time_unix_nano != 0 {
+        f.insert(
+            "observed_time_unix_nano".into(),
+            record.observed_time_unix_nano.into(),
+        );
+    }
+    let at = match record.time_unix_nano {
+        0 => record.observed_time_unix_nano,
+        t => t,
+    };
+    if at != 0 {
+        f.insert("timestamp".into(), rfc3339(at).into());
+    }
+    if !record.trace_id.is_empty() {
+        f.insert("trace_id".into(), hex::encode(&record.trace_id).into());
+    }
+    if !record.span_id.is_empty() {
+        f.insert("span_id".into(), hex::encode(&record.span_id).into());
+    }
+    if record.flags != 0 {
+        f.insert("flags".into(), record.flags.into());
+    }
+    if !record.event_name.is_empty() {
+        f.insert("event_name".into(), record.event_name.clone().into());
+    }
+    f.insert(
+        "attributes".into(),
+        Value::Object(attributes_to_json(&record.attributes, 0)),
+    );
+    if record.dropped_attributes_count != 0 {
+        f.insert(
+            "dropped_attributes_count".into(),
+            record.dropped_attributes_count.into(),
+        );
+    }
+    let resource_attributes =
+        resource.map_or_else(Map::new, |r| attributes_to_json(&r.attributes, 0));
+    let mut scope_fields = Map::new();
+    if let Some(s) = scope {
+        if !s.name.is_empty() {
+            scope_fields.insert("name".into(), s.name.clone().into());
+        }
+        if !s.version.is_empty() {
+            scope_fields.insert("version".into(), s.version.clone().into());
+        }
+        if !s.attributes.is_empty() {
+            scope_fields.insert(
+                "attributes".into(),
+                Value::Object(attributes_to_json(&s.attributes, 0)),
+            );
+        }
+    }
+    match layout {
+        Layout::Nested => {
+            f.insert("resource".into(), Value::Object(resource_attributes));
+            f.insert("scope".into(), Value::Object(scope_fields));
+        }
+        Layout::Flatten => {
+            for (k, v) in resource_attributes {
+                f.insert(format!("resource.{k}"), v);
+            }
+            for (k, v) in scope_fields {
+                match (k.as_str(), v) {
+                    ("attributes", Value::Object(attrs)) => {
+                        for (ak, av) in attrs {
+                            f.insert(format!("scope.attributes.{ak}"), av);
+                        }
+                    }
+                    (_, v) => {
+                        f.insert(format!("scope.{k}"), v);
+                    }
+                }
+            }
+        }
+    }
+    f
+}
+
+/// The severity number a text names (`INFO`, `warn`, `Error2`, …), per
+/// the OpenTelemetry log data model's ranges; 0 when it names none.
+pub fn severity_number_of(text: &str) -> i32 {
+    let lower = text.trim().to_ascii_lowercase();
+    let (name, n) = match lower.find(|c: char| c.is_ascii_digit()) {
+        Some(i) => (&lower[..i], lower[i..].parse::<i32>().unwrap_or(1)),
+        None => (lower.as_str(), 1),
+    };
+    let base = match name {
+        "trace" => 1,
+        "debug" => 5,
+        "info" | "information" | "notice" => 9,
+        "warn" | "warning" => 13,
+        "error" | "err" => 17,
+        "fatal" | "critical" | "crit" | "alert" | "emerg" | "emergency" | "panic" => 21,
+        _ => return 0,
+    };
+    base + (n.clamp(1, 4) - 1)
+}
+
+/// The fields of an event that `record_to_fields` writes; everything else
+/// an event holds goes into the record's attributes.
+const KNOWN: &[&str] = &[
+    "body",
+    "severity_number",
+    "severity_text",
+    "time_unix_nano",
+    "observed_time_unix_nano",
+    "timestamp",
+    "trace_id",
+    "span_id",
+    "flags",
+    "event_name",
+    "attributes",
+    "dropped_attributes_count",
+    "resource",
+    "scope",
+];
+
+/// An event's resource attributes and scope, in either layout.
+pub fn resource_and_scope(f: &Map<String, Value>) -> (Map<String, Value>, Map<String, Value>) {
+    let mut resource = match f.get("resource") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    let mut scope = match f.get("scope") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    for (k, v) in f {
+        if let Some(key) = k.strip_prefix("resource.") {
+            resource.insert(key.to_string(), v.clone());
+        } else if let Some(key) = k.strip_prefix("scope.attributes.") {
+            if let Value::Object(attrs) = scope
+                .entry("attributes")
+                .or_insert_with(|| Value::Object(Map::new()))
+            {
+                attrs.insert(key.to_string(), v.clone());
+            }
+        } else if let Some(key @ ("name" | "version")) = k.strip_prefix("scope.") {
+            scope.insert(key.to_string(), v.clone());
+        }
+    }
+    (resource, scope)
+}
+
+pub fn resource_of(attributes: &Map<String, Value>) -> Resource {
+    Resource {
+        attributes: json_to_attributes(attributes, 0),
+        ..Default::default()
+    }
+}
+
+pub fn scope_of(scope: &Map<String, Value>) -> InstrumentationScope {
+    let text = |k: &str| {
+        scope
+            .get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    InstrumentationScope {
+        name: text("name"),
+        version: text("version"),
+        attributes: match scope.get("attributes") {
+            Some(Value::Object(a)) => json_to_attributes(a, 0),
+            _ => Vec::new(),
+        },
+        ..Default::default()
+    }
+}
+
+/// The record of an event: the fields `record_to_fields` writes go back
+/// where they came from, `message` is the body when there is no `body`,
+/// `level` the severity text when there is no `severity_text` (the number
+/// then follows from the text), `timestamp` (RFC 3339) the time when
+/// there is no `time_unix_nano`, the ingest time the observed time when
+/// there is none; every other field becomes an attribute. A raw event is
+/// its text as the body.
+pub fn fields_to_record(f: Option<&Map<String, Value>>, raw: &[u8], ingest_ns: u64) -> LogRecord {
+    let mut r = LogRecord {
+        observed_time_unix_nano: ingest_ns,
+        ..Default::default()
+    };
+    let Some(f) = f else {
+        r.body = Some(AnyValue {
+            value: Some(V::StringValue(String::from_utf8_lossy(raw).into_owned())),
+        });
+        return r;
+    };
+    let body = f.get("body").or_else(|| f.get("message"));
+    r.body = body.map(|b| json_to_any(b, 0));
+    let text = f
+        .get("severity_text")
+        .or_else(|| f.get("level"))
+        .and_then(Value::as_str);
+    r.severity_text = text.unwrap_or("").to_string();
+    r.severity_number = match f.get("severity_number").and_then(Value::as_i64) {
+        Some(n) => n.clamp(0, 24) as i32,
+        None => text.map_or(0, severity_number_of),
+    };
+    let u64_of = |k: &str| f.get(k).and_then(Value::as_u64);
+    r.time_unix_nano = u64_of("time_unix_nano")
+        .or_else(|| {
+            f.get("timestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .and_then(|t| t.timestamp_nanos_opt())
+                .map(|n| n.max(0) as u64)
+        })
+        .unwrap_or(0);
+    if let Some(o) = u64_of("observed_time_unix_nano") {
+        r.observed_time_unix_nano = o;
+    }
+    let id = |k: &str, len: usize| {
+        f.get(k)
+            .and_then(Value::as_str)
+            .and_then(|h| hex::decode(h).ok())
+            .filter(|b| b.len() == len)
+            .unwrap_or_default()
+    };
+    r.trace_id = id("trace_id", 16);
+    r.span_id = id("span_id", 8);
+    r.flags = u64_of("flags").map_or(0, |n| n as u32);
+    r.event_name = f
+        .get("event_name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    r.dropped_attributes_count = u64_of("dropped_attributes_count").map_or(0, |n| n as u32);
+    let mut attributes = match f.get("attributes") {
+        Some(Value::Object(a)) => json_to_attributes(a, 0),
+        _ => Vec::new(),
+    };
+    for (k, v) in f {
+        let mapped = KNOWN.contains(&k.as_str())
+            || (k == "message" && !f.contains_key("body"))
+            || (k == "level" && !f.contains_key("severity_text"))
+            || k.starts_with("resource.")
+            || k.starts_with("scope.");
+        if !mapped {
+            attributes.push(KeyValue {
+                key: k.clone(),
+                value: Some(json_to_any(v, 0)),
+                ..Default::default()
+            });
+        }
+    }
+    r.attributes = attributes;
+    r
+}

@@ -1,0 +1,610 @@
+//! `sink: otlp` — events as OpenTelemetry log records to an OTLP
+//! receiver (a Collector, a vendor's endpoint, another LogBus) over gRPC
+//! or HTTP (protobuf), on the sink core: batches, requests in flight,
+//! retries with backoff as the OTLP specification says.
+//!
+//! Events are batched per resource and scope (the batch key), so each
+//! request is one `ResourceLogs` holding one `ScopeLogs`, and each event
+//! is encoded as its `LogRecord` the moment it is batched: the batch's
+//! bytes are the records' field of the `ScopeLogs` message, exactly, and
+//! `batch_max_bytes` is the request's size but for the few bytes of the
+//! resource and scope around it. Retried: UNAVAILABLE, CANCELLED,
+//! DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, DATA_LOSS, and
+//! RESOURCE_EXHAUSTED when the server sent a RetryInfo (its delay is
+//! honoured); HTTP 429, 502, 503, 504 (with `Retry-After`) and connection
+//! failures. Anything else refuses the batch. A partial success is logged
+//! with the receiver's count and message: the receiver does not say which
+//! records it refused, and says sending them again will not help.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
+
+use logbus_plugin_api::{
+    BuildContext, Built, Bytes, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
+    StageKind, TypedPlugin, async_trait,
+};
+use logbus_sink::{
+    Batch, DeliveryOptions, Driver, DriverConfig, Encoder, OnRejected, Response, Service,
+    error_chain, parse_retry_after,
+};
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceResponse;
+use prost::Message;
+use prost::encoding::{WireType, encode_key, encode_varint};
+use serde::Deserialize;
+
+use crate::model::{fields_to_record, resource_and_scope, resource_of, scope_of};
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// OTLP/gRPC (`http://host:4317`).
+    #[default]
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (`http://host:4318`, `/v1/logs`
+    /// added when the URL has no path).
+    Http,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OtlpCompression {
+    None,
+    #[default]
+    Gzip,
+}
+
+/// Options of `sink: otlp`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpSinkOptions {
+    /// The receiver's URL: `http://collector:4317` (gRPC),
+    /// `http://collector:4318` or a full `…/v1/logs` URL (HTTP).
+    pub endpoint: String,
+    #[serde(default)]
+    pub protocol: Protocol,
+    #[serde(default)]
+    pub compression: OtlpCompression,
+    /// Sent with every request (gRPC metadata or HTTP headers), e.g. an
+    /// API key: `{ x-api-key: "${KEY}" }`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// HTTPS (`protocol: http`): the CA to trust, a client certificate.
+    #[serde(default)]
+    pub tls: Option<logbus_tls::ClientTls>,
+    #[serde(default = "default_max_events")]
+    #[schemars(range(min = 1))]
+    pub batch_max_events: usize,
+    #[serde(default = "default_max_bytes")]
+    #[schemars(range(min = 1))]
+    pub batch_max_bytes: usize,
+    #[serde(default = "default_batch_timeout")]
+    pub batch_timeout_ms: u64,
+    #[serde(default = "default_request_timeout")]
+    #[schemars(range(min = 1))]
+    pub request_timeout_ms: u64,
+    #[serde(default = "default_initial_backoff")]
+    #[schemars(range(min = 1))]
+    pub retry_initial_backoff_ms: u64,
+    #[serde(default = "default_max_backoff")]
+    #[schemars(range(min = 1))]
+    pub retry_max_backoff_ms: u64,
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub retry_max_attempts: Option<u32>,
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub retry_max_elapsed_ms: Option<u64>,
+    #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1, max = 64))]
+    pub in_flight: usize,
+    #[serde(default)]
+    pub on_rejected: OnRejected,
+}
+
+fn default_max_events() -> usize {
+    1000
+}
+fn default_max_bytes() -> usize {
+    // Receivers take 4 MiB by default (gRPC's message limit).
+    1 << 20
+}
+fn default_batch_timeout() -> u64 {
+    1000
+}
+fn default_request_timeout() -> u64 {
+    10_000
+}
+fn default_initial_backoff() -> u64 {
+    100
+}
+fn default_max_backoff() -> u64 {
+    30_000
+}
+fn default_in_flight() -> usize {
+    4
+}
+
+impl OtlpSinkOptions {
+    fn delivery(&self) -> DeliveryOptions {
+        DeliveryOptions {
+            batch_max_events: self.batch_max_events,
+            batch_max_bytes: self.batch_max_bytes,
+            batch_timeout_ms: self.batch_timeout_ms,
+            request_timeout_ms: self.request_timeout_ms,
+            retry_initial_backoff_ms: self.retry_initial_backoff_ms,
+            retry_max_backoff_ms: self.retry_max_backoff_ms,
+            retry_max_attempts: self.retry_max_attempts,
+            retry_max_elapsed_ms: self.retry_max_elapsed_ms,
+            in_flight: self.in_flight,
+            max_in_flight: 64,
+        }
+    }
+
+    /// The URL requests go to.
+    fn url(&self) -> String {
+        let e = self.endpoint.trim_end_matches('/');
+        match self.protocol {
+            Protocol::Http
+                if e.split_once("://")
+                    .is_some_and(|(_, rest)| !rest.contains('/')) =>
+            {
+                format!("{e}/v1/logs")
+            }
+            _ => e.to_string(),
+        }
+    }
+}
+
+impl CheckOptions for OtlpSinkOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        match self.endpoint.split_once("://") {
+            Some(("http" | "https", rest)) if !rest.is_empty() => {}
+            _ => errors.push(OptionError::at(
+                &["endpoint"],
+                format!("`{}` is not an http:// or https:// URL", self.endpoint),
+            )),
+        }
+        if self.protocol == Protocol::Grpc && self.endpoint.starts_with("https://") {
+            errors.push(OptionError::at(
+                &["endpoint"],
+                "OTLP/gRPC over TLS is not in this build yet; use `protocol: http` for HTTPS",
+            ));
+        }
+        if self.protocol == Protocol::Grpc && self.tls.is_some() {
+            errors.push(OptionError::at(
+                &["tls"],
+                "applies to `protocol: http` only",
+            ));
+        }
+        errors.extend(self.delivery().check());
+        for (name, value) in &self.headers {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+            {
+                errors.push(OptionError::at(
+                    &["headers", name],
+                    "not a valid header name",
+                ));
+            } else if !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                errors.push(OptionError::at(
+                    &["headers", name],
+                    "only printable ASCII is allowed in a header value",
+                ));
+            }
+        }
+        errors
+    }
+}
+
+pub struct OtlpSink;
+
+impl TypedPlugin for OtlpSink {
+    type Options = OtlpSinkOptions;
+    const NAME: &'static str = "otlp";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "OpenTelemetry log records to an OTLP receiver over gRPC or HTTP (protobuf, gzip, headers), batched per resource and scope, retried as the OTLP specification says; commits once the receiver accepted the request.";
+
+    fn build(&self, options: OtlpSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let url = options.url();
+        let transport = match options.protocol {
+            Protocol::Grpc => {
+                let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+                    .map_err(|e| OptionError::at(&["endpoint"], e.to_string()))?
+                    .connect_timeout(Duration::from_millis(options.request_timeout_ms))
+                    .timeout(Duration::from_millis(options.request_timeout_ms))
+                    .tcp_nodelay(true);
+                let mut metadata = tonic::metadata::MetadataMap::new();
+                for (k, v) in &options.headers {
+                    let key =
+                        tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                            .map_err(|_| {
+                                OptionError::at(&["headers", k], "not a valid header name")
+                            })?;
+                    let value = v.parse().map_err(|_| {
+                        OptionError::at(&["headers", k], "not a valid header value")
+                    })?;
+                    metadata.insert(key, value);
+                }
+                Transport::Grpc {
+                    endpoint: Box::new(endpoint),
+                    channel: OnceLock::new(),
+                    metadata,
+                }
+            }
+            Protocol::Http => {
+                let tls = options.tls.clone().unwrap_or_default();
+                let tls = tls
+                    .config(&cx.base_dir)
+                    .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
+                let client = reqwest::Client::builder()
+                    .use_preconfigured_tls((*tls).clone())
+                    .timeout(Duration::from_millis(options.request_timeout_ms))
+                    .pool_max_idle_per_host(options.in_flight)
+                    .build()
+                    .map_err(|e| {
+                        OptionError::at(&["endpoint"], format!("building the HTTP client: {e}"))
+                    })?;
+                let mut headers = reqwest::header::HeaderMap::new();
+                headers.insert(
+                    reqwest::header::CONTENT_TYPE,
+                    reqwest::header::HeaderValue::from_static("application/x-protobuf"),
+                );
+                if options.compression == OtlpCompression::Gzip {
+                    headers.insert(
+                        reqwest::header::CONTENT_ENCODING,
+                        reqwest::header::HeaderValue::from_static("gzip"),
+                    );
+                }
+                for (k, v) in &options.headers {
+                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                        .map_err(|_| OptionError::at(&["headers", k], "not a valid header name"))?;
+                    let value = reqwest::header::HeaderValue::from_str(v).map_err(|_| {
+                        OptionError::at(&["headers", k], "not a valid header value")
+                    })?;
+                    headers.insert(name, value);
+                }
+                Transport::Http { client, headers }
+            }
+        };
+        let config = DriverConfig {
+            limits: options.delivery().limits(),
+            retry: options.delivery().retry(),
+            in_flight: options.in_flight,
+            on_rejected: options.on_rejected,
+            destination: format!(
+                "OTLP/{} {url}",
+                match options.protocol {
+                    Protocol::Grpc => "gRPC",
+                    Protocol::Http => "HTTP",
+                }
+            ),
+        };
+        let service = OtlpService {
+            transport,
+            url,
+            gzip: options.compression == OtlpCompression::Gzip,
+        };
+        let driver = Driver::new(service, RecordEncoder, config).partition_by(batch_key);
+        Ok(Built::Sink(Box::new(OtlpWriter { driver })))
+    }
+}
+
+/// Events with the same resource and scope share a request.
+fn batch_key(event: &Event) -> String {
+    match event.as_fields() {
+        Some(f) => serde_json::to_string(&resource_and_scope(f)).unwrap_or_default(),
+        None => String::new(),
+    }
+}
+
+/// Each event as the `log_records` field (2) of a `ScopeLogs`.
+struct RecordEncoder;
+
+impl Encoder for RecordEncoder {
+    fn encode(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), String> {
+        let raw = event.as_raw().map(|b| &b[..]).unwrap_or(b"");
+        let record = fields_to_record(event.as_fields(), raw, event.meta().ingest_ns);
+        prost::encoding::message::encode(2, &record, out);
+        Ok(())
+    }
+}
+
+struct OtlpWriter {
+    driver: Driver<OtlpService>,
+}
+
+#[async_trait]
+impl Sink for OtlpWriter {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        self.driver.run(cx).await
+    }
+}
+
+enum Transport {
+    Grpc {
+        endpoint: Box<tonic::transport::Endpoint>,
+        /// Made on the first request (it needs the runtime); it connects
+        /// and reconnects by itself.
+        channel: OnceLock<tonic::transport::Channel>,
+        metadata: tonic::metadata::MetadataMap,
+    },
+    Http {
+        client: reqwest::Client,
+        headers: reqwest::header::HeaderMap,
+    },
+}
+
+struct OtlpService {
+    transport: Transport,
+    url: String,
+    gzip: bool,
+}
+
+/// Appends a length-delimited field.
+fn field(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
+    encode_key(tag, WireType::LengthDelimited, out);
+    encode_varint(bytes.len() as u64, out);
+    out.extend_from_slice(bytes);
+}
+
+/// Most bytes of an error answer kept for the message.
+const REASON_BYTES: usize = 512;
+
+#[async_trait]
+impl Service for OtlpService {
+    type Request = Bytes;
+
+    /// `ExportLogsServiceRequest { resource_logs: [ResourceLogs { resource,
+    /// scope_logs: [ScopeLogs { scope, log_records: <the batch> }] }] }`.
+    fn prepare(&self, batch: &Batch) -> Result<Bytes, String> {
+        let (resource, scope) = batch
+            .events()
+            .first()
+            .and_then(|e| e.as_fields())
+            .map(resource_and_scope)
+            .unwrap_or_default();
+        let mut scope_logs = Vec::with_capacity(batch.body().len() + 64);
+        if !scope.is_empty() {
+            prost::encoding::message::encode(1, &scope_of(&scope), &mut scope_logs);
+        }
+        scope_logs.extend_from_slice(batch.body());
+        let mut resource_logs = Vec::with_capacity(scope_logs.len() + 256);
+        if !resource.is_empty() {
+            prost::encoding::message::encode(1, &resource_of(&resource), &mut resource_logs);
+        }
+        field(2, &scope_logs, &mut resource_logs);
+        drop(scope_logs);
+        let mut request = Vec::with_capacity(resource_logs.len() + 8);
+        field(1, &resource_logs, &mut request);
+        if self.gzip && matches!(self.transport, Transport::Http { .. }) {
+            let mut w = flate2::write::GzEncoder::new(
+                Vec::with_capacity(request.len() / 4),
+                flate2::Compression::default(),
+            );
+            w.write_all(&request)
+                .map_err(|e| format!("compressing the request: {e}"))?;
+            request = w
+                .finish()
+                .map_err(|e| format!("compressing the request: {e}"))?;
+        }
+        Ok(Bytes::from(request))
+    }
+
+    async fn send(&self, request: &Bytes) -> Response {
+        let answer = match &self.transport {
+            Transport::Grpc {
+                endpoint,
+                channel,
+                metadata,
+            } => {
+                let channel = channel.get_or_init(|| endpoint.connect_lazy()).clone();
+                send_grpc(channel, metadata, request.clone(), self.gzip).await
+            }
+            Transport::Http { client, headers } => {
+                send_http(client, &self.url, headers, request.clone()).await
+            }
+        };
+        match answer {
+            Ok(Some(partial)) => {
+                tracing::warn!(
+                    destination = %self.url,
+                    "the receiver refused {} log records for good: {}",
+                    partial.rejected_log_records,
+                    partial.error_message
+                );
+                Response::Delivered
+            }
+            Ok(None) => Response::Delivered,
+            Err(response) => response,
+        }
+    }
+}
+
+type Answer = Result<
+    Option<opentelemetry_proto::tonic::collector::logs::v1::ExportLogsPartialSuccess>,
+    Response,
+>;
+
+fn partial(r: ExportLogsServiceResponse) -> Answer {
+    Ok(r.partial_success.filter(|p| p.rejected_log_records > 0))
+}
+
+async fn send_grpc(
+    channel: tonic::transport::Channel,
+    metadata: &tonic::metadata::MetadataMap,
+    body: Bytes,
+    gzip: bool,
+) -> Answer {
+    use tonic::Code;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    if gzip {
+        grpc = grpc.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+    }
+    grpc = grpc.accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    if let Err(e) = grpc.ready().await {
+        return Err(Response::Retry {
+            reason: format!("connecting: {}", error_chain(&e)),
+            retry_after: None,
+        });
+    }
+    let mut request = tonic::Request::new(body);
+    *request.metadata_mut() = metadata.clone();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+    );
+    match grpc.unary(request, path, RawCodec).await {
+        Ok(response) => partial(response.into_inner()),
+        Err(status) => {
+            use tonic_types::StatusExt;
+            let retry_after = status.get_details_retry_info().and_then(|r| r.retry_delay);
+            let reason = format!("{:?}: {}", status.code(), status.message());
+            let retryable = match status.code() {
+                Code::Unavailable
+                | Code::Cancelled
+                | Code::DeadlineExceeded
+                | Code::Aborted
+                | Code::OutOfRange
+                | Code::DataLoss => true,
+                Code::ResourceExhausted => retry_after.is_some(),
+                _ => false,
+            };
+            Err(if retryable {
+                Response::Retry {
+                    reason,
+                    retry_after,
+                }
+            } else {
+                Response::Rejected { reason }
+            })
+        }
+    }
+}
+
+async fn send_http(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &reqwest::header::HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let sent = client
+        .post(url)
+        .headers(headers.clone())
+        .body(body)
+        .send()
+        .await;
+    let mut resp = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            return Err(Response::Retry {
+                reason: error_chain(&e),
+                retry_after: None,
+            });
+        }
+    };
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, SystemTime::now()));
+    let mut text = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        text.extend_from_slice(&chunk);
+        if status / 100 != 2 && text.len() >= REASON_BYTES {
+            break;
+        }
+    }
+    if (200..300).contains(&status) {
+        return match ExportLogsServiceResponse::decode(&text[..]) {
+            Ok(r) => partial(r),
+            // A 2xx is acceptance whatever its body says.
+            Err(_) => Ok(None),
+        };
+    }
+    // The body is a google.rpc.Status (message in field 2) or text.
+    let message = RpcStatus::decode(&text[..])
+        .ok()
+        .filter(|s| !s.message.is_empty())
+        .map(|s| s.message)
+        .unwrap_or_else(|| {
+            text.truncate(REASON_BYTES);
+            String::from_utf8_lossy(&text).trim().to_string()
+        });
+    let reason = format!("HTTP {status}: {message}");
+    Err(if matches!(status, 429 | 502 | 503 | 504) {
+        Response::Retry {
+            reason,
+            retry_after,
+        }
+    } else {
+        Response::Rejected { reason }
+    })
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+/// gRPC with the request already encoded (the batch's bytes) and the
+/// response decoded as protobuf.
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = ExportLogsServiceResponse;
+    type Encoder = RawEncoder;
+    type Decoder = ResponseDecoder;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> ResponseDecoder {
+        ResponseDecoder
+    }
+}
+
+struct RawEncoder;
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes_put(dst, &item);
+        Ok(())
+    }
+}
+
+fn bytes_put(dst: &mut tonic::codec::EncodeBuf<'_>, bytes: &[u8]) {
+    use prost::bytes::BufMut;
+    dst.put_slice(bytes);
+}
+
+struct ResponseDecoder;
+
+impl tonic::codec::Decoder for ResponseDecoder {
+    type Item = ExportLogsServiceResponse;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<ExportLogsServiceResponse>, tonic::Status> {
+        ExportLogsServiceResponse::decode(src)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(format!("decoding the response: {e}")))
+    }
+}

@@ -1,0 +1,692 @@
+//! `source: otlp` — OpenTelemetry logs over OTLP/gRPC (`grpc_address`)
+//! and OTLP/HTTP (`http_address`, `POST /v1/logs`, protobuf or JSON
+//! bodies, gzip), each record one event (see [`crate::model`]).
+//!
+//! Bounded as `source: http` is: a request takes one of
+//! `max_concurrent_requests` slots before its body is decoded (gRPC: the
+//! body is already read by then, within `max_request_bytes`), a request
+//! carries at most `max_records_per_request` records, and a request that
+//! waits `accept_timeout_ms` for a slot is refused as UNAVAILABLE (gRPC,
+//! with RetryInfo) or 503 with Retry-After (HTTP), having sent nothing. An
+//! answer of success means the records are in the pipeline; with
+//! `ack: sink`, that every one of them was delivered, and a record the
+//! pipeline refused for good is reported as partial success (rejected
+//! count and message), while one that errored makes the whole request
+//! UNAVAILABLE so the client sends it again.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use logbus_connections::http1::HttpConnections;
+use logbus_connections::{ConnectionTable, Limits};
+use logbus_plugin_api::{
+    AckReceiver, BatchAck, BuildContext, Built, CheckOptions, Event, Meta, OptionError, Outcome,
+    Output, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+};
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
+    LogsService, LogsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsPartialSuccess, ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
+use prost::Message;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::model::{Layout, record_to_fields};
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AckMode {
+    /// Success once the records are in the pipeline's queues.
+    #[default]
+    Queued,
+    /// Success once every record is delivered by the sinks.
+    Sink,
+}
+
+/// Options of `source: otlp`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpSourceOptions {
+    /// OTLP/gRPC listen address (`0.0.0.0:4317`); unset: no gRPC.
+    pub grpc_address: Option<String>,
+    /// OTLP/HTTP listen address (`0.0.0.0:4318`); unset: no HTTP.
+    pub http_address: Option<String>,
+    /// Resource and scope as objects (`nested`) or dotted top-level
+    /// fields (`flatten`).
+    #[serde(default)]
+    pub layout: Layout,
+    /// When a request is answered: `queued` or `sink`.
+    #[serde(default)]
+    pub ack: AckMode,
+    /// With `ack: sink`: how long a request waits for its records to be
+    /// delivered (then DEADLINE_EXCEEDED / 504).
+    #[serde(default = "default_ack_timeout")]
+    #[schemars(range(min = 1, max = 3600000))]
+    pub ack_timeout_ms: u64,
+    /// Largest request, after decompression (RESOURCE_EXHAUSTED / 413).
+    #[serde(default = "default_max_request")]
+    #[schemars(range(min = 1))]
+    pub max_request_bytes: usize,
+    /// Most records in one request (INVALID_ARGUMENT / 413 beyond).
+    #[serde(default = "default_max_records")]
+    #[schemars(range(min = 1, max = 10000000))]
+    pub max_records_per_request: usize,
+    /// Requests being decoded or waiting for the pipeline at once.
+    #[serde(default = "default_concurrency")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_concurrent_requests: usize,
+    /// How long a request waits for a slot before it is refused as
+    /// UNAVAILABLE / 503 (the pipeline stays full).
+    #[serde(default = "default_accept_timeout")]
+    #[schemars(range(max = 600000))]
+    pub accept_timeout_ms: u64,
+    /// The retry delay given with UNAVAILABLE / 503, seconds.
+    #[serde(default = "default_retry_after")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub retry_after_secs: u64,
+    /// HTTP: serve HTTPS with this certificate and key.
+    #[serde(default)]
+    pub tls: Option<logbus_tls::ServerTls>,
+    /// HTTP: connections open at once (the longest-idle one is closed to
+    /// admit a new one).
+    #[serde(default = "default_max_connections")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub max_connections: usize,
+    /// HTTP: an idle connection is closed after this long, ms.
+    #[serde(default = "default_idle_timeout")]
+    #[schemars(range(min = 1, max = 3600000))]
+    pub idle_timeout_ms: u64,
+    /// HTTP: how long a client may take to send a request's headers, ms.
+    #[serde(default = "default_header_timeout")]
+    #[schemars(range(min = 1, max = 600000))]
+    pub header_timeout_ms: u64,
+}
+
+fn default_ack_timeout() -> u64 {
+    30_000
+}
+fn default_max_request() -> usize {
+    4 << 20
+}
+fn default_max_records() -> usize {
+    100_000
+}
+fn default_concurrency() -> usize {
+    64
+}
+fn default_accept_timeout() -> u64 {
+    1_000
+}
+fn default_retry_after() -> u64 {
+    1
+}
+fn default_max_connections() -> usize {
+    1024
+}
+fn default_idle_timeout() -> u64 {
+    60_000
+}
+fn default_header_timeout() -> u64 {
+    10_000
+}
+
+impl CheckOptions for OtlpSourceOptions {
+    fn check(&self) -> Vec<OptionError> {
+        let mut errors = Vec::new();
+        if self.grpc_address.is_none() && self.http_address.is_none() {
+            errors.push(OptionError::at(
+                &["grpc_address"],
+                "this or `http_address` (or both) must be set",
+            ));
+        }
+        for (key, address) in [
+            ("grpc_address", &self.grpc_address),
+            ("http_address", &self.http_address),
+        ] {
+            if let Some(a) = address
+                && let Err(e) = a.parse::<SocketAddr>()
+            {
+                errors.push(OptionError::at(
+                    &[key],
+                    format!("`{a}` is not an address (host:port): {e}"),
+                ));
+            }
+        }
+        if self.grpc_address.is_some() && self.grpc_address == self.http_address {
+            errors.push(OptionError::at(
+                &["http_address"],
+                "must differ from `grpc_address`",
+            ));
+        }
+        if self.tls.is_some() && self.http_address.is_none() {
+            errors.push(OptionError::at(
+                &["tls"],
+                "applies to OTLP/HTTP only (set `http_address`)",
+            ));
+        }
+        errors
+    }
+}
+
+pub struct OtlpSource;
+
+impl TypedPlugin for OtlpSource {
+    type Options = OtlpSourceOptions;
+    const NAME: &'static str = "otlp";
+    const KIND: StageKind = StageKind::Source;
+    const DESCRIPTION: &'static str = "OpenTelemetry logs over OTLP/gRPC and OTLP/HTTP (protobuf or JSON, gzip): each log record one event with its body, severity, times, trace context, attributes, resource and scope; answers once the records are accepted (or delivered), UNAVAILABLE/503 with a retry delay when the pipeline stays full. Traces and metrics are refused.";
+    const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
+        "with `ack: sink`, a request is answered success only once its records are delivered (those refused for good as partial success); an OTLP client retries what was not answered, so nothing is lost",
+    );
+
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
+        let parse = |key: &str, a: &Option<String>| {
+            a.as_deref()
+                .map(|a| {
+                    a.parse::<SocketAddr>()
+                        .map_err(|e| OptionError::at(&[key], e.to_string()))
+                })
+                .transpose()
+        };
+        let grpc = parse("grpc_address", &options.grpc_address)?;
+        let http = parse("http_address", &options.http_address)?;
+        let tls = (options.tls.as_ref())
+            .map(|t| t.acceptor(&cx.base_dir))
+            .transpose()
+            .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
+        Ok(Built::Source(Box::new(Receiver {
+            options,
+            grpc,
+            http,
+            tls,
+        })))
+    }
+}
+
+struct Receiver {
+    options: OtlpSourceOptions,
+    grpc: Option<SocketAddr>,
+    http: Option<SocketAddr>,
+    tls: Option<logbus_tls::TlsAcceptor>,
+}
+
+/// What both transports share: the slots and the way into the pipeline.
+struct Shared {
+    options: OtlpSourceOptions,
+    output: Output,
+    source: Arc<str>,
+    slots: Semaphore,
+}
+
+/// Why a request was not taken.
+#[derive(Debug)]
+enum Refusal {
+    /// The pipeline stays full or is stopping: send it again later.
+    Unavailable(String),
+    /// The request itself is wrong: sending it again will not help.
+    Invalid(String),
+    /// Too large.
+    TooLarge(String),
+    /// `ack: sink` and no answer in time: it may still be delivered.
+    Timeout(String),
+}
+
+impl Refusal {
+    fn status(&self, retry_after: Duration) -> tonic::Status {
+        use tonic_types::{ErrorDetails, StatusExt};
+        match self {
+            Refusal::Unavailable(m) => tonic::Status::with_error_details(
+                tonic::Code::Unavailable,
+                m.clone(),
+                ErrorDetails::with_retry_info(Some(retry_after)),
+            ),
+            Refusal::Invalid(m) => tonic::Status::invalid_argument(m.clone()),
+            Refusal::TooLarge(m) => tonic::Status::resource_exhausted(m.clone()),
+            Refusal::Timeout(m) => tonic::Status::deadline_exceeded(m.clone()),
+        }
+    }
+
+    fn http(&self) -> (StatusCode, &str, i32) {
+        match self {
+            Refusal::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m, 14),
+            Refusal::Invalid(m) => (StatusCode::BAD_REQUEST, m, 3),
+            Refusal::TooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, m, 8),
+            Refusal::Timeout(m) => (StatusCode::GATEWAY_TIMEOUT, m, 4),
+        }
+    }
+}
+
+/// The outcomes of one request's records, each its own acknowledgement.
+struct RequestOutcomes {
+    remaining: AtomicU64,
+    rejected: AtomicU64,
+    errored: AtomicU64,
+    done: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl AckReceiver for RequestOutcomes {
+    fn finished(&self, _token: u64, outcome: Outcome) {
+        match outcome {
+            Outcome::Delivered => {}
+            Outcome::Rejected => {
+                self.rejected.fetch_add(1, Ordering::AcqRel);
+            }
+            Outcome::Errored => {
+                self.errored.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let tx = self.done.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(tx) = tx {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn retry_after(&self) -> Duration {
+        Duration::from_secs(self.options.retry_after_secs)
+    }
+
+    /// A slot, or UNAVAILABLE once `accept_timeout_ms` passed.
+    async fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Refusal> {
+        match tokio::time::timeout(
+            Duration::from_millis(self.options.accept_timeout_ms),
+            self.slots.acquire(),
+        )
+        .await
+        {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(Refusal::Unavailable(
+                "the pipeline is full; retry later".into(),
+            )),
+        }
+    }
+
+    /// The request's records into the pipeline; the answer once they are
+    /// accepted (or delivered).
+    async fn accept(
+        &self,
+        request: ExportLogsServiceRequest,
+    ) -> Result<ExportLogsServiceResponse, Refusal> {
+        let o = &self.options;
+        let n: usize = request
+            .resource_logs
+            .iter()
+            .flat_map(|r| &r.scope_logs)
+            .map(|s| s.log_records.len())
+            .sum();
+        if n > o.max_records_per_request {
+            return Err(Refusal::TooLarge(format!(
+                "the request holds {n} log records, more than {} (max_records_per_request)",
+                o.max_records_per_request
+            )));
+        }
+        if n == 0 {
+            return Ok(ExportLogsServiceResponse::default());
+        }
+        let meta = Meta::now(self.source.clone());
+        let mut events = Vec::with_capacity(n);
+        for resource_logs in &request.resource_logs {
+            for scope_logs in &resource_logs.scope_logs {
+                for record in &scope_logs.log_records {
+                    let fields = record_to_fields(
+                        resource_logs.resource.as_ref(),
+                        scope_logs.scope.as_ref(),
+                        record,
+                        o.layout,
+                    );
+                    events.push(Event::fields(fields, meta.clone()));
+                }
+            }
+        }
+        drop(request);
+        let outcomes = match o.ack {
+            AckMode::Queued => None,
+            AckMode::Sink => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let receiver = Arc::new(RequestOutcomes {
+                    remaining: AtomicU64::new(n as u64),
+                    rejected: AtomicU64::new(0),
+                    errored: AtomicU64::new(0),
+                    done: Mutex::new(Some(tx)),
+                });
+                let dyn_receiver: Arc<dyn AckReceiver> = receiver.clone();
+                events = events
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, e)| {
+                        let ack = BatchAck::new(dyn_receiver.clone(), i as u64);
+                        e.with_ack(ack.handle())
+                    })
+                    .collect();
+                Some((receiver, rx))
+            }
+        };
+        if self.output.send(events).await.is_err() {
+            return Err(Refusal::Unavailable("the pipeline is stopping".into()));
+        }
+        let Some((receiver, rx)) = outcomes else {
+            return Ok(ExportLogsServiceResponse::default());
+        };
+        let waited = tokio::time::timeout(Duration::from_millis(o.ack_timeout_ms), rx).await;
+        if waited.is_err() {
+            return Err(Refusal::Timeout(format!(
+                "the {n} log records were not confirmed delivered within {} ms; they may still be, so sending them again may duplicate",
+                o.ack_timeout_ms
+            )));
+        }
+        let errored = receiver.errored.load(Ordering::Acquire);
+        if errored > 0 {
+            return Err(Refusal::Unavailable(format!(
+                "{errored} of the {n} log records were not delivered (a stage failed or the pipeline is stopping); send them again"
+            )));
+        }
+        let rejected = receiver.rejected.load(Ordering::Acquire);
+        if rejected == 0 {
+            return Ok(ExportLogsServiceResponse::default());
+        }
+        Ok(ExportLogsServiceResponse {
+            partial_success: Some(ExportLogsPartialSuccess {
+                rejected_log_records: rejected as i64,
+                error_message: format!(
+                    "{rejected} of the {n} log records were refused for good by the pipeline (a sink's destination, or on_error: drop)"
+                ),
+            }),
+        })
+    }
+}
+
+/// The gRPC service.
+struct Grpc(Arc<Shared>);
+
+#[tonic::async_trait]
+impl LogsService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        let s = &self.0;
+        let _slot = s.slot().await.map_err(|r| r.status(s.retry_after()))?;
+        s.accept(request.into_inner())
+            .await
+            .map(tonic::Response::new)
+            .map_err(|r| r.status(s.retry_after()))
+    }
+}
+
+#[async_trait]
+impl Source for Receiver {
+    async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
+        let Receiver {
+            options,
+            grpc,
+            http,
+            tls,
+        } = *self;
+        let bind = |a: SocketAddr| async move {
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| StageError::io(format!("listening on {a}"), e))
+        };
+        let grpc_listener = match grpc {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let http_listener = match http {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let max_request = options.max_request_bytes;
+        let (max_connections, idle_timeout_ms, header_timeout_ms) = (
+            options.max_connections,
+            options.idle_timeout_ms,
+            options.header_timeout_ms,
+        );
+        let shared = Arc::new(Shared {
+            slots: Semaphore::new(options.max_concurrent_requests),
+            options,
+            output: cx.output,
+            source: cx.id.clone(),
+        });
+        let mut servers = tokio::task::JoinSet::new();
+        if let Some(listener) = grpc_listener {
+            tracing::info!(address = ?grpc, "OTLP/gRPC source listening");
+            let service = LogsServiceServer::new(Grpc(shared.clone()))
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .max_decoding_message_size(max_request);
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let stop = cx.shutdown.clone();
+            servers.spawn(async move {
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                    .await
+                    .map_err(|e| StageError::Other(format!("the OTLP/gRPC server: {e}")))
+            });
+        }
+        if let Some(listener) = http_listener {
+            tracing::info!(address = ?http, tls = tls.is_some(), "OTLP/HTTP source listening");
+            let app = axum::Router::new()
+                .route("/v1/logs", axum::routing::post(http_logs))
+                .route("/v1/traces", axum::routing::any(not_logs))
+                .route("/v1/metrics", axum::routing::any(not_logs))
+                .layer(DefaultBodyLimit::max(max_request))
+                .with_state(shared.clone());
+            let server = HttpConnections {
+                app,
+                tls,
+                table: ConnectionTable::new(Limits {
+                    max_connections,
+                    idle_timeout: Duration::from_millis(idle_timeout_ms),
+                }),
+                header_timeout: Duration::from_millis(header_timeout_ms),
+                shutdown: cx.shutdown.clone(),
+            };
+            servers.spawn(async move {
+                server.serve(listener).await;
+                Ok(())
+            });
+        }
+        let mut result = Ok(());
+        while let Some(done) = servers.join_next().await {
+            match done {
+                Ok(Err(e)) if result.is_ok() => {
+                    result = Err(e);
+                    cx.shutdown.cancel();
+                }
+                Err(e) if result.is_ok() => {
+                    result = Err(StageError::Other(format!("an OTLP server failed: {e}")));
+                    cx.shutdown.cancel();
+                }
+                _ => {}
+            }
+        }
+        result
+    }
+}
+
+async fn not_logs() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "this OTLP source takes logs only (POST /v1/logs); traces and metrics are not supported\n",
+    )
+        .into_response()
+}
+
+/// How an OTLP/HTTP body is encoded.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Protobuf,
+    Json,
+}
+
+/// `google.rpc.Status`, what OTLP/HTTP answers an error with.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+fn http_answer(encoding: Encoding, status: StatusCode, body: Vec<u8>) -> Response {
+    let content_type = match encoding {
+        Encoding::Protobuf => "application/x-protobuf",
+        Encoding::Json => "application/json",
+    };
+    (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+fn http_refusal(encoding: Encoding, refusal: &Refusal, retry_after: u64) -> Response {
+    let (status, message, code) = refusal.http();
+    let body = match encoding {
+        Encoding::Protobuf => RpcStatus {
+            code,
+            message: message.to_string(),
+        }
+        .encode_to_vec(),
+        Encoding::Json => {
+            serde_json::to_vec(&serde_json::json!({"code": code, "message": message}))
+                .unwrap_or_default()
+        }
+    };
+    let mut r = http_answer(encoding, status, body);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            retry_after.to_string().parse().expect("a number"),
+        );
+    }
+    r
+}
+
+async fn http_logs(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    let o = &s.options;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let encoding = match content_type.split(';').next().unwrap_or("").trim() {
+        "application/x-protobuf" | "application/protobuf" => Encoding::Protobuf,
+        "application/json" => Encoding::Json,
+        other => {
+            return (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "Content-Type `{other}` is not OTLP (application/x-protobuf or application/json)\n"
+                ),
+            )
+                .into_response();
+        }
+    };
+    let refuse = |r: Refusal| http_refusal(encoding, &r, o.retry_after_secs);
+    // A slot before the body is read: memory is bounded by the slots.
+    let _slot = match s.slot().await {
+        Ok(slot) => slot,
+        Err(r) => return refuse(r),
+    };
+    let raw = match axum::body::to_bytes(body, o.max_request_bytes).await {
+        Ok(raw) => raw,
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            return refuse(if too_large {
+                Refusal::TooLarge(format!(
+                    "the body is larger than {} bytes",
+                    o.max_request_bytes
+                ))
+            } else {
+                Refusal::Invalid(format!("reading the body: {e}"))
+            });
+        }
+    };
+    let content_encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity");
+    let decoded = match logbus_compress::decode_content(content_encoding, &raw, o.max_request_bytes)
+    {
+        Ok(None) => raw.to_vec(),
+        Ok(Some(d)) => d,
+        Err(logbus_compress::Undecodable::TooLarge(m)) => return refuse(Refusal::TooLarge(m)),
+        Err(
+            logbus_compress::Undecodable::Malformed(m)
+            | logbus_compress::Undecodable::Unsupported(m),
+        ) => {
+            return refuse(Refusal::Invalid(m));
+        }
+    };
+    drop(raw);
+    let request = match encoding {
+        Encoding::Protobuf => ExportLogsServiceRequest::decode(&decoded[..])
+            .map_err(|e| Refusal::Invalid(format!("the body is not an OTLP logs request: {e}"))),
+        Encoding::Json => decode_json(&decoded),
+    };
+    drop(decoded);
+    let request = match request {
+        Ok(r) => r,
+        Err(r) => return refuse(r),
+    };
+    match s.accept(request).await {
+        Ok(response) => {
+            let body = match encoding {
+                Encoding::Protobuf => response.encode_to_vec(),
+                Encoding::Json => response_json(&response),
+            };
+            http_answer(encoding, StatusCode::OK, body)
+        }
+        Err(r) => refuse(r),
+    }
+}
+
+/// OTLP/JSON. Read through `serde_json::Value` first, to accept what
+/// canonical protobuf JSON writes and `opentelemetry-proto`'s serde
+/// mapping does not: `{"arrayValue": {}}` and `{"kvlistValue": {}}` for
+/// empty lists. Nesting is bounded by serde_json's recursion limit (128).
+fn decode_json(body: &[u8]) -> Result<ExportLogsServiceRequest, Refusal> {
+    let bad = |e: serde_json::Error| Refusal::Invalid(format!("the body is not OTLP/JSON: {e}"));
+    let mut value: Value = serde_json::from_slice(body).map_err(bad)?;
+    fill_empty_lists(&mut value);
+    serde_json::from_value(value).map_err(bad)
+}
+
+fn fill_empty_lists(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for key in ["arrayValue", "kvlistValue"] {
+                if let Some(Value::Object(list)) = m.get_mut(key)
+                    && !list.contains_key("values")
+                {
+                    list.insert("values".into(), Value::Array(Vec::new()));
+                }
+            }
+            m.values_mut().for_each(fill_empty_lists);
+        }
+        Value::Array(a) => a.iter_mut().for_each(fill_empty_lists),
+        _ => {}
+    }
+}
+
+/// `{}` or `{"partialSuccess": {"rejectedLogRecords": "n", "errorMessage": …}}`.
+fn response_json(r: &ExportLogsServiceResponse) -> Vec<u8> {
+    let v = match &r.partial_success {
+        None => serde_json::json!({}),
+        Some(p) => serde_json::json!({"partialSuccess": {
+            "rejectedLogRecords": p.rejected_log_records.to_string(),
+            "errorMessage": p.error_message,
+        }}),
+    };
+    serde_json::to_vec(&v).unwrap_or_default()
+}

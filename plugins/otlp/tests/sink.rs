@@ -1,0 +1,314 @@
+//! `sink: otlp` against real receivers on loopback: LogBus's own OTLP
+//! source over both transports (the events come back field by field),
+//! and the OpenTelemetry Collector (`.ci/services up otel`: OTLP receiver
+//! on 127.0.0.1:4327/4328, file exporter), whose output is read back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use logbus_plugin_api::testing::{self, RunningSource};
+use logbus_plugin_api::{Event, Meta, Typed};
+use serde_json::{Value, json};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn receiver(grpc: u16, http: u16, capacity: usize) -> RunningSource {
+    let source = testing::run_source(
+        testing::source(
+            &Typed(logbus_otlp::source::OtlpSource),
+            json!({"grpc_address": format!("127.0.0.1:{grpc}"), "http_address": format!("127.0.0.1:{http}")}),
+        ),
+        capacity,
+    );
+    for port in [grpc, http] {
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    source
+}
+
+fn sink(options: Value) -> Box<dyn logbus_plugin_api::Sink> {
+    testing::sink(&Typed(logbus_otlp::sink::OtlpSink), options)
+}
+
+/// Events as `source: otlp` makes them (two resources, a trace context,
+/// nested values), plus one plain event and one raw line.
+fn events() -> Vec<Event> {
+    let mut out = Vec::new();
+    for i in 0..40u64 {
+        let service = if i % 2 == 0 { "api" } else { "db" };
+        let mut f = json!({
+            "body": {"msg": format!("event {i}"), "n": i, "list": [1, "two", {"three": 3.5}]},
+            "severity_number": 13, "severity_text": "WARN",
+            "time_unix_nano": 1796168975000000000u64 + i,
+            "observed_time_unix_nano": 1796168975000000500u64 + i,
+            "timestamp": logbus_otlp::model::rfc3339(1796168975000000000u64 + i),
+            "attributes": {"i": i, "ok": true},
+            "resource": {"service.name": service},
+            "scope": {"name": "lib", "version": "1.0"}
+        });
+        if i == 3 {
+            f["trace_id"] = json!("5b8efff798038103d269b633813fc60c");
+            f["span_id"] = json!("eee19b7ec3c1b174");
+            f["flags"] = json!(1);
+        }
+        out.push(Event::fields(
+            f.as_object().unwrap().clone(),
+            Meta::now("t".into()),
+        ));
+    }
+    let plain = json!({"message": "plain", "level": "error", "user": "ann"});
+    out.push(Event::fields(
+        plain.as_object().unwrap().clone(),
+        Meta::now("t".into()),
+    ));
+    out.push(Event::raw("a raw line", Meta::now("t".into())));
+    out
+}
+
+fn by_body(events: Vec<Event>) -> Vec<serde_json::Map<String, Value>> {
+    let mut got: Vec<_> = events
+        .iter()
+        .filter_map(|e| e.as_fields().cloned())
+        .collect();
+    got.sort_by_key(|f| f.get("body").map(Value::to_string));
+    got
+}
+
+async fn round_trip(protocol: &str) {
+    let (grpc, http) = (free_port(), free_port());
+    let mut b = receiver(grpc, http, 1000).await;
+    let endpoint = match protocol {
+        "grpc" => format!("http://127.0.0.1:{grpc}"),
+        _ => format!("http://127.0.0.1:{http}"),
+    };
+    let sent = events();
+    let want = by_body(sent.iter().map(|e| e.detached()).collect());
+    let (result, metrics) = testing::run_sink(
+        sink(
+            json!({"endpoint": endpoint, "protocol": protocol, "batch_max_events": 7,
+                    "headers": {"x-api-key": "secret"}}),
+        ),
+        vec![sent],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(metrics.snapshot().events_out, 42);
+    let got = by_body(testing::take(&mut b.rx, 42).await);
+    assert_eq!(got.len(), 42);
+    // An event that came over OTLP comes back as it was.
+    let over_otlp: Vec<_> = want.iter().filter(|w| w.contains_key("resource")).collect();
+    assert_eq!(over_otlp.len(), 40);
+    for w in over_otlp {
+        let g = got.iter().find(|g| g["body"] == w["body"]).unwrap();
+        assert_eq!(g, w, "{protocol}");
+    }
+    let plain = got.iter().find(|f| f["body"] == "plain").unwrap();
+    assert_eq!(plain["severity_text"], "error");
+    assert_eq!(plain["severity_number"], 17);
+    assert_eq!(plain["attributes"], json!({"user": "ann"}));
+    assert!(plain["observed_time_unix_nano"].as_u64().unwrap() > 0);
+    let raw = got.iter().find(|f| f["body"] == "a raw line").unwrap();
+    assert_eq!(raw["attributes"], json!({}));
+    b.stop().await.unwrap();
+}
+
+/// LogBus → LogBus over OTLP/gRPC: every event back, field by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logbus_to_logbus_over_grpc_keeps_every_field() {
+    round_trip("grpc").await;
+}
+
+/// The same over OTLP/HTTP (protobuf, gzip).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logbus_to_logbus_over_http_keeps_every_field() {
+    round_trip("http").await;
+}
+
+/// A receiver that is down when the sink starts, then comes up, then is
+/// stopped and started again mid-run: the sink retries and every event
+/// arrives (at least once: a request cut by the stop may be sent again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_down_at_start_and_restarted_mid_run_loses_nothing() {
+    for protocol in ["grpc", "http"] {
+        let (grpc, http) = (free_port(), free_port());
+        let endpoint = match protocol {
+            "grpc" => format!("http://127.0.0.1:{grpc}"),
+            _ => format!("http://127.0.0.1:{http}"),
+        };
+        let s = sink(
+            json!({"endpoint": endpoint, "protocol": protocol, "batch_max_events": 10,
+                            "batch_timeout_ms": 10, "in_flight": 1,
+                            "request_timeout_ms": 500,
+                            "retry_initial_backoff_ms": 20, "retry_max_backoff_ms": 200}),
+        );
+        let (tx, rx) = logbus_plugin_api::channel(1000);
+        let metrics = Arc::new(logbus_plugin_api::StageMetrics::default());
+        let mut cx = logbus_plugin_api::SinkContext::new("otlp", rx, metrics.clone());
+        let run = tokio::spawn(async move { s.run(&mut cx).await });
+        let batch = |range: std::ops::Range<u64>| -> Vec<Event> {
+            range
+                .map(|i| {
+                    let f = json!({"body": format!("{i:04}")});
+                    Event::fields(f.as_object().unwrap().clone(), Meta::now("t".into()))
+                })
+                .collect()
+        };
+        tx.send(batch(0..100)).await.unwrap();
+        // Nobody listens yet: the sink retries.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            metrics.snapshot().retried > 0,
+            "{protocol}: retried while down"
+        );
+        let mut b = receiver(grpc, http, 10_000).await;
+        let mut seen = std::collections::BTreeSet::new();
+        while seen.len() < 100 {
+            for e in testing::take(&mut b.rx, 1).await {
+                seen.insert(e.as_fields().unwrap()["body"].as_str().unwrap().to_string());
+            }
+        }
+        b.stop().await.unwrap();
+        tx.send(batch(100..200)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut b = receiver(grpc, http, 10_000).await;
+        drop(tx);
+        while seen.len() < 200 {
+            for e in testing::take(&mut b.rx, 1).await {
+                seen.insert(e.as_fields().unwrap()["body"].as_str().unwrap().to_string());
+            }
+        }
+        run.await.unwrap().unwrap();
+        assert_eq!(metrics.snapshot().events_out, 200, "{protocol}");
+        let want: std::collections::BTreeSet<String> =
+            (0..200).map(|i| format!("{i:04}")).collect();
+        assert_eq!(seen, want, "{protocol}");
+        b.stop().await.unwrap();
+    }
+}
+
+/// A request the receiver refuses for good (more records than it takes)
+/// is not retried: with `on_rejected: fail` the stage ends naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_is_not_retried() {
+    let grpc = free_port();
+    let b = testing::run_source(
+        testing::source(
+            &Typed(logbus_otlp::source::OtlpSource),
+            json!({"grpc_address": format!("127.0.0.1:{grpc}"), "max_records_per_request": 5}),
+        ),
+        100,
+    );
+    while std::net::TcpStream::connect(("127.0.0.1", grpc)).is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (result, metrics) = testing::run_sink(
+        sink(json!({"endpoint": format!("http://127.0.0.1:{grpc}"), "batch_max_events": 10})),
+        vec![events()],
+    )
+    .await;
+    let e = result.unwrap_err().to_string();
+    assert!(
+        e.contains("ResourceExhausted") && e.contains("max_records_per_request"),
+        "{e}"
+    );
+    assert_eq!(metrics.snapshot().retried, 0);
+    b.stop().await.unwrap();
+}
+
+/// The OpenTelemetry Collector's OTLP receiver takes what the sink sends
+/// over both transports; its file exporter's output holds each record
+/// with resource, scope, severity, attributes and trace context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_receives_every_record() {
+    let up = std::net::TcpStream::connect(("127.0.0.1", 4327)).is_ok();
+    assert!(
+        up || std::env::var_os("LOGBUS_REQUIRE_OTEL").is_none(),
+        "an OpenTelemetry Collector on 127.0.0.1:4327 is required (.ci/services up otel)"
+    );
+    if !up {
+        eprintln!("skipped: no OpenTelemetry Collector on 127.0.0.1:4327 (.ci/services up otel)");
+        return;
+    }
+    let services =
+        std::env::var("LOGBUS_SERVICES").unwrap_or_else(|_| "/var/tmp/logbus-services".into());
+    let file = format!("{services}/run/otel/logs.jsonl");
+    let run_id = format!("{}-{}", std::process::id(), logbus_plugin_api::now_ns());
+    for (protocol, endpoint) in [
+        ("grpc", "http://127.0.0.1:4327"),
+        ("http", "http://127.0.0.1:4328"),
+    ] {
+        let events: Vec<Event> = (0..25)
+            .map(|i| {
+                let mut f = json!({"body": format!("{run_id} {protocol} {i}"), "severity_text": "INFO",
+                    "attributes": {"i": i}, "resource": {"service.name": "logbus-test"},
+                    "scope": {"name": "t"}});
+                if i == 0 {
+                    f["trace_id"] = json!("5b8efff798038103d269b633813fc60c");
+                    f["span_id"] = json!("eee19b7ec3c1b174");
+                }
+                Event::fields(f.as_object().unwrap().clone(), Meta::now("t".into()))
+            })
+            .collect();
+        let (result, _) = testing::run_sink(
+            sink(json!({"endpoint": endpoint, "protocol": protocol, "batch_max_events": 10})),
+            vec![events],
+        )
+        .await;
+        result.unwrap();
+    }
+    // The exporter flushes every 100 ms.
+    let mut records: Vec<Value> = Vec::new();
+    for _ in 0..100 {
+        records.clear();
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            for rl in v["resourceLogs"].as_array().into_iter().flatten() {
+                for sl in rl["scopeLogs"].as_array().into_iter().flatten() {
+                    for r in sl["logRecords"].as_array().into_iter().flatten() {
+                        if r["body"]["stringValue"]
+                            .as_str()
+                            .is_some_and(|b| b.starts_with(&run_id))
+                        {
+                            let mut r = r.clone();
+                            r["_resource"] = rl["resource"].clone();
+                            r["_scope"] = sl["scope"].clone();
+                            records.push(r);
+                        }
+                    }
+                }
+            }
+        }
+        if records.len() >= 50 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(records.len(), 50, "{file}");
+    for protocol in ["grpc", "http"] {
+        let first = records
+            .iter()
+            .find(|r| r["body"]["stringValue"] == format!("{run_id} {protocol} 0"))
+            .unwrap();
+        assert_eq!(first["severityText"], "INFO");
+        assert_eq!(first["severityNumber"], 9);
+        assert_eq!(first["traceId"], "5b8efff798038103d269b633813fc60c");
+        assert_eq!(first["spanId"], "eee19b7ec3c1b174");
+        assert_eq!(first["attributes"][0]["key"], "i");
+        assert_eq!(
+            first["_resource"]["attributes"][0]["value"]["stringValue"],
+            "logbus-test"
+        );
+        assert_eq!(first["_scope"]["name"], "t");
+    }
+}
