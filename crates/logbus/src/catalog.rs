@@ -18,6 +18,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Source, "journald", "source-journald"),
     (StageKind::Source, "kafka", "source-kafka"),
     (StageKind::Source, "s3", "source-s3"),
+    (StageKind::Source, "otlp", "source-otlp"),
     (StageKind::Parser, "lines", "parser-lines"),
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),
@@ -50,6 +51,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Sink, "clickhouse", "sink-clickhouse"),
     (StageKind::Sink, "s3", "sink-s3"),
     (StageKind::Sink, "cloudwatch_logs", "sink-cloudwatch_logs"),
+    (StageKind::Sink, "otlp", "sink-otlp"),
 ];
 
 /// Plugins that need system C libraries to build (and so are in the

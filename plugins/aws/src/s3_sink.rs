@@ -70,10 +70,10 @@ pub struct S3SinkOptions {
     #[serde(default)]
     pub object_format: ObjectFormatName,
     /// Parquet objects: page compression, rows per row group, schema.
-    #[cfg(feature = "sink-s3-parquet")]
+    #[cfg(feature = "s3-parquet")]
     pub parquet: Option<logbus_parquet::object::ParquetObjectOptions>,
     /// Avro container objects: schema, block codec, records per block.
-    #[cfg(feature = "sink-s3-avro")]
+    #[cfg(feature = "s3-avro")]
     pub avro: Option<logbus_avro::object::AvroObjectOptions>,
     /// The object name's extension, without the compression's (`log`,
     /// `parquet`, `avro` by format).
@@ -251,7 +251,7 @@ impl S3SinkOptions {
     /// format not chosen (or not built in).
     fn format_check(&self) -> Vec<OptionError> {
         let mut errors = Vec::new();
-        #[cfg(feature = "sink-s3-parquet")]
+        #[cfg(feature = "s3-parquet")]
         match (&self.parquet, self.object_format) {
             (Some(p), ObjectFormatName::Parquet) => errors.extend(p.check("parquet")),
             (Some(_), _) => errors.push(OptionError::at(
@@ -260,7 +260,7 @@ impl S3SinkOptions {
             )),
             _ => {}
         }
-        #[cfg(feature = "sink-s3-avro")]
+        #[cfg(feature = "s3-avro")]
         match (&self.avro, self.object_format) {
             (Some(a), ObjectFormatName::Avro) => errors.extend(a.check("avro")),
             (Some(_), _) => errors.push(OptionError::at(&["avro"], "needs `object_format: avro`")),
@@ -270,18 +270,18 @@ impl S3SinkOptions {
             )),
             _ => {}
         }
-        #[cfg(not(feature = "sink-s3-parquet"))]
+        #[cfg(not(feature = "s3-parquet"))]
         if self.object_format == ObjectFormatName::Parquet {
             errors.push(OptionError::at(
                 &["object_format"],
-                "this build has no Parquet objects (cargo feature `sink-s3-parquet`)",
+                "this build has no Parquet objects (cargo feature `s3-parquet`)",
             ));
         }
-        #[cfg(not(feature = "sink-s3-avro"))]
+        #[cfg(not(feature = "s3-avro"))]
         if self.object_format == ObjectFormatName::Avro {
             errors.push(OptionError::at(
                 &["object_format"],
-                "this build has no Avro objects (cargo feature `sink-s3-avro`)",
+                "this build has no Avro objects (cargo feature `s3-avro`)",
             ));
         }
         errors
@@ -319,12 +319,12 @@ impl S3SinkOptions {
                 framing: self.framing,
                 compression: self.compression(),
             }),
-            #[cfg(feature = "sink-s3-parquet")]
+            #[cfg(feature = "s3-parquet")]
             ObjectFormatName::Parquet => Box::new(logbus_parquet::object::ParquetObjects::new(
                 &self.parquet.clone().unwrap_or_default(),
                 "parquet",
             )?),
-            #[cfg(feature = "sink-s3-avro")]
+            #[cfg(feature = "s3-avro")]
             ObjectFormatName::Avro => {
                 let options = self.avro.as_ref().ok_or_else(|| {
                     OptionError::at(

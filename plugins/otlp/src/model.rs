@@ -315,6 +315,38 @@ pub fn scope_of(scope: &Map<String, Value>) -> InstrumentationScope {
     }
 }
 
+/// Which top-level fields a sink takes the body, severity text and time
+/// from, besides the fields `record_to_fields` writes; `None`: the
+/// defaults (`body` else `message`, `severity_text` else `level`,
+/// `time_unix_nano` else `timestamp`).
+#[derive(Debug, Clone, Default)]
+pub struct Mapping {
+    pub body: Option<String>,
+    pub severity_text: Option<String>,
+    pub time: Option<String>,
+}
+
+impl Mapping {
+    fn mapped(&self, key: &str) -> bool {
+        [&self.body, &self.severity_text, &self.time]
+            .into_iter()
+            .any(|f| f.as_deref() == Some(key))
+    }
+}
+
+/// Nanoseconds since the epoch from an RFC 3339 text or an integer of
+/// nanoseconds.
+fn time_of(v: &Value) -> Option<u64> {
+    match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(t) => chrono::DateTime::parse_from_rfc3339(t)
+            .ok()
+            .and_then(|t| t.timestamp_nanos_opt())
+            .map(|n| n.max(0) as u64),
+        _ => None,
+    }
+}
+
 /// The record of an event: the fields `record_to_fields` writes go back
 /// where they came from, `message` is the body when there is no `body`,
 /// `level` the severity text when there is no `severity_text` (the number
@@ -322,7 +354,12 @@ pub fn scope_of(scope: &Map<String, Value>) -> InstrumentationScope {
 /// there is no `time_unix_nano`, the ingest time the observed time when
 /// there is none; every other field becomes an attribute. A raw event is
 /// its text as the body.
-pub fn fields_to_record(f: Option<&Map<String, Value>>, raw: &[u8], ingest_ns: u64) -> LogRecord {
+pub fn fields_to_record(
+    f: Option<&Map<String, Value>>,
+    raw: &[u8],
+    ingest_ns: u64,
+    mapping: &Mapping,
+) -> LogRecord {
     let mut r = LogRecord {
         observed_time_unix_nano: ingest_ns,
         ..Default::default()
@@ -333,27 +370,27 @@ pub fn fields_to_record(f: Option<&Map<String, Value>>, raw: &[u8], ingest_ns: u
         });
         return r;
     };
-    let body = f.get("body").or_else(|| f.get("message"));
+    let body = match &mapping.body {
+        Some(field) => f.get(field),
+        None => f.get("body").or_else(|| f.get("message")),
+    };
     r.body = body.map(|b| json_to_any(b, 0));
-    let text = f
-        .get("severity_text")
-        .or_else(|| f.get("level"))
-        .and_then(Value::as_str);
+    let text = match &mapping.severity_text {
+        Some(field) => f.get(field),
+        None => f.get("severity_text").or_else(|| f.get("level")),
+    }
+    .and_then(Value::as_str);
     r.severity_text = text.unwrap_or("").to_string();
     r.severity_number = match f.get("severity_number").and_then(Value::as_i64) {
         Some(n) => n.clamp(0, 24) as i32,
         None => text.map_or(0, severity_number_of),
     };
     let u64_of = |k: &str| f.get(k).and_then(Value::as_u64);
-    r.time_unix_nano = u64_of("time_unix_nano")
-        .or_else(|| {
-            f.get("timestamp")
-                .and_then(Value::as_str)
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                .and_then(|t| t.timestamp_nanos_opt())
-                .map(|n| n.max(0) as u64)
-        })
-        .unwrap_or(0);
+    r.time_unix_nano = match &mapping.time {
+        Some(field) => f.get(field).and_then(time_of),
+        None => u64_of("time_unix_nano").or_else(|| f.get("timestamp").and_then(time_of)),
+    }
+    .unwrap_or(0);
     if let Some(o) = u64_of("observed_time_unix_nano") {
         r.observed_time_unix_nano = o;
     }
@@ -379,8 +416,11 @@ pub fn fields_to_record(f: Option<&Map<String, Value>>, raw: &[u8], ingest_ns: u
     };
     for (k, v) in f {
         let mapped = KNOWN.contains(&k.as_str())
-            || (k == "message" && !f.contains_key("body"))
-            || (k == "level" && !f.contains_key("severity_text"))
+            || mapping.mapped(k)
+            || (k == "message" && mapping.body.is_none() && !f.contains_key("body"))
+            || (k == "level"
+                && mapping.severity_text.is_none()
+                && !f.contains_key("severity_text"))
             || k.starts_with("resource.")
             || k.starts_with("scope.");
         if !mapped {

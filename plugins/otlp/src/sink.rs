@@ -34,7 +34,7 @@ use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
 use serde::Deserialize;
 
-use crate::model::{fields_to_record, resource_and_scope, resource_of, scope_of};
+use crate::model::{Mapping, fields_to_record, resource_and_scope, resource_of, scope_of};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -70,6 +70,15 @@ pub struct OtlpSinkOptions {
     /// API key: `{ x-api-key: "${KEY}" }`.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// The field that is the record's body (default `body`, else
+    /// `message`).
+    pub body_field: Option<String>,
+    /// The field that is the severity text (default `severity_text`, else
+    /// `level`); the number follows from it unless `severity_number` is set.
+    pub severity_field: Option<String>,
+    /// The field that is the record's time, RFC 3339 or integer
+    /// nanoseconds (default `time_unix_nano`, else `timestamp`).
+    pub time_field: Option<String>,
     /// HTTPS (`protocol: http`): the CA to trust, a client certificate.
     #[serde(default)]
     pub tls: Option<logbus_tls::ClientTls>,
@@ -178,6 +187,15 @@ impl CheckOptions for OtlpSinkOptions {
                 &["tls"],
                 "applies to `protocol: http` only",
             ));
+        }
+        for (key, field) in [
+            ("body_field", &self.body_field),
+            ("severity_field", &self.severity_field),
+            ("time_field", &self.time_field),
+        ] {
+            if field.as_deref().is_some_and(str::is_empty) {
+                errors.push(OptionError::at(&[key], "must not be empty"));
+            }
         }
         errors.extend(self.delivery().check());
         for (name, value) in &self.headers {
@@ -289,7 +307,12 @@ impl TypedPlugin for OtlpSink {
             url,
             gzip: options.compression == OtlpCompression::Gzip,
         };
-        let driver = Driver::new(service, RecordEncoder, config).partition_by(batch_key);
+        let encoder = RecordEncoder(Mapping {
+            body: options.body_field.clone(),
+            severity_text: options.severity_field.clone(),
+            time: options.time_field.clone(),
+        });
+        let driver = Driver::new(service, encoder, config).partition_by(batch_key);
         Ok(Built::Sink(Box::new(OtlpWriter { driver })))
     }
 }
@@ -303,12 +326,12 @@ fn batch_key(event: &Event) -> String {
 }
 
 /// Each event as the `log_records` field (2) of a `ScopeLogs`.
-struct RecordEncoder;
+struct RecordEncoder(Mapping);
 
 impl Encoder for RecordEncoder {
     fn encode(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), String> {
         let raw = event.as_raw().map(|b| &b[..]).unwrap_or(b"");
-        let record = fields_to_record(event.as_fields(), raw, event.meta().ingest_ns);
+        let record = fields_to_record(event.as_fields(), raw, event.meta().ingest_ns, &self.0);
         prost::encoding::message::encode(2, &record, out);
         Ok(())
     }

@@ -470,6 +470,7 @@ impl Source for Receiver {
             let stop = cx.shutdown.clone();
             servers.spawn(async move {
                 tonic::transport::Server::builder()
+                    .layer(tower::util::MapResponseLayer::new(too_large_is_exhausted))
                     .add_service(service)
                     .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
                     .await
@@ -515,6 +516,25 @@ impl Source for Receiver {
         }
         result
     }
+}
+
+/// tonic refuses a message over `max_decoding_message_size` itself, as
+/// OUT_OF_RANGE — which the OTLP specification lists as retryable, so an
+/// exporter would send the same oversized request for ever. It is
+/// answered RESOURCE_EXHAUSTED without RetryInfo instead: not retryable.
+fn too_large_is_exhausted<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let headers = response.headers_mut();
+    let out_of_range = headers.get("grpc-status").is_some_and(|s| s == "11");
+    let too_large = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|m| {
+            m.contains("message%20length%20too%20large") || m.contains("message length too large")
+        });
+    if out_of_range && too_large {
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+    }
+    response
 }
 
 async fn not_logs() -> Response {

@@ -312,3 +312,98 @@ async fn the_collector_receives_every_record() {
         assert_eq!(first["_scope"]["name"], "t");
     }
 }
+
+/// UNAVAILABLE with a RetryInfo delay (the receiving LogBus is full) is
+/// retried, not before the delay the receiver asked for, and then
+/// delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_with_retry_info_is_retried_after_its_delay() {
+    let grpc = free_port();
+    let mut b = testing::run_source(
+        testing::source(
+            &Typed(logbus_otlp::source::OtlpSource),
+            json!({"grpc_address": format!("127.0.0.1:{grpc}"), "max_concurrent_requests": 1,
+                   "accept_timeout_ms": 50, "retry_after_secs": 1}),
+        ),
+        // Room for one batch: the second waits in the pipeline holding the
+        // only slot, the third is refused.
+        5,
+    );
+    while std::net::TcpStream::connect(("127.0.0.1", grpc)).is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let events: Vec<Event> = (0..15)
+        .map(|i| {
+            let f = json!({"body": format!("{i:02}")});
+            Event::fields(f.as_object().unwrap().clone(), Meta::now("t".into()))
+        })
+        .collect();
+    let began = std::time::Instant::now();
+    let sending = tokio::spawn(testing::run_sink(
+        sink(
+            json!({"endpoint": format!("http://127.0.0.1:{grpc}"), "batch_max_events": 5,
+                    "batch_timeout_ms": 10, "in_flight": 2, "retry_initial_backoff_ms": 10,
+                    "retry_max_backoff_ms": 5000}),
+        ),
+        vec![events],
+    ));
+    // Nothing is read for a while: the first batch fills the channel, the
+    // second waits in the pipeline holding the only slot, the third is
+    // refused with RetryInfo.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = testing::take(&mut b.rx, 15).await;
+    let (result, metrics) = sending.await.unwrap();
+    result.unwrap();
+    assert!(
+        metrics.snapshot().retried >= 1,
+        "the refused batch was retried"
+    );
+    assert!(
+        began.elapsed() >= Duration::from_secs(1),
+        "the retry waited the receiver's RetryInfo delay (1 s), not its own ~10 ms backoff"
+    );
+    let mut bodies: Vec<String> = got
+        .iter()
+        .map(|e| e.as_fields().unwrap()["body"].as_str().unwrap().to_string())
+        .collect();
+    bodies.sort();
+    assert_eq!(
+        bodies,
+        (0..15).map(|i| format!("{i:02}")).collect::<Vec<_>>()
+    );
+    b.stop().await.unwrap();
+}
+
+/// `body_field`, `severity_field`, `time_field` pick the record's body,
+/// severity and time from other fields; those fields are not repeated as
+/// attributes, the rest are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mapping_fields_can_be_named() {
+    let (grpc, http) = (free_port(), free_port());
+    let mut b = receiver(grpc, http, 100).await;
+    let f = json!({"text": "disk full", "sev": "warning", "when": "2026-12-01T10:00:00.5Z",
+                   "message": "kept as an attribute", "host": "n1"});
+    let (result, _) = testing::run_sink(
+        sink(
+            json!({"endpoint": format!("http://127.0.0.1:{grpc}"), "body_field": "text",
+                    "severity_field": "sev", "time_field": "when"}),
+        ),
+        vec![vec![Event::fields(
+            f.as_object().unwrap().clone(),
+            Meta::now("t".into()),
+        )]],
+    )
+    .await;
+    result.unwrap();
+    let got = testing::take(&mut b.rx, 1).await;
+    let g = got[0].as_fields().unwrap();
+    assert_eq!(g["body"], "disk full");
+    assert_eq!(g["severity_text"], "warning");
+    assert_eq!(g["severity_number"], 13);
+    assert_eq!(g["timestamp"], "2026-12-01T10:00:00.500Z");
+    assert_eq!(
+        g["attributes"],
+        json!({"message": "kept as an attribute", "host": "n1"})
+    );
+    b.stop().await.unwrap();
+}

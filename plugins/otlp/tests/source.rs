@@ -356,8 +356,8 @@ for arg in sys.argv[2:]:
         call(export, request(int(arg)))
 "#;
 
-/// Over gRPC: a request larger than `max_request_bytes` is OUT_OF_RANGE
-/// (tonic's answer), more records than `max_records_per_request`
+/// Over gRPC: a request larger than `max_request_bytes` is
+/// RESOURCE_EXHAUSTED without RetryInfo (not retried), more records than `max_records_per_request`
 /// RESOURCE_EXHAUSTED with the limit named, traces UNIMPLEMENTED; while
 /// the pipeline stays full a request is UNAVAILABLE with a RetryInfo
 /// delay, having sent nothing; afterwards everything accepted is there
@@ -387,9 +387,13 @@ async fn grpc_limits_and_a_full_pipeline_answer_with_the_right_codes() {
     )
     .await;
     let lines: Vec<&str> = out.lines().collect();
-    // tonic refuses an oversized message itself, before the service.
+    // tonic refuses an oversized message itself, before the service, as
+    // OUT_OF_RANGE (retryable in OTLP); the source makes it
+    // RESOURCE_EXHAUSTED without RetryInfo (not retryable).
     assert!(
-        lines[0].starts_with("OUT_OF_RANGE|") && lines[0].contains("the limit is: 100000 bytes"),
+        lines[0].starts_with("RESOURCE_EXHAUSTED|")
+            && lines[0].contains("the limit is: 100000 bytes")
+            && lines[0].ends_with('|'),
         "{out}"
     );
     assert!(
