@@ -79,7 +79,7 @@ pub struct OtlpSinkOptions {
     /// The field that is the record's time, RFC 3339 or integer
     /// nanoseconds (default `time_unix_nano`, else `timestamp`).
     pub time_field: Option<String>,
-    /// HTTPS (`protocol: http`): the CA to trust, a client certificate.
+    /// HTTPS (`protocol: http`): a private CA to trust.
     #[serde(default)]
     pub tls: Option<logbus_tls::ClientTls>,
     #[serde(default = "default_max_events")]

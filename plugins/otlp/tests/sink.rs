@@ -407,3 +407,55 @@ async fn the_mapping_fields_can_be_named() {
     );
     b.stop().await.unwrap();
 }
+
+/// OTLP/HTTP over TLS: the source serves HTTPS with a certificate of a
+/// private CA; the sink trusting that CA delivers; one trusting only the
+/// Mozilla roots fails the handshake and, out of attempts, names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_http_over_tls_with_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let http = free_port();
+    let mut b = testing::run_source(
+        testing::source(
+            &Typed(logbus_otlp::source::OtlpSource),
+            json!({"http_address": format!("127.0.0.1:{http}"),
+                   "tls": {"cert_file": cert, "key_file": key}}),
+        ),
+        100,
+    );
+    while std::net::TcpStream::connect(("127.0.0.1", http)).is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let endpoint = format!("https://localhost:{http}");
+    let one = || {
+        let f = json!({"body": "over tls"});
+        vec![vec![Event::fields(
+            f.as_object().unwrap().clone(),
+            Meta::now("t".into()),
+        )]]
+    };
+    let (result, _) = testing::run_sink(
+        sink(json!({"endpoint": endpoint, "protocol": "http", "tls": {"ca_file": cert}})),
+        one(),
+    )
+    .await;
+    result.unwrap();
+    let got = testing::take(&mut b.rx, 1).await;
+    assert_eq!(got[0].as_fields().unwrap()["body"], "over tls");
+    let (result, _) = testing::run_sink(
+        sink(
+            json!({"endpoint": endpoint, "protocol": "http", "retry_max_attempts": 2,
+                    "retry_initial_backoff_ms": 10}),
+        ),
+        one(),
+    )
+    .await;
+    let e = result.unwrap_err().to_string();
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    b.stop().await.unwrap();
+}
