@@ -29,6 +29,16 @@ use opentelemetry_proto::tonic::logs::v1::LogRecord;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use serde_json::{Map, Number, Value};
 
+/// `google.rpc.Status`, what OTLP/HTTP answers an error with (its
+/// `details` left out).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
+}
+
 /// Nesting beyond this in a body or attribute is cut (the value becomes
 /// its type's name): a hostile client cannot make a deep recursion.
 pub const MAX_DEPTH: usize = 64;

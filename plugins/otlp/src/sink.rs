@@ -34,7 +34,9 @@ use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
 use serde::Deserialize;
 
-use crate::model::{Mapping, fields_to_record, resource_and_scope, resource_of, scope_of};
+use crate::model::{
+    Mapping, RpcStatus, fields_to_record, resource_and_scope, resource_of, scope_of,
+};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -567,14 +569,6 @@ async fn send_http(
     } else {
         Response::Rejected { reason }
     })
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    code: i32,
-    #[prost(string, tag = "2")]
-    message: String,
 }
 
 /// gRPC with the request already encoded (the batch's bytes) and the

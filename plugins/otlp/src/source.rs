@@ -40,7 +40,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use crate::model::{Layout, record_to_fields};
+use crate::model::{Layout, RpcStatus, record_to_fields};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -550,15 +550,6 @@ async fn not_logs() -> Response {
 enum Encoding {
     Protobuf,
     Json,
-}
-
-/// `google.rpc.Status`, what OTLP/HTTP answers an error with.
-#[derive(Clone, PartialEq, prost::Message)]
-struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    code: i32,
-    #[prost(string, tag = "2")]
-    message: String,
 }
 
 fn http_answer(encoding: Encoding, status: StatusCode, body: Vec<u8>) -> Response {
