@@ -21,8 +21,8 @@
 //! Time is tokio's clock, so tests drive it with a paused runtime instead
 //! of sleeping.
 
-#[cfg(feature = "http1")]
-pub mod http1;
+#[cfg(feature = "http")]
+pub mod http;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -202,6 +202,27 @@ impl Connection {
             if self.entry.busy.load(Ordering::Acquire) > 0 {
                 // Busy: look again a timeout from now (the guard touches
                 // the connection when it ends).
+                self.touch();
+            }
+        }
+    }
+
+    /// Resolves once nothing is being served and no bytes have moved for
+    /// `quiet`: how long a closing connection may take to say goodbye
+    /// (an HTTP/2 client that never finished its handshake never will).
+    pub async fn quiet_for(&self, quiet: Duration) {
+        loop {
+            let last = self.entry.last_active_us.load(Ordering::Relaxed);
+            tokio::time::sleep_until(self.shared.epoch + Duration::from_micros(last) + quiet).await;
+            let since = self
+                .shared
+                .now_us()
+                .saturating_sub(self.entry.last_active_us.load(Ordering::Relaxed));
+            if self.entry.busy.load(Ordering::Acquire) == 0 && Duration::from_micros(since) >= quiet
+            {
+                return;
+            }
+            if self.entry.busy.load(Ordering::Acquire) > 0 {
                 self.touch();
             }
         }
@@ -390,6 +411,33 @@ mod tests {
         assert_eq!(working.closed().await, Closed::IdleTimeout);
         assert_eq!(began.elapsed(), Duration::from_secs(10));
         assert_eq!(t.timed_out(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn quiet_for_waits_out_work_and_then_the_quiet_period() {
+        let t = table(8, 60_000);
+        let conn = t.admit().unwrap();
+        let began = Instant::now();
+        conn.quiet_for(Duration::from_secs(1)).await;
+        assert_eq!(began.elapsed(), Duration::from_secs(1));
+        // Busy for 5 s: quiet only a second after the work ends.
+        let guard = conn.busy();
+        let began = Instant::now();
+        let work = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            drop(guard);
+        };
+        let ((), ()) = tokio::join!(conn.quiet_for(Duration::from_secs(1)), work);
+        assert_eq!(began.elapsed(), Duration::from_secs(6));
+        // Bytes half-way through restart the count.
+        conn.touch();
+        let began = Instant::now();
+        let talk = async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            conn.touch();
+        };
+        let ((), ()) = tokio::join!(conn.quiet_for(Duration::from_secs(1)), talk);
+        assert_eq!(began.elapsed(), Duration::from_millis(1700));
     }
 
     #[tokio::test(start_paused = true)]

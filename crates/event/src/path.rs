@@ -29,6 +29,27 @@ impl FieldPath {
         })
     }
 
+    /// A path from its segments, which may hold dots (`resource` then
+    /// `service.name`, as OpenTelemetry names attributes). Its text is
+    /// the segments joined by dots, so it reads ambiguously; conditions
+    /// print such a segment quoted.
+    pub fn from_segments(segments: Vec<String>) -> Result<Self, String> {
+        if segments.is_empty() {
+            return Err("field path is empty".into());
+        }
+        if segments.iter().any(String::is_empty) {
+            return Err("a field path segment is empty".into());
+        }
+        Ok(FieldPath {
+            text: segments.join("."),
+            segments,
+        })
+    }
+
+    pub fn segments(&self) -> &[String] {
+        &self.segments
+    }
+
     pub fn as_str(&self) -> &str {
         &self.text
     }
@@ -98,6 +119,17 @@ mod tests {
         let mut f = serde_json::from_value::<Fields>(json!({"a": 1})).unwrap();
         p.set(&mut f, json!(true));
         assert_eq!(Value::Object(f), json!({"a": {"b": true}}));
+    }
+
+    #[test]
+    fn a_segment_may_hold_dots() {
+        let p = FieldPath::from_segments(vec!["resource".into(), "service.name".into()]).unwrap();
+        let f =
+            serde_json::from_value::<Fields>(json!({"resource": {"service.name": "api"}})).unwrap();
+        assert_eq!(p.get(&f), Some(&json!("api")));
+        assert_eq!(p.segments().len(), 2);
+        assert!(FieldPath::from_segments(vec![]).is_err());
+        assert!(FieldPath::from_segments(vec!["".into()]).is_err());
     }
 
     #[test]

@@ -247,6 +247,10 @@ impl BuildContext {
 pub struct OptionError {
     pub path: Vec<String>,
     pub message: String,
+    /// Where inside the option's text the error is (a byte offset), for
+    /// options that are a language of their own (a condition); validation
+    /// adds it to the option's position in the file.
+    pub offset: Option<usize>,
 }
 
 impl OptionError {
@@ -254,6 +258,15 @@ impl OptionError {
         OptionError {
             path: path.iter().map(|s| s.to_string()).collect(),
             message: message.into(),
+            offset: None,
+        }
+    }
+
+    /// An error `offset` bytes into the option's text.
+    pub fn inside(path: &[&str], offset: usize, message: impl Into<String>) -> Self {
+        OptionError {
+            offset: Some(offset),
+            ..OptionError::at(path, message)
         }
     }
 }
@@ -334,25 +347,41 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
         T::ACKNOWLEDGEMENTS
     }
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError> {
-        match parse_options::<T::Options>(options, &self.options_schema()) {
-            Ok(opts) => {
-                let errors = opts.check();
-                if errors.is_empty() {
-                    self.0.check_in_context(&opts, cx)
-                } else {
-                    errors
-                }
-            }
+        match checked_options::<T::Options>(options, &self.options_schema()) {
+            Ok(opts) => self.0.check_in_context(&opts, cx),
             Err(errors) => errors,
         }
     }
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>> {
-        let opts = parse_options::<T::Options>(options, &self.options_schema())?;
-        let errors = opts.check();
-        if !errors.is_empty() {
-            return Err(errors);
-        }
+        let opts = checked_options::<T::Options>(options, &self.options_schema())?;
         self.0.build(opts, cx).map_err(|e| vec![e])
+    }
+}
+
+/// Parsed and checked options: unknown keys, types and declared ranges
+/// ([`parse_options`]) and then [`CheckOptions::check`], whose errors are
+/// reported with the range errors (but not twice for one option).
+fn checked_options<T: DeserializeOwned + CheckOptions>(
+    options: &Value,
+    schema: &Value,
+) -> Result<T, Vec<OptionError>> {
+    let (parsed, mut errors) = parse_all::<T>(options, schema);
+    let Some(opts) = parsed else {
+        return Err(errors);
+    };
+    let parsing = errors.len();
+    for e in opts.check() {
+        if !errors[..parsing]
+            .iter()
+            .any(|r| r.path.first() == e.path.first())
+        {
+            errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        Ok(opts)
+    } else {
+        Err(errors)
     }
 }
 
@@ -362,6 +391,18 @@ pub fn parse_options<T: DeserializeOwned>(
     options: &Value,
     schema: &Value,
 ) -> Result<T, Vec<OptionError>> {
+    match parse_all(options, schema) {
+        (Some(v), errors) if errors.is_empty() => Ok(v),
+        (_, errors) => Err(errors),
+    }
+}
+
+/// [`parse_options`]' work: the options when they deserialize (even if a
+/// range is broken), and every error found.
+fn parse_all<T: DeserializeOwned>(
+    options: &Value,
+    schema: &Value,
+) -> (Option<T>, Vec<OptionError>) {
     let mut errors = Vec::new();
     let mut cleaned = options.clone();
     if let (Some(map), Some(known)) = (
@@ -388,20 +429,70 @@ pub fn parse_options<T: DeserializeOwned>(
             errors.push(OptionError {
                 path: vec![key],
                 message: msg,
+                offset: None,
             });
         }
     }
+    errors.extend(range_errors(&cleaned, schema));
     match serde_path_to_error::deserialize::<_, T>(&cleaned) {
-        Ok(v) if errors.is_empty() => Ok(v),
-        Ok(_) => Err(errors),
+        Ok(v) => (Some(v), errors),
         Err(e) => {
-            errors.push(OptionError {
-                path: path_segments(e.path()),
-                message: e.into_inner().to_string(),
-            });
-            Err(errors)
+            let path = path_segments(e.path());
+            // Out of range and not of the type (-1 for a count): once.
+            if !errors.iter().any(|r| r.path.first() == path.first()) {
+                errors.push(OptionError {
+                    path,
+                    message: e.into_inner().to_string(),
+                    offset: None,
+                });
+            }
+            (None, errors)
         }
     }
+}
+
+/// Top-level numbers outside the `minimum` / `maximum` their schema gives
+/// (from `#[schemars(range(..))]` on the option struct), so a range is
+/// declared once and holds for every plugin, in `logbus validate` too.
+fn range_errors(options: &Value, schema: &Value) -> Vec<OptionError> {
+    let (Some(map), Some(known)) = (
+        options.as_object(),
+        schema.get("properties").and_then(Value::as_object),
+    ) else {
+        return Vec::new();
+    };
+    let show = |n: f64| {
+        if n.fract() == 0.0 && n.abs() < 1e15 {
+            format!("{}", n as i64)
+        } else {
+            format!("{n}")
+        }
+    };
+    let mut errors = Vec::new();
+    for (key, value) in map {
+        let (Some(n), Some(property)) = (value.as_f64(), known.get(key)) else {
+            continue;
+        };
+        let min = property.get("minimum").and_then(Value::as_f64);
+        let max = property.get("maximum").and_then(Value::as_f64);
+        if min.is_none_or(|m| n >= m) && max.is_none_or(|m| n <= m) {
+            continue;
+        }
+        let message = match (min, max) {
+            (Some(lo), Some(hi)) => {
+                format!("must be between {} and {}, got {value}", show(lo), show(hi))
+            }
+            (Some(lo), None) => format!("must be at least {}, got {value}", show(lo)),
+            (None, Some(hi)) => format!("must be at most {}, got {value}", show(hi)),
+            (None, None) => unreachable!("a bound was broken"),
+        };
+        errors.push(OptionError {
+            path: vec![key.clone()],
+            message,
+            offset: None,
+        });
+    }
+    errors
 }
 
 /// A serde error path (`set.level`, `delete.1`) as the segments
@@ -461,4 +552,77 @@ pub fn attach_error(mut event: Event, stage: &str, message: &str) -> Event {
         f.insert("_error".into(), info);
     }
     event
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Ranged {
+        #[schemars(range(min = 1, max = 64))]
+        #[serde(default)]
+        in_flight: u32,
+        #[schemars(range(min = 1, max = 9))]
+        level: Option<u32>,
+        #[schemars(range(max = 600000))]
+        #[serde(default)]
+        timeout_ms: u64,
+        #[schemars(range(min = 0.5))]
+        #[serde(default)]
+        ratio: f64,
+        #[serde(default)]
+        name: String,
+    }
+
+    fn errors(options: Value) -> Vec<String> {
+        let schema = schemars::schema_for!(Ranged).to_value();
+        match parse_options::<Ranged>(&options, &schema) {
+            Ok(_) => Vec::new(),
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn declared_ranges_are_checked_at_each_bound() {
+        let ok =
+            serde_json::json!({"in_flight": 1, "level": 9, "timeout_ms": 600000, "ratio": 0.5});
+        assert_eq!(errors(ok), Vec::<String>::new());
+        assert_eq!(
+            errors(serde_json::json!({"in_flight": 0})),
+            ["in_flight: must be between 1 and 64, got 0"]
+        );
+        assert_eq!(
+            errors(serde_json::json!({"in_flight": 65, "level": 10})),
+            [
+                "in_flight: must be between 1 and 64, got 65",
+                "level: must be between 1 and 9, got 10"
+            ]
+        );
+        assert_eq!(
+            errors(serde_json::json!({"timeout_ms": 600001})),
+            ["timeout_ms: must be between 0 and 600000, got 600001"]
+        );
+        assert_eq!(
+            errors(serde_json::json!({"ratio": 0.25})),
+            ["ratio: must be at least 0.5, got 0.25"]
+        );
+        // A negative count is out of range, said once (not a type error too).
+        assert_eq!(
+            errors(serde_json::json!({"timeout_ms": -1})),
+            ["timeout_ms: must be between 0 and 600000, got -1"]
+        );
+        // Not a number: the type error, as before.
+        assert_eq!(errors(serde_json::json!({"in_flight": "x"})).len(), 1);
+        // Unknown keys and a range error are both reported.
+        assert_eq!(
+            errors(serde_json::json!({"in_fligth": 2, "level": 0})).len(),
+            2
+        );
+    }
 }

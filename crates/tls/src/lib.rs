@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use rustls::pki_types::ServerName;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 pub use tokio_rustls;
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -74,6 +75,16 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 impl ServerTls {
     /// Paths resolved against `base` (the pipeline file's directory).
     pub fn acceptor(&self, base: &Path) -> Result<TlsAcceptor, TlsError> {
+        self.acceptor_with_alpn(base, &[])
+    }
+
+    /// The same, offering `protocols` by ALPN (most preferred first): a
+    /// gRPC server offers `h2`, which gRPC clients require.
+    pub fn acceptor_with_alpn(
+        &self,
+        base: &Path,
+        protocols: &[&[u8]],
+    ) -> Result<TlsAcceptor, TlsError> {
         let cert_file = base.join(&self.cert_file);
         let key_file = base.join(&self.key_file);
         let chain = certs(&cert_file)?;
@@ -81,10 +92,11 @@ impl ServerTls {
             path: key_file.clone(),
             source,
         })?;
-        let config = rustls::ServerConfig::builder_with_provider(provider())
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_single_cert(chain, key)?;
+        config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
 }
@@ -92,6 +104,15 @@ impl ServerTls {
 impl ClientTls {
     /// The client configuration (paths resolved against `base`).
     pub fn config(&self, base: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        self.config_with_alpn(base, &[])
+    }
+
+    /// The same, asking for `protocols` by ALPN (`h2` for gRPC).
+    pub fn config_with_alpn(
+        &self,
+        base: &Path,
+        protocols: &[&[u8]],
+    ) -> Result<Arc<rustls::ClientConfig>, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
         match &self.ca_file {
             Some(ca) => {
@@ -101,10 +122,11 @@ impl ClientTls {
             }
             None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
         }
-        let config = rustls::ClientConfig::builder_with_provider(provider())
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
+        config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
         Ok(Arc::new(config))
     }
 

@@ -119,10 +119,10 @@ impl CheckOptions for S3SourceOptions {
         for (key, list) in [("include", &self.include), ("exclude", &self.exclude)] {
             for (i, g) in list.iter().enumerate() {
                 if let Err(e) = glob::Pattern::new(g) {
-                    errors.push(OptionError {
-                        path: vec![key.to_string(), i.to_string()],
-                        message: format!("`{g}` is not a glob: {e}"),
-                    });
+                    errors.push(OptionError::at(
+                        &[key, &i.to_string()],
+                        format!("`{g}` is not a glob: {e}"),
+                    ));
                 }
             }
         }

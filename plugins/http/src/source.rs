@@ -28,7 +28,7 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use logbus_connections::http1::HttpConnections;
+use logbus_connections::http::{HttpConnections, HttpVersion};
 use logbus_connections::{ConnectionTable, Limits};
 
 use crate::body::{Refused, split};
@@ -313,6 +313,7 @@ impl Source for Server {
         });
         let server = HttpConnections {
             app,
+            version: HttpVersion::Http1,
             tls: self.tls,
             table: connections,
             header_timeout: Duration::from_millis(header_timeout_ms),

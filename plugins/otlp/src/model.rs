@@ -22,6 +22,7 @@
 //! base64 text.
 
 use base64::Engine;
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
     AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList, any_value::Value as V,
 };
@@ -325,6 +326,41 @@ pub fn scope_of(scope: &Map<String, Value>) -> InstrumentationScope {
     }
 }
 
+/// An OTLP/HTTP protobuf body (after decompression).
+pub fn decode_protobuf(body: &[u8]) -> Result<ExportLogsServiceRequest, String> {
+    use prost::Message;
+    ExportLogsServiceRequest::decode(body)
+        .map_err(|e| format!("the body is not an OTLP logs request: {e}"))
+}
+
+/// An OTLP/JSON body. Read through `serde_json::Value` first, to accept
+/// what canonical protobuf JSON writes and `opentelemetry-proto`'s serde
+/// mapping does not: `{"arrayValue": {}}` and `{"kvlistValue": {}}` for
+/// empty lists. Nesting is bounded by serde_json's recursion limit (128).
+pub fn decode_json(body: &[u8]) -> Result<ExportLogsServiceRequest, String> {
+    let bad = |e: serde_json::Error| format!("the body is not OTLP/JSON: {e}");
+    let mut value: Value = serde_json::from_slice(body).map_err(bad)?;
+    fill_empty_lists(&mut value);
+    serde_json::from_value(value).map_err(bad)
+}
+
+fn fill_empty_lists(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for key in ["arrayValue", "kvlistValue"] {
+                if let Some(Value::Object(list)) = m.get_mut(key)
+                    && !list.contains_key("values")
+                {
+                    list.insert("values".into(), Value::Array(Vec::new()));
+                }
+            }
+            m.values_mut().for_each(fill_empty_lists);
+        }
+        Value::Array(a) => a.iter_mut().for_each(fill_empty_lists),
+        _ => {}
+    }
+}
+
 /// Which top-level fields a sink takes the body, severity text and time
 /// from, besides the fields `record_to_fields` writes; `None`: the
 /// defaults (`body` else `message`, `severity_text` else `level`,
@@ -384,7 +420,8 @@ pub fn fields_to_record(
         Some(field) => f.get(field),
         None => f.get("body").or_else(|| f.get("message")),
     };
-    r.body = body.map(|b| json_to_any(b, 0));
+    // `body: null` is how the source writes a record without one.
+    r.body = body.filter(|b| !b.is_null()).map(|b| json_to_any(b, 0));
     let text = match &mapping.severity_text {
         Some(field) => f.get(field),
         None => f.get("severity_text").or_else(|| f.get("level")),
@@ -443,4 +480,41 @@ pub fn fields_to_record(
     }
     r.attributes = attributes;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the `otlp` fuzz target: a record without a body came back
+    /// from its event with an empty body (an `AnyValue` with no value),
+    /// which a receiver reads as a body that is there.
+    #[test]
+    fn a_record_without_a_body_goes_back_without_one() {
+        let record = LogRecord {
+            severity_number: 9,
+            ..Default::default()
+        };
+        let fields = record_to_fields(None, None, &record, Layout::Nested);
+        assert_eq!(fields["body"], Value::Null);
+        let again = fields_to_record(Some(&fields), b"", 1, &Mapping::default());
+        assert_eq!(again.body, None);
+        assert_eq!(again.severity_number, 9);
+    }
+
+    #[test]
+    fn decoders_name_what_is_wrong() {
+        let e = decode_protobuf(b"\xff\xff").unwrap_err();
+        assert!(e.starts_with("the body is not an OTLP logs request"), "{e}");
+        let e = decode_json(b"{\"resourceLogs\": 3}").unwrap_err();
+        assert!(e.starts_with("the body is not OTLP/JSON"), "{e}");
+        let empty = decode_json(
+            br#"{"resourceLogs":[{"scopeLogs":[{"logRecords":[{"body":{"kvlistValue":{}}}]}]}]}"#,
+        )
+        .unwrap();
+        let body = &empty.resource_logs[0].scope_logs[0].log_records[0].body;
+        assert!(
+            matches!(body.as_ref().and_then(|b| b.value.as_ref()), Some(V::KvlistValue(l)) if l.values.is_empty())
+        );
+    }
 }

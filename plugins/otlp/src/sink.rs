@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use logbus_plugin_api::{
@@ -81,7 +81,14 @@ pub struct OtlpSinkOptions {
     /// The field that is the record's time, RFC 3339 or integer
     /// nanoseconds (default `time_unix_nano`, else `timestamp`).
     pub time_field: Option<String>,
-    /// HTTPS (`protocol: http`): a private CA to trust.
+    /// HTTP: the gzip level, 1 (fastest) to 9 (smallest); default 6.
+    /// gzip at 6 is what bounds the sink's rate on one core; 1 was 3.2×
+    /// as fast, for larger bodies (docs/benchmarks.md).
+    #[schemars(range(min = 1, max = 9))]
+    pub compression_level: Option<u32>,
+    /// An https:// endpoint (either protocol): a private CA to trust
+    /// and the name to verify instead of the host's. gRPC asks for ALPN
+    /// `h2`.
     #[serde(default)]
     pub tls: Option<logbus_tls::ClientTls>,
     #[serde(default = "default_max_events")]
@@ -178,16 +185,22 @@ impl CheckOptions for OtlpSinkOptions {
                 format!("`{}` is not an http:// or https:// URL", self.endpoint),
             )),
         }
-        if self.protocol == Protocol::Grpc && self.endpoint.starts_with("https://") {
-            errors.push(OptionError::at(
-                &["endpoint"],
-                "OTLP/gRPC over TLS is not in this build yet; use `protocol: http` for HTTPS",
-            ));
-        }
-        if self.protocol == Protocol::Grpc && self.tls.is_some() {
+        if self.tls.is_some() && !self.endpoint.starts_with("https://") {
             errors.push(OptionError::at(
                 &["tls"],
-                "applies to `protocol: http` only",
+                "applies to an https:// endpoint only",
+            ));
+        }
+        if self.compression_level.is_some() && self.protocol == Protocol::Grpc {
+            errors.push(OptionError::at(
+                &["compression_level"],
+                "applies to `protocol: http` only (gRPC's gzip level is fixed at 6 by tonic)",
+            ));
+        }
+        if self.compression_level.is_some() && self.compression == OtlpCompression::None {
+            errors.push(OptionError::at(
+                &["compression_level"],
+                "needs `compression: gzip`",
             ));
         }
         for (key, field) in [
@@ -250,8 +263,31 @@ impl TypedPlugin for OtlpSink {
                     })?;
                     metadata.insert(key, value);
                 }
+                let tls = if url.starts_with("https://") {
+                    let uri: tonic::codegen::http::Uri = url
+                        .parse()
+                        .map_err(|e| OptionError::at(&["endpoint"], format!("{e}")))?;
+                    let host = uri.host().unwrap_or_default();
+                    let port = uri.port_u16().unwrap_or(443);
+                    let settings = options.tls.clone().unwrap_or_default();
+                    let name = settings
+                        .server_name(&format!("{host}:{port}"))
+                        .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
+                    let config = settings
+                        .config_with_alpn(&cx.base_dir, &[b"h2"])
+                        .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
+                    Some(TlsConnect {
+                        connector: logbus_tls::TlsConnector::from(config),
+                        name,
+                        host: host.trim_start_matches('[').trim_end_matches(']').into(),
+                        port,
+                    })
+                } else {
+                    None
+                };
                 Transport::Grpc {
                     endpoint: Box::new(endpoint),
+                    tls,
                     channel: OnceLock::new(),
                     metadata,
                 }
@@ -308,6 +344,7 @@ impl TypedPlugin for OtlpSink {
             transport,
             url,
             gzip: options.compression == OtlpCompression::Gzip,
+            gzip_level: options.compression_level.unwrap_or(6),
         };
         let encoder = RecordEncoder(Mapping {
             body: options.body_field.clone(),
@@ -353,6 +390,8 @@ impl Sink for OtlpWriter {
 enum Transport {
     Grpc {
         endpoint: Box<tonic::transport::Endpoint>,
+        /// An https:// endpoint: how to make its TLS connections.
+        tls: Option<TlsConnect>,
         /// Made on the first request (it needs the runtime); it connects
         /// and reconnects by itself.
         channel: OnceLock<tonic::transport::Channel>,
@@ -368,6 +407,45 @@ struct OtlpService {
     transport: Transport,
     url: String,
     gzip: bool,
+    gzip_level: u32,
+}
+
+/// TLS connections for OTLP/gRPC to an https:// endpoint, made with the
+/// shared client settings (tonic's own TLS would read certificates a
+/// second way).
+#[derive(Clone)]
+struct TlsConnect {
+    connector: logbus_tls::TlsConnector,
+    name: logbus_tls::ServerName<'static>,
+    host: Arc<str>,
+    port: u16,
+}
+
+type TlsIo =
+    hyper_util::rt::TokioIo<logbus_tls::tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+impl TlsConnect {
+    /// The connector tonic's channel calls for each (re)connection; the
+    /// URI is the endpoint's, already known.
+    fn service(
+        self,
+    ) -> impl tower::Service<
+        tonic::codegen::http::Uri,
+        Response = TlsIo,
+        Error = std::io::Error,
+        Future = impl Future<Output = std::io::Result<TlsIo>> + Send,
+    > + Send
+    + 'static {
+        tower::service_fn(move |_: tonic::codegen::http::Uri| {
+            let tls = self.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect((&*tls.host, tls.port)).await?;
+                tcp.set_nodelay(true)?;
+                let stream = tls.connector.connect(tls.name, tcp).await?;
+                Ok(hyper_util::rt::TokioIo::new(stream))
+            }
+        })
+    }
 }
 
 /// Appends a length-delimited field.
@@ -409,7 +487,7 @@ impl Service for OtlpService {
         if self.gzip && matches!(self.transport, Transport::Http { .. }) {
             let mut w = flate2::write::GzEncoder::new(
                 Vec::with_capacity(request.len() / 4),
-                flate2::Compression::default(),
+                flate2::Compression::new(self.gzip_level),
             );
             w.write_all(&request)
                 .map_err(|e| format!("compressing the request: {e}"))?;
@@ -424,10 +502,16 @@ impl Service for OtlpService {
         let answer = match &self.transport {
             Transport::Grpc {
                 endpoint,
+                tls,
                 channel,
                 metadata,
             } => {
-                let channel = channel.get_or_init(|| endpoint.connect_lazy()).clone();
+                let channel = channel
+                    .get_or_init(|| match tls {
+                        None => endpoint.connect_lazy(),
+                        Some(tls) => endpoint.connect_with_connector_lazy(tls.clone().service()),
+                    })
+                    .clone();
                 send_grpc(channel, metadata, request.clone(), self.gzip).await
             }
             Transport::Http { client, headers } => {

@@ -23,7 +23,7 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use logbus_connections::http1::HttpConnections;
+use logbus_connections::http::{HttpConnections, HttpVersion};
 use logbus_connections::{ConnectionTable, Limits};
 use logbus_plugin_api::{
     AckReceiver, BatchAck, BuildContext, Built, CheckOptions, Event, Meta, OptionError, Outcome,
@@ -37,7 +37,6 @@ use opentelemetry_proto::tonic::collector::logs::v1::{
 };
 use prost::Message;
 use serde::Deserialize;
-use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use crate::model::{Layout, RpcStatus, record_to_fields};
@@ -93,15 +92,17 @@ pub struct OtlpSourceOptions {
     #[serde(default = "default_retry_after")]
     #[schemars(range(min = 1, max = 3600))]
     pub retry_after_secs: u64,
-    /// HTTP: serve HTTPS with this certificate and key.
+    /// Serve both listeners over TLS with this certificate and key
+    /// (OTLP/gRPC offers ALPN `h2`, OTLP/HTTP `http/1.1`).
     #[serde(default)]
     pub tls: Option<logbus_tls::ServerTls>,
-    /// HTTP: connections open at once (the longest-idle one is closed to
-    /// admit a new one).
+    /// Connections open at once on each listener (the longest-idle one is
+    /// closed to admit a new one).
     #[serde(default = "default_max_connections")]
     #[schemars(range(min = 1, max = 65536))]
     pub max_connections: usize,
-    /// HTTP: an idle connection is closed after this long, ms.
+    /// An idle connection (no bytes either way, no request being served)
+    /// is closed after this long, ms.
     #[serde(default = "default_idle_timeout")]
     #[schemars(range(min = 1, max = 3600000))]
     pub idle_timeout_ms: u64,
@@ -167,12 +168,6 @@ impl CheckOptions for OtlpSourceOptions {
                 "must differ from `grpc_address`",
             ));
         }
-        if self.tls.is_some() && self.http_address.is_none() {
-            errors.push(OptionError::at(
-                &["tls"],
-                "applies to OTLP/HTTP only (set `http_address`)",
-            ));
-        }
         errors
     }
 }
@@ -199,14 +194,20 @@ impl TypedPlugin for OtlpSource {
         };
         let grpc = parse("grpc_address", &options.grpc_address)?;
         let http = parse("http_address", &options.http_address)?;
-        let tls = (options.tls.as_ref())
-            .map(|t| t.acceptor(&cx.base_dir))
-            .transpose()
-            .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
+        let acceptor = |alpn: &[&[u8]]| {
+            (options.tls.as_ref())
+                .map(|t| t.acceptor_with_alpn(&cx.base_dir, alpn))
+                .transpose()
+                .map_err(|e| OptionError::at(&["tls"], e.to_string()))
+        };
+        // gRPC clients insist on ALPN `h2`; HTTP/1.1 says so too.
+        let grpc_tls = acceptor(&[b"h2"])?;
+        let tls = acceptor(&[b"http/1.1"])?;
         Ok(Built::Source(Box::new(Receiver {
             options,
             grpc,
             http,
+            grpc_tls,
             tls,
         })))
     }
@@ -216,6 +217,7 @@ struct Receiver {
     options: OtlpSourceOptions,
     grpc: Option<SocketAddr>,
     http: Option<SocketAddr>,
+    grpc_tls: Option<logbus_tls::TlsAcceptor>,
     tls: Option<logbus_tls::TlsAcceptor>,
 }
 
@@ -432,6 +434,7 @@ impl Source for Receiver {
             options,
             grpc,
             http,
+            grpc_tls,
             tls,
         } = *self;
         let bind = |a: SocketAddr| async move {
@@ -460,21 +463,31 @@ impl Source for Receiver {
             source: cx.id.clone(),
         });
         let mut servers = tokio::task::JoinSet::new();
+        let table = || {
+            ConnectionTable::new(Limits {
+                max_connections,
+                idle_timeout: Duration::from_millis(idle_timeout_ms),
+            })
+        };
         if let Some(listener) = grpc_listener {
-            tracing::info!(address = ?grpc, "OTLP/gRPC source listening");
+            tracing::info!(address = ?grpc, tls = grpc_tls.is_some(), "OTLP/gRPC source listening");
             let service = LogsServiceServer::new(Grpc(shared.clone()))
                 .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
                 .max_decoding_message_size(max_request);
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let stop = cx.shutdown.clone();
+            let app = tonic::service::Routes::new(service)
+                .into_axum_router()
+                .layer(tower::util::MapResponseLayer::new(too_large_is_exhausted));
+            let server = HttpConnections {
+                app,
+                version: HttpVersion::Http2,
+                tls: grpc_tls,
+                table: table(),
+                header_timeout: Duration::from_millis(header_timeout_ms),
+                shutdown: cx.shutdown.clone(),
+            };
             servers.spawn(async move {
-                tonic::transport::Server::builder()
-                    .layer(tower::util::MapResponseLayer::new(too_large_is_exhausted))
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-                    .await
-                    .map_err(|e| StageError::Other(format!("the OTLP/gRPC server: {e}")))
+                server.serve(listener).await;
+                Ok(())
             });
         }
         if let Some(listener) = http_listener {
@@ -487,11 +500,9 @@ impl Source for Receiver {
                 .with_state(shared.clone());
             let server = HttpConnections {
                 app,
+                version: HttpVersion::Http1,
                 tls,
-                table: ConnectionTable::new(Limits {
-                    max_connections,
-                    idle_timeout: Duration::from_millis(idle_timeout_ms),
-                }),
+                table: table(),
                 header_timeout: Duration::from_millis(header_timeout_ms),
                 shutdown: cx.shutdown.clone(),
             };
@@ -641,10 +652,10 @@ async fn http_logs(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body)
     };
     drop(raw);
     let request = match encoding {
-        Encoding::Protobuf => ExportLogsServiceRequest::decode(&decoded[..])
-            .map_err(|e| Refusal::Invalid(format!("the body is not an OTLP logs request: {e}"))),
-        Encoding::Json => decode_json(&decoded),
-    };
+        Encoding::Protobuf => crate::model::decode_protobuf(&decoded),
+        Encoding::Json => crate::model::decode_json(&decoded),
+    }
+    .map_err(Refusal::Invalid);
     drop(decoded);
     let request = match request {
         Ok(r) => r,
@@ -659,34 +670,6 @@ async fn http_logs(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body)
             http_answer(encoding, StatusCode::OK, body)
         }
         Err(r) => refuse(r),
-    }
-}
-
-/// OTLP/JSON. Read through `serde_json::Value` first, to accept what
-/// canonical protobuf JSON writes and `opentelemetry-proto`'s serde
-/// mapping does not: `{"arrayValue": {}}` and `{"kvlistValue": {}}` for
-/// empty lists. Nesting is bounded by serde_json's recursion limit (128).
-fn decode_json(body: &[u8]) -> Result<ExportLogsServiceRequest, Refusal> {
-    let bad = |e: serde_json::Error| Refusal::Invalid(format!("the body is not OTLP/JSON: {e}"));
-    let mut value: Value = serde_json::from_slice(body).map_err(bad)?;
-    fill_empty_lists(&mut value);
-    serde_json::from_value(value).map_err(bad)
-}
-
-fn fill_empty_lists(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            for key in ["arrayValue", "kvlistValue"] {
-                if let Some(Value::Object(list)) = m.get_mut(key)
-                    && !list.contains_key("values")
-                {
-                    list.insert("values".into(), Value::Array(Vec::new()));
-                }
-            }
-            m.values_mut().for_each(fill_empty_lists);
-        }
-        Value::Array(a) => a.iter_mut().for_each(fill_empty_lists),
-        _ => {}
     }
 }
 

@@ -408,54 +408,316 @@ async fn the_mapping_fields_can_be_named() {
     b.stop().await.unwrap();
 }
 
-/// OTLP/HTTP over TLS: the source serves HTTPS with a certificate of a
-/// private CA; the sink trusting that CA delivers; one trusting only the
-/// Mozilla roots fails the handshake and, out of attempts, names it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn otlp_http_over_tls_with_a_private_ca() {
-    let dir = tempfile::tempdir().unwrap();
+/// A certificate for `localhost` (self-signed: it is its own CA) in `dir`.
+fn localhost_cert(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let cert = dir.path().join("cert.pem");
-    let key = dir.path().join("key.pem");
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
     std::fs::write(&cert, ck.cert.pem()).unwrap();
     std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let http = free_port();
+    (cert, key)
+}
+
+/// OTLP over TLS, both transports: the source serves both listeners with
+/// a certificate of a private CA (gRPC by ALPN `h2`); the sink trusting
+/// that CA delivers; one trusting only the Mozilla roots fails the
+/// handshake and, out of attempts, names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_over_tls_with_a_private_ca_on_both_transports() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = localhost_cert(dir.path());
+    let (grpc, http) = (free_port(), free_port());
     let mut b = testing::run_source(
         testing::source(
             &Typed(logbus_otlp::source::OtlpSource),
-            json!({"http_address": format!("127.0.0.1:{http}"),
+            json!({"grpc_address": format!("127.0.0.1:{grpc}"),
+                   "http_address": format!("127.0.0.1:{http}"),
                    "tls": {"cert_file": cert, "key_file": key}}),
         ),
         100,
     );
-    while std::net::TcpStream::connect(("127.0.0.1", http)).is_err() {
+    for port in [grpc, http] {
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    for (protocol, port) in [("grpc", grpc), ("http", http)] {
+        let endpoint = format!("https://localhost:{port}");
+        let one = || {
+            let f = json!({"body": format!("over tls by {protocol}"), "resource": {"service.name": "s"}});
+            vec![vec![Event::fields(
+                f.as_object().unwrap().clone(),
+                Meta::now("t".into()),
+            )]]
+        };
+        let (result, _) = testing::run_sink(
+            sink(json!({"endpoint": endpoint, "protocol": protocol, "tls": {"ca_file": cert}})),
+            one(),
+        )
+        .await;
+        result.unwrap();
+        let got = testing::take(&mut b.rx, 1).await;
+        let got = got[0].as_fields().unwrap();
+        assert_eq!(got["body"], format!("over tls by {protocol}"));
+        assert_eq!(got["resource"]["service.name"], "s");
+        let (result, _) = testing::run_sink(
+            sink(
+                json!({"endpoint": endpoint, "protocol": protocol, "retry_max_attempts": 2,
+                        "retry_initial_backoff_ms": 10}),
+            ),
+            one(),
+        )
+        .await;
+        let e = result.unwrap_err().to_string();
+        assert!(e.to_lowercase().contains("certificate"), "{protocol}: {e}");
+        // Plain text to a TLS listener is no answer either.
+        let (result, _) = testing::run_sink(
+            sink(
+                json!({"endpoint": format!("http://127.0.0.1:{port}"), "protocol": protocol,
+                        "retry_max_attempts": 2, "retry_initial_backoff_ms": 10,
+                        "request_timeout_ms": 2000}),
+            ),
+            one(),
+        )
+        .await;
+        assert!(result.is_err(), "{protocol}: plain text to TLS");
+    }
+    b.stop().await.unwrap();
+}
+
+/// The gRPC listener has the HTTP one's connection table: silent
+/// connections are closed after the idle timeout, and when the table is
+/// full the longest-idle one makes room for a client that sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_listener_caps_connections_and_closes_idle_ones() {
+    let grpc = free_port();
+    let mut b = testing::run_source(
+        testing::source(
+            &Typed(logbus_otlp::source::OtlpSource),
+            json!({"grpc_address": format!("127.0.0.1:{grpc}"),
+                   "max_connections": 2, "idle_timeout_ms": 60000}),
+        ),
+        100,
+    );
+    while std::net::TcpStream::connect(("127.0.0.1", grpc)).is_err() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let endpoint = format!("https://localhost:{http}");
-    let one = || {
-        let f = json!({"body": "over tls"});
+    // Three silent clients, one after the other: each newcomer past two
+    // closes the longest-idle connection (the probe above, if hyper has
+    // not seen it go yet, then the first silent one, ...).
+    let silent: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", grpc)).unwrap())
+        .collect();
+    let one = |body: &str| {
+        let f = json!({"body": body});
         vec![vec![Event::fields(
             f.as_object().unwrap().clone(),
             Meta::now("t".into()),
         )]]
     };
     let (result, _) = testing::run_sink(
-        sink(json!({"endpoint": endpoint, "protocol": "http", "tls": {"ca_file": cert}})),
-        one(),
+        sink(json!({"endpoint": format!("http://127.0.0.1:{grpc}"), "protocol": "grpc"})),
+        one("past the silent ones"),
     )
     .await;
     result.unwrap();
     let got = testing::take(&mut b.rx, 1).await;
-    assert_eq!(got[0].as_fields().unwrap()["body"], "over tls");
+    assert_eq!(got[0].as_fields().unwrap()["body"], "past the silent ones");
+    // With the sink's connection that is four newcomers for two places,
+    // so at least two of the three silent clients are closed, whatever the
+    // probe did (which two depends on when each was last written to).
+    let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+    for s in silent {
+        let closed_tx = closed_tx.clone();
+        std::thread::spawn(move || closed_tx.send(closed_by_server(&s)));
+    }
+    for i in 0..2 {
+        let closed = closed_rx.recv_timeout(Duration::from_secs(15)).unwrap();
+        assert!(closed, "silent client {i} of the two evicted was closed");
+    }
+    b.stop().await.unwrap();
+
+    // With a short idle timeout a silent connection is closed by itself.
+    let grpc = free_port();
+    let b = testing::run_source(
+        testing::source(
+            &Typed(logbus_otlp::source::OtlpSource),
+            json!({"grpc_address": format!("127.0.0.1:{grpc}"), "idle_timeout_ms": 100}),
+        ),
+        100,
+    );
+    while std::net::TcpStream::connect(("127.0.0.1", grpc)).is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let s = std::net::TcpStream::connect(("127.0.0.1", grpc)).unwrap();
+    assert!(closed_by_server(&s), "an idle gRPC connection is closed");
+    b.stop().await.unwrap();
+}
+
+/// Reads what the server sends (its HTTP/2 SETTINGS, a GOAWAY) until it
+/// closes the connection: true then, false if it stays open for 10 s (a
+/// bound, so that a failure fails rather than hangs).
+fn closed_by_server(mut s: &std::net::TcpStream) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+/// The Collector's OTLP/gRPC receiver over TLS (a collector this test
+/// starts, with its own certificate): the sink verifies the certificate
+/// against the private CA and negotiates `h2`, as grpc-go insists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_receives_over_grpc_with_tls() {
+    let services =
+        std::env::var("LOGBUS_SERVICES").unwrap_or_else(|_| "/var/tmp/logbus-services".into());
+    let bin = std::path::Path::new(&services).join("go/bin/otelcol-logbus");
+    assert!(
+        bin.exists() || std::env::var_os("LOGBUS_REQUIRE_OTEL").is_none(),
+        "the OpenTelemetry Collector is required at {} (.ci/services up otel builds it)",
+        bin.display()
+    );
+    if !bin.exists() {
+        eprintln!("skipped: no OpenTelemetry Collector at {}", bin.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = localhost_cert(dir.path());
+    let port = free_port();
+    let out = dir.path().join("logs.jsonl");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "receivers:\n  otlp:\n    protocols:\n      grpc:\n        endpoint: 127.0.0.1:{port}\n        tls:\n          cert_file: {}\n          key_file: {}\n\
+             exporters:\n  file:\n    path: {}\n    flush_interval: 100ms\n\
+             service:\n  telemetry:\n    metrics:\n      level: none\n  pipelines:\n    logs:\n      receivers: [otlp]\n      exporters: [file]\n",
+            cert.display(),
+            key.display(),
+            out.display()
+        ),
+    )
+    .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _collector = Kill(
+        std::process::Command::new(&bin)
+            .arg("--config")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("collector.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..600 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events: Vec<Event> = (0..20)
+        .map(|i| {
+            let f = json!({"body": format!("tls {i}"), "attributes": {"i": i},
+                           "resource": {"service.name": "logbus-tls"}});
+            Event::fields(f.as_object().unwrap().clone(), Meta::now("t".into()))
+        })
+        .collect();
     let (result, _) = testing::run_sink(
         sink(
-            json!({"endpoint": endpoint, "protocol": "http", "retry_max_attempts": 2,
-                    "retry_initial_backoff_ms": 10}),
+            json!({"endpoint": format!("https://localhost:{port}"), "protocol": "grpc",
+                    "tls": {"ca_file": cert}, "batch_max_events": 8}),
         ),
-        one(),
+        vec![events],
     )
     .await;
-    let e = result.unwrap_err().to_string();
-    assert!(e.to_lowercase().contains("certificate"), "{e}");
-    b.stop().await.unwrap();
+    result.unwrap_or_else(|e| {
+        panic!(
+            "{e}\n{}",
+            std::fs::read_to_string(dir.path().join("collector.log")).unwrap_or_default()
+        )
+    });
+    let mut bodies = Vec::new();
+    for _ in 0..100 {
+        bodies.clear();
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        for line in text.lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            for rl in v["resourceLogs"].as_array().into_iter().flatten() {
+                assert_eq!(
+                    rl["resource"]["attributes"][0]["value"]["stringValue"],
+                    "logbus-tls"
+                );
+                for sl in rl["scopeLogs"].as_array().into_iter().flatten() {
+                    for r in sl["logRecords"].as_array().into_iter().flatten() {
+                        bodies.push(r["body"]["stringValue"].as_str().unwrap().to_string());
+                    }
+                }
+            }
+        }
+        if bodies.len() >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bodies.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("tls {i}")).collect();
+    want.sort();
+    assert_eq!(bodies, want);
+}
+
+/// Each wrong option is named with what is wrong.
+#[test]
+fn option_errors_name_the_option() {
+    let e = |o: Value| testing::option_errors(&Typed(logbus_otlp::sink::OtlpSink), o);
+    assert_eq!(e(json!({"endpoint": "https://otlp.example.com:4317"})), "");
+    assert_eq!(
+        e(json!({"endpoint": "collector:4317"})),
+        "endpoint: `collector:4317` is not an http:// or https:// URL"
+    );
+    assert_eq!(
+        e(json!({"endpoint": "http://c:4317", "tls": {"ca_file": "ca.pem"}})),
+        "tls: applies to an https:// endpoint only"
+    );
+    assert_eq!(
+        e(json!({"endpoint": "http://c:4317", "compression_level": 1})),
+        "compression_level: applies to `protocol: http` only (gRPC's gzip level is fixed at 6 by tonic)"
+    );
+    assert_eq!(
+        e(
+            json!({"endpoint": "http://c:4318", "protocol": "http", "compression": "none",
+                 "compression_level": 1})
+        ),
+        "compression_level: needs `compression: gzip`"
+    );
+    assert!(
+        e(json!({"endpoint": "http://c:4318", "protocol": "http", "compression_level": 10}))
+            .starts_with("compression_level:"),
+        "{}",
+        e(json!({"endpoint": "http://c:4318", "protocol": "http", "compression_level": 10}))
+    );
+    assert!(
+        e(json!({"endpoint": "https://c:4317", "tls": {"ca_file": "/nonexistent/ca.pem"}}))
+            .starts_with("tls: reading /nonexistent/ca.pem"),
+        "{}",
+        e(json!({"endpoint": "https://c:4317", "tls": {"ca_file": "/nonexistent/ca.pem"}}))
+    );
+    assert_eq!(
+        e(json!({"endpoint": "http://c:4317", "headers": {"bad header": "v"}})),
+        "headers.bad header: not a valid header name"
+    );
+    assert_eq!(
+        e(json!({"endpoint": "http://c:4317", "body_field": ""})),
+        "body_field: must not be empty"
+    );
 }

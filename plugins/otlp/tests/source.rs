@@ -64,6 +64,51 @@ async fn start(more: Value, capacity: usize) -> Running {
     Running { grpc, http, source }
 }
 
+/// The Python SDK's exporters over TLS, both transports: grpcio insists
+/// on ALPN `h2`, which the gRPC listener offers; the CA is a private one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_over_tls_on_both_transports() {
+    if !python_ok() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // OpenSSL (Python's HTTP client) does not take a self-signed server
+    // certificate as its own CA: a CA signs one for `localhost`.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // rcgen names every certificate alike; a leaf named like its issuer
+    // reads as self-signed.
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "LogBus test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let key_pair = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".into()])
+        .unwrap()
+        .signed_by(&key_pair, &ca_cert, &ca_key)
+        .unwrap();
+    let (ca, cert, key) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("cert.pem"),
+        dir.path().join("key.pem"),
+    );
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    std::fs::write(&cert, leaf.pem()).unwrap();
+    std::fs::write(&key, key_pair.serialize_pem()).unwrap();
+    let mut r = start(json!({"tls": {"cert_file": cert, "key_file": key}}), 100).await;
+    let ca = ca.display().to_string();
+    for (transport, endpoint) in [
+        ("grpc", format!("https://localhost:{}", r.grpc)),
+        ("http", format!("https://localhost:{}/v1/logs", r.http)),
+    ] {
+        let trace = python(SDK_SEND, vec![transport.into(), endpoint, ca.clone()]).await;
+        let events = testing::take(&mut r.source.rx, 2).await;
+        check_sdk_events(&events, &trace);
+    }
+    r.source.stop().await.unwrap();
+}
+
 /// Runs a Python snippet (blocking pool); returns its stdout.
 async fn python(script: &str, args: Vec<String>) -> String {
     let script = script.to_string();
@@ -84,20 +129,36 @@ async fn python(script: &str, args: Vec<String>) -> String {
 /// Emits two records through the SDK (one inside a span) with the
 /// exporter for `transport` (`grpc` or `http`) to `endpoint`.
 const SDK_SEND: &str = r#"
-import sys, time
+import logging, sys, time
+# The exporter logs a failed export and carries on; make it fail the run.
+failures = []
+class Failed(logging.Handler):
+    def emit(self, record):
+        failures.append(record.getMessage())
+logging.getLogger("opentelemetry").addHandler(Failed(level=logging.WARNING))
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 transport, endpoint = sys.argv[1], sys.argv[2]
+ca = sys.argv[3] if len(sys.argv) > 3 else None
 if transport == "grpc":
+    import grpc
     from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-    exporter = OTLPLogExporter(endpoint=endpoint, insecure=True, compression=__import__("grpc").Compression.Gzip)
+    if ca:
+        exporter = OTLPLogExporter(endpoint=endpoint, insecure=False, compression=grpc.Compression.Gzip,
+                                   credentials=grpc.ssl_channel_credentials(open(ca, "rb").read()))
+    else:
+        exporter = OTLPLogExporter(endpoint=endpoint, insecure=True, compression=grpc.Compression.Gzip)
 else:
     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
     from opentelemetry.exporter.otlp.proto.http import Compression
-    exporter = OTLPLogExporter(endpoint=endpoint, compression=Compression.Gzip)
+    if ca:
+        # requests lets REQUESTS_CA_BUNDLE (set on many machines) override
+        # the session's CA file, which is how the exporter passes it.
+        __import__("os").environ["REQUESTS_CA_BUNDLE"] = ca
+    exporter = OTLPLogExporter(endpoint=endpoint, compression=Compression.Gzip, certificate_file=ca)
 provider = LoggerProvider(resource=Resource.create({"service.name": "checkout", "deployment.environment": "test"}))
 provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
 logger = provider.get_logger("shop.payments", "2.1")
@@ -110,6 +171,8 @@ with tracer.start_as_current_span("pay") as span:
     logger.emit(severity_number=SeverityNumber.ERROR, body={"code": 7, "why": "timeout"})
     print(format(ctx.trace_id, "032x"), format(ctx.span_id, "016x"), int(ctx.trace_flags))
 provider.shutdown()
+if failures:
+    sys.exit("the exporter failed: " + " | ".join(failures))
 "#;
 
 fn check_sdk_events(events: &[Event], trace: &str) {

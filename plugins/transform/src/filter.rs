@@ -1,7 +1,10 @@
-//! `transform: filter`: keeps the events whose field matches one condition
-//! and discards the rest (counted as discarded, never as lost). For "and",
-//! chain filters; for "or" on one field, use `in` or `matches`.
+//! `transform: filter`: keeps the events that match and discards the rest
+//! (counted as discarded, never as lost). Two ways to say what matches:
+//! `condition:` in the condition language (`logbus-condition`: `&&`,
+//! `||`, grouping, regexes, helpers), or the older one-field form
+//! (`field:` and one operator), which stays because pipelines use it.
 
+use logbus_condition::Condition;
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, EventError, FieldPath, OptionError, Processor,
     StageKind, TypedPlugin, Verdict,
@@ -12,12 +15,19 @@ use serde_json::Value;
 
 use crate::{field_path, needs_fields};
 
-/// Options of `transform: filter`. Give `field` and exactly one operator.
+/// Options of `transform: filter`. Give `condition`, or `field` and
+/// exactly one operator.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FilterOptions {
+    /// Keep the events for which this holds, e.g.
+    /// `level != "debug" && (service == "auth" || status >= 500)`
+    /// (docs/conditions.md).
+    #[serde(default)]
+    pub condition: Option<String>,
     /// Field to test (dotted path for nested fields).
-    pub field: String,
+    #[serde(default)]
+    pub field: Option<String>,
     /// Keep when the field equals this value (numbers compare by value: 1 == 1.0; `null` matches a null field).
     #[serde(default, deserialize_with = "present")]
     pub equals: Option<Value>,
@@ -74,6 +84,18 @@ enum Op {
 }
 
 impl FilterOptions {
+    fn has_operator(&self) -> bool {
+        self.equals.is_some()
+            || self.not_equals.is_some()
+            || self.one_of.is_some()
+            || self.contains.is_some()
+            || self.matches.is_some()
+            || self.exists.is_some()
+            || [self.gt, self.gte, self.lt, self.lte]
+                .iter()
+                .any(Option::is_some)
+    }
+
     fn op(&self) -> Result<Op, OptionError> {
         let mut ops: Vec<(&str, Op)> = Vec::new();
         if let Some(v) = &self.equals {
@@ -127,12 +149,54 @@ impl FilterOptions {
     }
 }
 
+/// A condition's error, at its place inside the text.
+fn compiled(text: &str) -> Result<Condition, OptionError> {
+    Condition::compile(text).map_err(|e| {
+        let (line, column) = e.line_column(text);
+        let place = if text.contains('\n') {
+            format!("line {line}, column {column}")
+        } else {
+            format!("column {column}")
+        };
+        OptionError::inside(
+            &["condition"],
+            e.offset,
+            format!(
+                "{} (at {place} of the condition)\n{}",
+                e.message,
+                indent(&e.caret(text))
+            ),
+        )
+    })
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 impl CheckOptions for FilterOptions {
     fn check(&self) -> Vec<OptionError> {
-        let mut errors: Vec<OptionError> = field_path(&self.field, &["field"])
-            .err()
-            .into_iter()
-            .collect();
+        if let Some(text) = &self.condition {
+            let mut errors: Vec<OptionError> = compiled(text).err().into_iter().collect();
+            if self.field.is_some() || self.has_operator() {
+                errors.push(OptionError::at(
+                    &["condition"],
+                    "give `condition` or `field` with an operator, not both",
+                ));
+            }
+            return errors;
+        }
+        let Some(field) = &self.field else {
+            return vec![OptionError::at(
+                &[],
+                "give `condition` (e.g. `condition: level != \"debug\"`), or `field` and one operator",
+            )];
+        };
+        let mut errors: Vec<OptionError> =
+            field_path(field, &["field"]).err().into_iter().collect();
         if self.one_of.as_ref().is_some_and(Vec::is_empty) {
             errors.push(OptionError::at(
                 &["in"],
@@ -150,20 +214,28 @@ impl TypedPlugin for FilterTransform {
     type Options = FilterOptions;
     const NAME: &'static str = "filter";
     const KIND: StageKind = StageKind::Transform;
-    const DESCRIPTION: &'static str = "Keeps events whose field matches a condition (equals, not_equals, in, contains, matches, exists, gt, gte, lt, lte); discards the rest.";
+    const DESCRIPTION: &'static str = "Keeps events that match a condition (`condition: level != \"debug\" && status >= 500`, or one field with equals, not_equals, in, contains, matches, exists, gt, gte, lt, lte); discards the rest.";
 
     fn build(&self, options: FilterOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        let test = match (&options.condition, &options.field) {
+            (Some(text), _) => Test::Condition(compiled(text)?),
+            (None, Some(field)) => Test::Field(field_path(field, &["field"])?, options.op()?),
+            (None, None) => return Err(OptionError::at(&[], "give `condition` or `field`")),
+        };
         Ok(Built::Processor(Box::new(Filter {
-            field: field_path(&options.field, &["field"])?,
-            op: options.op()?,
+            test,
             invert: options.invert,
         })))
     }
 }
 
+enum Test {
+    Condition(Condition),
+    Field(FieldPath, Op),
+}
+
 struct Filter {
-    field: FieldPath,
-    op: Op,
+    test: Test,
     invert: bool,
 }
 
@@ -195,7 +267,11 @@ fn matches(op: &Op, value: Option<&Value>) -> bool {
 impl Processor for Filter {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
         let fields = event.as_fields().ok_or_else(|| needs_fields("filter"))?;
-        let keep = matches(&self.op, self.field.get(fields)) != self.invert;
+        let matched = match &self.test {
+            Test::Condition(c) => c.matches(fields),
+            Test::Field(field, op) => matches(op, field.get(fields)),
+        };
+        let keep = matched != self.invert;
         Ok(if keep {
             Verdict::Keep
         } else {
@@ -215,9 +291,15 @@ mod tests {
 
     fn keeps(o: Value, event: Value) -> bool {
         let o = opts(o);
+        let test = match &o.condition {
+            Some(c) => Test::Condition(Condition::compile(c).unwrap()),
+            None => Test::Field(
+                FieldPath::parse(o.field.as_deref().unwrap()).unwrap(),
+                o.op().unwrap(),
+            ),
+        };
         let mut f = Filter {
-            field: FieldPath::parse(&o.field).unwrap(),
-            op: o.op().unwrap(),
+            test,
             invert: o.invert,
         };
         let mut e = Event::fields(
@@ -281,6 +363,89 @@ mod tests {
     }
 
     #[test]
+    fn every_comparison_at_its_boundary() {
+        for (op, at, below, above) in [
+            ("gt", false, false, true),
+            ("gte", true, false, true),
+            ("lt", false, true, false),
+            ("lte", true, true, false),
+        ] {
+            let o = |v: f64| json!({"field": "s", op: 500, "_v": v});
+            for (v, want) in [(500.0, at), (499.5, below), (500.5, above)] {
+                let mut opt = o(v);
+                opt.as_object_mut().unwrap().remove("_v");
+                assert_eq!(keeps(opt, json!({"s": v})), want, "{op} on {v}");
+            }
+            // Not a number: never kept.
+            assert!(
+                !keeps(json!({"field": "s", op: 500}), json!({"s": "500"})),
+                "{op}"
+            );
+            assert!(!keeps(json!({"field": "s", op: 500}), json!({})), "{op}");
+        }
+        assert!(!keeps(
+            json!({"field": "t", "contains": "z"}),
+            json!({"t": ["x", "y"]})
+        ));
+        assert!(!keeps(
+            json!({"field": "t", "contains": "z"}),
+            json!({"t": 5})
+        ));
+    }
+
+    #[test]
+    fn a_condition_selects_across_fields() {
+        let c = json!({"condition": r#"level != "debug" && (service in ["auth", "billing"] && status >= 500 || exists(panic))"#});
+        assert!(keeps(
+            c.clone(),
+            json!({"level": "info", "service": "auth", "status": 503})
+        ));
+        assert!(!keeps(
+            c.clone(),
+            json!({"level": "info", "service": "auth", "status": 404})
+        ));
+        assert!(!keeps(
+            c.clone(),
+            json!({"level": "debug", "service": "auth", "status": 503})
+        ));
+        assert!(keeps(c.clone(), json!({"level": "warn", "panic": true})));
+        assert!(!keeps(
+            c,
+            json!({"level": "info", "service": "web", "status": 503})
+        ));
+        assert!(keeps(
+            json!({"condition": "level == \"debug\"", "invert": true}),
+            json!({"level": "info"})
+        ));
+    }
+
+    #[test]
+    fn condition_errors_point_inside_the_condition() {
+        let e = opts(json!({"condition": "level == && ok"})).check();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].path, ["condition"]);
+        assert_eq!(e[0].offset, Some(9));
+        assert_eq!(
+            e[0].message,
+            "expected a field, a value, a function or `(`, found `&&` (at column 10 of the condition)\n    level == && ok\n             ^"
+        );
+        let both = opts(json!({"condition": "ok", "field": "a", "equals": 1})).check();
+        assert_eq!(
+            both[0].message,
+            "give `condition` or `field` with an operator, not both"
+        );
+        let op_only = opts(json!({"condition": "ok", "gt": 1})).check();
+        assert_eq!(op_only.len(), 1, "{op_only:?}");
+        let none = opts(json!({})).check();
+        assert!(
+            none[0].message.starts_with("give `condition`"),
+            "{:?}",
+            none[0]
+        );
+        assert!(opts(json!({"condition": "ok"})).check().is_empty());
+    }
+
+    #[test]
     fn option_errors() {
         assert!(opts(json!({"field": "a"})).op().is_err());
         let two = opts(json!({"field": "a", "equals": 1, "gt": 2}))
@@ -291,10 +456,9 @@ mod tests {
             .op()
             .unwrap_err();
         assert_eq!(bad.path, ["matches"]);
-        assert!(
-            !opts(json!({"field": "a..b", "exists": true}))
-                .check()
-                .is_empty()
+        assert_eq!(
+            opts(json!({"field": "a..b", "exists": true})).check()[0].message,
+            "field path `a..b` has an empty segment"
         );
     }
 }

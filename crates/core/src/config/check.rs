@@ -591,7 +591,7 @@ impl Checker<'_> {
                 let at = if e.path.is_empty() {
                     pos
                 } else {
-                    node.pos_of(&e.path)
+                    option_pos(node, &e)
                 };
                 let what = if e.path.is_empty() {
                     String::new()
@@ -664,7 +664,7 @@ impl Checker<'_> {
         };
         for e in plugin.check(&options, &bcx) {
             let at = match (options_node, e.path.is_empty()) {
-                (Some(n), false) => n.pos_of(&e.path),
+                (Some(n), false) => option_pos(n, &e),
                 _ => value.pos,
             };
             let what = if e.path.is_empty() {
@@ -1013,4 +1013,43 @@ fn id_problem(id: &str) -> Option<String> {
         ));
     }
     None
+}
+
+/// Where an option error is: the option's key, or — for an error inside
+/// an option's text (a condition) — that place in the file: the scalar's
+/// position plus the offset (past the opening quote of a quoted one; in a
+/// block scalar, that line of its text).
+fn option_pos(node: &Node, e: &logbus_plugin_api::OptionError) -> Pos {
+    let key = node.pos_of(&e.path);
+    let Some(offset) = e.offset else {
+        return key;
+    };
+    let mut value = node;
+    for seg in &e.path {
+        match value.get(seg) {
+            Some(v) => value = v,
+            None => return key,
+        }
+    }
+    let NodeKind::Scalar { text, plain } = &value.kind else {
+        return key;
+    };
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let col = before[line_start..].chars().count();
+    if text.contains('\n') {
+        // A block scalar's position is its first line of text; the
+        // indentation YAML strips is the same on every line.
+        let line = before.matches('\n').count();
+        Pos {
+            line: value.pos.line + line,
+            col: value.pos.col + col,
+        }
+    } else {
+        Pos {
+            line: value.pos.line,
+            col: value.pos.col + usize::from(!plain) + col,
+        }
+    }
 }

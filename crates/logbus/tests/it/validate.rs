@@ -633,3 +633,61 @@ fn durable_queue_settings_are_checked_with_their_position() {
         assert_eq!(d.line, Some(*line), "{lines}: {}", d.message);
     }
 }
+
+/// An error inside a condition is reported where it is in the file: the
+/// option's position plus the offset, past the quote of a quoted scalar,
+/// on its own line in a block scalar; the message carries a caret.
+#[test]
+fn a_condition_error_points_inside_the_condition() {
+    let plain = "\
+stages:
+  read: { source: stdin }
+  json: { parser: json, inputs: [read] }
+  keep:
+    transform: filter
+    inputs: [json]
+    condition: level == && ok
+  out: { sink: stdout, inputs: [keep] }
+";
+    let d = one(plain, "bad-option");
+    assert_eq!(at(&d), (7, 25), "{d:?}");
+    assert_eq!(
+        d.message,
+        "option `condition`: expected a field, a value, a function or `(`, found `&&` (at column 10 of the condition)\n    level == && ok\n             ^"
+    );
+    let quoted = plain.replace(
+        "condition: level == && ok",
+        r#"condition: 'lowr(level) == "x"'"#,
+    );
+    let d = one(&quoted, "bad-option");
+    assert_eq!(at(&d), (7, 17), "{d:?}");
+    assert!(d.message.contains("did you mean `lower`?"), "{}", d.message);
+    let block = plain.replace(
+        "condition: level == && ok",
+        "condition: |\n      level != \"debug\" &&\n        status > true",
+    );
+    let d = one(&block, "bad-option");
+    assert_eq!(at(&d), (9, 18), "{d:?}");
+    assert!(
+        d.message.contains(
+            "(at line 2, column 12 of the condition)\n      status > true\n               ^"
+        ),
+        "{}",
+        d.message
+    );
+}
+
+/// A declared range is checked for every plugin by the plugin API, and
+/// the message names the option.
+#[test]
+fn an_option_out_of_its_declared_range_is_named() {
+    let d = one(
+        "stages:\n  in: { source: otlp, grpc_address: \"127.0.0.1:4317\", max_concurrent_requests: 0 }\n  out: { sink: stdout, inputs: [in] }\n",
+        "bad-option",
+    );
+    assert_eq!(
+        d.message,
+        "option `max_concurrent_requests`: must be between 1 and 4096, got 0"
+    );
+    assert_eq!(at(&d), (2, 55));
+}

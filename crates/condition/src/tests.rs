@@ -1,0 +1,361 @@
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn fields(v: Value) -> Fields {
+    serde_json::from_value(v).unwrap()
+}
+
+fn holds(condition: &str, event: Value) -> bool {
+    Condition::compile(condition)
+        .unwrap_or_else(|e| panic!("{condition}: {e}\n{}", e.caret(condition)))
+        .matches(&fields(event))
+}
+
+fn error(condition: &str) -> (usize, String) {
+    let e = Condition::compile(condition).unwrap_err();
+    (e.offset, e.message)
+}
+
+#[test]
+fn comparisons_follow_the_filter_typing_rules() {
+    let e = json!({"level": "error", "status": 503, "ratio": 0.5, "ok": true, "n": null});
+    assert!(holds(r#"level == "error""#, e.clone()));
+    assert!(!holds(r#"level == "info""#, e.clone()));
+    assert!(holds("status == 503.0", e.clone()));
+    assert!(holds("n == null", e.clone()));
+    assert!(!holds("missing == null", e.clone()));
+    assert!(holds("missing != 1", e.clone()));
+    assert!(!holds("status != 503", e.clone()));
+    assert!(holds("status > 500", e.clone()));
+    assert!(!holds("status > 503", e.clone()));
+    assert!(holds("status >= 503", e.clone()));
+    assert!(holds("status < 504", e.clone()));
+    assert!(!holds("status < 503", e.clone()));
+    assert!(holds("status <= 503", e.clone()));
+    assert!(!holds("status <= 502", e.clone()));
+    assert!(holds("ratio < 1", e.clone()));
+    // Two strings by their bytes; a number and a string field never.
+    assert!(holds(r#"level < "warn""#, e.clone()));
+    assert!(!holds("level > 1", e.clone()));
+    assert!(!holds("missing > 1", e.clone()));
+    assert!(!holds("missing < 1", e.clone()));
+    assert!(holds("ok", e.clone()));
+    assert!(!holds("level", e.clone()));
+    assert!(!holds("missing", e));
+}
+
+#[test]
+fn logic_grouping_and_precedence() {
+    let e = json!({"level": "warn", "service": "auth", "status": 502});
+    assert!(holds(
+        r#"level != "debug" && (service == "auth" || service == "billing") && status >= 500"#,
+        e.clone()
+    ));
+    // && binds tighter than ||.
+    assert!(holds(r#"true || false && false"#, e.clone()));
+    assert!(!holds(r#"(true || false) && false"#, e.clone()));
+    assert!(holds(r#"!(level == "debug")"#, e.clone()));
+    assert!(!holds(r#"!!(level == "debug")"#, e.clone()));
+    assert!(holds(r#"!false && !missing"#, e));
+}
+
+#[test]
+fn in_regex_and_exists() {
+    let e = json!({"level": "warn", "msg": "took 1500 ms", "a": {"b": null}, "tags": ["x", 2]});
+    assert!(holds(r#"level in ["warn", "error"]"#, e.clone()));
+    assert!(!holds(r#"level in ["info"]"#, e.clone()));
+    assert!(!holds(r#"missing in ["warn"]"#, e.clone()));
+    assert!(holds(r#"msg =~ "\d+ ms$""#, e.clone()));
+    assert!(!holds(r#"msg =~ "^\d""#, e.clone()));
+    assert!(holds(r#"msg !~ "^\d""#, e.clone()));
+    assert!(!holds(r#"level =~ "^x" "#, e.clone()));
+    // Not a string: `=~` does not hold, so `!~` does.
+    assert!(!holds(r#"tags =~ "x""#, e.clone()));
+    assert!(holds(r#"missing !~ "x""#, e.clone()));
+    assert!(holds("exists(a.b)", e.clone()));
+    assert!(!holds("exists(a.c)", e.clone()));
+    assert!(!holds("exists(msg.x)", e));
+}
+
+#[test]
+fn string_helpers() {
+    let e = json!({"path": "/api/v1/users", "level": "WARN", "tags": ["blue", 7], "m": {"a": 1}});
+    assert!(holds(r#"starts_with(path, "/api/")"#, e.clone()));
+    assert!(!holds(r#"starts_with(path, "/v1")"#, e.clone()));
+    assert!(holds(r#"ends_with(path, "users")"#, e.clone()));
+    assert!(!holds(r#"ends_with(path, "user")"#, e.clone()));
+    assert!(holds(r#"contains(path, "v1")"#, e.clone()));
+    assert!(!holds(r#"contains(path, "v2")"#, e.clone()));
+    assert!(holds(r#"contains(tags, "blue")"#, e.clone()));
+    assert!(holds("contains(tags, 7.0)", e.clone()));
+    assert!(!holds(r#"contains(tags, "red")"#, e.clone()));
+    assert!(!holds(r#"contains(missing, "x")"#, e.clone()));
+    assert!(holds(r#"lower(level) == "warn""#, e.clone()));
+    assert!(holds(r#"upper(lower(level)) == "WARN""#, e.clone()));
+    assert!(!holds(r#"lower(m) == "warn""#, e.clone()));
+    assert!(holds("len(path) == 13", e.clone()));
+    assert!(holds("len(tags) == 2", e.clone()));
+    assert!(holds("len(m) == 1", e.clone()));
+    assert!(!holds("len(missing) == 0", e.clone()));
+    assert!(holds(r#"len("héllo") == 5"#, e));
+}
+
+#[test]
+fn paths_dotted_and_quoted() {
+    let e = json!({"resource": {"service.name": "api"}, "http": {"status": 500},
+                   "list": {"0": "zero"}, "user-agent": "curl", "@t": 1, "in": 2});
+    assert!(holds("http.status == 500", e.clone()));
+    assert!(holds(r#"resource.`service.name` == "api""#, e.clone()));
+    assert!(holds(r#"resource."service.name" == "api""#, e.clone()));
+    assert!(holds(r#"list.0 == "zero""#, e.clone()));
+    assert!(holds(
+        r#"`user-agent` == "curl" && user-agent == "curl""#,
+        e.clone()
+    ));
+    assert!(holds("@t == 1", e.clone()));
+    assert!(holds("`in` == 2", e));
+}
+
+#[test]
+fn errors_name_the_place() {
+    assert_eq!(
+        error("level == "),
+        (
+            9,
+            "expected a field, a value, a function or `(`, found the end of the condition".into()
+        )
+    );
+    assert_eq!(
+        error("a = 1"),
+        (2, "`=` alone is not an operator; compare with `==`".into())
+    );
+    assert_eq!(
+        error("a & b"),
+        (2, "`&` alone is not an operator; write `&&`".into())
+    );
+    assert_eq!(error(r#"a == "x"#).0, 5);
+    assert_eq!(error("  ").1, "the condition is empty");
+    assert_eq!(error(r#"level == "x" && "y""#).0, 16);
+    assert!(error(r#"level == "x" && "y""#).1.contains("not a string"));
+    assert_eq!(error(r#""x""#).0, 0);
+    assert_eq!(error("lower(3) == 1").0, 6);
+    assert_eq!(
+        error("lowr(a)").1,
+        "`lowr` is not a function; did you mean `lower`? (functions: exists, starts_with, ends_with, contains, lower, upper, len)"
+    );
+    assert_eq!(
+        error("starts_with(a)").1,
+        "`starts_with` takes 2 arguments, got 1"
+    );
+    assert_eq!(
+        error("exists(\"a\")").1,
+        "`exists` takes a field (`exists(user.id)`)"
+    );
+    assert_eq!(error(r#"msg =~ "(""#).0, 7);
+    assert!(
+        error(r#"msg =~ "(""#)
+            .1
+            .starts_with("invalid regular expression")
+    );
+    assert_eq!(
+        error("msg =~ level").1,
+        "expected a regular expression in quotes, found `level`"
+    );
+    assert_eq!(
+        error("level in []").1,
+        "the list is empty, so `in` would never hold"
+    );
+    assert_eq!(error("level in [a]").0, 10);
+    assert_eq!(error("status > true").0, 9);
+    assert_eq!(error(r#"1 < "a""#).0, 2);
+    assert_eq!(
+        error("a b").1,
+        "expected `&&`, `||` or the end of the condition, found `b`"
+    );
+    assert_eq!(
+        error("(a").1,
+        "expected `)`, found the end of the condition"
+    );
+    assert_eq!(
+        error("a.").1,
+        "expected a field name after `.`, found the end of the condition"
+    );
+    assert_eq!(
+        error("a == -").1,
+        "`-` must start a number (there is no arithmetic)"
+    );
+    assert_eq!(error("a == 1e").1, "`1e` is not a number");
+    assert_eq!(
+        error("a == #").1,
+        "`#` is not part of the condition language"
+    );
+    assert_eq!(error("`a").1, "this quoted key is not closed");
+    assert_eq!(error("[1] == a").0, 0);
+    let deep = format!("{}a{}", "(".repeat(100), ")".repeat(100));
+    assert!(error(&deep).1.starts_with("nested more than 64 deep"));
+    let nots = format!("{}a", "!".repeat(100));
+    assert!(error(&nots).1.starts_with("nested more than 64 deep"));
+}
+
+#[test]
+fn a_caret_points_at_the_error() {
+    let text = "level == \"x\" &&\n  status >";
+    let e = Condition::compile(text).unwrap_err();
+    assert_eq!(e.caret(text), "  status >\n          ^");
+    assert_eq!(e.line_column(text), (2, 11));
+    let e = Condition::compile("a ==").unwrap_err();
+    assert_eq!(e.caret("a =="), "a ==\n    ^");
+}
+
+#[test]
+fn printing_is_canonical() {
+    let printed = |t: &str| Condition::compile(t).unwrap().to_string();
+    assert_eq!(
+        printed(r#"(a=="x"||b)&&!(c>1)"#),
+        r#"(a == "x" || b) && !(c > 1)"#
+    );
+    assert_eq!(printed("a || (b || c)"), "a || (b || c)");
+    assert_eq!(printed("(a || b) || c"), "a || b || c");
+    assert_eq!(printed("a && (b && c)"), "a && (b && c)");
+    assert_eq!(
+        printed(r#"resource."service.name" in ['a', 1]"#),
+        r#"resource.`service.name` in ["a", 1]"#
+    );
+    assert_eq!(printed(r#"m =~ "\d\"""#), r#"m =~ "\\d\"""#);
+    assert_eq!(printed("list.0 == `in`"), "list.`0` == `in`");
+    assert_eq!(printed("!!a && !exists(b)"), "!!a && !exists(b)");
+}
+
+// --- property: the printed form compiles to the same condition ---------
+
+fn arb_path() -> impl Strategy<Value = String> {
+    prop::sample::select(vec![
+        "level", "status", "a.b", "`x.y`", "tags", "msg", "n", "missing", "ok",
+    ])
+    .prop_map(str::to_string)
+}
+
+fn arb_literal() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (-3i64..600).prop_map(|n| n.to_string()),
+        prop::sample::select(vec![
+            "\"error\"",
+            "\"warn\"",
+            "'a\\\\b'",
+            "\"\"",
+            "true",
+            "false",
+            "null",
+            "0.5",
+            "1e2",
+        ])
+        .prop_map(str::to_string),
+    ]
+}
+
+fn arb_operand() -> impl Strategy<Value = String> {
+    prop_oneof![
+        arb_path(),
+        arb_literal(),
+        arb_path().prop_map(|p| format!("lower({p})")),
+        arb_path().prop_map(|p| format!("len({p})")),
+    ]
+}
+
+fn arb_atom() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (
+            arb_operand(),
+            prop::sample::select(vec!["==", "!="]),
+            arb_operand()
+        )
+            .prop_map(|(a, op, b)| format!("{a} {op} {b}")),
+        (
+            arb_path(),
+            prop::sample::select(vec!["<", "<=", ">", ">="]),
+            -3i64..600
+        )
+            .prop_map(|(a, op, b)| format!("{a}{op}{b}")),
+        (arb_path(), prop::collection::vec(arb_literal(), 1..4))
+            .prop_map(|(a, l)| format!("{a} in [{}]", l.join(","))),
+        (
+            arb_path(),
+            prop::sample::select(vec!["=~", "!~"]),
+            prop::sample::select(vec!["\"^e\"", "\"\\\\d+\"", "\"r|w\""])
+        )
+            .prop_map(|(a, op, r)| format!("{a} {op} {r}")),
+        arb_path().prop_map(|p| format!("exists({p})")),
+        (arb_path(), prop::sample::select(vec!["\"e\"", "\"rr\""]))
+            .prop_map(|(p, s)| format!("contains({p}, {s})")),
+        arb_path(),
+        Just("true".to_string()),
+    ]
+}
+
+fn arb_condition() -> impl Strategy<Value = String> {
+    arb_atom().prop_recursive(4, 24, 2, |inner| {
+        prop_oneof![
+            (
+                inner.clone(),
+                prop::sample::select(vec!["&&", "||"]),
+                inner.clone()
+            )
+                .prop_map(|(a, op, b)| format!("{a} {op} {b}")),
+            inner.clone().prop_map(|a| format!("({a})")),
+            inner.prop_map(|a| format!("!({a})")),
+        ]
+    })
+}
+
+fn arb_event() -> impl Strategy<Value = Value> {
+    (
+        prop::option::of(prop::sample::select(vec![
+            "error", "warn", "Error", "debug",
+        ])),
+        prop::option::of(-5i64..700),
+        prop::option::of(any::<bool>()),
+        prop::option::of(prop::sample::select(vec!["e1", "rr", "x"])),
+    )
+        .prop_map(|(level, status, ok, msg)| {
+            let mut e = json!({"a": {"b": status}, "x.y": level, "tags": ["e", "rr", 1]});
+            if let Some(l) = level {
+                e["level"] = json!(l);
+            }
+            if let Some(s) = status {
+                e["status"] = json!(s);
+            }
+            if let Some(o) = ok {
+                e["ok"] = json!(o);
+            }
+            if let Some(m) = msg {
+                e["msg"] = json!(m);
+                e["n"] = json!(m.len());
+            }
+            e
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// An expression and its pretty-printed form evaluate the same on
+    /// every event, and printing again changes nothing.
+    #[test]
+    fn the_printed_form_means_the_same(text in arb_condition(), events in prop::collection::vec(arb_event(), 8)) {
+        let Ok(original) = Condition::compile(&text) else {
+            // Generated type errors (`true > 1` cannot appear, but
+            // `"" && ..` can): those are covered above.
+            return Ok(());
+        };
+        let printed = original.to_string();
+        let again = Condition::compile(&printed)
+            .unwrap_or_else(|e| panic!("{text} printed as {printed}: {e}\n{}", e.caret(&printed)));
+        prop_assert_eq!(&again.to_string(), &printed);
+        for e in &events {
+            let f = fields(e.clone());
+            prop_assert_eq!(original.matches(&f), again.matches(&f), "{} vs {} on {}", text, printed, e);
+        }
+    }
+}
