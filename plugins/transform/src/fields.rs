@@ -1,6 +1,9 @@
-//! `transform: fields`: set, copy, rename and delete fields. Operations run
-//! in a fixed order — copy, rename, set, delete — whatever order the keys
-//! have in the file, so a pipeline reads the same way it runs.
+//! `transform: fields`: copy, rename, set (constants or templates of
+//! other fields), from_meta, lookup (a table from a field's value),
+//! convert (types), case and delete. Operations run in that fixed order,
+//! whatever order the keys have in the file, so a pipeline reads the same
+//! way it runs; these are the reshapes a JS stage was needed for, at
+//! native speed.
 
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, EventData, EventError, FieldPath, Fields,
@@ -21,7 +24,10 @@ pub struct FieldsOptions {
     /// `from: to` — move a field (second). A missing `from` is skipped.
     #[serde(default)]
     pub rename: Fields,
-    /// `field: value` — set fields to constant values (third).
+    /// `field: value` — set fields (third): constants, or a string with
+    /// `{{path}}` in it, a template of other fields
+    /// (`"{{service}}: {{message}}"`; a missing field renders empty, a
+    /// non-string one as JSON).
     #[serde(default)]
     pub set: Fields,
     /// `field: what` — set fields from the event's metadata (fourth):
@@ -33,9 +39,182 @@ pub struct FieldsOptions {
     /// skipped.
     #[serde(default)]
     pub from_meta: std::collections::BTreeMap<String, String>,
+    /// `target: {from, table, default}` — write the table's value for the
+    /// `from` field's value into `target` (fifth); with no match,
+    /// `default`, or nothing when there is none. Numbers and booleans are
+    /// looked up by their text (`200` finds the key `"200"`).
+    #[serde(default)]
+    pub lookup: std::collections::BTreeMap<String, Lookup>,
+    /// `field: integer | float | boolean | string` — convert a value
+    /// (sixth); one that does not convert is the event's error (for
+    /// `on_error`). A missing field is skipped.
+    #[serde(default)]
+    pub convert: std::collections::BTreeMap<String, Conversion>,
+    /// `field: upper | lower` — change a string's case (seventh); other
+    /// values are left alone.
+    #[serde(default)]
+    pub case: std::collections::BTreeMap<String, Case>,
     /// Fields to remove (last).
     #[serde(default)]
     pub delete: Vec<String>,
+}
+
+/// One `lookup` entry.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Lookup {
+    /// The field whose value is looked up.
+    pub from: String,
+    /// Value → replacement.
+    pub table: Fields,
+    /// Written when the value is not in the table (or `from` is missing).
+    #[serde(default)]
+    pub default: Option<Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Conversion {
+    Integer,
+    Float,
+    Boolean,
+    String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Case {
+    Upper,
+    Lower,
+}
+
+/// A `set` value: a constant, or a template.
+#[derive(Debug)]
+enum SetValue {
+    Constant(Value),
+    Template(Vec<Part>),
+}
+
+#[derive(Debug)]
+enum Part {
+    Text(String),
+    Field(FieldPath),
+}
+
+/// `"{{service}}: {{message}}"` into its parts; `None` when there is no
+/// `{{` (a constant).
+fn template(text: &str, at: &[&str]) -> Result<Option<Vec<Part>>, OptionError> {
+    if !text.contains("{{") {
+        return Ok(None);
+    }
+    let mut parts = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find("{{") {
+        if open > 0 {
+            parts.push(Part::Text(rest[..open].to_string()));
+        }
+        let after = &rest[open + 2..];
+        let close = after.find("}}").ok_or_else(|| {
+            OptionError::inside(at, text.len() - rest.len() + open, "`{{` without its `}}`")
+        })?;
+        let path = after[..close].trim();
+        let path = FieldPath::parse(path).map_err(|e| {
+            OptionError::inside(
+                at,
+                text.len() - rest.len() + open,
+                format!("in `{{{{…}}}}`: {e}"),
+            )
+        })?;
+        parts.push(Part::Field(path));
+        rest = &after[close + 2..];
+    }
+    if !rest.is_empty() {
+        parts.push(Part::Text(rest.to_string()));
+    }
+    Ok(Some(parts))
+}
+
+fn render(parts: &[Part], fields: &Fields) -> String {
+    let mut out = String::new();
+    for part in parts {
+        match part {
+            Part::Text(t) => out.push_str(t),
+            Part::Field(p) => match p.get(fields) {
+                Some(Value::String(s)) => out.push_str(s),
+                Some(Value::Null) | None => {}
+                Some(other) => out.push_str(&other.to_string()),
+            },
+        }
+    }
+    out
+}
+
+/// The table key a value is looked up by.
+fn key_of(v: &Value) -> Option<std::borrow::Cow<'_, str>> {
+    match v {
+        Value::String(s) => Some(std::borrow::Cow::Borrowed(s)),
+        Value::Number(_) | Value::Bool(_) => Some(std::borrow::Cow::Owned(v.to_string())),
+        _ => None,
+    }
+}
+
+fn convert(v: &Value, to: Conversion) -> Result<Value, String> {
+    let bad = || {
+        format!(
+            "cannot convert {v} to {}",
+            match to {
+                Conversion::Integer => "an integer",
+                Conversion::Float => "a float",
+                Conversion::Boolean => "a boolean",
+                Conversion::String => "a string",
+            }
+        )
+    };
+    Ok(match (to, v) {
+        (Conversion::String, Value::String(_)) => v.clone(),
+        (Conversion::String, Value::Null) => return Err(bad()),
+        (Conversion::String, other) => Value::String(other.to_string()),
+        (Conversion::Integer, Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(f)) if f.fract() == 0.0 && f.abs() < 9.2e18 => Value::from(f as i64),
+            _ => match n.as_u64() {
+                Some(u) => Value::from(u),
+                None => return Err(bad()),
+            },
+        },
+        (Conversion::Integer, Value::String(s)) => {
+            let t = s.trim();
+            match t.parse::<i64>() {
+                Ok(i) => Value::from(i),
+                Err(_) => match t.parse::<u64>() {
+                    Ok(u) => Value::from(u),
+                    Err(_) => return Err(bad()),
+                },
+            }
+        }
+        (Conversion::Integer, Value::Bool(b)) => Value::from(i64::from(*b)),
+        (Conversion::Float, Value::Number(n)) => n
+            .as_f64()
+            .and_then(serde_json::Number::from_f64)
+            .map(Value::Number)
+            .ok_or_else(bad)?,
+        (Conversion::Float, Value::String(s)) => s
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map(Value::Number)
+            .ok_or_else(bad)?,
+        (Conversion::Boolean, Value::Bool(_)) => v.clone(),
+        (Conversion::Boolean, Value::String(s)) => match s.trim().to_ascii_lowercase().as_str() {
+            "true" | "yes" | "on" | "1" => Value::Bool(true),
+            "false" | "no" | "off" | "0" => Value::Bool(false),
+            _ => return Err(bad()),
+        },
+        (Conversion::Boolean, Value::Number(n)) if n.as_f64() == Some(0.0) => Value::Bool(false),
+        (Conversion::Boolean, Value::Number(n)) if n.as_f64() == Some(1.0) => Value::Bool(true),
+        _ => return Err(bad()),
+    })
 }
 
 /// What of an event's metadata `from_meta` writes.
@@ -69,8 +248,11 @@ impl MetaKey {
 struct Plan {
     copy: Vec<(FieldPath, FieldPath)>,
     rename: Vec<(FieldPath, FieldPath)>,
-    set: Vec<(FieldPath, Value)>,
+    set: Vec<(FieldPath, SetValue)>,
     from_meta: Vec<(FieldPath, MetaKey)>,
+    lookup: Vec<(FieldPath, FieldPath, Fields, Option<Value>)>,
+    convert: Vec<(FieldPath, Conversion)>,
+    case: Vec<(FieldPath, Case)>,
     delete: Vec<FieldPath>,
 }
 
@@ -102,8 +284,45 @@ impl FieldsOptions {
             .unwrap_or_default();
         let mut set = Vec::new();
         for (k, v) in &self.set {
+            let value = match v.as_str().map(|t| template(t, &["set", k])) {
+                Some(Ok(Some(parts))) => SetValue::Template(parts),
+                Some(Err(e)) => {
+                    errors.push(e);
+                    continue;
+                }
+                _ => SetValue::Constant(v.clone()),
+            };
             match field_path(k, &["set", k]) {
-                Ok(p) => set.push((p, v.clone())),
+                Ok(p) => set.push((p, value)),
+                Err(e) => errors.push(e),
+            }
+        }
+        let mut lookup = Vec::new();
+        for (k, l) in &self.lookup {
+            let target = field_path(k, &["lookup", k]);
+            let from = field_path(&l.from, &["lookup", k, "from"]);
+            match (target, from) {
+                (Ok(t), Ok(f)) => lookup.push((t, f, l.table.clone(), l.default.clone())),
+                (Err(e), _) | (_, Err(e)) => errors.push(e),
+            }
+            if l.table.is_empty() && l.default.is_none() {
+                errors.push(OptionError::at(
+                    &["lookup", k, "table"],
+                    "the table is empty and there is no default: nothing would be written",
+                ));
+            }
+        }
+        let mut convert = Vec::new();
+        for (k, c) in &self.convert {
+            match field_path(k, &["convert", k]) {
+                Ok(p) => convert.push((p, *c)),
+                Err(e) => errors.push(e),
+            }
+        }
+        let mut case = Vec::new();
+        for (k, c) in &self.case {
+            match field_path(k, &["case", k]) {
+                Ok(p) => case.push((p, *c)),
                 Err(e) => errors.push(e),
             }
         }
@@ -126,12 +345,15 @@ impl FieldsOptions {
             && rename.is_empty()
             && set.is_empty()
             && from_meta.is_empty()
+            && lookup.is_empty()
+            && convert.is_empty()
+            && case.is_empty()
             && delete.is_empty()
             && errors.is_empty()
         {
             errors.push(OptionError::at(
                 &[],
-                "nothing to do: give at least one of copy, rename, set, from_meta, delete",
+                "nothing to do: give at least one of copy, rename, set, from_meta, lookup, convert, case, delete",
             ));
         }
         if errors.is_empty() {
@@ -140,6 +362,9 @@ impl FieldsOptions {
                 rename,
                 set,
                 from_meta,
+                lookup,
+                convert,
+                case,
                 delete,
             })
         } else {
@@ -160,7 +385,7 @@ impl TypedPlugin for FieldsTransform {
     type Options = FieldsOptions;
     const NAME: &'static str = "fields";
     const KIND: StageKind = StageKind::Transform;
-    const DESCRIPTION: &'static str = "Reshapes parsed events: copy, rename, set (constant values), from_meta (where the event came from) and delete fields, in that order.";
+    const DESCRIPTION: &'static str = "Reshapes parsed events: copy, rename, set (constants or `{{field}}` templates), from_meta (where the event came from), lookup (a table from a field's value), convert (types), case (upper/lower) and delete fields, in that order.";
 
     fn build(&self, options: FieldsOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         let plan = options.plan().map_err(|mut e| e.swap_remove(0))?;
@@ -175,6 +400,8 @@ impl Processor for Plan {
         let Payload::Fields(fields) = payload else {
             return Err(needs_fields("fields"));
         };
+        // Only a conversion can fail, after the edits before it.
+        let before = (!self.convert.is_empty()).then(|| fields.clone());
         for (from, to) in &self.copy {
             if let Some(v) = from.get(fields).cloned() {
                 to.set(fields, v);
@@ -186,7 +413,11 @@ impl Processor for Plan {
             }
         }
         for (path, value) in &self.set {
-            path.set(fields, value.clone());
+            let v = match value {
+                SetValue::Constant(v) => v.clone(),
+                SetValue::Template(parts) => Value::String(render(parts, fields)),
+            };
+            path.set(fields, v);
         }
         for (path, key) in &self.from_meta {
             let value = match key {
@@ -201,6 +432,40 @@ impl Processor for Plan {
             };
             if let Some(v) = value {
                 path.set(fields, v);
+            }
+        }
+        for (target, from, table, default) in &self.lookup {
+            let found = from
+                .get(fields)
+                .and_then(key_of)
+                .and_then(|k| table.get(k.as_ref()))
+                .or(default.as_ref())
+                .cloned();
+            if let Some(v) = found {
+                target.set(fields, v);
+            }
+        }
+        for (path, to) in &self.convert {
+            if let Some(v) = path.get(fields) {
+                match convert(v, *to) {
+                    Ok(v) => path.set(fields, v),
+                    Err(e) => {
+                        // An event in error is passed on as it came.
+                        if let Some(before) = before {
+                            *fields = before;
+                        }
+                        return Err(EventError::new(format!("convert `{path}`: {e}")));
+                    }
+                }
+            }
+        }
+        for (path, case) in &self.case {
+            if let Some(Value::String(s)) = path.get(fields) {
+                let changed = match case {
+                    Case::Upper => s.to_uppercase(),
+                    Case::Lower => s.to_lowercase(),
+                };
+                path.set(fields, Value::String(changed));
             }
         }
         for path in &self.delete {
@@ -328,6 +593,158 @@ mod tests {
             "{}",
             errs[0].message
         );
+    }
+
+    fn run(options: Value, event: Value) -> Result<Value, String> {
+        let opts: FieldsOptions = serde_json::from_value(options).unwrap();
+        let mut plan = opts.plan().map_err(|e| format!("{e:?}"))?;
+        let mut e = Event::fields(
+            serde_json::from_value(event).unwrap(),
+            Meta::now("s".into()),
+        );
+        plan.process(&mut e).map_err(|e| e.0)?;
+        Ok(Value::Object(e.as_fields().unwrap().clone()))
+    }
+
+    #[test]
+    fn templates_lookup_convert_and_case_in_order() {
+        let got = run(
+            json!({
+                "case": {"level": "upper", "n": "lower"},
+                "convert": {"status": "integer", "sev": "string"},
+                "lookup": {"sev": {"from": "level", "table": {"debug": 7, "info": 6, "error": 3}, "default": 5}},
+                "set": {"summary": "{{service}}: {{msg}} ({{status}}, {{missing}})", "plain": "no template"},
+                "rename": {"message": "msg"}
+            }),
+            json!({"service": "auth", "message": "denied", "status": "403", "level": "error", "n": 5}),
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            json!({"service": "auth", "status": 403, "level": "ERROR", "n": 5, "msg": "denied",
+                   "summary": "auth: denied (403, )", "plain": "no template", "sev": "3"})
+        );
+        // No match: the default; a number is looked up by its text.
+        let got = run(
+            json!({"lookup": {"class": {"from": "status", "table": {"200": "ok", "404": "missing"}, "default": "other"}}}),
+            json!({"status": 404}),
+        )
+        .unwrap();
+        assert_eq!(got["class"], "missing");
+        let got = run(
+            json!({"lookup": {"class": {"from": "status", "table": {"200": "ok"}, "default": "other"}}}),
+            json!({}),
+        )
+        .unwrap();
+        assert_eq!(got["class"], "other");
+        let got = run(
+            json!({"lookup": {"class": {"from": "status", "table": {"200": "ok"}}}}),
+            json!({"status": 500}),
+        )
+        .unwrap();
+        assert!(
+            got.get("class").is_none(),
+            "no match and no default writes nothing"
+        );
+        // A template renders a non-string field as JSON.
+        let got = run(
+            json!({"set": {"t": "{{ a.b }}/{{c}}"}}),
+            json!({"a": {"b": [1, 2]}, "c": true}),
+        )
+        .unwrap();
+        assert_eq!(got["t"], "[1,2]/true");
+    }
+
+    #[test]
+    fn conversions_and_their_errors() {
+        let conv = |to: &str, v: Value| {
+            run(json!({"convert": {"x": to}}), json!({"x": v})).map(|e| e["x"].clone())
+        };
+        assert_eq!(conv("integer", json!(" 42 ")).unwrap(), json!(42));
+        assert_eq!(conv("integer", json!(42.0)).unwrap(), json!(42));
+        assert_eq!(conv("integer", json!(true)).unwrap(), json!(1));
+        assert_eq!(
+            conv("integer", json!("18446744073709551615")).unwrap(),
+            json!(18446744073709551615u64)
+        );
+        assert_eq!(
+            conv("integer", json!(4.5)).unwrap_err(),
+            "convert `x`: cannot convert 4.5 to an integer"
+        );
+        assert_eq!(
+            conv("integer", json!("4x")).unwrap_err(),
+            "convert `x`: cannot convert \"4x\" to an integer"
+        );
+        assert_eq!(conv("float", json!("2.5")).unwrap(), json!(2.5));
+        assert_eq!(conv("float", json!(3)).unwrap(), json!(3.0));
+        assert!(conv("float", json!("nan")).is_err());
+        assert!(conv("float", json!([1])).is_err());
+        assert_eq!(conv("boolean", json!("Yes")).unwrap(), json!(true));
+        assert_eq!(conv("boolean", json!("off")).unwrap(), json!(false));
+        assert_eq!(conv("boolean", json!(0)).unwrap(), json!(false));
+        assert!(conv("boolean", json!(2)).is_err());
+        assert!(conv("boolean", json!("maybe")).is_err());
+        assert_eq!(conv("string", json!(12)).unwrap(), json!("12"));
+        assert_eq!(conv("string", json!({"a": 1})).unwrap(), json!("{\"a\":1}"));
+        assert!(conv("string", json!(null)).is_err());
+        // A missing field is skipped, not an error.
+        assert_eq!(
+            run(json!({"convert": {"x": "integer"}}), json!({})).unwrap(),
+            json!({})
+        );
+    }
+
+    #[test]
+    fn a_failed_conversion_leaves_the_event_as_it_came() {
+        let opts: FieldsOptions = serde_json::from_value(json!({
+            "set": {"added": 1}, "rename": {"a": "b"}, "convert": {"n": "integer"}
+        }))
+        .unwrap();
+        let mut plan = opts.plan().unwrap();
+        let mut e = Event::fields(
+            serde_json::from_value(json!({"a": 1, "n": "x"})).unwrap(),
+            Meta::now("s".into()),
+        );
+        assert!(plan.process(&mut e).is_err());
+        assert_eq!(
+            Value::Object(e.as_fields().unwrap().clone()),
+            json!({"a": 1, "n": "x"})
+        );
+    }
+
+    #[test]
+    fn new_option_errors_point_at_the_entry() {
+        let errs = |o: Value| {
+            serde_json::from_value::<FieldsOptions>(o)
+                .unwrap()
+                .check()
+                .into_iter()
+                .map(|e| (e.path.join("."), e.message, e.offset))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            errs(json!({"set": {"t": "a {{b"}})),
+            [(
+                "set.t".to_string(),
+                "`{{` without its `}}`".to_string(),
+                Some(2)
+            )]
+        );
+        assert_eq!(
+            errs(json!({"set": {"t": "{{a..b}}"}}))[0].1,
+            "in `{{…}}`: field path `a..b` has an empty segment"
+        );
+        assert_eq!(
+            errs(json!({"lookup": {"x": {"from": "a..b", "table": {"k": 1}}}}))[0].0,
+            "lookup.x.from"
+        );
+        assert_eq!(
+            errs(json!({"lookup": {"x": {"from": "a", "table": {}}}}))[0].1,
+            "the table is empty and there is no default: nothing would be written"
+        );
+        assert_eq!(errs(json!({"case": {"a..b": "upper"}}))[0].0, "case.a..b");
+        assert_eq!(errs(json!({"convert": {"": "integer"}}))[0].0, "convert.");
+        assert!(serde_json::from_value::<FieldsOptions>(json!({"case": {"a": "title"}})).is_err());
     }
 
     #[test]

@@ -231,11 +231,16 @@ fn a_member_killed_mid_run_hands_its_partitions_over() {
         "missing {:?}…\n{err}",
         &missing[..missing.len().min(10)]
     );
+    // The second 30,000 went to all six partitions after the kill, so
+    // the survivor read at least all of them, its own and the dead
+    // member's. (Not `>`: when the first member consumed the whole first
+    // batch before the second joined, the survivor read exactly 30,000,
+    // as CI saw once.)
     assert!(
         stage(&stats, "from_kafka.source")["events_out"]
             .as_u64()
             .unwrap()
-            > 30_000,
+            >= 30_000,
         "the survivor read the dead member's partitions too: {stats}"
     );
 }
