@@ -66,7 +66,14 @@ pub struct Lookup {
     /// The field whose value is looked up.
     pub from: String,
     /// Value → replacement.
+    #[serde(default)]
     pub table: Fields,
+    /// A table in a file, read when the pipeline is built (and so again
+    /// at each reload): a JSON object, or CSV (`.csv`) rows of
+    /// `key,value` — a value that reads as a JSON number or boolean is
+    /// one, else text. Inline `table` entries win over the file's.
+    #[serde(default)]
+    pub file: Option<std::path::PathBuf>,
     /// Written when the value is not in the table (or `from` is missing).
     #[serde(default)]
     pub default: Option<Value>,
@@ -86,6 +93,44 @@ pub enum Conversion {
 pub enum Case {
     Upper,
     Lower,
+}
+
+/// The table of `lookup.<target>.file`, resolved against `base`.
+fn table_file(path: &std::path::Path, base: &std::path::Path) -> Result<Fields, String> {
+    let full = base.join(path);
+    let text =
+        std::fs::read_to_string(&full).map_err(|e| format!("reading {}: {e}", full.display()))?;
+    if full
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("csv"))
+    {
+        let mut table = Fields::new();
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .comment(Some(b'#'))
+            .flexible(true)
+            .from_reader(text.as_bytes());
+        for (i, row) in reader.records().enumerate() {
+            let row = row.map_err(|e| format!("{}: {e}", full.display()))?;
+            if row.len() != 2 {
+                return Err(format!(
+                    "{}: row {} has {} columns; a lookup table has two (key,value)",
+                    full.display(),
+                    i + 1,
+                    row.len()
+                ));
+            }
+            let value = match serde_json::from_str::<Value>(&row[1]) {
+                Ok(v @ (Value::Number(_) | Value::Bool(_))) => v,
+                _ => Value::String(row[1].to_string()),
+            };
+            table.insert(row[0].to_string(), value);
+        }
+        Ok(table)
+    } else {
+        serde_json::from_str::<Fields>(&text)
+            .map_err(|e| format!("{}: not a JSON object of key: value ({e})", full.display()))
+    }
 }
 
 /// A `set` value: a constant, or a template.
@@ -274,7 +319,9 @@ fn pairs(map: &Fields, option: &str) -> Result<Vec<(FieldPath, FieldPath)>, Opti
 }
 
 impl FieldsOptions {
-    fn plan(&self) -> Result<Plan, Vec<OptionError>> {
+    /// The plan; lookup files are read from `base` when it is given (at
+    /// build), and left for later when not (the context-free check).
+    fn plan_in(&self, base: Option<&std::path::Path>) -> Result<Plan, Vec<OptionError>> {
         let mut errors = Vec::new();
         let copy = pairs(&self.copy, "copy")
             .map_err(|e| errors.push(e))
@@ -302,10 +349,20 @@ impl FieldsOptions {
             let target = field_path(k, &["lookup", k]);
             let from = field_path(&l.from, &["lookup", k, "from"]);
             match (target, from) {
-                (Ok(t), Ok(f)) => lookup.push((t, f, l.table.clone(), l.default.clone())),
+                (Ok(t), Ok(f)) => {
+                    let mut table = Fields::new();
+                    if let (Some(file), Some(base)) = (&l.file, base) {
+                        match table_file(file, base) {
+                            Ok(t) => table = t,
+                            Err(e) => errors.push(OptionError::at(&["lookup", k, "file"], e)),
+                        }
+                    }
+                    table.extend(l.table.clone());
+                    lookup.push((t, f, table, l.default.clone()))
+                }
                 (Err(e), _) | (_, Err(e)) => errors.push(e),
             }
-            if l.table.is_empty() && l.default.is_none() {
+            if l.table.is_empty() && l.default.is_none() && l.file.is_none() {
                 errors.push(OptionError::at(
                     &["lookup", k, "table"],
                     "the table is empty and there is no default: nothing would be written",
@@ -373,9 +430,16 @@ impl FieldsOptions {
     }
 }
 
+impl FieldsOptions {
+    #[cfg(test)]
+    fn plan(&self) -> Result<Plan, Vec<OptionError>> {
+        self.plan_in(None)
+    }
+}
+
 impl CheckOptions for FieldsOptions {
     fn check(&self) -> Vec<OptionError> {
-        self.plan().err().unwrap_or_default()
+        self.plan_in(None).err().unwrap_or_default()
     }
 }
 
@@ -387,9 +451,20 @@ impl TypedPlugin for FieldsTransform {
     const KIND: StageKind = StageKind::Transform;
     const DESCRIPTION: &'static str = "Reshapes parsed events: copy, rename, set (constants or `{{field}}` templates), from_meta (where the event came from), lookup (a table from a field's value), convert (types), case (upper/lower) and delete fields, in that order.";
 
-    fn build(&self, options: FieldsOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        let plan = options.plan().map_err(|mut e| e.swap_remove(0))?;
+    fn build(&self, options: FieldsOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let plan = options
+            .plan_in(Some(&cx.base_dir))
+            .map_err(|mut e| e.swap_remove(0))?;
         Ok(Built::Processor(Box::new(plan)))
+    }
+
+    /// Lookup files are read here too, so `logbus validate` names one
+    /// that is missing or malformed.
+    fn check_in_context(&self, options: &FieldsOptions, cx: &BuildContext) -> Vec<OptionError> {
+        options
+            .plan_in(Some(&cx.base_dir))
+            .err()
+            .unwrap_or_default()
     }
 }
 
@@ -653,6 +728,81 @@ mod tests {
         )
         .unwrap();
         assert_eq!(got["t"], "[1,2]/true");
+    }
+
+    #[test]
+    fn lookup_tables_from_json_and_csv_files() {
+        let dir = std::env::temp_dir().join(format!("logbus-lookup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("sev.json"), r#"{"debug": 7, "error": 3}"#).unwrap();
+        std::fs::write(
+            dir.join("owners.csv"),
+            "# service,owner\nauth,\"team a, identity\"\nbilling,42\nweb,true\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("bad.csv"), "a,b,c\n").unwrap();
+        std::fs::write(dir.join("bad.json"), "[1]").unwrap();
+        let opts: FieldsOptions = serde_json::from_value(json!({"lookup": {
+            "sev": {"from": "level", "file": "sev.json", "table": {"error": 2}},
+            "owner": {"from": "service", "file": "owners.csv", "default": "nobody"}
+        }}))
+        .unwrap();
+        let mut plan = opts.plan_in(Some(&dir)).unwrap();
+        let mut run = |event: Value| {
+            let mut e = Event::fields(
+                serde_json::from_value(event).unwrap(),
+                Meta::now("s".into()),
+            );
+            plan.process(&mut e).unwrap();
+            Value::Object(e.as_fields().unwrap().clone())
+        };
+        let got = run(json!({"level": "debug", "service": "auth"}));
+        assert_eq!(
+            (&got["sev"], &got["owner"]),
+            (&json!(7), &json!("team a, identity"))
+        );
+        // Inline entries win over the file's.
+        assert_eq!(
+            run(json!({"level": "error", "service": "billing"}))["sev"],
+            2
+        );
+        assert_eq!(run(json!({"service": "billing"}))["owner"], 42);
+        assert_eq!(run(json!({"service": "web"}))["owner"], true);
+        assert_eq!(run(json!({"service": "?"}))["owner"], "nobody");
+        let err = |file: &str| {
+            let o: FieldsOptions =
+                serde_json::from_value(json!({"lookup": {"x": {"from": "a", "file": file}}}))
+                    .unwrap();
+            let e = o.plan_in(Some(&dir)).err().unwrap();
+            (e[0].path.join("."), e[0].message.clone())
+        };
+        let (path, message) = err("bad.csv");
+        assert_eq!(path, "lookup.x.file");
+        assert!(
+            message.ends_with("bad.csv: row 1 has 3 columns; a lookup table has two (key,value)"),
+            "{message}"
+        );
+        assert!(
+            err("bad.json").1.contains("not a JSON object"),
+            "{}",
+            err("bad.json").1
+        );
+        assert!(
+            err("missing.json").1.starts_with("reading "),
+            "{}",
+            err("missing.json").1
+        );
+        // Without the pipeline's folder (the context-free check) the file
+        // is not read, and a file alone is a table.
+        assert!(
+            serde_json::from_value::<FieldsOptions>(
+                json!({"lookup": {"x": {"from": "a", "file": "missing.json"}}})
+            )
+            .unwrap()
+            .check()
+            .is_empty()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -691,3 +691,20 @@ fn an_option_out_of_its_declared_range_is_named() {
     );
     assert_eq!(at(&d), (2, 55));
 }
+
+/// A lookup table file that is not there is named by validation, at the
+/// option (the file is read relative to the pipeline's folder).
+#[test]
+fn a_missing_lookup_file_is_named() {
+    let d = one(
+        "stages:\n  a: { source: stdin }\n  j: { parser: json, inputs: [a] }\n  f:\n    transform: fields\n    inputs: [j]\n    lookup: { sev: { from: level, file: no-such-table.csv } }\n  o: { sink: stdout, inputs: [f] }\n",
+        "bad-option",
+    );
+    assert!(
+        d.message.starts_with("option `lookup.sev.file`: reading ")
+            && d.message.contains("no-such-table.csv"),
+        "{}",
+        d.message
+    );
+    assert_eq!(d.line, Some(7));
+}
