@@ -87,6 +87,7 @@ pub fn decode(file: Bytes) -> Result<Vec<Fields>, String> {
 }
 
 fn read_rows(file: Bytes, last: Arc<AtomicU64>) -> Result<Vec<Fields>, String> {
+    footer_lists_fit(&file)?;
     let at = || last.load(Ordering::Relaxed);
     let reader = ParquetRecordBatchReaderBuilder::try_new(Tracked {
         bytes: file,
@@ -162,5 +163,159 @@ impl TypedPlugin for ParquetParser {
         "Reads a whole Parquet file (one raw event) into one event per row.";
     fn build(&self, _o: ParquetParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Processor(Box::new(ParseParquet)))
+    }
+}
+
+/// The parquet crate sizes a list from the count its footer declares
+/// (`Vec::with_capacity(n)`) before reading an element, so a 2.5 KB file
+/// that claims two billion row groups makes it ask for 150 GB and abort
+/// the process — no panic to catch (found by the `parquet` fuzz target).
+/// So the footer's Thrift (compact protocol) is walked first, and a list,
+/// set or map that claims more elements than bytes remain (every element
+/// takes at least one) refuses the file. The walk follows the declared
+/// types, except for FileMetaData's own lists, which the crate reads as
+/// lists whatever the header says; inside row groups and column chunks
+/// the crate's expectations are not mirrored (yet), so a list there
+/// declared under another type is not caught.
+fn footer_lists_fit(file: &[u8]) -> Result<(), String> {
+    let n = file.len();
+    if n < 12 || &file[n - 4..] != b"PAR1" {
+        return Ok(()); // Not a plain footer: the parquet crate says why.
+    }
+    let len = u32::from_le_bytes(file[n - 8..n - 4].try_into().expect("4 bytes")) as usize;
+    if len > n - 8 {
+        return Ok(()); // The crate reports the impossible length itself.
+    }
+    let mut walk = Thrift {
+        bytes: &file[n - 8 - len..n - 8],
+        at: 0,
+    };
+    walk.skip_struct(0).map_err(|e| {
+        format!(
+            "not a Parquet file: its footer {e} (at byte {} of the {len}-byte footer)",
+            walk.at
+        )
+    })
+}
+
+struct Thrift<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Thrift<'_> {
+    fn byte(&mut self) -> Result<u8, String> {
+        let b = *self.bytes.get(self.at).ok_or("ends inside a value")?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("holds a varint longer than ten bytes".into())
+    }
+
+    fn take(&mut self, count: u64) -> Result<(), String> {
+        let left = (self.bytes.len() - self.at) as u64;
+        if count > left {
+            return Err(format!("declares {count} bytes where {left} remain"));
+        }
+        self.at += count as usize;
+        Ok(())
+    }
+
+    /// A list, set or map of `count` elements: at least a byte each.
+    fn fits(&self, count: u64) -> Result<(), String> {
+        let left = (self.bytes.len() - self.at) as u64;
+        if count > left {
+            return Err(format!(
+                "declares a list of {count} elements where {left} bytes remain"
+            ));
+        }
+        Ok(())
+    }
+
+    fn skip_struct(&mut self, depth: usize) -> Result<(), String> {
+        if depth > 64 {
+            return Err("nests structures more than 64 deep".into());
+        }
+        let mut id: i64 = 0;
+        loop {
+            let header = self.byte()?;
+            if header == 0 {
+                return Ok(());
+            }
+            id = match header >> 4 {
+                0 => {
+                    // The field id in full, zigzag.
+                    let z = self.varint()?;
+                    (z >> 1) as i64 ^ -((z & 1) as i64)
+                }
+                delta => id + i64::from(delta),
+            };
+            // The crate reads FileMetaData's schema, row groups, key-value
+            // metadata and column orders as lists whatever type the field
+            // header says, so they are walked as lists here too.
+            if depth == 0 && matches!(id, 2 | 4 | 5 | 7) {
+                self.skip(9, depth + 1)?;
+                continue;
+            }
+            match header & 0x0f {
+                // Booleans in a struct field live in the type nibble.
+                1 | 2 => {}
+                t => self.skip(t, depth + 1)?,
+            }
+        }
+    }
+
+    fn skip(&mut self, kind: u8, depth: usize) -> Result<(), String> {
+        if depth > 64 {
+            return Err("nests structures more than 64 deep".into());
+        }
+        match kind {
+            1..=3 => {
+                self.byte()?;
+            }
+            4..=6 => {
+                self.varint()?;
+            }
+            7 => self.take(8)?,
+            8 => {
+                let len = self.varint()?;
+                self.take(len)?;
+            }
+            9 | 10 => {
+                let header = self.byte()?;
+                let count = match header >> 4 {
+                    15 => self.varint()?,
+                    c => u64::from(c),
+                };
+                self.fits(count)?;
+                for _ in 0..count {
+                    self.skip(header & 0x0f, depth + 1)?;
+                }
+            }
+            11 => {
+                let count = self.varint()?;
+                if count > 0 {
+                    self.fits(count)?;
+                    let types = self.byte()?;
+                    for _ in 0..count {
+                        self.skip(types >> 4, depth + 1)?;
+                        self.skip(types & 0x0f, depth + 1)?;
+                    }
+                }
+            }
+            12 => self.skip_struct(depth)?,
+            other => return Err(format!("holds an unknown Thrift type {other}")),
+        }
+        Ok(())
     }
 }

@@ -206,3 +206,39 @@ fn files_that_make_the_library_panic_are_errors() {
     }
     assert_eq!(seen, 12);
 }
+
+/// A footer that declares more list elements than it has bytes (here two
+/// billion row groups in a 2.5 KB file, found by the fuzz target) made
+/// the parquet crate allocate ~150 GB and abort the process; it is now
+/// refused before the crate reads it, naming the footer.
+#[test]
+fn a_footer_that_claims_more_than_it_holds_is_refused() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile");
+    for name in [
+        "row-group-count-2g.parquet",
+        "schema-count-under-another-type.parquet",
+    ] {
+        let err = decode(Bytes::from(std::fs::read(dir.join(name)).unwrap())).unwrap_err();
+        assert!(
+            err.starts_with("not a Parquet file: its footer ") && err.contains("-byte footer)"),
+            "{name}: {err}"
+        );
+    }
+    // A footer whose row-group list claims 2^31 entries, written by hand:
+    // `FileMetaData { 4: list<struct> of 0x7fffffff }` then the length and
+    // the magic.
+    let mut footer = vec![0x49, 0x0c]; // field 4 (delta 4), list, then: 15 << 4 | struct
+    footer[1] = 0xfc;
+    footer.extend([0xff, 0xff, 0xff, 0xff, 0x07]); // the count, a varint
+    let mut file = b"PAR1".to_vec();
+    file.extend(&footer);
+    file.extend((footer.len() as u32).to_le_bytes());
+    file.extend(b"PAR1");
+    let err = decode(Bytes::from(file)).unwrap_err();
+    assert!(
+        err.starts_with(
+            "not a Parquet file: its footer declares a list of 2147483647 elements where 0 bytes remain"
+        ),
+        "{err}"
+    );
+}
