@@ -119,7 +119,7 @@ impl Served {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let service = Handled {
-            app: self.app,
+            app: self.app.clone(),
             slot: self.slot.clone(),
         };
         let io = hyper_util::rt::TokioIo::new(stream);
@@ -129,17 +129,7 @@ impl Served {
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(self.header_timeout)
                     .serve_connection(io, service);
-                tokio::pin!(conn);
-                tokio::select! {
-                    done = conn.as_mut() => return ended(self.peer, done.err()),
-                    why = self.slot.closed() => closing(self.peer, why),
-                    _ = self.shutdown.cancelled() => {}
-                }
-                conn.as_mut().graceful_shutdown();
-                tokio::select! {
-                    _ = conn => {}
-                    _ = self.slot.quiet_for(GOODBYE) => {}
-                }
+                drive(&self, conn, |c| c.graceful_shutdown()).await;
             }
             HttpVersion::Http2 => {
                 let conn =
@@ -147,19 +137,30 @@ impl Served {
                         .timer(hyper_util::rt::TokioTimer::new())
                         .max_header_list_size(MAX_HEADER_LIST)
                         .serve_connection(io, service);
-                tokio::pin!(conn);
-                tokio::select! {
-                    done = conn.as_mut() => return ended(self.peer, done.err()),
-                    why = self.slot.closed() => closing(self.peer, why),
-                    _ = self.shutdown.cancelled() => {}
-                }
-                conn.as_mut().graceful_shutdown();
-                tokio::select! {
-                    _ = conn => {}
-                    _ = self.slot.quiet_for(GOODBYE) => {}
-                }
+                drive(&self, conn, |c| c.graceful_shutdown()).await;
             }
         }
+    }
+}
+
+/// Runs a hyper connection (either version: they share no trait, so
+/// `graceful` is its `graceful_shutdown`) until it ends, or until it must
+/// close; then lets it finish what it serves, within the goodbye period
+/// once it is quiet.
+async fn drive<C>(served: &Served, conn: C, graceful: impl FnOnce(std::pin::Pin<&mut C>))
+where
+    C: std::future::Future<Output = Result<(), hyper::Error>>,
+{
+    tokio::pin!(conn);
+    tokio::select! {
+        done = conn.as_mut() => return ended(served.peer, done.err()),
+        why = served.slot.closed() => closing(served.peer, why),
+        _ = served.shutdown.cancelled() => {}
+    }
+    graceful(conn.as_mut());
+    tokio::select! {
+        _ = conn => {}
+        _ = served.slot.quiet_for(GOODBYE) => {}
     }
 }
 
