@@ -18,5 +18,11 @@ fuzz_target!(|data: &[u8]| {
             }
         }));
     });
-    let _ = logbus_parquet::reader::decode(bytes::Bytes::copy_from_slice(data));
+    let _ = logbus_parquet::reader::decode(
+        bytes::Bytes::copy_from_slice(data),
+        logbus_parquet::reader::Limits {
+            bytes: 16 << 20,
+            rows: 100_000,
+        },
+    );
 });

@@ -10,6 +10,8 @@
 #[allow(unused_imports)]
 use logbus_plugin_api::{Registry, Typed};
 
+#[cfg(feature = "parser-parquet")]
+mod bounds;
 #[cfg(feature = "object-parquet")]
 pub mod object;
 #[cfg(feature = "parser-parquet")]

@@ -72,36 +72,44 @@ impl std::io::Read for EndIsAnError {
 /// logical types, bad bit widths, dictionary pages out of order: twelve
 /// kinds found by mutating files, kept in `tests/fixtures/panics`). Such
 /// a panic is caught here and becomes this file's error.
-pub fn decode(file: Bytes) -> Result<Vec<Fields>, String> {
+///
+/// `limits` bound what the rows may come to: a file whose headers already
+/// declare more is refused before a row is decoded (see `bounds.rs`), and
+/// the rows decoded are counted against them too.
+pub fn decode(file: Bytes, limits: Limits) -> Result<Vec<Fields>, String> {
     let last = Arc::new(AtomicU64::new(file.len().saturating_sub(8) as u64));
     let at = last.clone();
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_rows(file, last))).unwrap_or_else(
-        |panic| {
-            Err(format!(
-                "the Parquet reader failed on this file: {} (reading at byte {})",
-                logbus_plugin_api::panic_message(panic.as_ref()),
-                at.load(Ordering::Relaxed)
-            ))
-        },
-    )
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        read_rows(file, last, limits)
+    }))
+    .unwrap_or_else(|panic| {
+        Err(format!(
+            "the Parquet reader failed on this file: {} (reading at byte {})",
+            logbus_plugin_api::panic_message(panic.as_ref()),
+            at.load(Ordering::Relaxed)
+        ))
+    })
 }
 
-fn read_rows(file: Bytes, last: Arc<AtomicU64>) -> Result<Vec<Fields>, String> {
-    footer_lists_fit(&file)?;
+fn read_rows(file: Bytes, last: Arc<AtomicU64>, limits: Limits) -> Result<Vec<Fields>, String> {
+    crate::bounds::footer_lists_fit(&file)?;
     let at = || last.load(Ordering::Relaxed);
-    let reader = ParquetRecordBatchReaderBuilder::try_new(Tracked {
-        bytes: file,
+    let tracked = || Tracked {
+        bytes: file.clone(),
         last: last.clone(),
-    })
-    .map_err(|e| format!("not a Parquet file: {e} (reading at byte {})", at()))?
-    .build()
-    .map_err(|e| {
+    };
+    let builder = ParquetRecordBatchReaderBuilder::try_new(tracked())
+        .map_err(|e| format!("not a Parquet file: {e} (reading at byte {})", at()))?;
+    crate::bounds::declared_cost(&file, builder.metadata(), tracked, limits)
+        .map_err(|e| format!("refused: {e}"))?;
+    let reader = builder.build().map_err(|e| {
         format!(
             "cannot read the Parquet file: {e} (reading at byte {})",
             at()
         )
     })?;
     let mut rows = Vec::new();
+    let mut decoded = 0u64;
     for batch in reader {
         let batch = batch
             .map_err(|e| format!("cannot read a row group: {e} (reading at byte {})", at()))?;
@@ -117,6 +125,15 @@ fn read_rows(file: Bytes, last: Arc<AtomicU64>) -> Result<Vec<Fields>, String> {
                 .finish()
                 .map_err(|e| format!("cannot convert a row group: {e}"))?;
         }
+        decoded += out.len() as u64;
+        if decoded > limits.bytes {
+            return Err(format!(
+                "refused: the file's rows come to more than max_decoded_bytes ({} bytes) \
+                 by row {}",
+                limits.bytes,
+                rows.len() + batch.num_rows()
+            ));
+        }
         for line in out.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             rows.push(
                 serde_json::from_slice::<Fields>(line)
@@ -127,16 +144,59 @@ fn read_rows(file: Bytes, last: Arc<AtomicU64>) -> Result<Vec<Fields>, String> {
     Ok(rows)
 }
 
-/// Options of `parser: parquet` (none yet).
-#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ParquetParserOptions {}
+/// Options of `parser: parquet`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParquetParserOptions {
+    /// The most bytes one file's rows may come to, as JSON; a file over
+    /// it is an error for `on_error` (nothing of it is emitted). A file
+    /// whose headers already declare more is refused before decoding.
+    #[schemars(range(min = 1))]
+    pub max_decoded_bytes: u64,
+    /// The most rows one file may hold; likewise refused before decoding
+    /// when its row groups declare more.
+    #[schemars(range(min = 1))]
+    pub max_rows: u64,
+}
+
+/// 256 MiB.
+pub const DEFAULT_MAX_DECODED_BYTES: u64 = 256 << 20;
+/// One million.
+pub const DEFAULT_MAX_ROWS: u64 = 1_000_000;
+
+/// What one file may come to once decoded.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes of rows, as JSON.
+    pub bytes: u64,
+    pub rows: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            bytes: DEFAULT_MAX_DECODED_BYTES,
+            rows: DEFAULT_MAX_ROWS,
+        }
+    }
+}
+
+impl Default for ParquetParserOptions {
+    fn default() -> Self {
+        ParquetParserOptions {
+            max_decoded_bytes: DEFAULT_MAX_DECODED_BYTES,
+            max_rows: DEFAULT_MAX_ROWS,
+        }
+    }
+}
 
 impl CheckOptions for ParquetParserOptions {}
 
 pub struct ParquetParser;
 
-struct ParseParquet;
+struct ParseParquet {
+    limits: Limits,
+}
 
 impl Processor for ParseParquet {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
@@ -145,7 +205,7 @@ impl Processor for ParseParquet {
                 "the parquet parser needs a raw event (a whole file); this one is already parsed",
             ));
         };
-        let rows = decode(bytes.clone()).map_err(EventError::new)?;
+        let rows = decode(bytes.clone(), self.limits).map_err(EventError::new)?;
         let meta = event.meta().clone();
         Ok(Verdict::Replace(
             rows.into_iter()
@@ -161,161 +221,37 @@ impl TypedPlugin for ParquetParser {
     const KIND: StageKind = StageKind::Parser;
     const DESCRIPTION: &'static str =
         "Reads a whole Parquet file (one raw event) into one event per row.";
-    fn build(&self, _o: ParquetParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(ParseParquet)))
+    fn build(&self, o: ParquetParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Processor(Box::new(ParseParquet {
+            limits: Limits {
+                bytes: o.max_decoded_bytes,
+                rows: o.max_rows,
+            },
+        })))
     }
 }
 
-/// The parquet crate sizes a list from the count its footer declares
-/// (`Vec::with_capacity(n)`) before reading an element, so a 2.5 KB file
-/// that claims two billion row groups makes it ask for 150 GB and abort
-/// the process — no panic to catch (found by the `parquet` fuzz target).
-/// So the footer's Thrift (compact protocol) is walked first, and a list,
-/// set or map that claims more elements than bytes remain (every element
-/// takes at least one) refuses the file. The walk follows the declared
-/// types, except for FileMetaData's own lists, which the crate reads as
-/// lists whatever the header says; inside row groups and column chunks
-/// the crate's expectations are not mirrored (yet), so a list there
-/// declared under another type is not caught.
-fn footer_lists_fit(file: &[u8]) -> Result<(), String> {
-    let n = file.len();
-    if n < 12 || &file[n - 4..] != b"PAR1" {
-        return Ok(()); // Not a plain footer: the parquet crate says why.
-    }
-    let len = u32::from_le_bytes(file[n - 8..n - 4].try_into().expect("4 bytes")) as usize;
-    if len > n - 8 {
-        return Ok(()); // The crate reports the impossible length itself.
-    }
-    let mut walk = Thrift {
-        bytes: &file[n - 8 - len..n - 8],
-        at: 0,
-    };
-    walk.skip_struct(0).map_err(|e| {
-        format!(
-            "not a Parquet file: its footer {e} (at byte {} of the {len}-byte footer)",
-            walk.at
-        )
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
 
-struct Thrift<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl Thrift<'_> {
-    fn byte(&mut self) -> Result<u8, String> {
-        let b = *self.bytes.get(self.at).ok_or("ends inside a value")?;
-        self.at += 1;
-        Ok(b)
-    }
-
-    fn varint(&mut self) -> Result<u64, String> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.byte()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err("holds a varint longer than ten bytes".into())
-    }
-
-    fn take(&mut self, count: u64) -> Result<(), String> {
-        let left = (self.bytes.len() - self.at) as u64;
-        if count > left {
-            return Err(format!("declares {count} bytes where {left} remain"));
-        }
-        self.at += count as usize;
-        Ok(())
-    }
-
-    /// A list, set or map of `count` elements: at least a byte each.
-    fn fits(&self, count: u64) -> Result<(), String> {
-        let left = (self.bytes.len() - self.at) as u64;
-        if count > left {
-            return Err(format!(
-                "declares a list of {count} elements where {left} bytes remain"
-            ));
-        }
-        Ok(())
-    }
-
-    fn skip_struct(&mut self, depth: usize) -> Result<(), String> {
-        if depth > 64 {
-            return Err("nests structures more than 64 deep".into());
-        }
-        let mut id: i64 = 0;
-        loop {
-            let header = self.byte()?;
-            if header == 0 {
-                return Ok(());
-            }
-            id = match header >> 4 {
-                0 => {
-                    // The field id in full, zigzag.
-                    let z = self.varint()?;
-                    (z >> 1) as i64 ^ -((z & 1) as i64)
-                }
-                delta => id + i64::from(delta),
-            };
-            // The crate reads FileMetaData's schema, row groups, key-value
-            // metadata and column orders as lists whatever type the field
-            // header says, so they are walked as lists here too.
-            if depth == 0 && matches!(id, 2 | 4 | 5 | 7) {
-                self.skip(9, depth + 1)?;
-                continue;
-            }
-            match header & 0x0f {
-                // Booleans in a struct field live in the type nibble.
-                1 | 2 => {}
-                t => self.skip(t, depth + 1)?,
-            }
-        }
-    }
-
-    fn skip(&mut self, kind: u8, depth: usize) -> Result<(), String> {
-        if depth > 64 {
-            return Err("nests structures more than 64 deep".into());
-        }
-        match kind {
-            1..=3 => {
-                self.byte()?;
-            }
-            4..=6 => {
-                self.varint()?;
-            }
-            7 => self.take(8)?,
-            8 => {
-                let len = self.varint()?;
-                self.take(len)?;
-            }
-            9 | 10 => {
-                let header = self.byte()?;
-                let count = match header >> 4 {
-                    15 => self.varint()?,
-                    c => u64::from(c),
-                };
-                self.fits(count)?;
-                for _ in 0..count {
-                    self.skip(header & 0x0f, depth + 1)?;
-                }
-            }
-            11 => {
-                let count = self.varint()?;
-                if count > 0 {
-                    self.fits(count)?;
-                    let types = self.byte()?;
-                    for _ in 0..count {
-                        self.skip(types >> 4, depth + 1)?;
-                        self.skip(types & 0x0f, depth + 1)?;
-                    }
-                }
-            }
-            12 => self.skip_struct(depth)?,
-            other => return Err(format!("holds an unknown Thrift type {other}")),
-        }
-        Ok(())
+    /// The page walk in `bounds.rs` now refuses the header this guards
+    /// against first, so it is tested on its own: reading past the end is
+    /// an error, not the end of input.
+    #[test]
+    fn reading_past_the_end_of_the_file_is_an_error() {
+        let tracked = Tracked {
+            bytes: Bytes::from_static(b"abc"),
+            last: Arc::new(AtomicU64::new(0)),
+        };
+        let mut r = tracked.get_read(1).unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(r.read(&mut buf).unwrap(), 2);
+        assert_eq!(tracked.last.load(Ordering::Relaxed), 1);
+        let err = r.read(&mut buf).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+        assert_eq!(err.to_string(), "the file ends inside a page header");
+        assert_eq!(r.read(&mut []).unwrap(), 0);
     }
 }

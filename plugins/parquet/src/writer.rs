@@ -308,7 +308,7 @@ pub fn writer_properties(compression: PageCompression, row_group_rows: usize) ->
     };
     WriterProperties::builder()
         .set_compression(compression)
-        .set_max_row_group_size(row_group_rows.max(1))
+        .set_max_row_group_row_count(Some(row_group_rows.max(1)))
         .build()
 }
 
