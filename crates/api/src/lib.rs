@@ -298,7 +298,8 @@ async fn graph(State(state): State<ApiState>) -> Json<Value> {
         .flat_map(|s| {
             s.inputs.iter().map(move |input| match p.output_of(input) {
                 (base, Some(side)) => {
-                    json!({"from": base, "to": s.id, "errors": true, "side": side})
+                    let errors = matches!(side, "errors" | "dead");
+                    json!({"from": base, "to": s.id, "errors": errors, "side": side})
                 }
                 (_, None) => json!({"from": input, "to": s.id, "errors": false}),
             })

@@ -397,6 +397,20 @@ impl Collector for Snapshot {
             ConstCounter::new(st.bytes_out).encode(family.encode_family(&stage(&st.id))?)?;
         }
 
+        let mut family = encoder.encode_descriptor(
+            "logbus_stage_output_events",
+            "Events a stage with named outputs (route) sent to each.",
+            None,
+            MetricType::Counter,
+        )?;
+        for st in &report.stages {
+            for (output, n) in &st.outputs {
+                let mut labels = stage(&st.id);
+                labels.push(("output".to_string(), output.clone()));
+                ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+            }
+        }
+
         let elapsed = report.elapsed_seconds.max(1e-9);
         let waits: std::collections::HashMap<&str, f64> = report
             .channels

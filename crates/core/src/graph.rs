@@ -26,9 +26,14 @@ pub fn to_dot(p: &Pipeline) -> String {
         for input in &s.inputs {
             match p.output_of(input) {
                 (base, Some(label)) => {
+                    // Side outputs dashed; a route's named outputs solid.
+                    let named = p
+                        .stage(base)
+                        .is_some_and(|b| b.outputs.iter().any(|o| o == label));
+                    let style = if named { "solid" } else { "dashed" };
                     let _ = writeln!(
                         out,
-                        "  \"{base}\" -> \"{}\" [style=dashed, label=\"{label}\"];",
+                        "  \"{base}\" -> \"{}\" [style={style}, label=\"{label}\"];",
                         s.id
                     );
                 }
@@ -84,5 +89,11 @@ fn walk(
     }
     for reader in p.readers_of(&side) {
         walk(p, &reader.id, via, depth + 1, printed, out);
+    }
+    for name in &s.outputs {
+        let via = format!("({name}) ");
+        for reader in p.readers_of(&format!("{id}.{name}")) {
+            walk(p, &reader.id, &via, depth + 1, printed, out);
+        }
     }
 }

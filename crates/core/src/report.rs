@@ -19,6 +19,9 @@ pub struct StageReport {
     pub blocked_seconds: f64,
     /// Raw payload bytes sent on (what a source read, a formatter produced).
     pub bytes_out: u64,
+    /// A stage with named outputs (`route`): events sent to each.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub outputs: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -57,6 +57,10 @@ pub enum ReloadError {
         "stage `{0}` changed `workers` or `queue`; its queue is kept across a reload, so restart to change them"
     )]
     QueueChanged(String),
+    #[error(
+        "stage `{0}` changed its named outputs (routes added, removed or reordered); restart to change them"
+    )]
+    OutputsChanged(String),
     #[error("the pipeline is shutting down")]
     Stopped,
 }
@@ -302,6 +306,7 @@ fn report_parts(inv: &Inventory) -> (Vec<StageReport>, Vec<ChannelReport>) {
                 counts: m.snapshot(),
                 blocked_seconds: m.blocked_seconds(),
                 bytes_out: m.bytes_out(),
+                outputs: m.named_outputs().into_iter().collect(),
             })
             .collect(),
         inv.channels
@@ -402,6 +407,8 @@ struct Live {
     input: Option<WeakSender>,
     main: OutputTargets,
     errors: OutputTargets,
+    /// Its named outputs, in [`StageSpec::outputs`] order.
+    named: Vec<OutputTargets>,
     control: Option<Control>,
 }
 
@@ -438,6 +445,7 @@ impl Supervisor {
         let mut opened = HashMap::new();
         for spec in specs {
             let metrics = Arc::new(StageMetrics::default());
+            metrics.name_outputs(&spec.outputs);
             inventory_push_stage(&self.inventory, spec, &metrics);
             let mut input = None;
             if spec.kind != StageKind::Source {
@@ -476,6 +484,11 @@ impl Supervisor {
                     input,
                     main,
                     errors: OutputTargets::default(),
+                    named: spec
+                        .outputs
+                        .iter()
+                        .map(|_| OutputTargets::default())
+                        .collect(),
                     control: None,
                 },
             );
@@ -517,6 +530,24 @@ impl Supervisor {
                 live.main.set(main);
                 live.errors.set(errors);
             }
+            for (i, name) in spec.outputs.iter().enumerate() {
+                let name = format!("{}.{name}", spec.id);
+                let ids = readers(&name);
+                let before: BTreeSet<String> = self
+                    .running
+                    .readers_of(&name)
+                    .map(|r| r.id.clone())
+                    .collect();
+                if before != ids && !changed.contains(&spec.id) {
+                    changed.push(spec.id.clone());
+                }
+                let targets = senders(&self.live, &ids);
+                if let Some(live) = self.live.get(&spec.id)
+                    && let Some(named) = live.named.get(i)
+                {
+                    named.set(targets);
+                }
+            }
         }
         changed
     }
@@ -546,6 +577,7 @@ impl Supervisor {
         let live = self.live.get(&spec.id).expect("opened before spawned");
         let (metrics, main, errors) =
             (live.metrics.clone(), live.main.clone(), live.errors.clone());
+        let named = live.named.clone();
         let id: Arc<str> = spec.id.as_str().into();
         let mut control = None;
         let (mut input, _keep_open) = match opened {
@@ -582,6 +614,17 @@ impl Supervisor {
                             metrics.clone(),
                             OutputRole::Errors,
                         ),
+                        named: named
+                            .iter()
+                            .enumerate()
+                            .map(|(i, targets)| {
+                                Output::with_targets(
+                                    targets.clone(),
+                                    metrics.clone(),
+                                    OutputRole::Named(i),
+                                )
+                            })
+                            .collect(),
                         on_error: spec.on_error,
                         metrics: metrics.clone(),
                         warn: WarnLimiter::default(),
@@ -685,6 +728,9 @@ impl Supervisor {
                 }
                 Some(old) if old.workers != spec.workers || old.queue != spec.queue => {
                     return Err(ReloadError::QueueChanged(spec.id.clone()));
+                }
+                Some(old) if old.outputs != spec.outputs => {
+                    return Err(ReloadError::OutputsChanged(spec.id.clone()));
                 }
                 Some(old)
                     if old.plugin_name != spec.plugin_name
@@ -994,6 +1040,8 @@ struct ProcessorStage {
     input: Receiver,
     output: Output,
     errors: Output,
+    /// Its named outputs, which [`Verdict::To`] indexes.
+    named: Vec<Output>,
     on_error: OnError,
     metrics: Arc<StageMetrics>,
     warn: WarnLimiter,
@@ -1039,6 +1087,8 @@ impl ProcessorStage {
             self.metrics.add_in(n as u64);
             let mut out = Vec::with_capacity(n);
             let mut routed = Vec::new();
+            let mut named: Vec<Vec<logbus_plugin_api::Event>> =
+                self.named.iter().map(|_| Vec::new()).collect();
             let mut failure = None;
             let mut events = events.into_iter();
             // Acknowledgements: a kept or routed event carries its handle
@@ -1078,6 +1128,27 @@ impl ProcessorStage {
                             }
                         }
                     }
+                    Ok(Verdict::To(set)) => {
+                        // A copy to each output but the last, which takes
+                        // the event; copies share its acknowledgement.
+                        let count = named.len();
+                        let known = move |i: &usize| *i < count;
+                        match set.iter().filter(known).last() {
+                            None => {
+                                event.settle(Outcome::Delivered);
+                                self.metrics.add_discarded(1);
+                            }
+                            Some(last) => {
+                                for i in set.iter().filter(known).filter(|&i| i != last) {
+                                    let mut copy = event.detached();
+                                    copy.inherit_ack(event.ack());
+                                    self.metrics.add_created(1);
+                                    named[i].push(copy);
+                                }
+                                named[last].push(event);
+                            }
+                        }
+                    }
                     Err(error) => match self.on_error {
                         OnError::Drop => {
                             event.settle(Outcome::Rejected);
@@ -1099,6 +1170,9 @@ impl ProcessorStage {
             }
             self.output.send(out).await?;
             self.errors.send(routed).await?;
+            for (output, events) in self.named.iter().zip(named) {
+                output.send(events).await?;
+            }
             drop(batch);
             if let Some(error) = failure {
                 return Err(StageError::Other(format!(

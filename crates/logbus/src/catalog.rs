@@ -23,6 +23,7 @@ pub const CATALOG: &[(StageKind, &str, &str)] = &[
     (StageKind::Parser, "json", "parser-json"),
     (StageKind::Transform, "stamp", "transform-stamp"),
     (StageKind::Transform, "filter", "transform-filter"),
+    (StageKind::Transform, "route", "transform-route"),
     (StageKind::Transform, "fields", "transform-fields"),
     (StageKind::Transform, "js", "transform-js"),
     (StageKind::Parser, "kv", "parser-kv"),

@@ -95,7 +95,7 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
     }
     let output_base = match test.output.strip_suffix(ERRORS_SUFFIX) {
         Some(base) if p.stage(base).is_some_and(|s| s.on_error == OnError::Route) => base,
-        _ => test.output.as_str(),
+        _ => p.output_of(&test.output).0,
     };
     let out_stage = p
         .stage(output_base)
@@ -120,6 +120,7 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
         workers: 1,
         queue: None,
         options: Value::Null,
+        outputs: Vec::new(),
     };
     let mut stages: Vec<StageSpec> = Vec::new();
     if target.kind == StageKind::Source {
@@ -165,14 +166,16 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
         workers: 1,
         queue: None,
         options: Value::Null,
+        outputs: Vec::new(),
     });
 
     // Prune stages cut off from the input, until nothing changes.
     loop {
         let present: HashSet<String> = stages.iter().map(|s| s.id.clone()).collect();
+        // The stage an input reads (`id`, `id.errors`, `id.<route>`).
         let base = |name: &str| -> String {
-            match name.strip_suffix(ERRORS_SUFFIX) {
-                Some(b) if present.contains(b) => b.to_string(),
+            match name.split_once('.') {
+                Some((b, _)) if present.contains(b) => b.to_string(),
                 _ => name.to_string(),
             }
         };

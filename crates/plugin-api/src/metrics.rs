@@ -31,6 +31,8 @@ pub struct StageMetrics {
     redelivered: AtomicU64,
     /// Events a sink sent again after a failed attempt.
     retried: AtomicU64,
+    /// A stage with named outputs: each one's name and events sent.
+    named: std::sync::OnceLock<Vec<(String, AtomicU64)>>,
 }
 
 /// A point-in-time copy of [`StageMetrics`].
@@ -99,6 +101,33 @@ impl StageMetrics {
     counter!(add_bytes_out, bytes_out);
     counter!(add_redelivered, redelivered);
     counter!(add_retried, retried);
+
+    /// Names the stage's named outputs (once; [`StageMetrics::add_named`]
+    /// counts by index).
+    pub fn name_outputs(&self, names: &[String]) {
+        let _ = self.named.set(
+            names
+                .iter()
+                .map(|n| (n.clone(), AtomicU64::new(0)))
+                .collect(),
+        );
+    }
+
+    /// `n` events sent to named output `index`.
+    pub fn add_named(&self, index: usize, n: u64) {
+        if let Some((_, count)) = self.named.get().and_then(|v| v.get(index)) {
+            count.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Events sent to each named output so far, in their order.
+    pub fn named_outputs(&self) -> Vec<(String, u64)> {
+        self.named.get().map_or_else(Vec::new, |v| {
+            v.iter()
+                .map(|(name, n)| (name.clone(), n.load(Ordering::Relaxed)))
+                .collect()
+        })
+    }
 
     /// Bytes of raw payloads this stage sent on: what a source read, what a
     /// formatter produced.

@@ -18,6 +18,9 @@ pub enum OutputRole {
     Main,
     /// The `<id>.errors` output: counted as `routed`.
     Errors,
+    /// Named output `n` (`<id>.<name>`): counted as `events_out`, and as
+    /// that output's own count.
+    Named(usize),
 }
 
 /// The channels an output delivers to, and its taps. The engine replaces
@@ -226,6 +229,10 @@ impl Output {
         match self.role {
             OutputRole::Main => self.metrics.add_out(n),
             OutputRole::Errors => self.metrics.add_routed(n),
+            OutputRole::Named(i) => {
+                self.metrics.add_out(n);
+                self.metrics.add_named(i, n);
+            }
         }
         Ok(())
     }

@@ -129,6 +129,46 @@ pub enum Verdict {
     Discard,
     /// Forward these events instead (zero or more; a split).
     Replace(Vec<Event>),
+    /// Send the event to these of the stage's named outputs
+    /// ([`Plugin::outputs`]), a copy to each; none is a discard. A stage
+    /// with named outputs sends nothing on its main output.
+    To(OutputSet),
+}
+
+/// Some of a stage's named outputs, by their index in
+/// [`Plugin::outputs`] (at most [`OutputSet::MAX`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutputSet(u64);
+
+impl OutputSet {
+    /// The most named outputs a stage may have.
+    pub const MAX: usize = 64;
+
+    /// Adds output `index` (< [`OutputSet::MAX`]).
+    pub fn insert(&mut self, index: usize) {
+        debug_assert!(index < Self::MAX);
+        self.0 |= 1 << index;
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    /// The indices, lowest first.
+    pub fn iter(self) -> impl Iterator<Item = usize> {
+        let mut bits = self.0;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                i
+            })
+        })
+    }
 }
 
 /// Parsers, transforms and formatters. Runs synchronously on a batch at a
@@ -289,6 +329,13 @@ pub trait Plugin: Send + Sync + 'static {
     fn acknowledgements(&self) -> Option<&'static str> {
         None
     }
+    /// The stage's named outputs (read as `<id>.<name>`), in the order
+    /// [`Verdict::To`] indexes them, as these options declare them; none
+    /// (the default) for a stage with one main output. Options that do not
+    /// parse declare none (their errors come from [`Plugin::check`]).
+    fn outputs(&self, _options: &Value) -> Vec<String> {
+        Vec::new()
+    }
     /// Checks options without doing any I/O.
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError>;
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>>;
@@ -322,6 +369,11 @@ pub trait TypedPlugin: Send + Sync + 'static {
     fn check_in_context(&self, _options: &Self::Options, _cx: &BuildContext) -> Vec<OptionError> {
         Vec::new()
     }
+
+    /// See [`Plugin::outputs`].
+    fn outputs(&self, _options: &Self::Options) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Adapter from [`TypedPlugin`] to [`Plugin`].
@@ -345,6 +397,12 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
     }
     fn acknowledgements(&self) -> Option<&'static str> {
         T::ACKNOWLEDGEMENTS
+    }
+    fn outputs(&self, options: &Value) -> Vec<String> {
+        match parse_all::<T::Options>(options, &self.options_schema()) {
+            (Some(opts), _) => self.0.outputs(&opts),
+            (None, _) => Vec::new(),
+        }
     }
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError> {
         match checked_options::<T::Options>(options, &self.options_schema()) {

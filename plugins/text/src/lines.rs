@@ -107,7 +107,7 @@ mod tests {
     fn texts(v: Verdict, original: &Event) -> Vec<String> {
         match v {
             Verdict::Keep => vec![String::from_utf8_lossy(original.as_raw().unwrap()).into()],
-            Verdict::Discard => vec![],
+            Verdict::Discard | Verdict::To(_) => vec![],
             Verdict::Replace(es) => es
                 .iter()
                 .map(|e| String::from_utf8_lossy(e.as_raw().unwrap()).into())

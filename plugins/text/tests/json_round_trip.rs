@@ -72,7 +72,7 @@ proptest! {
         match parse.process(&mut event) {
             Ok(Verdict::Keep) => prop_assert!(event.as_fields().is_some()),
             Ok(Verdict::Replace(events)) => prop_assert!(events.iter().all(|e| e.as_fields().is_some())),
-            Ok(Verdict::Discard) => prop_assert!(false, "the parser never discards"),
+            Ok(Verdict::Discard | Verdict::To(_)) => prop_assert!(false, "the parser neither discards nor routes"),
             Err(e) => prop_assert!(!e.0.is_empty()),
         }
     }

@@ -151,6 +151,11 @@ impl FilterOptions {
 
 /// A condition's error, at its place inside the text.
 fn compiled(text: &str) -> Result<Condition, OptionError> {
+    compiled_at(text, &["condition"])
+}
+
+/// The condition at option `path`; its error points inside the text.
+pub(crate) fn compiled_at(text: &str, path: &[&str]) -> Result<Condition, OptionError> {
     Condition::compile(text).map_err(|e| {
         let (line, column) = e.line_column(text);
         let place = if text.contains('\n') {
@@ -159,7 +164,7 @@ fn compiled(text: &str) -> Result<Condition, OptionError> {
             format!("column {column}")
         };
         OptionError::inside(
-            &["condition"],
+            path,
             e.offset,
             format!(
                 "{} (at {place} of the condition)\n{}",

@@ -7,8 +7,10 @@ use logbus_plugin_api::{Registry, Typed};
 
 #[cfg(feature = "transform-fields")]
 pub mod fields;
-#[cfg(feature = "transform-filter")]
+#[cfg(any(feature = "transform-filter", feature = "transform-route"))]
 pub mod filter;
+#[cfg(feature = "transform-route")]
+pub mod route;
 #[cfg(feature = "transform-stamp")]
 pub mod stamp;
 
@@ -20,6 +22,8 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(filter::FilterTransform));
     #[cfg(feature = "transform-fields")]
     registry.add(Typed(fields::FieldsTransform));
+    #[cfg(feature = "transform-route")]
+    registry.add(Typed(route::RouteTransform));
     let _ = registry;
 }
 

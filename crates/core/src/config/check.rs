@@ -117,6 +117,8 @@ struct RawStage {
     workers: usize,
     queue: Option<QueueSpec>,
     options: Value,
+    /// Named outputs its plugin declares ([`Plugin::outputs`]).
+    outputs: Vec<String>,
     /// A source's `codec:` or a sink's `format:`, as a stage of its own.
     attached: Option<Box<RawStage>>,
 }
@@ -210,6 +212,7 @@ impl Checker<'_> {
                     on_error: s.on_error,
                     workers: s.workers,
                     queue: s.queue,
+                    outputs: s.outputs,
                     options: s.options,
                 })
             })
@@ -335,6 +338,9 @@ impl Checker<'_> {
         let queue = self.read_queue(id, kind, node);
         let options = self.read_plugin_options(id, pos, kind, node, plugin.as_ref());
         let attached = self.read_attached(id, kind, node, on_error);
+        let outputs = plugin
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.outputs(&options));
         Some(RawStage {
             id: id.to_string(),
             pos,
@@ -347,6 +353,7 @@ impl Checker<'_> {
             workers,
             queue,
             options,
+            outputs,
             attached,
         })
     }
@@ -693,6 +700,7 @@ impl Checker<'_> {
             workers: 1,
             queue: None,
             options,
+            outputs: Vec::new(),
             attached: None,
         }))
     }
@@ -783,6 +791,48 @@ impl Checker<'_> {
                         Diagnostic::error(
                             "duplicate-input",
                             format!("input `{input}` is listed twice"),
+                        )
+                        .stage(&s.id)
+                        .at(*pos),
+                    );
+                    continue;
+                }
+                // A named output (`<id>.<route>`) of a stage that declares
+                // some; a stage that does has no main output.
+                if let Some((base, name)) = input.split_once('.')
+                    && let Some(up) = by_id.get(base)
+                    && !up.outputs.is_empty()
+                    && format!(".{name}") != ERRORS_SUFFIX
+                {
+                    if up.outputs.iter().any(|o| o == name) {
+                        edges.entry(base).or_default().push(s.id.as_str());
+                    } else {
+                        let mut msg = format!(
+                            "`{base}` has no output `{name}`; its outputs are {}",
+                            list_outputs(base, &up.outputs)
+                        );
+                        let names: Vec<&str> = up.outputs.iter().map(String::as_str).collect();
+                        if let Some(best) = closest(name, &names) {
+                            msg.push_str(&format!("; did you mean `{base}.{best}`?"));
+                        }
+                        self.push(
+                            Diagnostic::error("unknown-output", msg)
+                                .stage(&s.id)
+                                .at(*pos),
+                        );
+                    }
+                    continue;
+                }
+                if let Some(up) = by_id.get(input.as_str())
+                    && !up.outputs.is_empty()
+                {
+                    self.push(
+                        Diagnostic::error(
+                            "no-main-output",
+                            format!(
+                                "`{input}` sends each event to its named outputs only; read one of {}",
+                                list_outputs(input, &up.outputs)
+                            ),
                         )
                         .stage(&s.id)
                         .at(*pos),
@@ -886,6 +936,23 @@ impl Checker<'_> {
                     .stage(&s.id)
                     .at(s.pos),
                 );
+            }
+            // A named output nobody reads (but the catch-all, which a
+            // route stage often leaves unread on purpose).
+            for output in s.outputs.iter().filter(|o| !o.starts_with('_')) {
+                let name = format!("{}.{output}", s.id);
+                if !read.contains(name.as_str()) {
+                    self.push(
+                        Diagnostic::warning(
+                            "unread-output",
+                            format!(
+                                "no stage reads `{name}`; the events it gets would be discarded"
+                            ),
+                        )
+                        .stage(&s.id)
+                        .at(s.pos),
+                    );
+                }
             }
             if s.on_error == OnError::Route {
                 let name = format!("{}{ERRORS_SUFFIX}", s.id);
@@ -1051,5 +1118,14 @@ fn option_pos(node: &Node, e: &logbus_plugin_api::OptionError) -> Pos {
             line: value.pos.line,
             col: value.pos.col + usize::from(!plain) + col,
         }
+    }
+}
+
+/// `a.x`, `a.y` and `a.z`, for a message.
+fn list_outputs(id: &str, outputs: &[String]) -> String {
+    let names: Vec<String> = outputs.iter().map(|o| format!("`{id}.{o}`")).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.concat(),
     }
 }

@@ -31,6 +31,9 @@ pub struct StageSpec {
     pub workers: usize,
     pub queue: Option<QueueSpec>,
     pub options: Value,
+    /// The named outputs its plugin declares for these options (`route`'s
+    /// routes): read as `<id>.<name>`; such a stage has no main output.
+    pub outputs: Vec<String>,
 }
 
 impl StageSpec {
@@ -171,10 +174,10 @@ impl Pipeline {
         self.stages.iter().find(|s| s.id == id)
     }
 
-    /// The stages reading the output `name` (`id` or `id.errors`).
     /// The stage an input name reads from, and which of its outputs:
-    /// `None` for the main one, `Some("errors")` or `Some("dead")`.
-    pub fn output_of<'a>(&self, input: &'a str) -> (&'a str, Option<&'static str>) {
+    /// `None` for the main one, `Some("errors")`, `Some("dead")` or a
+    /// named output.
+    pub fn output_of<'a>(&'a self, input: &'a str) -> (&'a str, Option<&'a str>) {
         for (suffix, side) in [(ERRORS_SUFFIX, "errors"), (DEAD_SUFFIX, "dead")] {
             if let Some(base) = input.strip_suffix(suffix)
                 && self.stage(base).is_some()
@@ -182,9 +185,16 @@ impl Pipeline {
                 return (base, Some(side));
             }
         }
+        if let Some((base, name)) = input.split_once('.')
+            && let Some(stage) = self.stage(base)
+            && let Some(name) = stage.outputs.iter().find(|o| *o == name)
+        {
+            return (base, Some(name.as_str()));
+        }
         (input, None)
     }
 
+    /// The stages reading the output `name` (`id`, `id.errors`, `id.<route>`).
     pub fn readers_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a StageSpec> + 'a {
         self.stages
             .iter()

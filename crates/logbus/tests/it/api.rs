@@ -631,3 +631,59 @@ fn a_tap_answer_stops_at_four_mebibytes() {
     assert!(body.len() < (4 << 20) + 64 * 1024, "{} bytes", body.len());
     stop(child);
 }
+
+/// A route's outputs: counted each in `/metrics` and `/api/stats`, drawn
+/// as labelled (not dashed) edges in `/api/graph`.
+#[test]
+fn a_routes_outputs_are_counted_and_drawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, port) = start(
+        dir.path(),
+        "stages:
+  gen: { source: generator, rate: 5000 }
+  json: { parser: json, inputs: [gen] }
+  split: { transform: route, inputs: [json], routes: { odd: 'seq >= 0 && ends_with(message, \"logbus\")', none: 'seq < 0' } }
+  a: { sink: blackhole, inputs: [split.odd] }
+  b: { sink: blackhole, inputs: [split.none, split._unmatched] }
+",
+        &[],
+    );
+    let start = Instant::now();
+    let odd = loop {
+        let (_, text) = http(port, "GET", "/metrics", None);
+        let odd = metric(
+            &text,
+            "logbus_stage_output_events_total{stage=\"split\",output=\"odd\"}",
+        );
+        assert!(
+            text.contains("logbus_stage_output_events_total{stage=\"split\",output=\"none\"} 0")
+        );
+        if odd > 0.0 {
+            break odd;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "never counted");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (_, body) = http(port, "GET", "/api/stats", None);
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    let split = stats["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "split")
+        .unwrap();
+    assert!(split["outputs"]["odd"].as_f64().unwrap() >= odd, "{split}");
+    assert_eq!(split["outputs"]["_unmatched"], 0, "{split}");
+    let (_, body) = http(port, "GET", "/api/graph", None);
+    let graph: Value = serde_json::from_str(&body).unwrap();
+    let edge = |to: &str, side: &str| {
+        graph["edges"].as_array().unwrap().iter().any(|e| {
+            e["from"] == "split" && e["to"] == to && e["side"] == side && e["errors"] == false
+        })
+    };
+    assert!(
+        edge("a", "odd") && edge("b", "none") && edge("b", "_unmatched"),
+        "{graph}"
+    );
+    stop(child);
+}

@@ -210,7 +210,11 @@ with open(sys.argv[1], "wb") as f:
     let report = start(&p, CancellationToken::new()).unwrap().wait().await;
     assert_eq!(report.totals.lost, 0, "{report}");
     let rows = report.stages.iter().find(|s| s.id == "rows").unwrap();
-    assert_eq!((rows.counts.routed, rows.counts.events_out), (1, 0), "{report}");
+    assert_eq!(
+        (rows.counts.routed, rows.counts.events_out),
+        (1, 0),
+        "{report}"
+    );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("none.ndjson")).unwrap(),
         ""
@@ -337,7 +341,11 @@ async fn a_parquet_file_from_pyarrow_becomes_json_lines() {
     let report = start(&p, CancellationToken::new()).unwrap().wait().await;
     assert_eq!(report.totals.lost, 0, "{report}");
     let rows = report.stages.iter().find(|s| s.id == "rows").unwrap();
-    assert_eq!((rows.counts.routed, rows.counts.events_out), (1, 0), "{report}");
+    assert_eq!(
+        (rows.counts.routed, rows.counts.events_out),
+        (1, 0),
+        "{report}"
+    );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("none.ndjson")).unwrap(),
         ""

@@ -30,6 +30,7 @@ mod opensearch;
 #[path = "../../../../plugins/opensearch/tests/common/mod.rs"]
 mod opensearch_common;
 mod reload;
+mod route;
 mod runtime;
 #[cfg(feature = "sink-s3")]
 mod s3;

@@ -195,3 +195,50 @@ async fn a_reload_that_cannot_build_or_changes_a_kind_is_refused() {
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.totals.emitted, report.totals.committed);
 }
+
+/// A route's conditions may change at a reload (its events then follow
+/// the new ones); its set of routes may not, since other stages are wired
+/// to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_may_change_a_routes_conditions_but_not_its_routes() {
+    let plugins = TestPlugins::default();
+    let registry = plugins.registry();
+    let text = |low: &str, extra: &str| {
+        format!(
+            "settings: {{ channel_capacity: 64 }}\nstages:
+  gen: {{ source: generator, rate: 2000, template: '{{\"seq\":{{{{seq}}}}}}' }}
+  json: {{ parser: json, inputs: [gen] }}
+  split: {{ transform: route, inputs: [json], routes: {{ low: '{low}'{extra} }} }}
+  low: {{ sink: collect, inputs: [split.low] }}
+  rest: {{ sink: collect, inputs: [split._unmatched] }}
+"
+        )
+    };
+    let cancel = CancellationToken::new();
+    let running = start(&valid(&text("seq >= 0", ""), &registry), cancel.clone()).unwrap();
+    let _stop = cancel.clone().drop_guard();
+    let refused = running
+        .reload(valid(&text("seq >= 0", ", high: 'seq > 10'"), &registry))
+        .await;
+    assert!(
+        matches!(refused, Err(ReloadError::OutputsChanged(ref id)) if id == "split"),
+        "{refused:?}"
+    );
+    let summary = running
+        .reload(valid(&text("seq < 0", ""), &registry))
+        .await
+        .unwrap();
+    assert_eq!(summary.changed, ["split"]);
+    // After the swap everything is unmatched: `rest` starts to fill.
+    let began = std::time::Instant::now();
+    while plugins.events("rest").is_empty() {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "nothing unmatched"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cancel.cancel();
+    let report = running.wait().await;
+    assert_eq!(report.totals.lost, 0, "{report}");
+}

@@ -29,6 +29,19 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // A route, and a chain of ten filters after it: thirteen columns deep,
+    // wider than the pane, which the view must wrap.
+    let chain: String = (1..=10)
+        .map(|i| {
+            let input = if i == 1 {
+                "split.low".to_string()
+            } else {
+                format!("c{}", i - 1)
+            };
+            format!("  c{i}: {{ transform: filter, inputs: [{input}], condition: 'seq >= 0' }}\n")
+        })
+        .chain(["  end: { sink: blackhole, inputs: [c10] }".to_string()])
+        .collect();
     // A second, acknowledging source: its node shows what its sink confirmed.
     let lines: String = (0..500).map(|i| format!("line {i}\n")).collect();
     std::fs::write(dir.path().join("in.log"), lines).unwrap();
@@ -43,7 +56,10 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
   bad: {{ sink: blackhole, inputs: [json.errors] }}
   logs: {{ source: tail, paths: [\"{dir}/in.log\"], state_dir: \"{dir}/state\", checkpoint_interval_ms: 100 }}
   kept: {{ sink: blackhole, inputs: [logs] }}
+  split: {{ transform: route, inputs: [json], routes: {{ low: 'seq >= 0' }} }}
+{chain}
 ",
+            chain = chain,
             dir = dir.path().display()
         ),
         &[],
@@ -55,6 +71,7 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         .arg("gen,json,keep,out,bad")
         .arg(&target)
         .arg("logs")
+        .arg("split.low")
         .env("CHROMIUM", &chromium)
         .output()
         .unwrap();
@@ -68,5 +85,5 @@ fn the_live_view_loads_shows_every_stage_and_counters_advance() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("5 passed, 0 failed"), "{text}");
+    assert!(text.contains("7 passed, 0 failed"), "{text}");
 }

@@ -1,11 +1,14 @@
 // Drives the live view of a running `logbus run --api` in real headless
 // Chromium: the page loads, the graph shows every stage, counters advance,
 // and the tap panel shows events leaving a stage.
-// With ACK_STAGE, that source's acknowledgements show on its graph node.
-// Usage: node ui_test.mjs URL STAGE[,STAGE...] SCREENSHOT.png [ACK_STAGE]
+// With ACK_STAGE, that source's acknowledgements show on its graph node;
+// with ROUTE (`stage.route`), that route's edge is labelled with a count
+// that advances. Every graph must fit its pane's width (long pipelines
+// wrap into bands).
+// Usage: node ui_test.mjs URL STAGE[,STAGE...] SCREENSHOT.png [ACK_STAGE] [ROUTE]
 import { chromium } from "playwright-core";
 
-const [url, stageList, screenshot, ackStage] = process.argv.slice(2);
+const [url, stageList, screenshot, ackStage, route] = process.argv.slice(2);
 const stages = stageList.split(",");
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -45,6 +48,27 @@ try {
       const m = /acknowledged ([0-9.]+k?) delivered/.exec(document.querySelector(`[data-series="${id}"]`)?.textContent || "");
       return m && m[1] !== "0";
     }, ackStage, { timeout: 15000 });
+  });
+  if (route) await check("a route's edge is labelled with what it took", async () => {
+    const count = async () => {
+      const text = await page.textContent(`[data-edge-label="${route}"]`);
+      const m = /^\S+ ([0-9.]+)(k|M)?$/.exec(text || "");
+      if (!m) throw new Error(`label reads ${JSON.stringify(text)}`);
+      return Number(m[1]) * (m[2] === "k" ? 1e3 : m[2] === "M" ? 1e6 : 1);
+    };
+    await page.waitForFunction(r => /\d/.test(document.querySelector(`[data-edge-label="${r}"]`)?.textContent || ""), route, { timeout: 15000 });
+    const first = await count();
+    await page.waitForFunction(([r, v]) => {
+      const m = /^\S+ ([0-9.]+)(k|M)?$/.exec(document.querySelector(`[data-edge-label="${r}"]`)?.textContent || "");
+      return m && Number(m[1]) * (m[2] === "k" ? 1e3 : m[2] === "M" ? 1e6 : 1) > v;
+    }, [route, first], { timeout: 15000 });
+  });
+  await check("the graph fits its pane's width", async () => {
+    const { scroll, client } = await page.evaluate(() => {
+      const g = document.querySelector("#graph");
+      return { scroll: g.scrollWidth, client: g.clientWidth };
+    });
+    if (scroll > client) throw new Error(`the graph is ${scroll} px wide in a ${client} px pane`);
   });
   await check("no script errors", async () => {
     if (errors.length) throw new Error(errors.join("; "));
