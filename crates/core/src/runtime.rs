@@ -623,6 +623,7 @@ impl Supervisor {
                                     metrics.clone(),
                                     OutputRole::Named(i),
                                 )
+                                .tapped_as(main.clone())
                             })
                             .collect(),
                         on_error: spec.on_error,

@@ -154,6 +154,10 @@ pub struct Output {
     metrics: Arc<StageMetrics>,
     role: OutputRole,
     registrations: Mutex<Registrations>,
+    /// A named output's events also feed the taps of the stage's main
+    /// output (which a stage with named outputs never sends on), so a tap
+    /// of the stage sees what leaves it.
+    taps_of: Option<OutputTargets>,
 }
 
 /// This producer's standing with the local-scope queues it sends to.
@@ -166,7 +170,10 @@ struct Registrations {
 
 impl Clone for Output {
     fn clone(&self) -> Self {
-        Output::with_targets(self.targets.clone(), self.metrics.clone(), self.role)
+        Output {
+            taps_of: self.taps_of.clone(),
+            ..Output::with_targets(self.targets.clone(), self.metrics.clone(), self.role)
+        }
     }
 }
 
@@ -186,7 +193,14 @@ impl Output {
             metrics,
             role,
             registrations: Mutex::default(),
+            taps_of: None,
         }
+    }
+
+    /// Feeds `main`'s taps too (see [`Output`]'s `taps_of`).
+    pub fn tapped_as(mut self, main: OutputTargets) -> Self {
+        self.taps_of = Some(main);
+        self
     }
 
     /// Whether any stage reads this output.
@@ -206,6 +220,8 @@ impl Output {
             self.targets.feed_taps(&batch);
             let bytes: usize = batch.iter().map(Event::raw_len).sum();
             self.metrics.add_bytes_out(bytes as u64);
+        } else if let Some(main) = &self.taps_of {
+            main.feed_taps(&batch);
         }
         let senders = self.targets.current();
         let started = std::time::Instant::now();

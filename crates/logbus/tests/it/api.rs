@@ -685,5 +685,16 @@ fn a_routes_outputs_are_counted_and_drawn() {
         edge("a", "odd") && edge("b", "none") && edge("b", "_unmatched"),
         "{graph}"
     );
+    // A tap of the route stage sees what leaves it by its routes.
+    let (status, body) = http(
+        port,
+        "GET",
+        "/api/tap?stage=split&limit=5&wait_ms=5000",
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    let tap: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(tap["events"].as_array().unwrap().len(), 5, "{tap}");
+    assert!(tap["events"][0]["seq"].is_u64(), "{tap}");
     stop(child);
 }

@@ -1055,3 +1055,33 @@ fn a_file_source_names_its_file_and_from_meta_writes_it_into_the_event() {
         assert_eq!(v["via"], "read");
     }
 }
+
+/// `logbus test` collects from a route's named outputs like from any other.
+#[test]
+fn pipeline_tests_read_a_routes_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "r.yml",
+        "stages:
+  read: { source: stdin }
+  json: { parser: json, inputs: [read] }
+  split: { transform: route, inputs: [json], routes: { slow: 'ms > 100' } }
+  out: { sink: stdout, inputs: [split.slow] }
+  rest: { sink: stdout, inputs: [split._unmatched] }
+tests:
+  - name: slow ones
+    input: { stage: read, lines: ['{\"ms\":500}', '{\"ms\":5}', '{\"ms\":101}'] }
+    output: split.slow
+    expect: { events: [{ ms: 500 }, { ms: 101 }] }
+  - name: the rest
+    input: { stage: split, events: [{ ms: 500 }, { ms: 5 }] }
+    output: split._unmatched
+    expect: { events: [{ ms: 5 }] }
+",
+    );
+    let o = logbus().arg("test").arg(&p).output().unwrap();
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert!(text.ends_with("2 passed, 0 failed\n"), "{text}");
+}

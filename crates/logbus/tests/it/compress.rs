@@ -193,38 +193,6 @@ with open(sys.argv[1], "wb") as f:
         .map(|i| format!("{{\"seq\":{i},\"msg\":\"m{i}\"}}\n"))
         .collect();
     assert_eq!(out, want);
-
-    // Over `max_rows`: the file is one error, for `on_error`, and none of
-    // its rows goes out.
-    let p = valid(
-        &format!(
-            "stages:
-  read: {{ source: file, path: {d}/in.parquet, framing: whole, compression: none }}
-  rows: {{ parser: parquet, inputs: [read], max_rows: 4999, on_error: route }}
-  out: {{ sink: file, inputs: [rows], path: {d}/none.ndjson, append: false }}
-  bad: {{ sink: file, inputs: [rows.errors], path: {d}/errors.ndjson, append: false }}
-"
-        ),
-        &logbus::catalog::registry(),
-    );
-    let report = start(&p, CancellationToken::new()).unwrap().wait().await;
-    assert_eq!(report.totals.lost, 0, "{report}");
-    let rows = report.stages.iter().find(|s| s.id == "rows").unwrap();
-    assert_eq!(
-        (rows.counts.routed, rows.counts.events_out),
-        (1, 0),
-        "{report}"
-    );
-    assert_eq!(
-        std::fs::read_to_string(dir.path().join("none.ndjson")).unwrap(),
-        ""
-    );
-    let errors = std::fs::read_to_string(dir.path().join("errors.ndjson")).unwrap();
-    let error: serde_json::Value = serde_json::from_str(errors.trim_end()).unwrap();
-    assert_eq!(
-        error["_error"]["message"],
-        "refused: its row groups declare 5000 rows, more than max_rows (4999)"
-    );
 }
 
 /// `sink: avro` writes a container file that fastavro reads; a second run
