@@ -412,6 +412,17 @@ struct Live {
     control: Option<Control>,
 }
 
+impl Live {
+    /// Output `k`: 0 the main one, 1 the side one, then the named ones.
+    fn output(&self, k: usize) -> Option<&OutputTargets> {
+        match k {
+            0 => Some(&self.main),
+            1 => Some(&self.errors),
+            n => self.named.get(n - 2),
+        }
+    }
+}
+
 struct Supervisor {
     shutdown: CancellationToken,
     /// Cancelled `settings.drain_timeout_ms` after `shutdown`: sinks still
@@ -509,44 +520,28 @@ impl Supervisor {
         };
         let mut changed = Vec::new();
         for spec in &pipeline.stages {
-            let errors_name = spec.side_output();
-            let (main_ids, error_ids) = (readers(&spec.id), readers(&errors_name));
-            let before = (
-                self.running
-                    .readers_of(&spec.id)
-                    .map(|r| r.id.clone())
-                    .collect::<BTreeSet<_>>(),
-                self.running
-                    .readers_of(&errors_name)
-                    .map(|r| r.id.clone())
-                    .collect::<BTreeSet<_>>(),
-            );
-            if before != (main_ids.clone(), error_ids.clone()) {
-                changed.push(spec.id.clone());
-            }
-            let main = senders(&self.live, &main_ids);
-            let errors = senders(&self.live, &error_ids);
-            if let Some(live) = self.live.get(&spec.id) {
-                live.main.set(main);
-                live.errors.set(errors);
-            }
-            for (i, name) in spec.outputs.iter().enumerate() {
-                let name = format!("{}.{name}", spec.id);
+            // Every output in `Live`'s order: main, side, then named.
+            let names = [spec.id.clone(), spec.side_output()]
+                .into_iter()
+                .chain(spec.outputs.iter().map(|o| format!("{}.{o}", spec.id)));
+            let mut rewired = false;
+            for (k, name) in names.enumerate() {
                 let ids = readers(&name);
                 let before: BTreeSet<String> = self
                     .running
                     .readers_of(&name)
                     .map(|r| r.id.clone())
                     .collect();
-                if before != ids && !changed.contains(&spec.id) {
-                    changed.push(spec.id.clone());
-                }
+                rewired |= before != ids;
                 let targets = senders(&self.live, &ids);
                 if let Some(live) = self.live.get(&spec.id)
-                    && let Some(named) = live.named.get(i)
+                    && let Some(output) = live.output(k)
                 {
-                    named.set(targets);
+                    output.set(targets);
                 }
+            }
+            if rewired {
+                changed.push(spec.id.clone());
             }
         }
         changed

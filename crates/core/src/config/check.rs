@@ -802,7 +802,7 @@ impl Checker<'_> {
                 if let Some((base, name)) = input.split_once('.')
                     && let Some(up) = by_id.get(base)
                     && !up.outputs.is_empty()
-                    && format!(".{name}") != ERRORS_SUFFIX
+                    && name != "errors"
                 {
                     if up.outputs.iter().any(|o| o == name) {
                         edges.entry(base).or_default().push(s.id.as_str());
