@@ -22,6 +22,10 @@ pub struct StageReport {
     /// A stage with named outputs (`route`): events sent to each.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub outputs: std::collections::BTreeMap<String, u64>,
+    /// Run fused with the stages after or before it, in one task per
+    /// worker (`settings.fuse`): the chain's first stage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fused_into: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use logbus_plugin_api::durable::Durable;
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, ChannelHandle, EventError, Interrupt, Outcome, Output,
-    OutputRole, OutputTargets, Processor, Receiver, Sender, Sink, SinkContext, Source,
+    BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, Interrupt, Outcome,
+    Output, OutputRole, OutputTargets, Processor, Receiver, Sender, Sink, SinkContext, Source,
     SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, attach_error,
     channel_with_batch, channel_with_latency, durable_channel, local_channel, panic_message,
 };
@@ -237,6 +237,7 @@ pub fn start(
             stages: Vec::new(),
             channels: Vec::new(),
             outputs: HashMap::new(),
+            fused: HashMap::new(),
             pipeline: pipeline.clone(),
         })),
         tasks: JoinSet::new(),
@@ -244,13 +245,42 @@ pub fn start(
         next_task: 0,
         failures: Vec::new(),
         started: Instant::now(),
+        chains: Vec::new(),
     };
     // Channels first, so every output can be wired before any stage runs.
-    let mut receivers = sup.open_channels(pipeline.stages.iter(), &mut durables);
+    let chains = pipeline.fused_chains();
+    let unread: BTreeSet<&str> = chains
+        .iter()
+        .flat_map(|c| c[1..].iter().map(|s| s.id.as_str()))
+        .collect();
+    let mut receivers = sup.open_channels(pipeline.stages.iter(), &mut durables, &unread);
     sup.rewire(pipeline);
+    let mut take = |id: &str| built.remove(id).expect("every stage was built, once");
+    for chain in chains {
+        let instances = chain.iter().map(|s| take(&s.id)).collect();
+        let (input, _) = receivers
+            .remove(&chain[0].id)
+            .expect("a processor has an input");
+        for spec in &chain[1..] {
+            let (parked, _) = receivers
+                .remove(&spec.id)
+                .expect("a processor has an input");
+            sup.live.get_mut(&spec.id).expect("opened").parked = Some(parked);
+        }
+        sup.spawn_processors(&chain, instances, input, None);
+        sup.chains
+            .push(chain.iter().map(|s| s.id.clone()).collect());
+    }
     for spec in &pipeline.stages {
-        let b = built.remove(&spec.id).expect("every stage was built");
-        sup.spawn(spec, b, receivers.remove(&spec.id));
+        if sup
+            .live
+            .get(&spec.id)
+            .is_some_and(|l| l.control.is_some() || l.parked.is_some())
+        {
+            continue; // fused
+        }
+        let b = take(&spec.id);
+        sup.spawn(spec, b, receivers.remove(&spec.id).map(|(rx, _)| rx));
     }
     // From here on only the stages hold senders: a channel closes when its
     // last upstream ends.
@@ -281,6 +311,8 @@ struct Inventory {
     channels: Vec<(String, ChannelHandle)>,
     /// Main output of every stage that has one, for taps.
     outputs: HashMap<String, OutputTargets>,
+    /// Stages running fused: the chain's first stage.
+    fused: HashMap<String, String>,
     pipeline: Pipeline,
 }
 
@@ -307,6 +339,7 @@ fn report_parts(inv: &Inventory) -> (Vec<StageReport>, Vec<ChannelReport>) {
                 blocked_seconds: m.blocked_seconds(),
                 bytes_out: m.bytes_out(),
                 outputs: m.named_outputs().into_iter().collect(),
+                fused_into: inv.fused.get(id).cloned(),
             })
             .collect(),
         inv.channels
@@ -396,6 +429,35 @@ enum Control {
         interrupt: Arc<Interrupt>,
         swaps: Vec<mpsc::UnboundedSender<Box<dyn Sink>>>,
     },
+    /// The workers of a fused chain (on its first stage's [`Live`]).
+    Fused {
+        /// Ends them after the batch in hand, for a reload that splits the chain.
+        split: CancellationToken,
+        end: ChainEnd,
+    },
+}
+
+/// How the workers that take over from a split chain wait for it to end.
+#[derive(Clone)]
+struct ChainEnd {
+    /// One permit for each chain worker that has ended.
+    ended: Arc<tokio::sync::Semaphore>,
+    workers: u32,
+}
+
+impl ChainEnd {
+    async fn wait(&self) {
+        // The permits go back at once: every successor waits the same way.
+        let _all = self.ended.acquire_many(self.workers).await;
+    }
+}
+
+struct AddsPermitOnDrop(Arc<tokio::sync::Semaphore>);
+
+impl Drop for AddsPermitOnDrop {
+    fn drop(&mut self) {
+        self.0.add_permits(1);
+    }
 }
 
 struct Live {
@@ -410,9 +472,23 @@ struct Live {
     /// Its named outputs, in [`StageSpec::outputs`] order.
     named: Vec<OutputTargets>,
     control: Option<Control>,
+    /// A fused stage's own input queue, unread while its chain runs it
+    /// (the first stage's is read by the chain): the stage's own workers
+    /// read it if a reload splits the chain.
+    parked: Option<Receiver>,
 }
 
 impl Live {
+    /// The stage is over: its readers' inputs end once their other
+    /// upstreams do.
+    fn let_go(self) {
+        self.main.set(Vec::new());
+        self.errors.set(Vec::new());
+        for named in &self.named {
+            named.set(Vec::new());
+        }
+    }
+
     /// Output `k`: 0 the main one, 1 the side one, then the named ones.
     fn output(&self, k: usize) -> Option<&OutputTargets> {
         match k {
@@ -435,11 +511,14 @@ struct Supervisor {
     draining: Vec<Live>,
     /// Every stage and channel that ever ran, shared with [`StatsHandle`].
     inventory: Arc<Mutex<Inventory>>,
-    tasks: JoinSet<(u64, Result<(), String>)>,
-    task_stage: HashMap<u64, String>,
+    tasks: JoinSet<(u64, Result<(), StageFailure>)>,
+    /// The stages each task runs (several for a fused chain).
+    task_stage: HashMap<u64, Vec<String>>,
     next_task: u64,
     failures: Vec<StageFailure>,
     started: Instant,
+    /// The fused chains running, each in data order.
+    chains: Vec<Vec<String>>,
 }
 
 /// Opened channels waiting for their stage: the receiver, and a strong
@@ -447,10 +526,13 @@ struct Supervisor {
 type Opened = HashMap<String, (Receiver, Sender)>;
 
 impl Supervisor {
+    /// Opens the input queue of each of `specs`; the ones in `unlisted`
+    /// (fused stages, whose queues stay unread) are left out of the report.
     fn open_channels<'a>(
         &mut self,
         specs: impl Iterator<Item = &'a StageSpec>,
         durables: &mut HashMap<String, Durable>,
+        unlisted: &BTreeSet<&str>,
     ) -> Opened {
         let settings = self.running.settings.clone();
         let mut opened = HashMap::new();
@@ -471,11 +553,13 @@ impl Supervisor {
                     (None, None) if latency => channel_with_latency(capacity, batch),
                     (None, None) => channel_with_batch(capacity, batch),
                 };
-                self.inventory
-                    .lock()
-                    .expect("inventory lock")
-                    .channels
-                    .push((spec.id.clone(), rx.handle()));
+                if !unlisted.contains(spec.id.as_str()) {
+                    self.inventory
+                        .lock()
+                        .expect("inventory lock")
+                        .channels
+                        .push((spec.id.clone(), rx.handle()));
+                }
                 input = Some(tx.downgrade());
                 opened.insert(spec.id.clone(), (rx, tx));
             }
@@ -501,6 +585,7 @@ impl Supervisor {
                         .map(|_| OutputTargets::default())
                         .collect(),
                     control: None,
+                    parked: None,
                 },
             );
         }
@@ -549,36 +634,37 @@ impl Supervisor {
 
     fn spawn_task(
         &mut self,
-        id: &str,
-        fut: impl Future<Output = Result<(), String>> + Send + 'static,
+        ids: &[String],
+        fut: impl Future<Output = Result<(), StageFailure>> + Send + 'static,
     ) -> u64 {
         let task = self.next_task;
         self.next_task += 1;
-        self.task_stage.insert(task, id.to_string());
-        let span = tracing::info_span!("stage", id = %id);
+        self.task_stage.insert(task, ids.to_vec());
+        let span = tracing::info_span!("stage", id = %ids.join("+"));
         self.tasks.spawn(tracing::Instrument::instrument(
             async move { (task, fut.await) },
             span,
         ));
-        if let Some(live) = self.live.get_mut(id) {
-            live.tasks.insert(task);
+        for id in ids {
+            if let Some(live) = self.live.get_mut(id) {
+                live.tasks.insert(task);
+            }
         }
         task
     }
 
     /// Starts a built stage (one instance per worker); non-sources take
-    /// their opened channel.
-    fn spawn(&mut self, spec: &StageSpec, built: Vec<Built>, opened: Option<(Receiver, Sender)>) {
+    /// their input.
+    fn spawn(&mut self, spec: &StageSpec, built: Vec<Built>, mut input: Option<Receiver>) {
+        if !matches!(spec.kind, StageKind::Source | StageKind::Sink) {
+            let input = input.expect("a processor has an input");
+            return self.spawn_processors(&[spec], vec![built], input, None);
+        }
         let live = self.live.get(&spec.id).expect("opened before spawned");
         let (metrics, main, errors) =
             (live.metrics.clone(), live.main.clone(), live.errors.clone());
-        let named = live.named.clone();
         let id: Arc<str> = spec.id.as_str().into();
         let mut control = None;
-        let (mut input, _keep_open) = match opened {
-            Some((rx, tx)) => (Some(rx), Some(tx)),
-            None => (None, None),
-        };
         let interrupt = match (&mut input, spec.kind) {
             (Some(rx), StageKind::Sink) => Some(rx.interruptible()),
             _ => None,
@@ -592,57 +678,7 @@ impl Supervisor {
                         stop: self.spawn_source(id.clone(), source, metrics.clone(), main.clone()),
                     });
                 }
-                Built::Processor(processor) => {
-                    let input = worker_input(input.as_ref(), index, workers);
-                    let (swap_tx, swap_rx) = mpsc::unbounded_channel();
-                    let mut stage = ProcessorStage {
-                        id: id.clone(),
-                        processor,
-                        input,
-                        output: Output::with_targets(
-                            main.clone(),
-                            metrics.clone(),
-                            OutputRole::Main,
-                        ),
-                        errors: Output::with_targets(
-                            errors.clone(),
-                            metrics.clone(),
-                            OutputRole::Errors,
-                        ),
-                        named: named
-                            .iter()
-                            .enumerate()
-                            .map(|(i, targets)| {
-                                Output::with_targets(
-                                    targets.clone(),
-                                    metrics.clone(),
-                                    OutputRole::Named(i),
-                                )
-                                .tapped_as(main.clone())
-                            })
-                            .collect(),
-                        on_error: spec.on_error,
-                        metrics: metrics.clone(),
-                        warn: WarnLimiter::default(),
-                        swaps: swap_rx,
-                    };
-                    self.spawn_task(&spec.id, async move {
-                        let result = guard(stage.run()).await;
-                        if let Err(message) = &result {
-                            fail_fast(&stage.id, message, &global);
-                            drain_as_errored(&mut stage.input, &stage.metrics).await;
-                        }
-                        result
-                    });
-                    match &mut control {
-                        Some(Control::Processor { swaps }) => swaps.push(swap_tx),
-                        _ => {
-                            control = Some(Control::Processor {
-                                swaps: vec![swap_tx],
-                            })
-                        }
-                    }
-                }
+                Built::Processor(_) => unreachable!("processors are spawned above"),
                 Built::Sink(sink) => {
                     let input = worker_input(input.as_ref(), index, workers);
                     let (swap_tx, swap_rx) = mpsc::unbounded_channel::<Box<dyn Sink>>();
@@ -657,7 +693,13 @@ impl Supervisor {
                         sink,
                         swaps: swap_rx,
                     };
-                    self.spawn_task(&spec.id, stage.run(global));
+                    let stage_id = spec.id.clone();
+                    self.spawn_task(std::slice::from_ref(&spec.id), async move {
+                        stage.run(global).await.map_err(|message| StageFailure {
+                            stage: stage_id,
+                            message,
+                        })
+                    });
                     match &mut control {
                         Some(Control::Sink { swaps, .. }) => swaps.push(swap_tx),
                         _ => {
@@ -677,6 +719,115 @@ impl Supervisor {
         }
     }
 
+    /// One stage in a processor worker, sending where the stage's live
+    /// outputs point.
+    fn member(&self, spec: &StageSpec, processor: Box<dyn Processor>) -> Member {
+        let live = self.live.get(&spec.id).expect("opened before spawned");
+        let metrics = live.metrics.clone();
+        let output = |targets: &OutputTargets, role| {
+            Output::with_targets(targets.clone(), metrics.clone(), role)
+        };
+        Member {
+            id: spec.id.as_str().into(),
+            processor,
+            output: output(&live.main, OutputRole::Main),
+            errors: output(&live.errors, OutputRole::Errors),
+            named: live
+                .named
+                .iter()
+                .enumerate()
+                .map(|(i, targets)| {
+                    output(targets, OutputRole::Named(i)).tapped_as(live.main.clone())
+                })
+                .collect(),
+            on_error: spec.on_error,
+            metrics: metrics.clone(),
+            warn: WarnLimiter::default(),
+        }
+    }
+
+    /// Starts the workers of a processor stage, or of a fused chain
+    /// (`specs` in data order, `built[k]` the instances of `specs[k]`),
+    /// reading `input`, the first stage's queue. `after`: the workers of a
+    /// split chain, which these wait for, so the order of events and the
+    /// hand-over of what the old instances held are kept.
+    fn spawn_processors(
+        &mut self,
+        specs: &[&StageSpec],
+        built: Vec<Vec<Built>>,
+        input: Receiver,
+        after: Option<ChainEnd>,
+    ) {
+        let head = specs[0];
+        let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
+        let workers = head.workers.max(1);
+        let split = CancellationToken::new();
+        let end = ChainEnd {
+            ended: Arc::new(tokio::sync::Semaphore::new(0)),
+            workers: workers as u32,
+        };
+        let mut instances: Vec<_> = built.into_iter().map(Vec::into_iter).collect();
+        let mut swaps = Vec::new();
+        for index in 0.. {
+            let mut members = Vec::with_capacity(specs.len());
+            for (spec, built) in specs.iter().zip(instances.iter_mut()) {
+                match built.next() {
+                    Some(Built::Processor(p)) => members.push(self.member(spec, p)),
+                    Some(_) => unreachable!("a processor stage builds processors"),
+                    None => break,
+                }
+            }
+            if members.len() < specs.len() {
+                break;
+            }
+            let (swap_tx, swap_rx) = mpsc::unbounded_channel();
+            swaps.push(swap_tx);
+            let mut stage = ProcessorStage {
+                input: worker_input(Some(&input), index, workers),
+                members,
+                swaps: swap_rx,
+                split: split.clone(),
+                failing: None,
+            };
+            let global = self.shutdown.clone();
+            let (after, ended) = (after.clone(), end.ended.clone());
+            let fused = specs.len() > 1;
+            self.spawn_task(&ids, async move {
+                if let Some(after) = after {
+                    after.wait().await;
+                }
+                // A fused worker tells a split's successors it has ended,
+                // however it ends.
+                let _ended = fused.then(|| AddsPermitOnDrop(ended));
+                let result = guard(stage.run()).await;
+                let Err(message) = result else {
+                    return Ok(());
+                };
+                let failing = stage
+                    .failing
+                    .clone()
+                    .unwrap_or_else(|| stage.members[0].id.clone());
+                fail_fast(&failing, &message, &global);
+                drain_as_errored(&mut stage.input, &stage.members[0].metrics).await;
+                Err(StageFailure {
+                    stage: failing.to_string(),
+                    message,
+                })
+            });
+        }
+        let live = self.live.get_mut(&head.id).expect("opened before spawned");
+        if specs.len() > 1 {
+            live.control = Some(Control::Fused { split, end });
+            live.parked = Some(input);
+            let mut inventory = self.inventory.lock().expect("inventory lock");
+            for id in &ids {
+                inventory.fused.insert(id.clone(), head.id.clone());
+            }
+        } else {
+            live.control = Some(Control::Processor { swaps });
+        }
+    }
+
     fn spawn_source(
         &mut self,
         id: Arc<str>,
@@ -692,12 +843,15 @@ impl Supervisor {
         };
         let global = self.shutdown.clone();
         let name = id.clone();
-        self.spawn_task(&name, async move {
+        self.spawn_task(&[name.to_string()], async move {
             let result = guard(source.run(cx)).await;
             if let Err(message) = &result {
                 fail_fast(&id, message, &global);
             }
-            result
+            result.map_err(|message| StageFailure {
+                stage: id.to_string(),
+                message,
+            })
         });
         stop
     }
@@ -744,6 +898,27 @@ impl Supervisor {
                 summary.removed.push(old.id.clone());
             }
         }
+        // A fused chain runs on only while the new configuration fuses the
+        // same stages and changes none of them. Any other is split: its
+        // stages' own workers, built afresh, take over its queues.
+        let new_chains: Vec<Vec<String>> = new
+            .fused_chains()
+            .iter()
+            .map(|c| c.iter().map(|s| s.id.clone()).collect())
+            .collect();
+        let touched = |id: &String| summary.changed.contains(id) || summary.removed.contains(id);
+        let (kept, split): (Vec<_>, Vec<_>) = self
+            .chains
+            .iter()
+            .cloned()
+            .partition(|c| new_chains.contains(c) && !c.iter().any(touched));
+        for id in split.iter().flatten() {
+            if !summary.changed.contains(id)
+                && let Some(spec) = new.stage(id)
+            {
+                to_build.push(spec);
+            }
+        }
         // Build everything first: a plugin that cannot be built leaves the
         // running pipeline exactly as it was.
         let mut built = build_all(&new, to_build.into_iter()).map_err(ReloadError::Build)?;
@@ -755,13 +930,41 @@ impl Supervisor {
             .cloned()
             .collect();
         let mut durables = open_durables(&new, added.iter()).map_err(ReloadError::Build)?;
-        let mut opened = self.open_channels(added.iter(), &mut durables);
+        let mut opened = self.open_channels(added.iter(), &mut durables, &BTreeSet::new());
         let rewired = self.rewire(&new);
         summary.rewired = rewired
             .into_iter()
             .filter(|id| !summary.added.contains(id))
             .collect();
 
+        for chain in &split {
+            let control = self.live.get_mut(&chain[0]).and_then(|l| l.control.take());
+            let Some(Control::Fused { split, end }) = control else {
+                continue; // it has ended
+            };
+            split.cancel();
+            {
+                let mut inventory = self.inventory.lock().expect("inventory lock");
+                inventory.fused.retain(|stage, _| !chain.contains(stage));
+                // The queues the chain left unread are read from now on.
+                for id in &chain[1..] {
+                    if let Some(rx) = self.live.get(id).and_then(|l| l.parked.as_ref()) {
+                        inventory.channels.push((id.clone(), rx.handle()));
+                    }
+                }
+            }
+            for id in chain {
+                // A removed stage drains with the chain's workers.
+                let Some(spec) = new.stage(id) else { continue };
+                let Some(input) = self.live.get_mut(id).and_then(|l| l.parked.take()) else {
+                    continue;
+                };
+                let b = built.remove(id).expect("split stages were built");
+                self.spawn_processors(&[spec], vec![b], input, Some(end.clone()));
+            }
+            tracing::info!("stages {} no longer run fused", chain.join(", "));
+        }
+        self.chains = kept;
         // Removed stages stop receiving (rewire left them out), drain what
         // they hold to their old readers, and end. Sources are told to stop.
         for id in &summary.removed {
@@ -779,7 +982,8 @@ impl Supervisor {
         }
         for id in summary.changed.clone() {
             let spec = new.stage(&id).expect("changed stages exist").clone();
-            let b = built.remove(&id).expect("changed stages were built");
+            // (A stage of a split chain was started above.)
+            let Some(b) = built.remove(&id) else { continue };
             // A stage that already ended (its input closed) has nothing to swap.
             let Some(live) = self.live.get_mut(&id) else {
                 continue;
@@ -814,13 +1018,14 @@ impl Supervisor {
                     interrupt.raise();
                     live.control = Some(Control::Sink { interrupt, swaps });
                 }
-                (None, _) => {}
+                // (A fused chain's stage that changed was split above.)
+                (other, _) => live.control = other,
             }
         }
         for spec in &added {
             let b = built.remove(&spec.id).expect("added stages were built");
             let channel = opened.remove(&spec.id);
-            self.spawn(spec, b, channel);
+            self.spawn(spec, b, channel.map(|(rx, _)| rx));
         }
         drop(opened);
         summary.unchanged = new.stages.len() - summary.added.len() - summary.changed.len();
@@ -835,29 +1040,26 @@ impl Supervisor {
                 joined = self.tasks.join_next() => {
                     let Some(joined) = joined else { break };
                     let (task, result) = joined.expect("stage tasks catch their own panics");
-                    let stage = self.task_stage.remove(&task).unwrap_or_default();
-                    // A stage that is over lets go of its readers' channels, so
-                    // they end once their other upstreams do. (A source replaced
-                    // by a reload ended too, but its successor uses the outputs.)
-                    let over = self.live.get_mut(&stage).is_some_and(|l| {
-                        l.tasks.remove(&task);
-                        l.tasks.is_empty()
-                    });
-                    if over && let Some(live) = self.live.remove(&stage) {
-                        live.main.set(Vec::new());
-                        live.errors.set(Vec::new());
+                    for stage in self.task_stage.remove(&task).unwrap_or_default() {
+                        // A stage that is over lets go of its readers' channels, so
+                        // they end once their other upstreams do. (A source replaced
+                        // by a reload ended too, but its successor uses the outputs.)
+                        let over = self.live.get_mut(&stage).is_some_and(|l| {
+                            l.tasks.remove(&task);
+                            l.tasks.is_empty()
+                        });
+                        if over && let Some(live) = self.live.remove(&stage) {
+                            live.let_go();
+                        }
                     }
                     // A removed stage whose last task ended lets go the same way.
-                    if let Some(i) = self.draining.iter_mut().position(|l| {
-                        l.tasks.remove(&task);
-                        l.tasks.is_empty()
+                    while let Some(i) = self.draining.iter_mut().position(|l| {
+                        l.tasks.remove(&task) && l.tasks.is_empty()
                     }) {
-                        let done = self.draining.swap_remove(i);
-                        done.main.set(Vec::new());
-                        done.errors.set(Vec::new());
+                        self.draining.swap_remove(i).let_go();
                     }
-                    if let Err(message) = result {
-                        self.failures.push(StageFailure { stage, message });
+                    if let Err(failure) = result {
+                        self.failures.push(failure);
                     }
                 }
                 Some(command) = commands.recv() => match command {
@@ -1030,10 +1232,10 @@ impl SinkStage {
     }
 }
 
-struct ProcessorStage {
+/// One stage in a processor task: its plugin instance and its outputs.
+struct Member {
     id: Arc<str>,
     processor: Box<dyn Processor>,
-    input: Receiver,
     output: Output,
     errors: Output,
     /// Its named outputs, which [`Verdict::To`] indexes.
@@ -1041,8 +1243,23 @@ struct ProcessorStage {
     on_error: OnError,
     metrics: Arc<StageMetrics>,
     warn: WarnLimiter,
-    /// A reload's replacement processor and `on_error`.
+}
+
+/// One worker of a processor stage, or of a fused chain of them: the
+/// members run in data order over each batch, each passing its main output
+/// straight to the next; the last one sends it. The input batch (and so
+/// its channel permits) is held until the last member has sent, so a
+/// chain holds no more events than its first stage's queue admits.
+struct ProcessorStage {
+    input: Receiver,
+    members: Vec<Member>,
+    /// A reload's replacement processor and `on_error` (an unfused stage).
     swaps: mpsc::UnboundedReceiver<(Box<dyn Processor>, OnError)>,
+    /// Cancelled when a reload splits the chain: the worker ends after
+    /// the batch in hand, and the stages' own tasks take over its input.
+    split: CancellationToken,
+    /// The member whose failure ended the worker.
+    failing: Option<Arc<str>>,
 }
 
 impl ProcessorStage {
@@ -1053,130 +1270,176 @@ impl ProcessorStage {
                 Some((processor, on_error)) = self.swaps.recv() => {
                     // Between batches: the old instance hands over what it holds.
                     self.finish().await?;
-                    self.processor = processor;
-                    self.on_error = on_error;
+                    self.members[0].processor = processor;
+                    self.members[0].on_error = on_error;
+                }
+                _ = self.split.cancelled() => {
+                    // What the instances hold goes on now; the tasks taking
+                    // over start after this one has ended.
+                    return self.finish().await;
                 }
                 batch = self.input.recv() => match batch {
-                    Some(batch) => self.process(batch).await?,
+                    Some(mut batch) => {
+                        self.forward(0, batch.take()).await?;
+                        drop(batch);
+                    }
                     None => break,
                 },
             }
         }
-        self.warn.flush(&self.id);
         self.finish().await
     }
 
+    /// Every member's held events (`Processor::finish`), each through the
+    /// members after it.
     async fn finish(&mut self) -> Result<(), StageError> {
-        let tail = self.processor.finish();
-        self.metrics.add_created(tail.len() as u64);
-        self.output.send(tail).await?;
-        Ok(())
-    }
-
-    async fn process(
-        &mut self,
-        mut batch: logbus_plugin_api::InputBatch,
-    ) -> Result<(), StageError> {
-        {
-            let events = batch.take();
-            let n = events.len();
-            self.metrics.add_in(n as u64);
-            let mut out = Vec::with_capacity(n);
-            let mut routed = Vec::new();
-            let mut named: Vec<Vec<logbus_plugin_api::Event>> =
-                self.named.iter().map(|_| Vec::new()).collect();
-            let mut failure = None;
-            let mut events = events.into_iter();
-            // Acknowledgements: a kept or routed event carries its handle
-            // on; a replacement inherits the handle of the event it came
-            // from; a discard is finished (delivered), `on_error: drop` is
-            // rejected. An event dropped any other way (`on_error: fail`
-            // leaves the rest of the batch) counts as errored.
-            for mut event in events.by_ref() {
-                // A panic on one event (often inside a third-party decoder
-                // meeting input it never expected) is that event's error,
-                // handled by `on_error`, not the end of the stage.
-                let verdict = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.processor.process(&mut event)
-                }))
-                .unwrap_or_else(|panic| {
-                    Err(EventError::new(format!(
-                        "panicked on this event: {}",
-                        panic_message(panic.as_ref())
-                    )))
-                });
-                match verdict {
-                    Ok(Verdict::Keep) => out.push(event),
-                    Ok(Verdict::Discard) => {
-                        event.settle(Outcome::Delivered);
-                        self.metrics.add_discarded(1);
-                    }
-                    Ok(Verdict::Replace(mut replacement)) => {
-                        for child in &mut replacement {
-                            child.inherit_ack(event.ack());
-                        }
-                        event.settle(Outcome::Delivered);
-                        match replacement.len() {
-                            0 => self.metrics.add_discarded(1),
-                            k => {
-                                self.metrics.add_created(k as u64 - 1);
-                                out.extend(replacement);
-                            }
-                        }
-                    }
-                    Ok(Verdict::To(set)) => {
-                        // A copy to each output but the last, which takes
-                        // the event; copies share its acknowledgement.
-                        let count = named.len();
-                        let known = move |i: &usize| *i < count;
-                        match set.iter().filter(known).last() {
-                            None => {
-                                event.settle(Outcome::Delivered);
-                                self.metrics.add_discarded(1);
-                            }
-                            Some(last) => {
-                                for i in set.iter().filter(known).filter(|&i| i != last) {
-                                    let mut copy = event.detached();
-                                    copy.inherit_ack(event.ack());
-                                    self.metrics.add_created(1);
-                                    named[i].push(copy);
-                                }
-                                named[last].push(event);
-                            }
-                        }
-                    }
-                    Err(error) => match self.on_error {
-                        OnError::Drop => {
-                            event.settle(Outcome::Rejected);
-                            self.metrics.add_errored(1);
-                            self.warn.warn(&self.id, &error);
-                        }
-                        OnError::Route => routed.push(attach_error(event, &self.id, &error.0)),
-                        OnError::Fail => {
-                            self.metrics.add_errored(1);
-                            failure = Some(error);
-                            break;
-                        }
-                    },
-                }
-            }
-            if failure.is_some() {
-                // The rest of the batch is not processed.
-                self.metrics.add_errored(events.len() as u64);
-            }
-            self.output.send(out).await?;
-            self.errors.send(routed).await?;
-            for (output, events) in self.named.iter().zip(named) {
-                output.send(events).await?;
-            }
-            drop(batch);
-            if let Some(error) = failure {
-                return Err(StageError::Other(format!(
-                    "event failed with `on_error: fail`: {error}"
-                )));
+        let count = self.members.len();
+        for i in 0..count {
+            let member = &mut self.members[i];
+            member.warn.flush(&member.id);
+            let tail = member.processor.finish();
+            member.metrics.add_created(tail.len() as u64);
+            if i + 1 == count {
+                member.output.send(tail).await?;
+            } else {
+                member.output.pass_on(&tail);
+                self.forward(i + 1, tail).await?;
             }
         }
         Ok(())
+    }
+
+    /// Runs `events` through the members from `from` on and sends what the
+    /// last keeps. A member failing with `on_error: fail` still passes on
+    /// what it kept before the failing event.
+    async fn forward(&mut self, from: usize, mut events: Vec<Event>) -> Result<(), StageError> {
+        let last = self.members.len() - 1;
+        let mut failure = None;
+        for i in from..=last {
+            let member = &mut self.members[i];
+            let (kept, failed) = member.process(events).await.inspect_err(|_| {
+                self.failing = Some(member.id.clone());
+            })?;
+            if let Some(error) = failed {
+                failure.get_or_insert((member.id.clone(), error));
+            }
+            if i == last {
+                member.output.send(kept).await?;
+                events = Vec::new();
+            } else {
+                member.output.pass_on(&kept);
+                events = kept;
+            }
+        }
+        debug_assert!(events.is_empty());
+        match failure {
+            None => Ok(()),
+            Some((id, error)) => {
+                self.failing = Some(id);
+                Err(StageError::Other(format!(
+                    "event failed with `on_error: fail`: {error}"
+                )))
+            }
+        }
+    }
+}
+
+impl Member {
+    /// Runs the plugin over a batch; sends what it routes to `<id>.errors`
+    /// and its named outputs, and returns what it keeps for the main output
+    /// with the `on_error: fail` error that stopped it, if one did.
+    async fn process(
+        &mut self,
+        events: Vec<Event>,
+    ) -> Result<(Vec<Event>, Option<EventError>), StageError> {
+        let n = events.len();
+        self.metrics.add_in(n as u64);
+        let mut out = Vec::with_capacity(n);
+        let mut routed = Vec::new();
+        let mut named: Vec<Vec<Event>> = self.named.iter().map(|_| Vec::new()).collect();
+        let mut failure = None;
+        let mut events = events.into_iter();
+        // Acknowledgements: a kept or routed event carries its handle
+        // on; a replacement inherits the handle of the event it came
+        // from; a discard is finished (delivered), `on_error: drop` is
+        // rejected. An event dropped any other way (`on_error: fail`
+        // leaves the rest of the batch) counts as errored.
+        for mut event in events.by_ref() {
+            // A panic on one event (often inside a third-party decoder
+            // meeting input it never expected) is that event's error,
+            // handled by `on_error`, not the end of the stage.
+            let verdict =
+                std::panic::catch_unwind(AssertUnwindSafe(|| self.processor.process(&mut event)))
+                    .unwrap_or_else(|panic| {
+                        Err(EventError::new(format!(
+                            "panicked on this event: {}",
+                            panic_message(panic.as_ref())
+                        )))
+                    });
+            match verdict {
+                Ok(Verdict::Keep) => out.push(event),
+                Ok(Verdict::Discard) => {
+                    event.settle(Outcome::Delivered);
+                    self.metrics.add_discarded(1);
+                }
+                Ok(Verdict::Replace(mut replacement)) => {
+                    for child in &mut replacement {
+                        child.inherit_ack(event.ack());
+                    }
+                    event.settle(Outcome::Delivered);
+                    match replacement.len() {
+                        0 => self.metrics.add_discarded(1),
+                        k => {
+                            self.metrics.add_created(k as u64 - 1);
+                            out.extend(replacement);
+                        }
+                    }
+                }
+                Ok(Verdict::To(set)) => {
+                    // A copy to each output but the last, which takes
+                    // the event; copies share its acknowledgement.
+                    let count = named.len();
+                    let known = move |i: &usize| *i < count;
+                    match set.iter().filter(known).last() {
+                        None => {
+                            event.settle(Outcome::Delivered);
+                            self.metrics.add_discarded(1);
+                        }
+                        Some(last) => {
+                            for i in set.iter().filter(known).filter(|&i| i != last) {
+                                let mut copy = event.detached();
+                                copy.inherit_ack(event.ack());
+                                self.metrics.add_created(1);
+                                named[i].push(copy);
+                            }
+                            named[last].push(event);
+                        }
+                    }
+                }
+                Err(error) => match self.on_error {
+                    OnError::Drop => {
+                        event.settle(Outcome::Rejected);
+                        self.metrics.add_errored(1);
+                        self.warn.warn(&self.id, &error);
+                    }
+                    OnError::Route => routed.push(attach_error(event, &self.id, &error.0)),
+                    OnError::Fail => {
+                        self.metrics.add_errored(1);
+                        failure = Some(error);
+                        break;
+                    }
+                },
+            }
+        }
+        if failure.is_some() {
+            // The rest of the batch is not processed.
+            self.metrics.add_errored(events.len() as u64);
+        }
+        self.errors.send(routed).await?;
+        for (output, events) in self.named.iter().zip(named) {
+            output.send(events).await?;
+        }
+        Ok((out, failure))
     }
 }
 

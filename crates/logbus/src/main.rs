@@ -381,6 +381,7 @@ fn validate(file: &Path, loaded: &Loaded, deny_warnings: bool, format: OutputFor
             "diagnostics": loaded.diagnostics,
             "inflight_bound": bound,
             "stages": loaded.pipeline.as_ref().map(|p| p.stages.len()),
+            "fused_chains": loaded.pipeline.as_ref().map(fused_chains),
         });
         emit(&format!(
             "{}\n",
@@ -394,12 +395,20 @@ fn validate(file: &Path, loaded: &Loaded, deny_warnings: bool, format: OutputFor
         }
         let errors = loaded.diagnostics.iter().filter(|d| failing(d)).count();
         match (&loaded.pipeline, bound) {
-            (Some(p), Some(b)) if valid => text.push_str(&format!(
-                "{name}: valid: {} stages; worst-case in-flight: {} events over {} input queues\n",
-                p.stages.len(),
-                b.events,
-                b.channels,
-            )),
+            (Some(p), Some(b)) if valid => {
+                text.push_str(&format!(
+                    "{name}: valid: {} stages; worst-case in-flight: {} events over {} input queues\n",
+                    p.stages.len(),
+                    b.events,
+                    b.channels,
+                ));
+                for chain in fused_chains(p) {
+                    text.push_str(&format!(
+                        "{name}: fused, one task per worker: {}\n",
+                        chain.join(" → ")
+                    ));
+                }
+            }
             _ => text.push_str(&format!("{name}: invalid: {errors} error(s)\n")),
         }
         emit(&text);
@@ -409,6 +418,14 @@ fn validate(file: &Path, loaded: &Loaded, deny_warnings: bool, format: OutputFor
     } else {
         ExitCode::from(1)
     }
+}
+
+/// The stage ids of each chain `run` will fuse (docs/configuration.md).
+fn fused_chains(p: &logbus_core::Pipeline) -> Vec<Vec<String>> {
+    p.fused_chains()
+        .iter()
+        .map(|c| c.iter().map(|s| s.id.clone()).collect())
+        .collect()
 }
 
 /// Stack for each runtime thread. Parsers accept nesting up to 128 levels

@@ -253,6 +253,19 @@ impl Output {
         Ok(())
     }
 
+    /// Counts a batch as sent on the main output without sending it: the
+    /// engine hands it to the next stage of a fused chain itself. Taps,
+    /// `events_out` and `bytes_out` see it as they would a send.
+    pub fn pass_on(&self, batch: &[Event]) {
+        if batch.is_empty() {
+            return;
+        }
+        self.targets.feed_taps(batch);
+        let bytes: usize = batch.iter().map(Event::raw_len).sum();
+        self.metrics.add_bytes_out(bytes as u64);
+        self.metrics.add_out(batch.len() as u64);
+    }
+
     pub fn metrics(&self) -> &Arc<StageMetrics> {
         &self.metrics
     }

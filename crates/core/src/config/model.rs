@@ -1,6 +1,7 @@
 //! The validated pipeline: what the runtime builds stages from, and the
 //! bounds computed from it.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -199,6 +200,52 @@ impl Pipeline {
         self.stages
             .iter()
             .filter(move |s| s.inputs.iter().any(|i| i == name))
+    }
+
+    /// The straight runs of processors that run fused (`settings.fuse`):
+    /// each run, in data order, has at least two stages. A stage joins
+    /// the one before it when it reads nothing but that stage's main
+    /// output, is its only reader, has a default queue and the same
+    /// `workers`, so running the two in one task changes no event's path,
+    /// no instance count and no order a user could see.
+    pub fn fused_chains(&self) -> Vec<Vec<&StageSpec>> {
+        if !self.settings.fuse {
+            return Vec::new();
+        }
+        let is_processor = |s: &StageSpec| !matches!(s.kind, StageKind::Source | StageKind::Sink);
+        // The stage each stage joins, if any.
+        let joins = |b: &StageSpec| -> Option<&StageSpec> {
+            let [input] = b.inputs.as_slice() else {
+                return None;
+            };
+            let a = self.stage(input)?;
+            let only_reader = self.readers_of(&a.id).count() == 1;
+            (is_processor(a)
+                && is_processor(b)
+                && only_reader
+                && b.queue.is_none()
+                && a.workers.max(1) == b.workers.max(1))
+            .then_some(a)
+        };
+        let next: HashMap<&str, &StageSpec> = self
+            .stages
+            .iter()
+            .filter_map(|b| Some((joins(b)?.id.as_str(), b)))
+            .collect();
+        let joined: std::collections::HashSet<&str> =
+            next.values().map(|b| b.id.as_str()).collect();
+        let mut chains = Vec::new();
+        for head in &self.stages {
+            if joined.contains(head.id.as_str()) || !next.contains_key(head.id.as_str()) {
+                continue;
+            }
+            let mut chain = vec![head];
+            while let Some(b) = next.get(chain.last().expect("not empty").id.as_str()) {
+                chain.push(b);
+            }
+            chains.push(chain);
+        }
+        chains
     }
 
     /// The worst-case number of events in flight: each non-source stage has

@@ -27,6 +27,15 @@ pub struct Settings {
     #[serde(default = "default_drain_timeout_ms")]
     #[schemars(range(min = 1))]
     pub drain_timeout_ms: u64,
+    /// Runs each straight run of processors (one reads the next's only
+    /// output, default queues, the same `workers`) as one task per worker,
+    /// with no channel between them. On unless set to `false`.
+    #[serde(default = "default_fuse")]
+    pub fuse: bool,
+}
+
+fn default_fuse() -> bool {
+    true
 }
 
 fn default_drain_timeout_ms() -> u64 {
@@ -120,6 +129,7 @@ impl Default for Settings {
             api: None,
             threads: None,
             drain_timeout_ms: default_drain_timeout_ms(),
+            fuse: default_fuse(),
         }
     }
 }

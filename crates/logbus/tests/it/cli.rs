@@ -1085,3 +1085,35 @@ tests:
     assert_eq!(o.status.code(), Some(0), "{text}");
     assert!(text.ends_with("2 passed, 0 failed\n"), "{text}");
 }
+
+/// `logbus validate` says which stages will run fused, in text and JSON.
+#[test]
+fn validate_lists_the_fused_chains() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let reference = root.join("pipelines/reference.yml");
+    let o = logbus().arg("validate").arg(&reference).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(
+        stdout(&o).contains("fused, one task per worker: lines → json → stamp → shape → fmt\n"),
+        "{}",
+        stdout(&o)
+    );
+    let o = logbus()
+        .args(["validate", "--format", "json"])
+        .arg(&reference)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["fused_chains"],
+        serde_json::json!([["lines", "json", "stamp", "shape", "fmt"]])
+    );
+    // Three stages, none fusable: no chain is listed.
+    let dir = tempfile::tempdir().unwrap();
+    let o = logbus()
+        .arg("validate")
+        .arg(write(dir.path(), "ok.yml", VALID))
+        .output()
+        .unwrap();
+    assert!(!stdout(&o).contains("fused"), "{}", stdout(&o));
+}

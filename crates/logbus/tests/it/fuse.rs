@@ -1,0 +1,282 @@
+//! Fused chains (`settings.fuse`): a straight run of processors runs as one
+//! task per worker, and nothing a user can see changes — counts per stage,
+//! order, routed errors, taps, failures by stage — except the queues the
+//! chain no longer reads. A reload that touches a chain splits it.
+
+use std::time::{Duration, Instant};
+
+use logbus_core::{RunReport, start};
+use logbus_plugin_api::CancellationToken;
+
+use crate::support::{TestPlugins, seqs, valid};
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// gen → json → cursed (errors seq 7 on the event) → keep (drops seq 3) →
+/// tag → out, with `cursed.errors` read by `bad`.
+fn chain(fuse: bool, cursed_on_error: &str, count: &str) -> String {
+    let bad = match cursed_on_error {
+        "route" => "  bad: { sink: collect, inputs: [cursed.errors] }\n",
+        _ => "",
+    };
+    format!(
+        "settings: {{ channel_capacity: 64, fuse: {fuse} }}
+stages:
+  gen: {{ source: generator, {count} batch_size: 10, template: '{{\"seq\":{{{{seq}}}}}}' }}
+  json: {{ parser: json, inputs: [gen] }}
+  cursed: {{ transform: panic_on_seq_7, inputs: [json], on_error: {cursed_on_error} }}
+  keep: {{ transform: filter, inputs: [cursed], condition: 'seq != 3' }}
+  tag: {{ transform: fields, inputs: [keep], set: {{ v: 1 }} }}
+  out: {{ sink: collect, inputs: [tag] }}
+{bad}"
+    )
+}
+
+async fn run(text: &str, plugins: &TestPlugins) -> RunReport {
+    let p = valid(text, &plugins.registry());
+    start(&p, CancellationToken::new())
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .wait()
+        .await
+}
+
+#[test]
+fn a_straight_run_of_processors_is_fused_and_nothing_else() {
+    let plugins = TestPlugins::default();
+    let chains = |text: &str| -> Vec<Vec<String>> {
+        valid(text, &plugins.registry())
+            .fused_chains()
+            .iter()
+            .map(|c| c.iter().map(|s| s.id.clone()).collect())
+            .collect()
+    };
+    let count = "count: 10,";
+    assert_eq!(
+        chains(&chain(true, "route", count)),
+        [["json", "cursed", "keep", "tag"]],
+        "sources and sinks stay apart; reading `cursed.errors` does not split it"
+    );
+    assert!(chains(&chain(false, "route", count)).is_empty());
+    // A second reader of `keep` splits the chain after it.
+    let two_readers = chain(true, "route", count) + "  also: { sink: collect, inputs: [keep] }\n";
+    assert_eq!(
+        chains(&two_readers),
+        [vec!["json", "cursed", "keep"]],
+        "tag alone is no chain"
+    );
+    // Different workers, or a queue of its own, keep a stage apart.
+    let workers = chain(true, "route", count).replace(
+        "inputs: [cursed], condition",
+        "inputs: [cursed], workers: 2, condition",
+    );
+    assert_eq!(chains(&workers), [["json", "cursed"]]);
+    let queued = chain(true, "route", count).replace(
+        "inputs: [keep], set",
+        "inputs: [keep], queue: { size: 10 }, set",
+    );
+    assert_eq!(chains(&queued), [["json", "cursed", "keep"]]);
+    // Two inputs: no chain into it.
+    let fan_in = "stages:
+  a: { source: generator, count: 1 }
+  b: { source: generator, count: 1 }
+  pa: { parser: json, inputs: [a] }
+  both: { transform: fields, inputs: [pa, b], set: { x: 1 } }
+  out: { sink: collect, inputs: [both] }
+";
+    assert!(chains(fan_in).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fused_chain_counts_routes_and_orders_as_the_stages_apart() {
+    const N: u64 = 5_000;
+    let count = format!("count: {N},");
+    let mut reports = Vec::new();
+    let mut delivered = Vec::new();
+    for fuse in [true, false] {
+        let plugins = TestPlugins::default();
+        let report = run(&chain(fuse, "route", &count), &plugins).await;
+        assert!(report.is_clean(), "fuse {fuse}: {report}");
+        assert_eq!(report.totals.lost, 0);
+        let out = plugins.events("out");
+        assert_eq!(out.len() as u64, N - 2, "all but seq 3 and seq 7");
+        assert!(out.iter().all(|e| e.as_fields().unwrap()["v"] == 1));
+        assert_eq!(seqs(&plugins.events("bad")), [7], "routed from `cursed`");
+        delivered.push(seqs(&out));
+        reports.push(report);
+    }
+    assert_eq!(
+        delivered[0], delivered[1],
+        "the same events in the same order"
+    );
+    let (fused, apart) = (&reports[0], &reports[1]);
+    for (f, a) in fused.stages.iter().zip(&apart.stages) {
+        assert_eq!(f.id, a.id);
+        assert_eq!(f.counts, a.counts, "stage `{}`", f.id);
+        assert_eq!(f.bytes_out, a.bytes_out, "stage `{}`", f.id);
+    }
+    let fused_into: Vec<_> = fused
+        .stages
+        .iter()
+        .map(|s| (s.id.as_str(), s.fused_into.as_deref()))
+        .collect();
+    assert_eq!(
+        fused_into,
+        [
+            ("gen", None),
+            ("json", Some("json")),
+            ("cursed", Some("json")),
+            ("keep", Some("json")),
+            ("tag", Some("json")),
+            ("out", None),
+            ("bad", None),
+        ]
+    );
+    assert!(apart.stages.iter().all(|s| s.fused_into.is_none()));
+    let queues = |r: &RunReport| {
+        r.channels
+            .iter()
+            .map(|c| c.stage.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        queues(fused),
+        ["json", "out", "bad"],
+        "the chain reads json's queue"
+    );
+    assert_eq!(queues(apart).len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_stage_inside_a_chain_is_the_one_reported() {
+    let plugins = TestPlugins::default();
+    let report = run(&chain(true, "fail", "count: 1000,"), &plugins).await;
+    assert!(!report.is_clean());
+    let failed: Vec<_> = report.failures.iter().map(|f| f.stage.as_str()).collect();
+    assert_eq!(failed, ["cursed"], "{report}");
+    assert!(
+        report.failures[0].message.contains("on_error: fail"),
+        "{}",
+        report.failures[0].message
+    );
+    assert_eq!(report.totals.lost, 0, "{report}");
+    // What `cursed` kept before seq 7 went through the rest of the chain.
+    assert_eq!(
+        seqs(&plugins.events("out"))[..5],
+        [0, 1, 2, 4, 5],
+        "kept before the failing event"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tap_of_a_fused_stage_sees_what_leaves_that_stage() {
+    let plugins = TestPlugins::default();
+    let p = valid(&chain(true, "route", ""), &plugins.registry());
+    let running = start(&p, CancellationToken::new()).unwrap();
+    let stats = running.stats();
+    let mut keep = stats.tap("keep", 64).expect("a tap of `keep`");
+    let mut tag = stats.tap("tag", 64).expect("a tap of `tag`");
+    let first_keep = keep.events.recv().await.expect("`keep` sends");
+    let first_tag = tag.events.recv().await.expect("`tag` sends");
+    running.shutdown();
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    let fields = |e: &logbus_plugin_api::Event| e.as_fields().unwrap().clone();
+    assert!(
+        fields(&first_keep).get("v").is_none(),
+        "before `tag`: {:?}",
+        fields(&first_keep)
+    );
+    assert_eq!(fields(&first_tag)["v"], 1, "after `tag`");
+}
+
+fn tagged(v: u32, extra: &str) -> String {
+    format!(
+        "settings: {{ channel_capacity: 256 }}
+stages:
+  gen: {{ source: generator, template: '{{\"seq\":{{{{seq}}}}}}' }}
+  json: {{ parser: json, inputs: [gen] }}
+  tag: {{ transform: fields, inputs: [json], set: {{ v: {v} }} }}
+  out: {{ sink: collect, inputs: [tag] }}
+{extra}"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_splits_a_chain_it_touches_and_keeps_one_it_does_not() {
+    let plugins = TestPlugins::default();
+    let registry = plugins.registry();
+    let running = start(&valid(&tagged(1, ""), &registry), CancellationToken::new()).unwrap();
+    let out = running.metrics("out").unwrap().clone();
+    let stats = running.stats();
+    let fused = |stats: &logbus_core::StatsHandle| -> Vec<String> {
+        let report = stats.snapshot();
+        report
+            .stages
+            .iter()
+            .filter(|s| s.fused_into.is_some())
+            .map(|s| s.id.clone())
+            .collect()
+    };
+    assert_eq!(fused(&stats), ["json", "tag"]);
+    wait_until("traffic", || out.snapshot().events_out > 5_000).await;
+
+    // A stage outside the chain is added: the chain runs on fused.
+    let extra =
+        "  other: { source: generator, count: 10 }\n  sunk: { sink: collect, inputs: [other] }\n";
+    let summary = running
+        .reload(valid(&tagged(1, extra), &registry))
+        .await
+        .unwrap();
+    assert_eq!(summary.added, ["other", "sunk"]);
+    assert_eq!(fused(&stats), ["json", "tag"]);
+
+    // `tag` changes: the chain is split, its stages run apart from now on.
+    let at_split = out.snapshot().events_out;
+    let summary = running
+        .reload(valid(&tagged(2, extra), &registry))
+        .await
+        .unwrap();
+    assert_eq!(summary.changed, ["tag"]);
+    assert!(fused(&stats).is_empty());
+    let queues: Vec<String> = stats
+        .snapshot()
+        .channels
+        .iter()
+        .map(|c| c.stage.clone())
+        .collect();
+    assert!(queues.contains(&"tag".to_string()), "{queues:?}");
+    wait_until("traffic after the split", || {
+        out.snapshot().events_out > at_split + 5_000
+    })
+    .await;
+    running.shutdown();
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.lost, 0, "{report}");
+    let events = plugins.events("out");
+    let n = report.stages[0].counts.events_out;
+    assert_eq!(
+        seqs(&events),
+        (0..n).collect::<Vec<_>>(),
+        "once each, in order"
+    );
+    let tags: Vec<u64> = events
+        .iter()
+        .map(|e| e.as_fields().unwrap()["v"].as_u64().unwrap())
+        .collect();
+    let switch = tags
+        .iter()
+        .position(|v| *v == 2)
+        .expect("the new `tag` ran");
+    assert!(switch > 0 && tags[switch..].iter().all(|v| *v == 2));
+    assert_eq!(plugins.events("sunk").len(), 10);
+}
