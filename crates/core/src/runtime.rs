@@ -942,7 +942,12 @@ impl Supervisor {
             let Some(Control::Fused { split, end }) = control else {
                 continue; // it has ended
             };
-            split.cancel();
+            if new.stage(&chain[0]).is_some() {
+                split.cancel();
+            }
+            // Else the first stage is removed: nobody takes over its queue,
+            // so the chain drains it to the end, as a removed stage does,
+            // and the stages after it start once it has.
             {
                 let mut inventory = self.inventory.lock().expect("inventory lock");
                 inventory.fused.retain(|stage, _| !chain.contains(stage));

@@ -280,3 +280,47 @@ async fn a_reload_splits_a_chain_it_touches_and_keeps_one_it_does_not() {
     assert!(switch > 0 && tags[switch..].iter().all(|v| *v == 2));
     assert_eq!(plugins.events("sunk").len(), 10);
 }
+
+/// The chain's first stage is removed under load: nobody takes over its
+/// queue, so the chain drains it before the stage after it starts on its
+/// own; every event arrives once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_a_chains_first_stage_drains_its_queue() {
+    let text = |parser: &str| {
+        format!(
+            "settings: {{ channel_capacity: 256 }}
+stages:
+  gen: {{ source: generator, template: '{{\"seq\":{{{{seq}}}}}}' }}
+  {parser}: {{ parser: json, inputs: [gen] }}
+  tag: {{ transform: fields, inputs: [{parser}], set: {{ v: 1 }} }}
+  out: {{ sink: collect, inputs: [tag] }}
+"
+        )
+    };
+    let plugins = TestPlugins::default();
+    let registry = plugins.registry();
+    let running = start(&valid(&text("first"), &registry), CancellationToken::new()).unwrap();
+    let out = running.metrics("out").unwrap().clone();
+    wait_until("traffic", || out.snapshot().events_out > 5_000).await;
+    let summary = running
+        .reload(valid(&text("second"), &registry))
+        .await
+        .unwrap();
+    assert_eq!(summary.removed, ["first"]);
+    assert_eq!(summary.added, ["second"]);
+    let at_reload = out.snapshot().events_out;
+    wait_until("traffic after the reload", || {
+        out.snapshot().events_out > at_reload + 5_000
+    })
+    .await;
+    running.shutdown();
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.totals.lost, 0, "{report}");
+    let n = report.stages[0].counts.events_out;
+    assert_eq!(
+        seqs(&plugins.events("out")),
+        (0..n).collect::<Vec<_>>(),
+        "once each, in order"
+    );
+}
