@@ -808,6 +808,21 @@ impl Supervisor {
                     .clone()
                     .unwrap_or_else(|| stage.members[0].id.clone());
                 fail_fast(&failing, &message, &global);
+                // As if apart: the stages after the failed one end normally,
+                // handing on what they hold; what the ones before it hold
+                // (like the failed one's input) is errored.
+                let k = stage
+                    .members
+                    .iter()
+                    .position(|m| m.id == failing)
+                    .unwrap_or(0);
+                let _ = guard(stage.finish_from(k + 1)).await;
+                for member in &stage.members[1..] {
+                    let held = member.metrics.snapshot().unaccounted();
+                    if held > 0 {
+                        member.metrics.add_errored(held as u64);
+                    }
+                }
                 drain_as_errored(&mut stage.input, &stage.members[0].metrics).await;
                 Err(StageFailure {
                     stage: failing.to_string(),
@@ -942,12 +957,13 @@ impl Supervisor {
             let Some(Control::Fused { split, end }) = control else {
                 continue; // it has ended
             };
-            if new.stage(&chain[0]).is_some() {
-                split.cancel();
-            }
-            // Else the first stage is removed: nobody takes over its queue,
-            // so the chain drains it to the end, as a removed stage does,
-            // and the stages after it start once it has.
+            // The first stage removed: nobody takes over its queue, so the
+            // chain drains it to the end, as a removed stage does, while the
+            // stages after it run on their own (as apart, what the removed
+            // stage drains may interleave with what their new upstreams
+            // send; waiting could deadlock on a queue of theirs it feeds).
+            let head_removed = new.stage(&chain[0]).is_none();
+            let after = (!head_removed).then(|| end.clone());
             {
                 let mut inventory = self.inventory.lock().expect("inventory lock");
                 inventory.fused.retain(|stage, _| !chain.contains(stage));
@@ -965,7 +981,12 @@ impl Supervisor {
                     continue;
                 };
                 let b = built.remove(id).expect("split stages were built");
-                self.spawn_processors(&[spec], vec![b], input, Some(end.clone()));
+                self.spawn_processors(&[spec], vec![b], input, after.clone());
+            }
+            // Only now: the successors' outputs hold the targets, so the old
+            // workers ending cannot close their readers' inputs.
+            if !head_removed {
+                split.cancel();
             }
             tracing::info!("stages {} no longer run fused", chain.join(", "));
         }
@@ -1298,11 +1319,19 @@ impl ProcessorStage {
     /// Every member's held events (`Processor::finish`), each through the
     /// members after it.
     async fn finish(&mut self) -> Result<(), StageError> {
+        self.finish_from(0).await
+    }
+
+    /// [`finish`](Self::finish) of the members from `from` on.
+    async fn finish_from(&mut self, from: usize) -> Result<(), StageError> {
         let count = self.members.len();
-        for i in 0..count {
+        for i in from..count {
             let member = &mut self.members[i];
             member.warn.flush(&member.id);
+            // A panic in `finish` is this member's failure.
+            self.failing = Some(member.id.clone());
             let tail = member.processor.finish();
+            self.failing = None;
             member.metrics.add_created(tail.len() as u64);
             if i + 1 == count {
                 member.output.send(tail).await?;

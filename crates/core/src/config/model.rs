@@ -224,6 +224,7 @@ impl Pipeline {
                 && is_processor(b)
                 && only_reader
                 && b.queue.is_none()
+                && a.local_config(&self.settings).is_none()
                 && a.workers.max(1) == b.workers.max(1))
             .then_some(a)
         };

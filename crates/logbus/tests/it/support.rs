@@ -115,12 +115,52 @@ impl TypedPlugin for PanicPlugin {
     }
 }
 
+/// `transform: count_at_end`: keeps every event and, when its input ends,
+/// emits one more, `{"counted": N}` (a stage holding state to the end).
+struct CountAtEndPlugin;
+
+struct CountAtEnd {
+    seen: u64,
+    meta: Option<logbus_plugin_api::Meta>,
+}
+
+impl logbus_plugin_api::Processor for CountAtEnd {
+    fn process(&mut self, e: &mut Event) -> Result<Verdict, EventError> {
+        self.seen += 1;
+        self.meta.get_or_insert_with(|| e.meta().clone());
+        Ok(Verdict::Keep)
+    }
+
+    fn finish(&mut self) -> Vec<Event> {
+        let mut fields = logbus_plugin_api::Fields::new();
+        fields.insert("counted".into(), self.seen.into());
+        match self.meta.take() {
+            Some(meta) => vec![Event::fields(fields, meta)],
+            None => Vec::new(),
+        }
+    }
+}
+
+impl TypedPlugin for CountAtEndPlugin {
+    type Options = NoOptions;
+    const NAME: &'static str = "count_at_end";
+    const KIND: StageKind = StageKind::Transform;
+    const DESCRIPTION: &'static str = "test: emits how many events it saw when its input ends";
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Processor(Box::new(CountAtEnd {
+            seen: 0,
+            meta: None,
+        })))
+    }
+}
+
 impl TestPlugins {
     pub fn registry(&self) -> Registry {
         let mut r = logbus::catalog::registry();
         r.add(Typed(CollectPlugin(self.clone())));
         r.add(Typed(GatedPlugin(self.clone())));
         r.add(Typed(PanicPlugin));
+        r.add(Typed(CountAtEndPlugin));
         r
     }
 
