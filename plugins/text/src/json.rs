@@ -78,7 +78,13 @@ impl Processor for ParseJson {
             return Ok(Verdict::Replace(events));
         }
         let fields = match &self.0.wrap_field {
-            None => sonic_rs::from_slice::<Fields>(bytes).map_err(|e| describe(&e))?,
+            None => {
+                let mut de = sonic_rs::Deserializer::from_slice(bytes);
+                let fields = serde::de::DeserializeSeed::deserialize(TopLevel, &mut de)
+                    .and_then(|f| de.end().map(|()| f))
+                    .map_err(|e| describe(&e))?;
+                fields
+            }
             Some(wrap) => match sonic_rs::from_slice::<Value>(bytes).map_err(|e| describe(&e))? {
                 Value::Object(map) => map,
                 other => {
@@ -90,6 +96,38 @@ impl Processor for ParseJson {
         };
         *event.payload_mut() = Payload::Fields(fields);
         Ok(Verdict::Keep)
+    }
+}
+
+/// The top-level object, into a map sized for a typical log line at once
+/// (growing an ordered map one doubling at a time rehashes it each time);
+/// what it holds deserialises as usual.
+struct TopLevel;
+
+/// Top-level fields reserved before the first one is read.
+const TOP_LEVEL_FIELDS: usize = 16;
+
+impl<'de> serde::de::DeserializeSeed<'de> for TopLevel {
+    type Value = Fields;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Fields, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for TopLevel {
+    type Value = Fields;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut access: A) -> Result<Fields, A::Error> {
+        let mut fields = Fields::with_capacity(access.size_hint().unwrap_or(TOP_LEVEL_FIELDS));
+        while let Some((key, value)) = access.next_entry::<String, Value>()? {
+            fields.insert(key, value);
+        }
+        Ok(fields)
     }
 }
 
@@ -315,6 +353,23 @@ mod tests {
         let mut e = raw("oops");
         p.process(&mut e).unwrap_err();
         assert_eq!(&e.as_raw().unwrap()[..], b"oops");
+    }
+
+    /// The top level is read into a map reserved up front: order, a
+    /// repeated key (the last value, at the first one's place), more
+    /// fields than reserved, and what follows the object are as before.
+    #[test]
+    fn the_top_level_object_keeps_order_and_refuses_trailing_bytes() {
+        let mut p = ParseJson(JsonParserOptions { wrap_field: None });
+        let many: Vec<String> = (0..40).map(|i| format!("\"k{i}\":{i}")).collect();
+        let mut e = raw(&format!("{{\"b\":1,\"a\":2,\"b\":3,{}}}", many.join(",")));
+        p.process(&mut e).unwrap();
+        let keys: Vec<&str> = e.as_fields().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys[..3], ["b", "a", "k0"]);
+        assert_eq!(keys.len(), 42);
+        assert_eq!(e.as_fields().unwrap()["b"], 3);
+        let err = p.process(&mut raw(r#"{"a":1} x"#)).unwrap_err();
+        assert!(err.0.starts_with("invalid JSON"), "{err}");
     }
 
     #[test]
