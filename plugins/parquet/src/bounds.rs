@@ -28,7 +28,27 @@ use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
 
-use crate::reader::Limits;
+/// 256 MiB.
+pub const DEFAULT_MAX_DECODED_BYTES: u64 = 256 << 20;
+/// One million.
+pub const DEFAULT_MAX_ROWS: u64 = 1_000_000;
+
+/// What one file may come to once decoded.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes of rows, as JSON.
+    pub bytes: u64,
+    pub rows: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            bytes: DEFAULT_MAX_DECODED_BYTES,
+            rows: DEFAULT_MAX_ROWS,
+        }
+    }
+}
 
 /// What decoding every row of a file produces at least, by its headers;
 /// an error names the first page that already breaks `max` or cannot be

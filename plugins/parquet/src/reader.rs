@@ -13,6 +13,8 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::reader::{ChunkReader, Length};
 use serde::Deserialize;
 
+pub use crate::bounds::{DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ROWS, Limits};
+
 /// The file's bytes, remembering the last range the reader asked for, so
 /// an error can say where in the file it was reading.
 struct Tracked {
@@ -157,28 +159,6 @@ pub struct ParquetParserOptions {
     /// when its row groups declare more.
     #[schemars(range(min = 1))]
     pub max_rows: u64,
-}
-
-/// 256 MiB.
-pub const DEFAULT_MAX_DECODED_BYTES: u64 = 256 << 20;
-/// One million.
-pub const DEFAULT_MAX_ROWS: u64 = 1_000_000;
-
-/// What one file may come to once decoded.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Bytes of rows, as JSON.
-    pub bytes: u64,
-    pub rows: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            bytes: DEFAULT_MAX_DECODED_BYTES,
-            rows: DEFAULT_MAX_ROWS,
-        }
-    }
 }
 
 impl Default for ParquetParserOptions {

@@ -80,10 +80,9 @@ impl Processor for ParseJson {
         let fields = match &self.0.wrap_field {
             None => {
                 let mut de = sonic_rs::Deserializer::from_slice(bytes);
-                let fields = serde::de::DeserializeSeed::deserialize(TopLevel, &mut de)
+                serde::de::DeserializeSeed::deserialize(TopLevel, &mut de)
                     .and_then(|f| de.end().map(|()| f))
-                    .map_err(|e| describe(&e))?;
-                fields
+                    .map_err(|e| describe(&e))?
             }
             Some(wrap) => match sonic_rs::from_slice::<Value>(bytes).map_err(|e| describe(&e))? {
                 Value::Object(map) => map,
