@@ -3,23 +3,11 @@
 //! order, routed errors, taps, failures by stage — except the queues the
 //! chain no longer reads. A reload that touches a chain splits it.
 
-use std::time::{Duration, Instant};
-
 use logbus_core::{RunReport, start};
 use logbus_plugin_api::CancellationToken;
 
-use crate::support::{TestPlugins, seqs, valid};
-
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        tokio::task::yield_now().await;
-    }
-}
+use crate::reload::pipeline;
+use crate::support::{TestPlugins, seqs, valid, wait_until};
 
 /// gen → json → cursed (errors seq 7 on the event) → keep (drops seq 3) →
 /// tag → out, with `cursed.errors` read by `bad`.
@@ -205,23 +193,15 @@ async fn a_tap_of_a_fused_stage_sees_what_leaves_that_stage() {
     assert_eq!(fields(&first_tag)["v"], 1, "after `tag`");
 }
 
-fn tagged(v: u32, extra: &str) -> String {
-    format!(
-        "settings: {{ channel_capacity: 256 }}
-stages:
-  gen: {{ source: generator, template: '{{\"seq\":{{{{seq}}}}}}' }}
-  json: {{ parser: json, inputs: [gen] }}
-  tag: {{ transform: fields, inputs: [json], set: {{ v: {v} }} }}
-  out: {{ sink: collect, inputs: [tag] }}
-{extra}"
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_splits_a_chain_it_touches_and_keeps_one_it_does_not() {
     let plugins = TestPlugins::default();
     let registry = plugins.registry();
-    let running = start(&valid(&tagged(1, ""), &registry), CancellationToken::new()).unwrap();
+    let running = start(
+        &valid(&pipeline(1, ""), &registry),
+        CancellationToken::new(),
+    )
+    .unwrap();
     let out = running.metrics("out").unwrap().clone();
     let stats = running.stats();
     let fused = |stats: &logbus_core::StatsHandle| -> Vec<String> {
@@ -240,7 +220,7 @@ async fn a_reload_splits_a_chain_it_touches_and_keeps_one_it_does_not() {
     let extra =
         "  other: { source: generator, count: 10 }\n  sunk: { sink: collect, inputs: [other] }\n";
     let summary = running
-        .reload(valid(&tagged(1, extra), &registry))
+        .reload(valid(&pipeline(1, extra), &registry))
         .await
         .unwrap();
     assert_eq!(summary.added, ["other", "sunk"]);
@@ -249,7 +229,7 @@ async fn a_reload_splits_a_chain_it_touches_and_keeps_one_it_does_not() {
     // `tag` changes: the chain is split, its stages run apart from now on.
     let at_split = out.snapshot().events_out;
     let summary = running
-        .reload(valid(&tagged(2, extra), &registry))
+        .reload(valid(&pipeline(2, extra), &registry))
         .await
         .unwrap();
     assert_eq!(summary.changed, ["tag"]);

@@ -2,26 +2,16 @@
 //! keep their channels and queued events, removed stages drain, and the
 //! books still balance to the event.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use logbus_core::runtime::ReloadError;
 use logbus_core::start;
 use logbus_plugin_api::CancellationToken;
 
-use crate::support::{TestPlugins, seqs, valid};
+use crate::support::{TestPlugins, seqs, valid, wait_until};
 
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        tokio::task::yield_now().await;
-    }
-}
-
-fn pipeline(tag: u32, extra: &str) -> String {
+/// gen → json → tag (sets `v`) → out, and `extra` stages.
+pub(crate) fn pipeline(tag: u32, extra: &str) -> String {
     format!(
         "settings: {{ channel_capacity: 256 }}
 stages:

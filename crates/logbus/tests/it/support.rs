@@ -326,3 +326,16 @@ impl Spawned {
         }
     }
 }
+
+/// Yields to the runtime until `cond` holds; fails after 30 s. Waiting
+/// for a condition is not a timing assertion: only a hang fails it.
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
