@@ -356,10 +356,10 @@ async fn tap(State(state): State<ApiState>, Query(q): Query<TapQuery>) -> Respon
         match tokio::time::timeout_at(deadline, tap.events.recv()).await {
             Ok(Some(event)) => {
                 let value = match event.payload() {
-                    logbus_plugin_api::Payload::Fields(f) => Value::Object(f.clone()),
                     logbus_plugin_api::Payload::Raw(b) => {
                         Value::String(String::from_utf8_lossy(b).into_owned())
                     }
+                    parsed => Value::Object(parsed.as_fields().cloned().unwrap_or_default()),
                 };
                 bytes += serde_json::to_string(&value).map_or(0, |t| t.len());
                 events.push(value);

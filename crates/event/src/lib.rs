@@ -9,10 +9,13 @@
 //!
 //! Payloads start as raw bytes (a line as read) and become structured fields
 //! once a parser has run. Keeping raw bytes as `Bytes` slices of the read
-//! buffer means a source can frame lines without copying them.
+//! buffer means a source can frame lines without copying them. Parsed JSON
+//! may stay text for as long as nobody reads deeper than its top level
+//! ([`lazy`] says why); [`Event::as_fields`] hides the difference.
 
 pub mod ack;
 pub mod checkpoint;
+pub mod lazy;
 pub mod path;
 
 use std::sync::Arc;
@@ -23,17 +26,67 @@ use serde_json::{Map, Value};
 
 pub use ack::{Ack, AckReceiver, BatchAck, Outcome};
 pub use checkpoint::{AckCounts, OrderedCheckpoint};
+pub use lazy::LazyFields;
 pub use path::FieldPath;
 
 /// Structured fields of an event: a JSON object that keeps insertion order.
 pub type Fields = Map<String, Value>;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Payload {
     /// Bytes as a source framed them, not yet parsed.
     Raw(Bytes),
     /// Parsed, structured fields.
     Fields(Fields),
+    /// Parsed fields still held as their JSON text, with top-level edits
+    /// ([`LazyFields`]); equal to the [`Payload::Fields`] they stand for.
+    Lazy(LazyFields),
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Payload::Raw(a), Payload::Raw(b)) => a == b,
+            (Payload::Raw(_), _) | (_, Payload::Raw(_)) => false,
+            (a, b) => a.as_fields() == b.as_fields(),
+        }
+    }
+}
+
+impl Payload {
+    /// The structured fields, if parsed (lazy ones are built on first use).
+    pub fn as_fields(&self) -> Option<&Fields> {
+        match self {
+            Payload::Fields(f) => Some(f),
+            Payload::Lazy(l) => Some(l.fields()),
+            Payload::Raw(_) => None,
+        }
+    }
+
+    /// Turns lazy fields into ordinary ones, for a stage about to change
+    /// them through `&mut Fields`.
+    pub fn materialize(&mut self) {
+        if let Payload::Lazy(l) = self {
+            let l = std::mem::replace(l, LazyFields::empty());
+            *self = Payload::Fields(l.into_fields());
+        }
+    }
+
+    /// Writes parsed fields as one compact JSON object; `false` (nothing
+    /// written) for a raw payload. Lazy fields are spliced, not rebuilt.
+    pub fn write_json(&self, out: &mut Vec<u8>) -> bool {
+        match self {
+            Payload::Fields(f) => {
+                sonic_rs::to_writer(&mut *out, f).expect("fields serialise into a Vec");
+                true
+            }
+            Payload::Lazy(l) => {
+                l.write_json(out);
+                true
+            }
+            Payload::Raw(_) => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -156,16 +209,67 @@ impl Event {
 
     /// The structured fields, if a parser has produced them.
     pub fn as_fields(&self) -> Option<&Fields> {
-        match &self.data.payload {
+        self.data.payload.as_fields()
+    }
+
+    /// Whether a parser has produced fields.
+    pub fn is_parsed(&self) -> bool {
+        !matches!(self.data.payload, Payload::Raw(_))
+    }
+
+    /// The fields to change in place (lazy ones become ordinary fields).
+    pub fn fields_mut(&mut self) -> Option<&mut Fields> {
+        let payload = self.payload_mut();
+        payload.materialize();
+        match payload {
             Payload::Fields(f) => Some(f),
-            Payload::Raw(_) => None,
+            Payload::Raw(_) | Payload::Lazy(_) => None,
         }
     }
 
-    pub fn fields_mut(&mut self) -> Option<&mut Fields> {
-        match self.payload_mut() {
-            Payload::Fields(f) => Some(f),
-            Payload::Raw(_) => None,
+    /// Sets the field at `path`, creating intermediate objects
+    /// ([`FieldPath::set`]); on lazy fields a top-level path is an edit
+    /// beside the text. `false` (nothing set) if the event is raw.
+    pub fn set_field(&mut self, path: &FieldPath, value: serde_json::Value) -> bool {
+        let payload = self.payload_mut();
+        match (payload, path.segments()) {
+            (Payload::Lazy(l), [key]) if !l.is_built() => {
+                l.set(key, value);
+                true
+            }
+            (payload, _) => {
+                payload.materialize();
+                match payload {
+                    Payload::Fields(f) => {
+                        path.set(f, value);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+
+    /// Deletes the field at `path` ([`FieldPath::remove`]) without
+    /// returning it, so lazy fields need not build the value. `false` if
+    /// the event is raw.
+    pub fn delete_field(&mut self, path: &FieldPath) -> bool {
+        let payload = self.payload_mut();
+        match (payload, path.segments()) {
+            (Payload::Lazy(l), [key]) if !l.is_built() => {
+                l.delete(key);
+                true
+            }
+            (payload, _) => {
+                payload.materialize();
+                match payload {
+                    Payload::Fields(f) => {
+                        path.remove(f);
+                        true
+                    }
+                    _ => false,
+                }
+            }
         }
     }
 
@@ -173,7 +277,7 @@ impl Event {
     pub fn as_raw(&self) -> Option<&Bytes> {
         match &self.data.payload {
             Payload::Raw(b) => Some(b),
-            Payload::Fields(_) => None,
+            Payload::Fields(_) | Payload::Lazy(_) => None,
         }
     }
 

@@ -12,8 +12,8 @@ use crate::spec::{Condition, Expect};
 /// An event as a test sees it: parsed fields as a map, raw bytes as a string.
 pub fn as_value(event: &Event) -> Value {
     match event.payload() {
-        Payload::Fields(f) => Value::Object(f.clone()),
         Payload::Raw(b) => Value::String(String::from_utf8_lossy(b).into_owned()),
+        parsed => Value::Object(parsed.as_fields().cloned().unwrap_or_default()),
     }
 }
 

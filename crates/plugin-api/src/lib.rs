@@ -25,7 +25,7 @@ pub use bytes::Bytes;
 /// The event and its acknowledgement (crate `logbus-event`).
 pub use logbus_event as event;
 pub use logbus_event::{
-    Ack, AckCounts, AckReceiver, BatchAck, Event, EventData, FieldPath, Fields, Meta,
+    Ack, AckCounts, AckReceiver, BatchAck, Event, EventData, FieldPath, Fields, LazyFields, Meta,
     OrderedCheckpoint, Outcome, Payload, now_ns,
 };
 /// The queues between stages (crate `logbus-queue`).

@@ -598,6 +598,7 @@ impl CheckOptions for NoOptions {}
 pub fn attach_error(mut event: Event, stage: &str, message: &str) -> Event {
     let info = serde_json::json!({ "stage": stage, "message": message });
     let payload = event.payload_mut();
+    payload.materialize();
     if let crate::Payload::Raw(bytes) = payload {
         let mut f = crate::Fields::new();
         f.insert(

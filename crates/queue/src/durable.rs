@@ -257,7 +257,7 @@ pub fn encode_event(event: &Event, out: &mut Vec<u8>) {
     let meta = event.meta();
     let source = clip(meta.source.as_bytes());
     let origin = meta.origin.as_deref().map(|o| clip(o.as_bytes()));
-    let fields = matches!(event.payload(), Payload::Fields(_));
+    let fields = event.is_parsed();
     out.push(
         match (fields, origin.is_some(), meta.attributes.is_some()) {
             (false, _, true) => TAG_RAW_ATTRIBUTES,
@@ -288,6 +288,7 @@ pub fn encode_event(event: &Event, out: &mut Vec<u8>) {
         Payload::Fields(fields) => {
             serde_json::to_writer(&mut *out, fields).expect("writing JSON to a Vec cannot fail")
         }
+        Payload::Lazy(fields) => fields.write_json(out),
     }
 }
 

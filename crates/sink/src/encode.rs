@@ -46,6 +46,7 @@ pub fn write_json_or_raw(event: &Event, out: &mut Vec<u8>) -> Result<(), String>
         Payload::Fields(f) => {
             serde_json::to_writer(&mut *out, f).map_err(|e| format!("encoding as JSON: {e}"))?
         }
+        Payload::Lazy(l) => l.write_json(out),
     }
     Ok(())
 }

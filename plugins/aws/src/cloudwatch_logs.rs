@@ -244,6 +244,7 @@ impl Encoder for LogEventEncoder {
             Payload::Fields(f) => {
                 serde_json::to_writer(&mut *out, f).map_err(|e| format!("encoding as JSON: {e}"))?
             }
+            Payload::Lazy(f) => f.write_json(out),
         }
         Ok(())
     }

@@ -794,6 +794,11 @@ fn encode(event: &Event, framing: logbus_framing::Framing, out: &mut Vec<u8>) {
             let json = serde_json::to_vec(fields).expect("JSON into a Vec");
             logbus_framing::encode(framing, &json, out);
         }
+        Payload::Lazy(fields) => {
+            let mut json = Vec::new();
+            fields.write_json(&mut json);
+            logbus_framing::encode(framing, &json, out);
+        }
     }
 }
 

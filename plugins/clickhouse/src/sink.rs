@@ -19,8 +19,8 @@ use std::ops::Range;
 use std::time::Duration;
 
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, FieldPath, OptionError, Payload, Sink,
-    SinkContext, StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, Built, Bytes, CheckOptions, Event, FieldPath, OptionError, Sink, SinkContext,
+    StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
     Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
@@ -521,7 +521,7 @@ struct RowEncoder {
 
 impl Encoder for RowEncoder {
     fn encode(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), String> {
-        let Payload::Fields(fields) = event.payload() else {
+        let Some(fields) = event.as_fields() else {
             return Err("a raw event cannot be a ClickHouse row: parse it first".into());
         };
         for c in &self.columns {

@@ -67,9 +67,11 @@ fn raw_input<'a>(
 ) -> Result<&'a [u8], logbus_plugin_api::EventError> {
     match event.payload() {
         logbus_plugin_api::Payload::Raw(bytes) => Ok(bytes),
-        logbus_plugin_api::Payload::Fields(_) => Err(logbus_plugin_api::EventError::new(format!(
-            "the {parser} parser needs a raw event; this one is already parsed"
-        ))),
+        logbus_plugin_api::Payload::Fields(_) | logbus_plugin_api::Payload::Lazy(_) => {
+            Err(logbus_plugin_api::EventError::new(format!(
+                "the {parser} parser needs a raw event; this one is already parsed"
+            )))
+        }
     }
 }
 

@@ -407,6 +407,11 @@ impl Mailer {
                     Payload::Fields(f) => body.push_str(
                         &serde_json::to_string(f).map_err(|e| format!("encoding an event: {e}"))?,
                     ),
+                    Payload::Lazy(f) => {
+                        let mut json = Vec::new();
+                        f.write_json(&mut json);
+                        body.push_str(&String::from_utf8_lossy(&json));
+                    }
                 },
             }
             body.push('\n');

@@ -48,6 +48,15 @@ pub fn encode_message(event: &Event, framing: Framing, buf: &mut Vec<u8>) {
             let json = serde_json::to_vec(fields).expect("writing JSON to a Vec cannot fail");
             logbus_framing::encode(framing, &json, buf);
         }
+        (Payload::Lazy(fields), Framing::Newline) => {
+            fields.write_json(buf);
+            buf.push(b'\n');
+        }
+        (Payload::Lazy(fields), _) => {
+            let mut json = Vec::new();
+            fields.write_json(&mut json);
+            logbus_framing::encode(framing, &json, buf);
+        }
     }
 }
 

@@ -493,6 +493,10 @@ impl JsWorker {
     /// until its result is read back or its error described: getters,
     /// Proxy traps and `toString` run script code in both.
     fn call<'js>(&self, ctx: &Ctx<'js>, event: &mut Event) -> Result<Verdict, EventError> {
+        // The script may change anything: build lazy fields once, here.
+        if let Payload::Lazy(_) = event.payload() {
+            event.payload_mut().materialize();
+        }
         if let Payload::Raw(bytes) = event.payload() {
             let mut map = Fields::new();
             map.insert(

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, OptionError, Payload, Sink, SinkContext, StageError,
+    BuildContext, Built, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
@@ -420,7 +420,7 @@ impl Service for KafkaService {
 
 impl KafkaService {
     fn headers_of(&self, event: &Event) -> Vec<(String, Vec<u8>)> {
-        let Payload::Fields(fields) = event.payload() else {
+        let Some(fields) = event.as_fields() else {
             return Vec::new();
         };
         self.headers

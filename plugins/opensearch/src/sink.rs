@@ -449,6 +449,7 @@ impl Encoder for BulkEncoder {
             Payload::Fields(f) => {
                 serde_json::to_writer(&mut *out, f).map_err(|e| format!("encoding as JSON: {e}"))?
             }
+            Payload::Lazy(f) => f.write_json(out),
             Payload::Raw(b) => {
                 let doc = b.strip_suffix(b"\n").unwrap_or(b);
                 if doc.contains(&b'\n') {

@@ -3,8 +3,8 @@
 //! `formatter: json` (fields become one compact JSON line).
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
-    StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, Fields, LazyFields, OptionError, Payload,
+    Processor, StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -17,6 +17,16 @@ pub struct JsonParserOptions {
     /// instead of treating it as an error.
     #[serde(default)]
     pub wrap_field: Option<String>,
+    /// Keep an object that is already compact JSON as its text until a
+    /// stage reads deeper than its top level: stamping, setting and
+    /// deleting top-level fields and writing JSON out then never build the
+    /// fields. `false` builds every event's fields at once.
+    #[serde(default = "yes")]
+    pub lazy: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl CheckOptions for JsonParserOptions {
@@ -76,6 +86,12 @@ impl Processor for ParseJson {
                 events.push(Event::fields(fields, event.meta().clone()));
             }
             return Ok(Verdict::Replace(events));
+        }
+        if self.0.lazy
+            && let Some(lazy) = LazyFields::parse(bytes.clone())
+        {
+            *event.payload_mut() = Payload::Lazy(lazy);
+            return Ok(Verdict::Keep);
         }
         let fields = match &self.0.wrap_field {
             None => {
@@ -222,14 +238,21 @@ struct FormatJson {
 
 impl Processor for FormatJson {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
-        let Payload::Fields(fields) = event.payload() else {
+        let mut out = Vec::with_capacity(self.size_hint);
+        if let (Payload::Lazy(lazy), false) = (event.payload(), self.options.include_source) {
+            // Untouched entries are copied as they were read.
+            lazy.write_json(&mut out);
+            self.size_hint = out.len() + out.len() / 8;
+            *event.payload_mut() = Payload::Raw(out.into());
+            return Ok(Verdict::Keep);
+        }
+        let Some(fields) = event.as_fields() else {
             return Err(EventError::new(
                 "the json formatter needs a parsed event; this one is raw",
             ));
         };
         // sonic-rs escapes strings with SIMD: with serde_json, string
         // escaping was the largest single cost of the reference pipeline.
-        let mut out = Vec::with_capacity(self.size_hint);
         if self.options.include_source {
             let mut with = fields.clone();
             with.insert(
@@ -268,9 +291,12 @@ mod tests {
     #[test]
     fn parse_then_format_round_trips_and_keeps_order() {
         let mut e = raw(r#"{"z":1,"a":{"b":[1,2]},"m":"x"}"#);
-        ParseJson(JsonParserOptions { wrap_field: None })
-            .process(&mut e)
-            .unwrap();
+        ParseJson(JsonParserOptions {
+            wrap_field: None,
+            lazy: true,
+        })
+        .process(&mut e)
+        .unwrap();
         assert_eq!(
             Value::Object(e.as_fields().unwrap().clone()),
             json!({"z":1,"a":{"b":[1,2]},"m":"x"})
@@ -293,6 +319,7 @@ mod tests {
     fn deep_nesting_is_an_error() {
         let mut p = ParseJson(JsonParserOptions {
             wrap_field: Some("v".into()),
+            lazy: true,
         });
         for deep in ["[".repeat(1 << 20), "{\"a\":".repeat(200_000)] {
             let err = p.process(&mut raw(&deep)).unwrap_err();
@@ -310,6 +337,7 @@ mod tests {
             .spawn(move || {
                 ParseJson(JsonParserOptions {
                     wrap_field: Some("v".into()),
+                    lazy: true,
                 })
                 .process(&mut raw(&at_limit))
                 .unwrap();
@@ -324,7 +352,10 @@ mod tests {
 
     #[test]
     fn errors_say_what_is_wrong() {
-        let mut p = ParseJson(JsonParserOptions { wrap_field: None });
+        let mut p = ParseJson(JsonParserOptions {
+            wrap_field: None,
+            lazy: true,
+        });
         let err = p.process(&mut raw("not json")).unwrap_err();
         assert!(err.0.starts_with("invalid JSON"), "{err}");
         assert!(err.0.contains("line 1 column"), "{err}");
@@ -359,7 +390,10 @@ mod tests {
     /// fields than reserved, and what follows the object are as before.
     #[test]
     fn the_top_level_object_keeps_order_and_refuses_trailing_bytes() {
-        let mut p = ParseJson(JsonParserOptions { wrap_field: None });
+        let mut p = ParseJson(JsonParserOptions {
+            wrap_field: None,
+            lazy: true,
+        });
         let many: Vec<String> = (0..40).map(|i| format!("\"k{i}\":{i}")).collect();
         let mut e = raw(&format!("{{\"b\":1,\"a\":2,\"b\":3,{}}}", many.join(",")));
         p.process(&mut e).unwrap();
@@ -373,7 +407,10 @@ mod tests {
 
     #[test]
     fn an_array_of_objects_becomes_one_event_each() {
-        let mut p = ParseJson(JsonParserOptions { wrap_field: None });
+        let mut p = ParseJson(JsonParserOptions {
+            wrap_field: None,
+            lazy: true,
+        });
         match p.process(&mut raw(r#" [{"a":1},{"b":[2]}]"#)) {
             Ok(Verdict::Replace(events)) => {
                 let got: Vec<Value> = events
@@ -388,6 +425,7 @@ mod tests {
         assert!(matches!(p.process(&mut raw("[]")), Ok(Verdict::Replace(v)) if v.is_empty()));
         let mut wrap = ParseJson(JsonParserOptions {
             wrap_field: Some("v".into()),
+            lazy: true,
         });
         match wrap.process(&mut raw("[1, {\"a\":2}]")) {
             Ok(Verdict::Replace(events)) => assert_eq!(events.len(), 2),
@@ -400,6 +438,7 @@ mod tests {
         let mut e = raw("42");
         ParseJson(JsonParserOptions {
             wrap_field: Some("value".into()),
+            lazy: true,
         })
         .process(&mut e)
         .unwrap();
@@ -419,10 +458,55 @@ mod tests {
         };
         assert!(f.process(&mut raw("x")).is_err());
         let mut e = raw(r#"{"a":1}"#);
-        ParseJson(JsonParserOptions { wrap_field: None })
-            .process(&mut e)
-            .unwrap();
+        ParseJson(JsonParserOptions {
+            wrap_field: None,
+            lazy: true,
+        })
+        .process(&mut e)
+        .unwrap();
         f.process(&mut e).unwrap();
         assert_eq!(&e.as_raw().unwrap()[..], br#"{"a":1,"_source":"src"}"#);
+    }
+
+    /// Lazy and eager parsing are indistinguishable downstream: the same
+    /// fields, the same JSON out, and compact lines really are kept lazy.
+    #[test]
+    fn lazy_and_eager_parsing_agree() {
+        let mut f = FormatJson {
+            options: JsonFormatterOptions {
+                include_source: false,
+            },
+            size_hint: 0,
+        };
+        for (line, kept_lazy) in [
+            (
+                r#"{"seq":1,"msg":"a \"quoted\" word","n":[1,2.5,null],"o":{"k":true}}"#,
+                true,
+            ),
+            (r#"{"a":1,"a":2}"#, false),
+            (r#"{ "spaced" : 1 }"#, false),
+            (r#"{"e":"\u00e9","f":1E3}"#, false),
+            (r#"{}"#, true),
+        ] {
+            let mut outs = Vec::new();
+            for lazy in [true, false] {
+                let mut e = raw(line);
+                ParseJson(JsonParserOptions {
+                    wrap_field: None,
+                    lazy,
+                })
+                .process(&mut e)
+                .unwrap();
+                assert_eq!(
+                    matches!(e.payload(), Payload::Lazy(_)),
+                    lazy && kept_lazy,
+                    "{line}"
+                );
+                let fields = e.as_fields().unwrap().clone();
+                f.process(&mut e).unwrap();
+                outs.push((fields, e.as_raw().unwrap().clone()));
+            }
+            assert_eq!(outs[0], outs[1], "{line}");
+        }
     }
 }

@@ -468,10 +468,65 @@ impl TypedPlugin for FieldsTransform {
     }
 }
 
+impl Plan {
+    /// Whether every operation only writes or deletes fields, never reads
+    /// one: such a plan edits lazy fields without building them.
+    fn writes_only(&self) -> bool {
+        self.copy.is_empty()
+            && self.rename.is_empty()
+            && self.lookup.is_empty()
+            && self.convert.is_empty()
+            && self.case.is_empty()
+            && self
+                .set
+                .iter()
+                .all(|(_, v)| matches!(v, SetValue::Constant(_)))
+    }
+
+    /// A writes-only plan, through the event's own edits.
+    fn write(&self, event: &mut Event) -> Result<Verdict, EventError> {
+        for (path, value) in &self.set {
+            if let SetValue::Constant(v) = value
+                && !event.set_field(path, v.clone())
+            {
+                return Err(needs_fields("fields"));
+            }
+        }
+        for (path, key) in &self.from_meta {
+            if let Some(v) = meta_value(event.meta(), key) {
+                event.set_field(path, v);
+            }
+        }
+        for path in &self.delete {
+            if !event.delete_field(path) {
+                return Err(needs_fields("fields"));
+            }
+        }
+        Ok(Verdict::Keep)
+    }
+}
+
+fn meta_value(meta: &logbus_plugin_api::Meta, key: &MetaKey) -> Option<Value> {
+    match key {
+        MetaKey::Origin => meta.origin.as_deref().map(|o| Value::String(o.into())),
+        MetaKey::Source => Some(Value::String(meta.source.to_string())),
+        MetaKey::Attributes => meta.attributes.as_deref().cloned().map(Value::Object),
+        MetaKey::Attribute(name) => meta
+            .attributes
+            .as_deref()
+            .and_then(|a| name.get(a))
+            .cloned(),
+    }
+}
+
 impl Processor for Plan {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
+        if matches!(event.payload(), Payload::Lazy(_)) && self.writes_only() {
+            return self.write(event);
+        }
         // The fields are written while the meta is read: borrow both halves.
         let EventData { payload, meta } = event.data_mut();
+        payload.materialize();
         let Payload::Fields(fields) = payload else {
             return Err(needs_fields("fields"));
         };
@@ -495,17 +550,7 @@ impl Processor for Plan {
             path.set(fields, v);
         }
         for (path, key) in &self.from_meta {
-            let value = match key {
-                MetaKey::Origin => meta.origin.as_deref().map(|o| Value::String(o.into())),
-                MetaKey::Source => Some(Value::String(meta.source.to_string())),
-                MetaKey::Attributes => meta.attributes.as_deref().cloned().map(Value::Object),
-                MetaKey::Attribute(name) => meta
-                    .attributes
-                    .as_deref()
-                    .and_then(|a| name.get(a))
-                    .cloned(),
-            };
-            if let Some(v) = value {
+            if let Some(v) = meta_value(meta, key) {
                 path.set(fields, v);
             }
         }
@@ -910,5 +955,50 @@ mod tests {
         assert_eq!(opts.check()[0].path, ["from_meta", "x..y"]);
         let empty = FieldsOptions::default();
         assert_eq!(empty.check().len(), 1);
+    }
+
+    /// A plan that only writes edits lazy fields without building them,
+    /// one that reads builds them; either way the result is what the same
+    /// plan does to ordinary fields.
+    #[test]
+    fn lazy_fields_get_the_same_edits_as_ordinary_ones() {
+        use logbus_plugin_api::{Bytes, LazyFields, Payload};
+        let line = r#"{"msg":"hi","tmp":1,"level":"warn","n":{"x":1}}"#;
+        let meta = Meta {
+            source: "logs".into(),
+            ingest_ns: 0,
+            origin: Some("/var/log/a".into()),
+            attributes: None,
+        };
+        for (options, stays_lazy) in [
+            (
+                json!({"set": {"env": "prod", "msg": 2}, "delete": ["tmp", "absent"], "from_meta": {"file": "origin"}}),
+                true,
+            ),
+            (json!({"set": {"n.y": 2}, "delete": ["n.x"]}), false),
+            (json!({"set": {"copy": "{{msg}}"}}), false),
+            (
+                json!({"rename": {"msg": "message"}, "case": {"level": "upper"}}),
+                false,
+            ),
+        ] {
+            let opts: FieldsOptions = serde_json::from_value(options.clone()).unwrap();
+            let mut plan = opts.plan().unwrap();
+            let lazy = LazyFields::parse(Bytes::from_static(line.as_bytes())).unwrap();
+            let mut a = Event::new(Payload::Lazy(lazy), meta.clone());
+            let mut b = Event::fields(serde_json::from_str(line).unwrap(), meta.clone());
+            plan.process(&mut a).unwrap();
+            plan.process(&mut b).unwrap();
+            assert_eq!(
+                matches!(a.payload(), Payload::Lazy(_)),
+                stays_lazy,
+                "{options}"
+            );
+            assert_eq!(a.as_fields(), b.as_fields(), "{options}");
+            let (mut ja, mut jb) = (Vec::new(), Vec::new());
+            a.payload().write_json(&mut ja);
+            b.payload().write_json(&mut jb);
+            assert_eq!(ja, jb, "{options}");
+        }
     }
 }

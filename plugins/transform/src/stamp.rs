@@ -109,9 +109,11 @@ impl Processor for Stamp {
             StampTime::Now => now_ns(),
         };
         let value = format_ns(ns, self.format);
-        let fields = event.fields_mut().ok_or_else(|| needs_fields("stamp"))?;
-        self.field.set(fields, value);
-        Ok(Verdict::Keep)
+        if event.set_field(&self.field, value) {
+            Ok(Verdict::Keep)
+        } else {
+            Err(needs_fields("stamp"))
+        }
     }
 }
 
@@ -166,5 +168,28 @@ mod tests {
             },
         );
         assert!(s.process(&mut raw).is_err());
+    }
+
+    #[test]
+    fn stamps_lazy_fields_without_building_them() {
+        use logbus_plugin_api::{Bytes, LazyFields, Payload};
+        let mut s = Stamp {
+            field: FieldPath::parse("ts").unwrap(),
+            format: StampFormat::UnixNs,
+            time: StampTime::Ingest,
+        };
+        let lazy = LazyFields::parse(Bytes::from_static(br#"{"ts":0,"a":1}"#)).unwrap();
+        let meta = Meta {
+            source: "s".into(),
+            ingest_ns: 42,
+            origin: None,
+            attributes: None,
+        };
+        let mut e = Event::new(Payload::Lazy(lazy), meta);
+        s.process(&mut e).unwrap();
+        let mut json = Vec::new();
+        assert!(matches!(e.payload(), Payload::Lazy(_)));
+        e.payload().write_json(&mut json);
+        assert_eq!(json, br#"{"ts":42,"a":1}"#);
     }
 }

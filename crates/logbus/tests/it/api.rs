@@ -312,7 +312,9 @@ fn a_client_that_never_reads_does_not_slow_the_pipeline() {
         let mut buf = vec![0u8; 4096];
         let n = s.read(&mut buf).unwrap();
         let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-        if head.starts_with("HTTP/1.1 429") || began.elapsed() > Duration::from_secs(10) {
+        // The 64 take their slots as the server gets to them: under a
+        // loaded test run (two cores, the whole suite) that took over 10 s.
+        if head.starts_with("HTTP/1.1 429") || began.elapsed() > Duration::from_secs(60) {
             break head;
         }
         std::thread::sleep(Duration::from_millis(20));
