@@ -265,21 +265,26 @@ fn to_yaml(v: &Value) -> Yaml {
 /// YAML limits an implicit key to 1024 characters as written (escapes
 /// included) and yaml-rust2's emitter writes every key implicitly; keys
 /// with control characters are also where it has been seen to write what
-/// it cannot read back (found by fuzzing). Such documents are checked by
+/// it cannot read back (found by fuzzing), and so are strings that read
+/// back as another type (the emitter writes `0o04` unquoted, which reads
+/// back as the integer 4; found by fuzzing). Such documents are checked by
 /// reading them back.
-fn risky_keys(value: &Value) -> bool {
+fn risky(value: &Value) -> bool {
+    let retyped = |s: &str| !matches!(Yaml::from_str(s), Yaml::String(_));
     match value {
-        Value::Object(map) => map
-            .iter()
-            .any(|(k, v)| k.len() > 100 || k.chars().any(char::is_control) || risky_keys(v)),
-        Value::Array(items) => items.iter().any(risky_keys),
+        Value::Object(map) => map.iter().any(|(k, v)| {
+            k.len() > 100 || k.chars().any(char::is_control) || retyped(k) || risky(v)
+        }),
+        Value::Array(items) => items.iter().any(risky),
+        Value::String(s) => retyped(s),
         _ => false,
     }
 }
 
 /// One document, starting with `---` and ending with a newline. A
-/// document whose field names YAML cannot hold as keys (too long, or
-/// control characters the emitter mishandles) is an error rather than
+/// document the block emitter cannot write so that it reads back the same
+/// is written in flow style instead (JSON, which YAML reads, every string
+/// quoted); one that cannot be held either way is an error rather than
 /// unreadable output.
 pub fn encode(fields: &Fields, out: &mut Vec<u8>) -> Result<(), String> {
     let value = Value::Object(fields.clone());
@@ -287,10 +292,17 @@ pub fn encode(fields: &Fields, out: &mut Vec<u8>) -> Result<(), String> {
     YamlEmitter::new(&mut text)
         .dump(&to_yaml(&value))
         .expect("emitting to a String cannot fail");
-    if risky_keys(&value) && decode(text.as_bytes()).ok() != Some(vec![value]) {
-        return Err(
-            "a field name cannot be written as a YAML key (too long, or control characters)".into(),
+    if risky(&value)
+        && decode(text.as_bytes()).ok().as_deref() != Some(std::slice::from_ref(&value))
+    {
+        let flow = format!(
+            "---\n{}",
+            serde_json::to_string(&value).expect("JSON values serialise")
         );
+        if decode(flow.as_bytes()).ok() != Some(vec![value]) {
+            return Err("the fields cannot be written as YAML that reads back the same".into());
+        }
+        text = flow;
     }
     out.extend_from_slice(text.as_bytes());
     out.push(b'\n');
