@@ -87,15 +87,6 @@ impl LazyFields {
         })
     }
 
-    /// No fields (a placeholder while one is moved out).
-    pub fn empty() -> LazyFields {
-        LazyFields {
-            text: Bytes::from_static(b"{}"),
-            entries: Vec::new(),
-            built: OnceLock::new(),
-        }
-    }
-
     /// The ordinary fields (built on the first call, then kept).
     pub fn fields(&self) -> &Fields {
         self.built.get_or_init(|| self.build())

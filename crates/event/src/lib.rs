@@ -66,8 +66,9 @@ impl Payload {
     /// Turns lazy fields into ordinary ones, for a stage about to change
     /// them through `&mut Fields`.
     pub fn materialize(&mut self) {
-        if let Payload::Lazy(l) = self {
-            let l = std::mem::replace(l, LazyFields::empty());
+        if let Payload::Lazy(_) = self
+            && let Payload::Lazy(l) = std::mem::replace(self, Payload::Raw(Bytes::new()))
+        {
             *self = Payload::Fields(l.into_fields());
         }
     }
