@@ -26,9 +26,10 @@ use futures::FutureExt;
 use logbus_plugin_api::durable::Durable;
 use logbus_plugin_api::{
     BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, Interrupt, Outcome,
-    Output, OutputRole, OutputTargets, Processor, Receiver, Sender, Sink, SinkContext, Source,
-    SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender, attach_error,
-    channel_with_batch, channel_with_latency, durable_channel, local_channel, panic_message,
+    Output, OutputRole, OutputTargets, Processor, ProducerHold, Receiver, Sender, Sink,
+    SinkContext, Source, SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender,
+    attach_error, channel_with_batch, channel_with_latency, durable_channel, local_channel,
+    panic_message,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -670,6 +671,7 @@ impl Supervisor {
             _ => None,
         };
         let workers = spec.workers.max(1);
+        let _spawning = self.hold_outputs([spec.id.as_str()]);
         for (index, built) in built.into_iter().enumerate() {
             let global = self.shutdown.clone();
             match built {
@@ -719,6 +721,21 @@ impl Supervisor {
         }
     }
 
+    /// Keeps the readers of every output of `ids` open while their
+    /// instances are made and spawned. An instance spawned first may end
+    /// before the next one's outputs exist (a short-lived upstream already
+    /// closed the input); were it the last producer then, the readers' list
+    /// would be emptied, and a later instance with events of its own (a
+    /// local queue's frontend consumer, whose ring was filled before it
+    /// started) would count them as discarded.
+    fn hold_outputs<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> Vec<ProducerHold> {
+        ids.into_iter()
+            .filter_map(|id| self.live.get(id))
+            .flat_map(|live| (0..).map_while(|k| live.output(k)))
+            .map(OutputTargets::hold)
+            .collect()
+    }
+
     /// One stage in a processor worker, sending where the stage's live
     /// outputs point.
     fn member(&self, spec: &StageSpec, processor: Box<dyn Processor>) -> Member {
@@ -761,6 +778,7 @@ impl Supervisor {
         let head = specs[0];
         let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
         let workers = head.workers.max(1);
+        let _spawning = self.hold_outputs(specs.iter().map(|s| s.id.as_str()));
         let split = CancellationToken::new();
         let end = ChainEnd {
             ended: Arc::new(tokio::sync::Semaphore::new(0)),

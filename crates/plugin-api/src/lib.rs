@@ -36,7 +36,7 @@ pub use logbus_queue::{
     local_channel,
 };
 pub use metrics::{StageCounts, StageMetrics};
-pub use output::{Output, OutputRole, OutputTargets, Tap};
+pub use output::{Output, OutputRole, OutputTargets, ProducerHold, Tap};
 pub use plugin::{
     BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, OutputSet, Plugin,
     Processor, Sink, SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin,

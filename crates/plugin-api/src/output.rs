@@ -46,6 +46,11 @@ struct TargetsInner {
     tapped: AtomicBool,
     /// Live `Output`s and holds on these targets.
     producers: AtomicUsize,
+    /// The list was emptied because its last producer went, not because
+    /// nobody reads this output: a send now is an engine bug (a producer
+    /// made after the others ended), refused rather than counted as
+    /// discarded, so it fails loudly instead of losing events quietly.
+    closed: AtomicBool,
 }
 
 /// Keeps an output's readers open while it lives (see [`OutputTargets`]).
@@ -54,7 +59,9 @@ pub struct ProducerHold(OutputTargets);
 impl Drop for ProducerHold {
     fn drop(&mut self) {
         if self.0.0.producers.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.set(Vec::new());
+            let mut senders = self.0.0.senders.write().unwrap_or_else(|p| p.into_inner());
+            *senders = Arc::new(Vec::new());
+            self.0.0.closed.store(true, Ordering::Release);
         }
     }
 }
@@ -94,7 +101,13 @@ impl OutputTargets {
     }
 
     pub fn set(&self, senders: Vec<Sender>) {
-        *self.0.senders.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(senders);
+        let mut current = self.0.senders.write().unwrap_or_else(|p| p.into_inner());
+        *current = Arc::new(senders);
+        self.0.closed.store(false, Ordering::Release);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
     }
 
     fn current(&self) -> Arc<Vec<Sender>> {
@@ -226,6 +239,12 @@ impl Output {
         let senders = self.targets.current();
         let started = std::time::Instant::now();
         match senders.as_slice() {
+            [] if self.targets.is_closed() => {
+                tracing::error!(
+                    "a stage sent {n} events on an output its other producers had already closed: refused (an engine bug)"
+                );
+                return Err(SendError(batch));
+            }
             [] => {
                 // Nobody reads this output: dropped on purpose, finished.
                 Event::settle_all(&mut batch, crate::Outcome::Delivered);
@@ -341,6 +360,37 @@ mod tests {
             "closed, with `targets` still held"
         );
         drop(targets);
+    }
+
+    /// A producer made after the last one ended finds its readers gone:
+    /// its send is refused (the stage fails, loudly), never counted as
+    /// discarded; an output nobody was given readers for still discards.
+    #[tokio::test]
+    async fn a_producer_made_after_the_output_closed_is_refused_not_discarded() {
+        let (tx, mut rx) = channel(10);
+        let targets = OutputTargets::new(vec![tx]);
+        let metrics = Arc::new(StageMetrics::default());
+        drop(Output::with_targets(
+            targets.clone(),
+            metrics.clone(),
+            OutputRole::Main,
+        ));
+        assert!(rx.recv().await.is_none(), "the last producer closed it");
+        let late = Output::with_targets(targets.clone(), metrics.clone(), OutputRole::Main);
+        let refused = late.send(events(3)).await.unwrap_err();
+        assert_eq!(refused.0.len(), 3, "the events come back to the stage");
+        let snap = metrics.snapshot();
+        assert_eq!((snap.discarded, snap.events_out), (0, 0));
+
+        let unread = Output::new(Vec::new(), metrics.clone(), OutputRole::Main);
+        unread.send(events(2)).await.unwrap();
+        assert_eq!(metrics.snapshot().discarded, 2);
+
+        // Rewired (a reload gives it readers again): sends are delivered.
+        let (tx, mut rx) = channel(10);
+        targets.set(vec![tx]);
+        late.send(events(1)).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().len(), 1);
     }
 
     fn events(n: usize) -> Vec<Event> {

@@ -214,3 +214,38 @@ async fn local_queues_deliver_every_event_once_and_reconcile() {
     assert_eq!(local.frontend_events + local.backend_events.total(), 40000);
     assert_eq!(local.outstanding, 0);
 }
+
+/// A short-lived upstream can finish before a stage's last worker exists:
+/// the workers that already ended must not close the stage's readers,
+/// or a later worker sends into nothing and its events are counted as
+/// discarded (a clean report with the events missing). Each run races
+/// the engine's spawning against the first workers ending, so it repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_that_end_early_do_not_close_the_stages_readers() {
+    let plugins = TestPlugins::default();
+    let registry = plugins.registry();
+    let global = "stages:
+  gen: { source: generator, count: 2, template: '{\"seq\":{{seq}},\"from\":\"g\"}' }
+  json: { parser: json, inputs: [gen], workers: 4 }
+  out: { sink: collect, inputs: [json] }
+";
+    let local = "stages:
+  gen: { source: generator, count: 2, template: '{\"seq\":{{seq}},\"from\":\"g\"}' }
+  json: { parser: json, inputs: [gen], workers: 2, queue: { scope: local, local: { max_frontends: 3 } } }
+  out: { sink: collect, inputs: [json] }
+";
+    for (name, text) in [("global", global), ("local", local)] {
+        let p = valid(text, &registry);
+        let mut failed = 0;
+        for _ in 0..300 {
+            let report = start(&p, CancellationToken::new()).unwrap().wait().await;
+            if report.totals.committed != 2 || report.totals.discarded != 0 {
+                failed += 1;
+            }
+        }
+        assert_eq!(
+            failed, 0,
+            "{name} queue: {failed} of 300 runs lost their events"
+        );
+    }
+}
