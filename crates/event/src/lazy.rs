@@ -17,7 +17,11 @@
 //! serialiser writes itself, numbers that print back as they read. So the
 //! bytes spliced out are the bytes a parse and a serialise would have made,
 //! and a lazy event and an eager one are indistinguishable downstream.
-//! Anything else is refused by [`LazyFields::parse`] and parsed eagerly.
+//! One exception keeps common lines lazy: a *top-level* number the
+//! serialisers would rewrite (`12.340`, `1E2`) is parsed on the spot and
+//! recorded as an edit, as if a stage had set it, when both serialisers
+//! write the parsed value identically. Anything else is refused by
+//! [`LazyFields::parse`] and parsed eagerly.
 
 use std::sync::OnceLock;
 
@@ -235,6 +239,25 @@ fn needs_escape(s: &str) -> bool {
     s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
+/// Whether a decimal without exponent (`int` the text from its first
+/// integer digit on, `fraction` the digits after the point) is written
+/// back as it reads by both serialisers: at most 15 significant digits
+/// (so it is the shortest text of the double it parses to), no trailing
+/// zero, and a magnitude both write without an exponent (at least
+/// 0.0001, below 10^15). A property test holds this to the serialisers.
+fn plain_decimal_round_trips(int: &[u8], fraction: &[u8]) -> bool {
+    let integer_digits = int.iter().take_while(|b| b.is_ascii_digit()).count();
+    if fraction.last() == Some(&b'0') || integer_digits > 15 {
+        return false;
+    }
+    if int[0] == b'0' {
+        let zeros = fraction.iter().take_while(|&&b| b == b'0').count();
+        zeros <= 3 && fraction.len() - zeros <= 15
+    } else {
+        integer_digits + fraction.len() <= 15
+    }
+}
+
 fn write_string(out: &mut Vec<u8>, s: &str) {
     sonic_rs::to_writer(&mut *out, s).expect("a string serialises into a Vec");
 }
@@ -290,7 +313,12 @@ impl Scan<'_> {
             }
             self.eat(b':')?;
             let va = self.i;
-            self.value(depth + 1)?;
+            // A top-level number the serialisers would write differently
+            // is kept as the value it parses to (see the module's docs).
+            let rewritten = match (&top, self.peek()?) {
+                (Some(_), b'-' | b'0'..=b'9') => self.number()?,
+                _ => self.value(depth + 1).map(|()| None)?,
+            };
             let vb = self.i;
             match top.as_deref_mut() {
                 Some(entries) => {
@@ -299,7 +327,10 @@ impl Scan<'_> {
                     }
                     entries.push(Entry {
                         key: Key::Text(ka as u32, kb as u32),
-                        value: Slot::Text(va as u32, vb as u32),
+                        value: match rewritten {
+                            Some(value) => Slot::Set(value),
+                            None => Slot::Text(va as u32, vb as u32),
+                        },
                     });
                 }
                 None => {
@@ -349,7 +380,11 @@ impl Scan<'_> {
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
-            b'-' | b'0'..=b'9' => self.number(),
+            // Nested, a number the serialisers would rewrite is refused.
+            b'-' | b'0'..=b'9' => match self.number()? {
+                None => Some(()),
+                Some(_) => None,
+            },
             _ => None,
         }
     }
@@ -385,9 +420,14 @@ impl Scan<'_> {
         }
     }
 
-    /// A number that prints back as it reads: a plain integer short enough
-    /// for `i64`, or anything else the serialiser writes identically.
-    fn number(&mut self) -> Option<()> {
+    /// A number: `Some(None)` if it prints back as it reads (a plain
+    /// integer short enough for `i64`, a plain decimal short enough to
+    /// round-trip, or anything else both serialisers write identically);
+    /// `Some(Some(value))` if both serialisers write `value`, what it
+    /// parses to, identically but differently from the text (`1.50`,
+    /// `1E2`); `None` if it is not a number or the serialisers disagree.
+    fn number(&mut self) -> Option<Option<Value>> {
+        let b = self.b;
         let start = self.i;
         self.eat(b'-');
         let digits = self.i;
@@ -401,29 +441,38 @@ impl Scan<'_> {
             _ => return None,
         }
         let integer_digits = self.i - digits;
-        let mut plain = true;
+        let mut fraction = None;
         if self.eat(b'.').is_some() {
-            plain = false;
+            let from = self.i;
             self.digits()?;
+            fraction = Some(&b[from..self.i]);
         }
+        let mut exponent = false;
         if matches!(self.peek(), Some(b'e' | b'E')) {
-            plain = false;
+            exponent = true;
             self.i += 1;
             if matches!(self.peek(), Some(b'+' | b'-')) {
                 self.i += 1;
             }
             self.digits()?;
         }
-        let text = &self.b[start..self.i];
-        if plain && integer_digits <= 18 && text != b"-0" {
-            return Some(());
+        let text = &b[start..self.i];
+        match (fraction, exponent) {
+            (None, false) if integer_digits <= 18 && text != b"-0" => return Some(None),
+            (Some(fraction), false) if plain_decimal_round_trips(&b[digits..], fraction) => {
+                return Some(None);
+            }
+            _ => {}
         }
         // Rare: ask both serialisers (sinks write with either) what they
         // would write.
         let value = sonic_rs::from_slice::<Value>(text).ok()?;
-        let mut again = Vec::with_capacity(text.len());
-        write_value(&mut again, &value);
-        (again == text && serde_json::to_vec(&value).ok()? == text).then_some(())
+        let mut sonic = Vec::with_capacity(text.len() + 8);
+        write_value(&mut sonic, &value);
+        if sonic != serde_json::to_vec(&value).ok()? {
+            return None;
+        }
+        Some((sonic != text).then_some(value))
     }
 
     fn digits(&mut self) -> Option<()> {
@@ -485,10 +534,11 @@ mod tests {
             r#"{"o":{"k":1,"k":2}}"#,
             r#"{"a":"\u0041"}"#,
             r#"{"a":"\/"}"#,
-            r#"{"a":1E2}"#,
-            r#"{"a":1.50}"#,
-            r#"{"a":-0}"#,
-            r#"{"a":12345678901234567890123}"#,
+            r#"{"o":{"a":1E2}}"#,
+            r#"{"a":[1.50]}"#,
+            r#"{"o":{"a":-0}}"#,
+            r#"{"a":[12345678901234567890123]}"#,
+            r#"{"a":1e400}"#,
             r#"[1]"#,
             r#""s""#,
             r#"{"a":1"#,
@@ -499,6 +549,61 @@ mod tests {
             assert!(lazy(text).is_none(), "{text} must not be kept lazy");
         }
         assert!(LazyFields::parse(Bytes::from_static(b"{\"a\":\"\xff\"}")).is_none());
+    }
+
+    /// A top-level number the serialisers would rewrite stays lazy as an
+    /// edit holding what it parses to, written as the eager path writes it.
+    #[test]
+    fn a_top_level_number_the_serialisers_rewrite_is_kept_as_an_edit() {
+        for (text, out) in [
+            (r#"{"a":1.50,"b":"x"}"#, r#"{"a":1.5,"b":"x"}"#),
+            (r#"{"a":1E2}"#, r#"{"a":100.0}"#),
+            (r#"{"a":12.340}"#, r#"{"a":12.34}"#),
+            (r#"{"a":-0}"#, r#"{"a":0.0}"#),
+        ] {
+            let l = lazy(text).unwrap_or_else(|| panic!("{text} refused"));
+            let (fields, eager_out) = eager(text).unwrap();
+            assert_eq!(written(&l), out, "{text}");
+            assert_eq!(eager_out, out, "{text}: the eager path agrees");
+            assert_eq!(serde_json::to_string(&fields).unwrap(), out);
+            assert_eq!(l.fields(), &fields);
+        }
+    }
+
+    /// Plain decimals the fast path keeps as text are written back as they
+    /// read; at its edges it defers to the serialisers.
+    #[test]
+    fn plain_decimals_at_the_fast_paths_edges() {
+        let fast = |t: &str| {
+            let (int, frac) = t.trim_start_matches('-').split_once('.').unwrap();
+            let _ = int;
+            plain_decimal_round_trips(t.trim_start_matches('-').as_bytes(), frac.as_bytes())
+        };
+        for t in [
+            "0.0001",
+            "-0.0001",
+            "0.5",
+            "12.34",
+            "99999999999999.9",
+            "0.000123456789012345",
+            "123456789012345.0",
+        ] {
+            if fast(t) {
+                let v: Value = sonic_rs::from_str(t).unwrap();
+                assert_eq!(sonic_rs::to_string(&v).unwrap(), t);
+                assert_eq!(serde_json::to_string(&v).unwrap(), t);
+            }
+        }
+        assert!(fast("0.0001") && fast("99999999999999.9") && fast("0.000123456789012345"));
+        for t in [
+            "0.00001",
+            "1.10",
+            "1234567890123456.1",
+            "1.0",
+            "0.1234567890123456",
+        ] {
+            assert!(!fast(t), "{t} taken by the fast path");
+        }
     }
 
     #[test]
@@ -660,19 +765,42 @@ mod properties {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
-        /// The module's invariant: text kept lazy is exactly what the
-        /// eager path (parse, then serialise) writes, and builds the same
-        /// fields.
+        /// The module's invariant: lazy fields write exactly what the
+        /// eager path (parse, then serialise with either serialiser)
+        /// writes, and build the same fields; text without a rewritten
+        /// number is written back byte for byte.
         #[test]
-        fn what_is_kept_lazy_round_trips_byte_for_byte(text in object()) {
+        fn what_is_kept_lazy_writes_what_the_eager_path_writes(text in object()) {
             if let Some(l) = LazyFields::parse(Bytes::from(text.clone())) {
                 let fields: Fields = sonic_rs::from_str(&text).expect("accepted text parses");
-                prop_assert_eq!(sonic_rs::to_string(&fields).unwrap(), text.clone());
-                prop_assert_eq!(serde_json::to_string(&fields).unwrap(), text.clone());
-                prop_assert_eq!(l.fields(), &fields);
                 let mut out = Vec::new();
                 l.write_json(&mut out);
-                prop_assert_eq!(String::from_utf8(out).unwrap(), text);
+                let out = String::from_utf8(out).unwrap();
+                prop_assert_eq!(sonic_rs::to_string(&fields).unwrap(), out.clone());
+                prop_assert_eq!(serde_json::to_string(&fields).unwrap(), out.clone());
+                prop_assert_eq!(l.fields(), &fields);
+                if l.entries.iter().all(|e| matches!(e.value, Slot::Text(..))) {
+                    prop_assert_eq!(out, text);
+                }
+            }
+        }
+
+        /// The plain-decimal fast path claims only text both serialisers
+        /// write back as it reads.
+        #[test]
+        fn the_plain_decimal_fast_path_agrees_with_the_serialisers(
+            negative in any::<bool>(),
+            int in prop_oneof!["0", "[1-9][0-9]{0,3}", "[1-9][0-9]{9,15}"],
+            zeros in 0usize..6,
+            frac in "[0-9]{0,13}[1-9]",
+        ) {
+            let fraction = format!("{}{}", "0".repeat(zeros), frac);
+            let text = format!("{}{int}.{fraction}", if negative { "-" } else { "" });
+            let digits = text.trim_start_matches('-');
+            if plain_decimal_round_trips(digits.as_bytes(), fraction.as_bytes()) {
+                let v: Value = sonic_rs::from_str(&text).unwrap();
+                prop_assert_eq!(sonic_rs::to_string(&v).unwrap(), text.clone());
+                prop_assert_eq!(serde_json::to_string(&v).unwrap(), text);
             }
         }
 
