@@ -44,9 +44,10 @@ proptest! {
         }
     }
 
-    /// Garbage after a valid magic is an error, never a panic.
+    /// Garbage after a valid magic never panics (it may even decode: raw
+    /// deflate has no checksum).
     #[test]
-    fn corrupt_input_is_an_error_not_a_panic(tail in prop::collection::vec(any::<u8>(), 0..200)) {
+    fn corrupt_input_never_panics(tail in prop::collection::vec(any::<u8>(), 0..200)) {
         for format in ALL.into_iter().skip(1) {
             let mut packed = compress(b"hello hello hello", format);
             let keep = packed.len().min(6);
@@ -152,5 +153,32 @@ fn concatenated_streams_read_back_whole() {
             b"first\nsecond\n",
             "{format:?}"
         );
+    }
+}
+
+/// A stream whose checksum does not match what it decodes to is an error,
+/// for the formats that carry one.
+#[test]
+fn a_damaged_stream_with_a_checksum_is_an_error() {
+    let data = b"hello hello hello, a line to check";
+    for format in [Compression::Gzip, Compression::Snappy] {
+        let mut packed = compress(data, format);
+        // Gzip: the last 8 bytes are the CRC-32 and the length; snappy:
+        // the last byte is the literal's, covered by the chunk's CRC-32C.
+        let at = packed.len() - if format == Compression::Gzip { 6 } else { 1 };
+        packed[at] ^= 0x55;
+        assert!(
+            decompress(&packed, ReadCompression::Auto).is_err(),
+            "{format:?} took a damaged stream"
+        );
+    }
+    let mut gz = compress(data, Compression::Gzip);
+    let n = gz.len();
+    gz[n - 6] ^= 0x55;
+    match logbus_compress::decode_content("gzip", &gz, 1 << 20) {
+        Err(logbus_compress::Undecodable::Malformed(m)) => {
+            assert!(m.starts_with("gzip body: "), "{m}")
+        }
+        other => panic!("{other:?}"),
     }
 }

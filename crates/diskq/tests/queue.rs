@@ -1,37 +1,28 @@
 //! The queue against a real filesystem: persistence, out-of-order
 //! acknowledgement, damage of every kind, full-disk policies, and crashes
-//! (the test binary re-runs itself as the process that gets killed).
+//! (a helper binary, `logbus-diskq-crash-child`, is the process that
+//! gets killed).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use logbus_diskq::{
-    Appended, Config, DiskQueue, Error, ReadBatch, RecordBatch, WhenFull, inspect, list_segments,
-    segment_path,
+    Appended, Config, DiskQueue, Error, RecordBatch, WhenFull, inspect, list_segments, segment_path,
 };
+
+mod support;
+
+use support::records::{batch, seqs};
+
+/// The crash child (see its module docs).
+const CHILD: &str = env!("CARGO_BIN_EXE_logbus-diskq-crash-child");
 
 fn config(dir: &Path) -> Config {
     Config {
         segment_bytes: 4096,
         ..Config::new(dir)
     }
-}
-
-fn batch(from: u64, n: u64) -> RecordBatch {
-    let mut b = RecordBatch::new(false);
-    for i in from..from + n {
-        assert!(b.push(format!("record {i:06} {}", "x".repeat((i % 50) as usize)).as_bytes()));
-    }
-    b
-}
-
-fn seqs(b: &ReadBatch) -> Vec<u64> {
-    b.payloads()
-        .map(|p| std::str::from_utf8(&p[7..13]).unwrap().parse().unwrap())
-        .collect()
 }
 
 /// Reads everything readable now, acknowledging as it goes.
@@ -408,111 +399,7 @@ fn a_full_queue_under_backpressure_waits_for_consumers() {
     assert_eq!(q.snapshot().dropped_newest + q.snapshot().dropped_oldest, 0);
 }
 
-// ---- crashes and a full disk: the test re-runs itself as a child ----
-
-const CHILD: &str = "LOGBUS_DISKQ_CHILD";
-
-/// The child: a producer appending numbered records from `from` (printing
-/// `acked N` once record N is acknowledged) and `consumers` tasks writing
-/// what they read to `delivered` before acknowledging it.
-fn child_main(
-    dir: &Path,
-    from: u64,
-    count: u64,
-    consumers: usize,
-    delivered: &Path,
-    hold_until_full: bool,
-) {
-    let cfg = Config {
-        segment_bytes: 64 << 10,
-        ..Config::new(dir)
-    };
-    let (q, _) = DiskQueue::open(cfg).unwrap();
-    let q = Arc::new(q);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut tasks = Vec::new();
-        for c in 0..consumers {
-            let q = q.clone();
-            let delivered = delivered.to_owned();
-            tasks.push(tokio::spawn(async move {
-                let mut out = std::fs::OpenOptions::new()
-                    .append(true)
-                    .create(true)
-                    .open(delivered)
-                    .unwrap();
-                let mut spin = c as u64;
-                // The disk-full test: consume only once the disk is full.
-                while hold_until_full
-                    && q.counters()
-                        .write_errors
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                        == 0
-                {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                loop {
-                    let readable = q.readable();
-                    tokio::pin!(readable);
-                    readable.as_mut().enable();
-                    if let Some(b) = q.try_read(1 + c * 13).unwrap() {
-                        let text: String = seqs(&b).iter().map(|s| format!("{s}\n")).collect();
-                        out.write_all(text.as_bytes()).unwrap();
-                        spin = spin.wrapping_mul(31).wrapping_add(7);
-                        if spin.is_multiple_of(3) {
-                            tokio::task::yield_now().await;
-                        }
-                        continue;
-                    }
-                    if q.is_drained() {
-                        break;
-                    }
-                    readable.await;
-                }
-            }));
-        }
-        let mut stdout = std::io::stdout();
-        let mut next = from;
-        while next < from + count {
-            let n = (1 + next % 37).min(from + count - next);
-            q.append(batch(next, n)).await.unwrap();
-            next += n;
-            writeln!(stdout, "acked {}", next - 1).unwrap();
-            stdout.flush().unwrap();
-        }
-        q.close();
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
-    println!(
-        "done write_errors={}",
-        q.counters()
-            .write_errors
-            .load(std::sync::atomic::Ordering::Relaxed)
-    );
-}
-
-#[test]
-fn child_process() {
-    // Not a test on its own: the body of the crash and disk-full tests.
-    let Ok(args) = std::env::var(CHILD) else {
-        return;
-    };
-    let a: Vec<&str> = args.split(',').collect();
-    child_main(
-        Path::new(a[0]),
-        a[1].parse().unwrap(),
-        a[2].parse().unwrap(),
-        a[3].parse().unwrap(),
-        Path::new(a[4]),
-        a.get(5) == Some(&"hold"),
-    );
-}
+// ---- crashes and a full disk: a helper binary is the child ----
 
 fn spawn_child(
     dir: &Path,
@@ -521,21 +408,10 @@ fn spawn_child(
     consumers: usize,
     delivered: &Path,
 ) -> std::process::Child {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            CHILD,
-            format!(
-                "{},{from},{count},{consumers},{}",
-                dir.display(),
-                delivered.display()
-            ),
-        )
+    std::process::Command::new(CHILD)
+        .arg(dir)
+        .args([from.to_string(), count.to_string(), consumers.to_string()])
+        .arg(delivered)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -620,13 +496,11 @@ fn a_full_filesystem_holds_producers_back_until_space_returns() {
     let mount = dir.path().join("tmpfs");
     std::fs::create_dir(&mount).unwrap();
     let delivered = dir.path().join("delivered");
-    let exe = std::env::current_exe().unwrap();
     // 30,000 records of ~60 bytes: ~2 MiB through a 1 MiB filesystem.
     let script = format!(
-        "mount -t tmpfs -o size=1m none {m} && {CHILD}={m}/q,0,30000,2,{d},hold exec {exe} --exact child_process --nocapture --test-threads=1",
+        "mount -t tmpfs -o size=1m none {m} && exec {CHILD} {m}/q 0 30000 2 {d} hold",
         m = mount.display(),
         d = delivered.display(),
-        exe = exe.display()
     );
     let out = std::process::Command::new("unshare")
         .args(["-Urm", "sh", "-c", &script])

@@ -113,8 +113,29 @@ fn events_survive_a_restart_and_a_failed_consumers_batches_come_back() {
 #[test]
 fn a_consumer_retries_a_failing_segment_then_goes_on_past_it_with_the_loss_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let (tx, mut rx) = durable_channel(64, 16, false, None, open(dir.path(), DurableKind::Disk));
+    {
+        // Written by an earlier run, so that no writer thread is still
+        // publishing (and waking the consumer in real time) while the
+        // retries below run on the paused clock.
+        let (tx, rx) = durable_channel(64, 16, false, None, open(dir.path(), DurableKind::Disk));
+        rt().block_on(async move {
+            for i in 0..50 {
+                tx.send(events(i * 10, 10)).await.unwrap();
+            }
+        });
+        drop(rx);
+    }
+    let durable = open(dir.path(), DurableKind::Disk);
+    assert_eq!(durable.recovery().records, 500);
+    let (tx, mut rx) = durable_channel(64, 16, false, None, durable);
+    drop(tx);
     let handle = rx.handle();
+    // A directory where the first segment was: it opens, and every read of
+    // it fails (EISDIR) — an I/O error, not damage.
+    let first = logbus_diskq::list_segments(dir.path()).unwrap()[0];
+    let path = logbus_diskq::segment_path(dir.path(), first);
+    std::fs::rename(&path, dir.path().join("aside")).unwrap();
+    std::fs::create_dir(&path).unwrap();
     // A paused clock: the pauses between retries take no real time, and
     // their sum is exact.
     let paused = tokio::runtime::Builder::new_current_thread()
@@ -123,26 +144,15 @@ fn a_consumer_retries_a_failing_segment_then_goes_on_past_it_with_the_loss_count
         .build()
         .unwrap();
     let (got, waited) = paused.block_on(async move {
-        for i in 0..50 {
-            tx.send(events(i * 10, 10)).await.unwrap();
-        }
-        // A directory where the first segment was: it opens, and every
-        // read of it fails (EISDIR) — an I/O error, not damage.
-        let first = logbus_diskq::list_segments(dir.path()).unwrap()[0];
-        let path = logbus_diskq::segment_path(dir.path(), first);
-        std::fs::rename(&path, dir.path().join("aside")).unwrap();
-        std::fs::create_dir(&path).unwrap();
-        drop(tx);
         // The consumer retries the read every 100 ms; the queue gives up on
         // that segment after ten tries, and the stream goes on and ends.
         let start = tokio::time::Instant::now();
         let got = receive_all(&mut rx).await;
         (got, start.elapsed())
     });
-    // Up to nine 100 ms pauses between ten failed reads; a wake-up from
-    // the queue closing (or a late publication) may cut one or two short.
-    // Without the pauses the ten tries pass in no time at all.
-    assert!(waited >= Duration::from_millis(500), "{waited:?}");
+    // Nine 100 ms pauses between ten failed reads, nothing waking the
+    // consumer early. Without the pauses the ten tries pass in no time.
+    assert_eq!(waited, Duration::from_millis(900));
     let lost = 500 - got.len() as u64;
     assert!(lost > 0 && lost < 500, "lost {lost}");
     assert_eq!(got, (lost as usize..500).collect::<Vec<_>>());

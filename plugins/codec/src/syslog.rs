@@ -147,7 +147,10 @@ fn structured_data(c: &mut Cursor<'_>) -> Result<Map<String, Value>, DecodeError
             c.at += 1;
         }
         if c.at == start {
-            return Err(DecodeError::at(start, "an SD-ELEMENT without an id"));
+            return Err(match c.peek() {
+                Some(b' ' | b']') | None => DecodeError::at(start, "an SD-ELEMENT without an id"),
+                Some(_) => DecodeError::at(start, "a character not allowed in an SD-ID"),
+            });
         }
         match c.peek() {
             Some(b' ' | b']') => {}

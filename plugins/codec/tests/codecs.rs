@@ -430,10 +430,12 @@ fn fuzz_regressions() {
 #[test]
 fn a_control_character_in_an_sd_id_is_an_error() {
     let e = syslog::decode(b"<0>1 555<\x0f - - - - [\x1d] x", syslog::Format::Rfc5424).unwrap_err();
-    assert!(
-        e.message.contains("SD-ELEMENT without an id") || e.message.contains("not allowed"),
-        "{e}"
+    assert_eq!(
+        e.to_string(),
+        "a character not allowed in an SD-ID (at byte 20)"
     );
+    let e = syslog::decode(b"<0>1 - - - - - [] x", syslog::Format::Rfc5424).unwrap_err();
+    assert_eq!(e.to_string(), "an SD-ELEMENT without an id (at byte 16)");
 }
 
 // ---------- yaml ----------

@@ -150,9 +150,21 @@ async fn run_sink_with_dead(
     n: usize,
     dead: Option<logbus_plugin_api::Sender>,
 ) -> (Result<(), String>, Arc<StageMetrics>) {
+    let metrics = Arc::new(StageMetrics::default());
+    let result = run_sink_counting(options, n, dead, metrics.clone()).await;
+    (result, metrics)
+}
+
+/// As [`run_sink_with_dead`], counting into `metrics`, which the caller
+/// can watch while the sink runs.
+async fn run_sink_counting(
+    options: serde_json::Value,
+    n: usize,
+    dead: Option<logbus_plugin_api::Sender>,
+    metrics: Arc<StageMetrics>,
+) -> Result<(), String> {
     let sink = testing::sink(&Typed(logbus_http::sink::HttpSink), options);
     let (tx, rx) = channel(1000);
-    let metrics = Arc::new(StageMetrics::default());
     let mut sink_cx = SinkContext::new("ship", rx, metrics.clone());
     if let Some(dead) = dead {
         sink_cx.dead = Output::new(vec![dead], metrics.clone(), OutputRole::Errors);
@@ -170,7 +182,7 @@ async fn run_sink_with_dead(
     let result = sink.run(&mut sink_cx).await.map_err(|e| e.to_string());
     drop(sink_cx);
     feeder.await.unwrap();
-    (result, metrics)
+    result
 }
 
 fn seqs(lines: &[String]) -> Vec<usize> {
@@ -248,25 +260,36 @@ async fn a_destination_that_is_down_holds_the_batch_until_it_comes_up() {
     drop(listener);
     let server = Arc::new(Server::default());
     let url = format!("http://{addr}/ingest");
+    let metrics = Arc::new(StageMetrics::default());
+    // The destination comes up once the sink has been refused and has
+    // retried twice: what the sink did, not how long it had.
     let up = {
-        let server = server.clone();
+        let (server, metrics) = (server.clone(), metrics.clone());
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while metrics.snapshot().retried < 2 {
+                assert!(tokio::time::Instant::now() < deadline, "no retry in 30 s");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
             let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
             serve(listener, server).await;
         })
     };
-    let (result, metrics) = run_sink(
+    run_sink_counting(
         json!({ "url": url, "retry_initial_backoff_ms": 5, "retry_max_backoff_ms": 50, "batch_timeout_ms": 1 }),
         20,
+        None,
+        metrics.clone(),
     )
-    .await;
-    result.unwrap();
+    .await
+    .unwrap();
     assert_eq!(
         seqs(&server.accepted.lock().unwrap()),
         (0..20).collect::<Vec<_>>()
     );
-    assert_eq!(metrics.snapshot().events_out, 20);
+    let counts = metrics.snapshot();
+    assert_eq!(counts.events_out, 20);
+    assert!(counts.retried >= 2, "retried {}", counts.retried);
     up.abort();
 }
 

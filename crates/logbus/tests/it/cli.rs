@@ -1,7 +1,7 @@
 //! The `logbus` command as a user runs it: exit codes, report formats,
 //! stdin/file end to end, and SIGTERM in the middle of a large input.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -254,10 +254,19 @@ fn graph_plugins_and_version() {
         .arg(&p)
         .output()
         .unwrap();
-    assert!(
-        stdout(&o).contains("\"read\" -> \"json\";"),
-        "{}",
-        stdout(&o)
+    assert_eq!(
+        stdout(&o),
+        concat!(
+            "digraph logbus {\n",
+            "  rankdir=LR;\n",
+            "  node [fontname=\"monospace\"];\n",
+            "  \"read\" [shape=invhouse, label=\"read\\nsource stdin\"];\n",
+            "  \"json\" [shape=box, label=\"json\\nparser json\"];\n",
+            "  \"out\" [shape=house, label=\"out\\nsink stdout\"];\n",
+            "  \"read\" -> \"json\";\n",
+            "  \"json\" -> \"out\";\n",
+            "}\n",
+        )
     );
     let o = logbus().arg("graph").arg(&p).output().unwrap();
     assert_eq!(
@@ -865,7 +874,7 @@ fn stdin_stops_reading_while_the_pipeline_is_full() {
             .unwrap()
             .success()
     );
-    let _never_read = std::fs::OpenOptions::new()
+    let mut not_read_yet = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(0o4000)
         .open(&fifo)
@@ -921,9 +930,44 @@ fn stdin_stops_reading_while_the_pipeline_is_full() {
     // Held back far below what it wanted to write: 64-event channels, a
     // 256 KiB sink buffer, the reader's chunk and the pipes' buffers.
     assert!(last < 16 << 20, "{last} bytes were taken from stdin");
+    // Held back, not stopped: the engine runs, the writer is blocked in a
+    // write (not gone after a failed one), and reading the FIFO lets
+    // stdin flow again.
+    assert!(child.try_wait().unwrap().is_none(), "logbus exited");
+    assert!(
+        !writer.is_finished(),
+        "the writer gave up: stdin was closed"
+    );
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let drain = {
+        let draining = draining.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 16];
+            while draining.load(Ordering::SeqCst) {
+                match not_read_yet.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(e) => panic!("reading the FIFO: {e}"),
+                }
+            }
+        })
+    };
+    let resumed = Instant::now();
+    while written.load(Ordering::SeqCst) <= last + (1 << 20) {
+        assert!(
+            resumed.elapsed() < Duration::from_secs(60),
+            "stdin did not flow again once the sink could write"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     child.kill().unwrap();
     child.wait().unwrap();
     writer.join().unwrap();
+    draining.store(false, Ordering::SeqCst);
+    drain.join().unwrap();
 }
 
 #[test]

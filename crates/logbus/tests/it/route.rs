@@ -189,3 +189,36 @@ async fn a_source_hears_of_an_event_once_every_routes_copy_is_finished() {
     let report = running.wait().await;
     assert_eq!(report.totals.lost, 0, "{report}");
 }
+
+/// `logbus graph --format dot`: every stage with the shape of its kind,
+/// every edge, the `<id>.errors` side output dashed and labelled, a
+/// route's named outputs solid and labelled.
+#[test]
+fn the_dot_graph_draws_every_stage_and_edge_in_its_style() {
+    let plugins = TestPlugins::default();
+    let text = "stages:
+  gen: { source: generator, count: 1 }
+  json: { parser: json, inputs: [gen], on_error: route }
+  split: { transform: route, inputs: [json], routes: { fast: 'seq < 1' } }
+  out: { sink: collect, inputs: [split.fast, split._unmatched] }
+  bad: { sink: collect, inputs: [json.errors] }
+";
+    let p = valid(text, &plugins.registry());
+    let dot = logbus_core::graph::to_dot(&p);
+    let expected = r#"digraph logbus {
+  rankdir=LR;
+  node [fontname="monospace"];
+  "gen" [shape=invhouse, label="gen\nsource generator"];
+  "json" [shape=box, label="json\nparser json"];
+  "split" [shape=box, label="split\ntransform route"];
+  "out" [shape=house, label="out\nsink collect"];
+  "bad" [shape=house, label="bad\nsink collect"];
+  "gen" -> "json";
+  "json" -> "split";
+  "split" -> "out" [style=solid, label="fast"];
+  "split" -> "out" [style=solid, label="_unmatched"];
+  "json" -> "bad" [style=dashed, label="errors"];
+}
+"#;
+    assert_eq!(dot, expected);
+}
