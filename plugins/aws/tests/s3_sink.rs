@@ -76,9 +76,10 @@ fn seqs(text: &str) -> Vec<u64> {
 /// date), gzip-compressed as written, as NDJSON; an object's events are
 /// confirmed only once the object exists, which is when the input ends
 /// here (no size or age limit is reached).
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_per_prefix_are_confirmed_only_once_written() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "prefix");
     let heard = Arc::new(Heard::default());
     let s = sink(options(
@@ -137,9 +138,10 @@ async fn objects_per_prefix_are_confirmed_only_once_written() {
 /// An object larger than a part goes up as a multipart upload (its ETag
 /// ends in `-<parts>`), every byte in order, and is finished once it holds
 /// `max_object_bytes`; the next events start a new object.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_object_is_uploaded_in_parts() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "parts");
     let heard = Arc::new(Heard::default());
     // ~12 MiB per object of 200-byte lines, uncompressed: three parts of
@@ -192,9 +194,10 @@ async fn a_large_object_is_uploaded_in_parts() {
 
 /// An object is finished `max_object_age_ms` after its first event, while
 /// the input stays open.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_is_finished_when_it_is_old_enough() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "age");
     let heard = Arc::new(Heard::default());
     let s = sink(options(
@@ -223,9 +226,10 @@ async fn an_object_is_finished_when_it_is_old_enough() {
 /// A shutdown request finishes the open objects as soon as no input is
 /// ready, while the input is still open: the sources wait for their
 /// events' acknowledgements before they end the input.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_request_finishes_open_objects_before_the_input_ends() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "shutdown");
     let heard = Arc::new(Heard::default());
     let s = sink(options(&url, &b, json!({})));
@@ -265,9 +269,10 @@ async fn a_shutdown_request_finishes_open_objects_before_the_input_ends() {
 
 /// More prefixes than `max_open_objects`: the oldest object is finished to
 /// make room, so memory stays at that many parts.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_prefix_beyond_the_open_limit_finishes_the_oldest() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "open");
     let heard = Arc::new(Heard::default());
     let batch = |token: u64, service: &str| {
@@ -302,9 +307,10 @@ async fn a_new_prefix_beyond_the_open_limit_finishes_the_oldest() {
 
 /// Wrong keys: the server refuses the signature, the stage ends saying
 /// so, and no event is confirmed.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_fail_clearly_and_confirm_nothing() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "creds");
     let heard = Arc::new(Heard::default());
     let (result, metrics) = testing::run_sink(
@@ -328,9 +334,10 @@ async fn wrong_credentials_fail_clearly_and_confirm_nothing() {
 }
 
 /// A bucket that does not exist is named in the error.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_is_named() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let heard = Arc::new(Heard::default());
     let (result, _) = testing::run_sink(
         sink(options(&url, "no-such-bucket-here", json!({}))),
@@ -435,9 +442,10 @@ fn option_errors_name_the_option() {
 /// float becomes a float; a field first seen later is added). A row that
 /// clashes with the fixed schema of an object starts the next object;
 /// nothing is lost or refused.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_objects_hold_row_groups_and_a_clashing_row_starts_the_next() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "parquet");
     let heard = Arc::new(Heard::default());
     let ack = BatchAck::new(heard.clone(), 1);
@@ -521,9 +529,10 @@ async fn parquet_objects_hold_row_groups_and_a_clashing_row_starts_the_next() {
 /// `object_format: parquet` with a configured schema: events outside it are
 /// refused and go to `<id>.dead` with the reason; the rest are stored, and
 /// the object is split into parts once its row groups pass a part's size.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_objects_with_a_schema_refuse_what_does_not_fit_to_dead() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "parquet-schema");
     let heard = Arc::new(Heard::default());
     let n = 60_000u64;
@@ -623,9 +632,10 @@ async fn parquet_objects_with_a_schema_refuse_what_does_not_fit_to_dead() {
 /// block per `block_events`, deflate-compressed; events that do not
 /// resolve against the schema are refused and counted errored when no
 /// `<id>.dead` is connected.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_objects_are_containers_of_blocks() {
-    let Some(url) = endpoint() else { return };
+    let url = endpoint();
     let b = bucket(&url, "avro");
     let heard = Arc::new(Heard::default());
     let ack = BatchAck::new(heard.clone(), 1);

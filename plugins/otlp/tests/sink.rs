@@ -226,17 +226,13 @@ async fn a_refused_request_is_not_retried() {
 /// The OpenTelemetry Collector's OTLP receiver takes what the sink sends
 /// over both transports; its file exporter's output holds each record
 /// with resource, scope, severity, attributes and trace context.
+#[ignore = "needs an OpenTelemetry Collector (.ci/services up otel); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_collector_receives_every_record() {
-    let up = std::net::TcpStream::connect(("127.0.0.1", 4327)).is_ok();
     assert!(
-        up || std::env::var_os("LOGBUS_REQUIRE_OTEL").is_none(),
+        std::net::TcpStream::connect(("127.0.0.1", 4327)).is_ok(),
         "an OpenTelemetry Collector on 127.0.0.1:4327 is required (.ci/services up otel)"
     );
-    if !up {
-        eprintln!("skipped: no OpenTelemetry Collector on 127.0.0.1:4327 (.ci/services up otel)");
-        return;
-    }
     let services =
         std::env::var("LOGBUS_SERVICES").unwrap_or_else(|_| "/var/tmp/logbus-services".into());
     let file = format!("{services}/run/otel/logs.jsonl");
@@ -573,20 +569,17 @@ fn closed_by_server(mut s: &std::net::TcpStream) -> bool {
 /// The Collector's OTLP/gRPC receiver over TLS (a collector this test
 /// starts, with its own certificate): the sink verifies the certificate
 /// against the private CA and negotiates `h2`, as grpc-go insists.
+#[ignore = "needs the OpenTelemetry Collector binary (.ci/services up otel builds it); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_collector_receives_over_grpc_with_tls() {
     let services =
         std::env::var("LOGBUS_SERVICES").unwrap_or_else(|_| "/var/tmp/logbus-services".into());
     let bin = std::path::Path::new(&services).join("go/bin/otelcol-logbus");
     assert!(
-        bin.exists() || std::env::var_os("LOGBUS_REQUIRE_OTEL").is_none(),
+        bin.exists(),
         "the OpenTelemetry Collector is required at {} (.ci/services up otel builds it)",
         bin.display()
     );
-    if !bin.exists() {
-        eprintln!("skipped: no OpenTelemetry Collector at {}", bin.display());
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = localhost_cert(dir.path());
     let port = free_port();

@@ -1,8 +1,9 @@
 //! What the S3 tests share: the S3-compatible server `.ci/services up s3`
 //! starts (MinIO on 127.0.0.1:9002, or `LOGBUS_S3_ENDPOINT`), its keys,
 //! and boto3, the independent client that creates buckets and reads back
-//! what the sink wrote. Without a server the tests skip, unless
-//! `LOGBUS_REQUIRE_S3` is set (CI sets it).
+//! what the sink wrote. The tests that need them are ignored unless run
+//! with `--include-ignored` (CI does); then a missing server or boto3 fails
+//! them.
 #![allow(dead_code)]
 
 use std::process::Command;
@@ -12,26 +13,27 @@ use serde_json::Value;
 pub const ACCESS_KEY: &str = "logbus";
 pub const SECRET_KEY: &str = "logbus-secret";
 
-pub fn endpoint() -> Option<String> {
+/// The S3 server's URL; fails the test unless it answers and boto3 is
+/// installed.
+pub fn endpoint() -> String {
     let url =
         std::env::var("LOGBUS_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9002".into());
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches('/')
         .to_string();
-    let up = std::net::TcpStream::connect(&addr).is_ok()
-        && Command::new("python3")
+    assert!(
+        std::net::TcpStream::connect(&addr).is_ok(),
+        "an S3 server at {url} is required (.ci/services up s3, or set LOGBUS_S3_ENDPOINT)"
+    );
+    assert!(
+        Command::new("python3")
             .args(["-c", "import boto3"])
             .output()
-            .is_ok_and(|o| o.status.success());
-    assert!(
-        up || std::env::var_os("LOGBUS_REQUIRE_S3").is_none(),
-        "an S3 server at {url} and boto3 are required (.ci/services up s3; pip install boto3)"
+            .is_ok_and(|o| o.status.success()),
+        "python3 with boto3 is required (pip install boto3)"
     );
-    if !up {
-        eprintln!("skipped: no S3 server at {url} (or no boto3)");
-    }
-    up.then_some(url)
+    url
 }
 
 /// Runs a boto3 snippet with `s3` (a client of the test server) and
@@ -134,23 +136,20 @@ pub fn uploaded_parts(endpoint: &str, bucket: &str) -> usize {
 
 /// The CloudWatch Logs test server (`moto_server`, `.ci/services up
 /// cloudwatch`, on 127.0.0.1:4566, or `LOGBUS_CLOUDWATCH_ENDPOINT`).
-/// Without it the tests skip, unless `LOGBUS_REQUIRE_CLOUDWATCH` is set.
-pub fn cloudwatch() -> Option<String> {
+/// Fails the test unless it answers (the tests that call this are ignored
+/// unless run with `--include-ignored`).
+pub fn cloudwatch() -> String {
     let url = std::env::var("LOGBUS_CLOUDWATCH_ENDPOINT")
         .unwrap_or_else(|_| "http://127.0.0.1:4566".into());
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches('/')
         .to_string();
-    let up = std::net::TcpStream::connect(&addr).is_ok();
     assert!(
-        up || std::env::var_os("LOGBUS_REQUIRE_CLOUDWATCH").is_none(),
-        "a CloudWatch Logs server at {url} is required (.ci/services up cloudwatch; pip install 'moto[server]')"
+        std::net::TcpStream::connect(&addr).is_ok(),
+        "a CloudWatch Logs server at {url} is required (pip install 'moto[server]'; .ci/services up cloudwatch)"
     );
-    if !up {
-        eprintln!("skipped: no CloudWatch Logs server at {url}");
-    }
-    up.then_some(url)
+    url
 }
 
 /// Runs a boto3 snippet with `logs` (a CloudWatch Logs client of the
