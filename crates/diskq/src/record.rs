@@ -293,6 +293,83 @@ mod tests {
         assert_eq!(damaged, 2);
     }
 
+    /// A record header whose length field is `len`, with a valid
+    /// checksum over that length and `body`.
+    fn with_length(len: u32, body: &[u8]) -> Vec<u8> {
+        let mut out = RECORD_MAGIC.to_vec();
+        out.extend_from_slice(&len.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&len.to_le_bytes()), body);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// The length field's bounds, exactly: 0 and `MAX_RECORD + 1` are
+    /// damage (never waited for, never allocated), 1 and `MAX_RECORD` are
+    /// lengths a record may have (here: wait for the body).
+    #[test]
+    fn the_length_field_is_damage_outside_one_to_max_record() {
+        let next = records(&[b"after"], false);
+        for (len, damaged) in [
+            (0u32, true),
+            (1, false),
+            (MAX_RECORD as u32, false),
+            (MAX_RECORD as u32 + 1, true),
+            (u32::MAX, true),
+        ] {
+            let mut buf = with_length(len, b"");
+            let header = buf.len();
+            let want = if damaged {
+                // Damage resumes at the next record, not waiting for a body.
+                buf.extend_from_slice(&next);
+                Scan::Damaged { resume: header }
+            } else {
+                Scan::Incomplete
+            };
+            assert_eq!(scan(&buf, 0), want, "length {len}");
+        }
+        // One byte of body with its checksum: a record.
+        let buf = with_length(1, b"x");
+        assert_eq!(
+            scan(&buf, 0),
+            Scan::Record {
+                body: RECORD_HEADER..RECORD_HEADER + 1,
+                next: RECORD_HEADER + 1
+            }
+        );
+    }
+
+    /// In a tail shorter than a header: a prefix of the magic may be a
+    /// record still being written (incomplete); anything else is damage,
+    /// resuming at the next place the magic could begin.
+    #[test]
+    fn a_short_tail_is_incomplete_only_if_it_could_start_a_record() {
+        let whole = records(&[b"a"], false);
+        let n = whole.len();
+        for cut in 1..RECORD_HEADER {
+            let mut buf = whole.clone();
+            buf.extend_from_slice(&RECORD_MAGIC[..cut.min(4)]);
+            buf.extend(std::iter::repeat_n(0u8, cut.saturating_sub(4)));
+            assert_eq!(scan(&buf, n), Scan::Incomplete, "a header cut at {cut}");
+        }
+        // Garbage, then the first two bytes of a magic at the very end.
+        let mut buf = whole.clone();
+        buf.extend_from_slice(b"zz");
+        buf.extend_from_slice(&RECORD_MAGIC[..2]);
+        assert_eq!(scan(&buf, n), Scan::Damaged { resume: n + 2 });
+        assert_eq!(scan(&buf, n + 2), Scan::Incomplete);
+        // Garbage with no magic at all: resume at the end.
+        let mut buf = whole.clone();
+        buf.extend_from_slice(b"zzzz");
+        assert_eq!(scan(&buf, n), Scan::Damaged { resume: n + 4 });
+        // Damage found with a whole record after it: resume at its magic.
+        let mut buf = whole;
+        buf.extend_from_slice(b"zz");
+        let at = buf.len();
+        buf.extend_from_slice(&records(&[b"b"], false));
+        assert_eq!(scan(&buf, n), Scan::Damaged { resume: at });
+    }
+
     #[test]
     fn segment_header_names_its_id() {
         let h = segment_header(7);

@@ -139,3 +139,114 @@ fn whole_framing_is_one_message_up_to_the_limit() {
     let e = deframe(Framing::Whole, &[7u8; 101], &[50], 100).unwrap_err();
     assert!(e.contains("over the limit of 100"), "{e}");
 }
+
+/// The limits at every boundary, whatever the reads: a counted message
+/// of `max` bytes passes and one of `max + 1` is refused at its own
+/// frame; a newline-framed line is cut into pieces of `max` bytes, each
+/// cut counted; a whole stream of `max` bytes is one message and one of
+/// `max + 1` an error.
+mod limits {
+    use super::*;
+
+    /// Message lengths near multiples of the limit.
+    fn lengths(max: usize) -> impl Strategy<Value = Vec<usize>> {
+        prop::collection::vec(
+            prop_oneof![0..=3 * max, Just(max), Just(max + 1), Just(2 * max)],
+            1..6,
+        )
+    }
+
+    fn message(i: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|k| b'a' + ((i + k) % 26) as u8).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn a_counted_message_over_the_limit_is_refused_at_its_frame(
+            (max, lens) in (1usize..40).prop_flat_map(|m| (Just(m), lengths(m))),
+            mut cuts in prop::collection::vec(0usize..400, 0..8),
+        ) {
+            cuts.sort_unstable();
+            for framing in [Framing::OctetCounting, Framing::LengthPrefixed] {
+                let mut stream = Vec::new();
+                let mut first_over = None;
+                let messages: Vec<Vec<u8>> =
+                    lens.iter().enumerate().map(|(i, &l)| message(i, l)).collect();
+                for m in &messages {
+                    if m.len() > max && first_over.is_none() {
+                        first_over = Some((stream.len(), m.len()));
+                    }
+                    encode(framing, m, &mut stream);
+                }
+                let got = deframe(framing, &stream, &cuts, max);
+                match first_over {
+                    None => prop_assert_eq!(got.unwrap(), messages),
+                    Some((at, len)) => prop_assert_eq!(
+                        got.unwrap_err(),
+                        format!("a message of {len} bytes, over the limit of {max} (at byte {at} of the stream)")
+                    ),
+                }
+            }
+        }
+
+        #[test]
+        fn a_line_over_the_limit_is_cut_into_pieces_of_the_limit(
+            (max, lens) in (1usize..40).prop_flat_map(|m| (Just(m), lengths(m))),
+            last_unterminated in any::<bool>(),
+            mut cuts in prop::collection::vec(0usize..400, 0..8),
+        ) {
+            cuts.sort_unstable();
+            let mut stream = Vec::new();
+            let mut want = Vec::new();
+            let mut cut = 0u64;
+            for (i, &len) in lens.iter().enumerate() {
+                let line = message(i, len);
+                stream.extend_from_slice(&line);
+                let last = i + 1 == lens.len();
+                if !(last && last_unterminated) {
+                    stream.push(b'\n');
+                } else if len == 0 {
+                    break; // nothing after the last newline: no message
+                }
+                let pieces = len.div_ceil(max).max(1);
+                cut += pieces as u64 - 1;
+                want.extend((0..pieces).map(|p| line[p * max..len.min((p + 1) * max)].to_vec()));
+            }
+            let mut d = Deframer::new(Framing::Newline, max);
+            let mut out = Vec::new();
+            let mut at = 0;
+            for &c in cuts.iter().chain(std::iter::once(&stream.len())) {
+                let c = c.clamp(at, stream.len());
+                d.push(&stream[at..c], &mut out).unwrap();
+                at = c;
+            }
+            out.extend(d.finish().unwrap());
+            let got: Vec<Vec<u8>> = out.iter().map(|b| b.to_vec()).collect();
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(d.cut, cut);
+            prop_assert_eq!(d.consumed(), stream.len() as u64);
+        }
+
+        #[test]
+        fn a_whole_stream_over_the_limit_is_an_error(
+            max in 1usize..64,
+            extra in 0usize..3,
+            under in any::<bool>(),
+            mut cuts in prop::collection::vec(0usize..200, 0..6),
+        ) {
+            cuts.sort_unstable();
+            let len = if under { max - extra.min(max) } else { max + 1 + extra };
+            let stream = message(0, len);
+            let got = deframe(Framing::Whole, &stream, &cuts, max);
+            if len <= max {
+                let want = if len == 0 { vec![] } else { vec![stream] };
+                prop_assert_eq!(got.unwrap(), want);
+            } else {
+                prop_assert_eq!(
+                    got.unwrap_err(),
+                    format!("the stream is over the limit of {max} bytes (at byte 0 of the stream)")
+                );
+            }
+        }
+    }
+}

@@ -133,6 +133,12 @@ pub fn parse_tests(text: &str, file: &Path) -> Result<Vec<TestCase>, Vec<SpecErr
         Ok(None) => return Ok(Vec::new()),
         Err(e) => return Err(vec![err(e.pos, format!("invalid YAML: {}", e.message))]),
     };
+    if let yaml::NodeKind::Seq(_) = &root.kind {
+        return Err(vec![err(
+            root.pos,
+            "a test file is a mapping with `tests:`, a list of tests; this one is a list".into(),
+        )]);
+    }
     let Some(list) = root.get("tests") else {
         return Ok(Vec::new());
     };

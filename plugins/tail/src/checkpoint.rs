@@ -131,3 +131,87 @@ impl StateFile {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint(ino: u64, offset: u64) -> Checkpoint {
+        Checkpoint {
+            dev: 1,
+            ino,
+            fingerprint: 7,
+            fingerprint_len: 10,
+            offset,
+            path: format!("/var/log/{ino}.log"),
+        }
+    }
+
+    #[test]
+    fn saved_positions_load_back_and_are_taken_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut state = StateFile::new(dir.path(), "app");
+        assert_eq!(state.path(), dir.path().join("app.tail.json"));
+        state
+            .save(vec![checkpoint(10, 100), checkpoint(11, 5)])
+            .unwrap();
+        let (mut cps, note) = StateFile::new(dir.path(), "app").load();
+        assert_eq!(note, None);
+        assert_eq!(cps.len(), 2);
+        assert_eq!(
+            cps.get(FileKey { dev: 1, ino: 10 }),
+            Some(&checkpoint(10, 100))
+        );
+        cps.remove(FileKey { dev: 1, ino: 10 });
+        assert_eq!(cps.get(FileKey { dev: 1, ino: 10 }), None);
+        assert_eq!(cps.len(), 1);
+        cps.remove(FileKey { dev: 1, ino: 11 });
+        assert!(cps.is_empty());
+    }
+
+    #[test]
+    fn a_missing_file_is_a_first_start_and_others_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cps, note) = StateFile::new(dir.path(), "new").load();
+        assert!(cps.is_empty());
+        assert_eq!(note, None, "a first start is not worth a warning");
+
+        // Unreadable (a directory where the file should be): reported.
+        std::fs::create_dir(dir.path().join("dir.tail.json")).unwrap();
+        let state = StateFile::new(dir.path(), "dir");
+        let (cps, note) = state.load();
+        assert!(cps.is_empty());
+        let note = note.expect("an unreadable state file is reported");
+        assert!(
+            note.starts_with(&format!("cannot read {}: ", state.path().display())),
+            "{note}"
+        );
+
+        // Damaged: reported, naming the file.
+        std::fs::write(dir.path().join("bad.tail.json"), b"{\"version\":1,\"fi").unwrap();
+        let state = StateFile::new(dir.path(), "bad");
+        let (cps, note) = state.load();
+        assert!(cps.is_empty());
+        let note = note.expect("a damaged state file is reported");
+        assert!(
+            note.starts_with(&format!("{} is damaged (", state.path().display()))
+                && note.ends_with("); starting without positions"),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn unchanged_positions_are_not_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut state = StateFile::new(dir.path(), "app");
+        state.save(vec![checkpoint(10, 100)]).unwrap();
+        // Replace what is on disk: an unchanged save leaves it alone, a
+        // changed one writes.
+        std::fs::write(state.path(), b"sentinel").unwrap();
+        state.save(vec![checkpoint(10, 100)]).unwrap();
+        assert_eq!(std::fs::read(state.path()).unwrap(), b"sentinel");
+        state.save(vec![checkpoint(10, 101)]).unwrap();
+        let (cps, _) = StateFile::new(dir.path(), "app").load();
+        assert_eq!(cps.get(FileKey { dev: 1, ino: 10 }).unwrap().offset, 101);
+    }
+}

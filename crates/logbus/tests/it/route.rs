@@ -221,4 +221,16 @@ fn the_dot_graph_draws_every_stage_and_edge_in_its_style() {
 }
 "#;
     assert_eq!(dot, expected);
+    // The tree: readers of a side output one level down, named by it; a
+    // stage reached twice printed once.
+    assert_eq!(
+        logbus_core::graph::to_text(&p),
+        "gen [source generator]
+  └─ json [parser json]
+    └─ split [transform route]
+      └─ (fast) out [sink collect]
+      └─ (_unmatched) out (see above)
+    └─ (errors) bad [sink collect]
+"
+    );
 }

@@ -1,0 +1,260 @@
+//! The API's router in-process, against a running pipeline: who it
+//! answers (Host, bearer token, origin, form posts) and what each route
+//! returns. The end-to-end tests in `crates/logbus/tests/it/api.rs` run
+//! the same routes through `logbus run --api`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use logbus_api::{ApiState, ReloadFn, router};
+use logbus_core::{RunningPipeline, load_str, start};
+use logbus_plugin_api::{CancellationToken, Registry};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const TOKEN: &str = "s3cret";
+
+struct Api {
+    state: ApiState,
+    reloads: Arc<AtomicUsize>,
+    running: Option<RunningPipeline>,
+    stop: CancellationToken,
+}
+
+impl Api {
+    fn start() -> Api {
+        let mut registry = Registry::new();
+        logbus_io::register(&mut registry);
+        let text = "stages:
+  gen: { source: generator, count: 100000000, rate: 1000, template: '{\"seq\":{{seq}}}' }
+  out: { sink: blackhole, inputs: [gen] }
+";
+        let loaded = load_str(text, Path::new("api.yml"), &registry, &|_| None);
+        let pipeline = loaded.pipeline.expect("a valid pipeline");
+        let stop = CancellationToken::new();
+        let running = start(&pipeline, stop.clone()).expect("it starts");
+        let reloads = Arc::new(AtomicUsize::new(0));
+        let reload: ReloadFn = {
+            let reloads = reloads.clone();
+            Arc::new(move || {
+                let n = reloads.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async move {
+                    match n {
+                        0 => Ok(json!({ "changed": [] })),
+                        _ => Err("stage `out`: bad option".to_string()),
+                    }
+                })
+            })
+        };
+        let state = ApiState::new(
+            running.stats(),
+            reload,
+            Some(TOKEN.into()),
+            vec!["logbus.internal".into()],
+        );
+        Api {
+            state,
+            reloads,
+            running: Some(running),
+            stop,
+        }
+    }
+
+    /// Sends `request` (a valid Host and the token unless it names its
+    /// own); returns the status and the body.
+    async fn send(&self, request: axum::http::request::Builder) -> (StatusCode, String) {
+        let mut request = request.body(Body::empty()).unwrap();
+        let headers = request.headers_mut();
+        if !headers.contains_key(header::HOST) {
+            headers.insert(header::HOST, "127.0.0.1:9000".parse().unwrap());
+        }
+        if !headers.contains_key(header::AUTHORIZATION) {
+            headers.insert(
+                header::AUTHORIZATION,
+                format!("Bearer {TOKEN}").parse().unwrap(),
+            );
+        }
+        let response = router(self.state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    async fn stop(mut self) {
+        self.stop.cancel();
+        let report = self.running.take().unwrap().wait().await;
+        assert!(report.is_clean(), "{report}");
+    }
+}
+
+fn get(path: &str) -> axum::http::request::Builder {
+    Request::builder().uri(path)
+}
+
+fn post(path: &str) -> axum::http::request::Builder {
+    Request::builder().method("POST").uri(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_hosts_it_answers_to_get_an_answer() {
+    let api = Api::start();
+    for host in [
+        "127.0.0.1:9000",
+        "127.0.0.1",
+        "[::1]:9000",
+        "[::1]",
+        "localhost:9000",
+        "LOCALHOST.",
+        "ui.localhost",
+        "logbus.internal:9000",
+        "LogBus.Internal.",
+    ] {
+        let (status, body) = api.send(get("/api/stats").header(header::HOST, host)).await;
+        assert_eq!(status, StatusCode::OK, "Host {host}: {body}");
+    }
+    for host in [
+        "evil.example",
+        "evil.example:9000",
+        "localhost.evil.example",
+        "127.0.0.1.evil.example",
+        "logbus.internal.evil.example",
+        "[evil]:9000",
+        "localhost:http",
+    ] {
+        let (status, body) = api.send(get("/api/stats").header(header::HOST, host)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "Host {host}");
+        assert_eq!(
+            body,
+            format!(
+                "this API does not answer to Host `{host}`; name it in settings.api.allowed_hosts if it is yours\n"
+            )
+        );
+    }
+    api.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_but_the_page_needs_the_token() {
+    let api = Api::start();
+    for path in ["/metrics", "/api/stats", "/api/graph", "/api/tap?stage=gen"] {
+        for auth in ["", "Bearer wrong", "Basic czNjcmV0", "bearer s3cret"] {
+            let (status, body) = api
+                .send(get(path).header(header::AUTHORIZATION, auth))
+                .await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} with `{auth}`");
+            assert_eq!(body, "missing or wrong bearer token\n");
+        }
+    }
+    let (status, _) = api
+        .send(post("/api/reload").header(header::AUTHORIZATION, ""))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        api.reloads.load(Ordering::SeqCst),
+        0,
+        "refused before reloading"
+    );
+    // The page holds no data: it loads without the token.
+    let (status, page) = api.send(get("/").header(header::AUTHORIZATION, "")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("<html"), "{page}");
+    api.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_from_another_origin_or_a_form_is_refused() {
+    let api = Api::start();
+    let (status, body) = api
+        .send(post("/api/reload").header(header::ORIGIN, "http://evil.example"))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        body,
+        "a request from origin `http://evil.example` cannot change this pipeline\n"
+    );
+    for form in [
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "Text/Plain;charset=utf-8",
+    ] {
+        let (status, body) = api
+            .send(post("/api/reload").header(header::CONTENT_TYPE, form))
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{form}");
+        assert_eq!(
+            body,
+            "a form post cannot change this pipeline; send no body or application/json\n"
+        );
+    }
+    assert_eq!(api.reloads.load(Ordering::SeqCst), 0, "nothing reloaded");
+    // The same origin, as the page sends it: reloaded, the summary back.
+    let (status, body) = api
+        .send(
+            post("/api/reload")
+                .header(header::ORIGIN, "http://127.0.0.1:9000")
+                .header(header::CONTENT_TYPE, "application/json"),
+        )
+        .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, r#"{"changed":[]}"#)
+    );
+    // A refused reload says why, as 422.
+    let (status, body) = api.send(post("/api/reload")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body, r#"{"error":"stage `out`: bad option"}"#);
+    assert_eq!(api.reloads.load(Ordering::SeqCst), 2);
+    api.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_graph_and_metrics_describe_the_running_pipeline() {
+    let api = Api::start();
+    let (status, body) = api.send(get("/api/stats")).await;
+    assert_eq!(status, StatusCode::OK);
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    // One queue (out's input) of the default capacity.
+    assert_eq!(stats["inflight_bound"]["events"], json!(4096));
+    assert!(stats["rss_bytes"].as_u64().unwrap() > 0, "{stats}");
+    let ids: Vec<&str> = stats["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["gen", "out"]);
+
+    let (status, body) = api.send(get("/api/graph")).await;
+    assert_eq!(status, StatusCode::OK);
+    let graph: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(graph["stages"][0]["id"], "gen");
+    assert_eq!(graph["stages"][1]["inputs"], json!(["gen"]));
+    assert_eq!(graph["edges"].as_array().unwrap().len(), 1, "{graph}");
+
+    let request = get("/metrics");
+    let mut req = request.body(Body::empty()).unwrap();
+    req.headers_mut()
+        .insert(header::HOST, "127.0.0.1".parse().unwrap());
+    req.headers_mut().insert(
+        header::AUTHORIZATION,
+        format!("Bearer {TOKEN}").parse().unwrap(),
+    );
+    let response = router(api.state.clone()).oneshot(req).await.unwrap();
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("logbus_events_in_total{stage=\"out\"")),
+        "{text}"
+    );
+    api.stop().await;
+}
