@@ -328,6 +328,14 @@ mod tests {
             };
             assert_eq!(scan(&buf, 0), want, "length {len}");
         }
+        // A header alone, with a length of 0: damage, not a record to
+        // wait for.
+        assert_eq!(
+            scan(&with_length(0, b""), 0),
+            Scan::Damaged {
+                resume: RECORD_HEADER
+            }
+        );
         // One byte of body with its checksum: a record.
         let buf = with_length(1, b"x");
         assert_eq!(
@@ -358,6 +366,11 @@ mod tests {
         buf.extend_from_slice(&RECORD_MAGIC[..2]);
         assert_eq!(scan(&buf, n), Scan::Damaged { resume: n + 2 });
         assert_eq!(scan(&buf, n + 2), Scan::Incomplete);
+        // Damage resumes after where it was found, never before: here a
+        // magic one byte back, and a buffer of garbage from its start.
+        let buf = [RECORD_MAGIC.as_slice(), b"xx"].concat();
+        assert_eq!(scan(&buf, 1), Scan::Damaged { resume: buf.len() });
+        assert_eq!(scan(b"zz", 0), Scan::Damaged { resume: 2 });
         // Garbage with no magic at all: resume at the end.
         let mut buf = whole.clone();
         buf.extend_from_slice(b"zzzz");
@@ -368,6 +381,20 @@ mod tests {
         let at = buf.len();
         buf.extend_from_slice(&records(&[b"b"], false));
         assert_eq!(scan(&buf, n), Scan::Damaged { resume: at });
+    }
+
+    #[test]
+    fn a_start_record_holds_exactly_eight_bytes_of_sequence() {
+        let mut buf = Vec::new();
+        encode_start(42, &mut buf);
+        assert_eq!(buf.len() as u64, START_RECORD);
+        let Scan::Record { body, .. } = scan(&buf, 0) else {
+            panic!("a start record scans")
+        };
+        assert_eq!(start_seq(&buf[body]), Some(42));
+        assert_eq!(start_seq(&[FLAG_START, 1, 2, 3]), None, "too short");
+        assert_eq!(start_seq(&[FLAG_START; 10]), None, "too long");
+        assert_eq!(start_seq(&[0; 9]), None, "a data record");
     }
 
     #[test]

@@ -250,3 +250,19 @@ mod limits {
         }
     }
 }
+
+/// A length of ten digits is read (and refused by the limit); eleven are
+/// refused as such, before the limit is looked at.
+#[test]
+fn octet_counting_reads_lengths_of_up_to_ten_digits() {
+    let e = deframe(Framing::OctetCounting, b"9999999999 x", &[], 100).unwrap_err();
+    assert_eq!(
+        e,
+        "a message of 9999999999 bytes, over the limit of 100 (at byte 0 of the stream)"
+    );
+    let e = deframe(Framing::OctetCounting, b"10000000000 x", &[], 100).unwrap_err();
+    assert_eq!(
+        e,
+        "a message length of more than 10 digits (at byte 0 of the stream)"
+    );
+}
