@@ -42,6 +42,11 @@ struct Server {
     most: std::sync::atomic::AtomicUsize,
     /// How long each answer takes.
     delay: Mutex<Duration>,
+    /// `Act::Slow` answers that have finished (they finish even when the
+    /// client has given up and closed the connection).
+    slow_finished: std::sync::atomic::AtomicUsize,
+    /// The lines those answers took.
+    slow_lines: Mutex<Vec<String>>,
 }
 
 /// A request as answered: status, `Authorization`, `Content-Encoding`.
@@ -55,12 +60,12 @@ async fn handle(State(s): State<Arc<Server>>, headers: HeaderMap, body: Bytes) -
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    let response = answer(&s, headers, body).await;
+    let response = answer(s.clone(), headers, body).await;
     s.current.fetch_sub(1, SeqCst);
     response
 }
 
-async fn answer(s: &Server, headers: HeaderMap, body: Bytes) -> Response {
+async fn answer(s: Arc<Server>, headers: HeaderMap, body: Bytes) -> Response {
     let act = s.script.lock().unwrap().pop_front().unwrap_or(Act::Ok);
     let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_string());
     let encoding = header("content-encoding");
@@ -79,8 +84,26 @@ async fn answer(s: &Server, headers: HeaderMap, body: Bytes) -> Response {
         Act::Status(code) => code,
         Act::RetryAfter | Act::RetryAfterDate => 503,
         Act::Slow(d) => {
-            tokio::time::sleep(d).await;
-            200
+            // The server takes the batch after `d` whatever the client
+            // does meanwhile: a task of its own, which the connection
+            // closing does not cancel (as a real server's work goes on).
+            let (s, lines) = (s.clone(), text.clone());
+            return tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                s.accepted
+                    .lock()
+                    .unwrap()
+                    .extend(lines.lines().map(str::to_string));
+                s.slow_lines
+                    .lock()
+                    .unwrap()
+                    .extend(lines.lines().map(str::to_string));
+                s.slow_finished
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                StatusCode::OK.into_response()
+            })
+            .await
+            .unwrap();
         }
     };
     s.requests
@@ -302,15 +325,29 @@ async fn a_response_slower_than_the_timeout_is_retried_at_least_once_delivery() 
     )
     .await;
     result.unwrap();
-    // Give the slow handler time to finish too: it may count the batch a
-    // second time (the client could not know it would).
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let got = seqs(&server.accepted.lock().unwrap());
-    let mut unique = got.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(unique, [0, 1, 2, 3, 4]);
-    assert!(got.len() <= 10, "{got:?}");
+    // The retry was answered at once; the slow answer finishes later and
+    // takes its batch a second time (the client could not know it would):
+    // every event at least once, and those of the slow batch exactly twice.
+    // Wait for that answer, not for a time.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server
+        .slow_finished
+        .load(std::sync::atomic::Ordering::SeqCst)
+        < 1
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow answer never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut got = seqs(&server.accepted.lock().unwrap());
+    got.sort();
+    let slow = seqs(&server.slow_lines.lock().unwrap());
+    assert!(!slow.is_empty(), "the slow answer took no events");
+    let mut expected: Vec<usize> = (0..5).chain(slow).collect();
+    expected.sort();
+    assert_eq!(got, expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -158,6 +158,7 @@ mod tests {
         let (mut cps, note) = StateFile::new(dir.path(), "app").load();
         assert_eq!(note, None);
         assert_eq!(cps.len(), 2);
+        assert!(!cps.is_empty());
         assert_eq!(
             cps.get(FileKey { dev: 1, ino: 10 }),
             Some(&checkpoint(10, 100))

@@ -255,7 +255,7 @@ fn matches(op: &Op, value: Option<&Value>) -> bool {
     match (op, value) {
         (Op::Exists(want), v) => v.is_some() == *want,
         (Op::NotEquals(x), v) => !v.is_some_and(|v| same(v, x)),
-        (_, None) => false,
+        // Every other operator needs a value: a missing field falls to `_`.
         (Op::Equals(x), Some(v)) => same(v, x),
         (Op::In(xs), Some(v)) => xs.iter().any(|x| same(v, x)),
         (Op::Contains(s), Some(Value::String(v))) => v.contains(s.as_str()),
@@ -439,8 +439,26 @@ mod tests {
             both[0].message,
             "give `condition` or `field` with an operator, not both"
         );
-        let op_only = opts(json!({"condition": "ok", "gt": 1})).check();
-        assert_eq!(op_only.len(), 1, "{op_only:?}");
+        // Any one operator beside a condition, without `field`, is refused too.
+        for (op, value) in [
+            ("equals", json!(1)),
+            ("not_equals", json!(1)),
+            ("in", json!([1])),
+            ("contains", json!("x")),
+            ("matches", json!("x")),
+            ("exists", json!(true)),
+            ("gt", json!(1)),
+            ("gte", json!(1)),
+            ("lt", json!(1)),
+            ("lte", json!(1)),
+        ] {
+            let op_only = opts(json!({"condition": "ok", op: value})).check();
+            assert_eq!(op_only.len(), 1, "{op}: {op_only:?}");
+            assert_eq!(
+                op_only[0].message, "give `condition` or `field` with an operator, not both",
+                "{op}"
+            );
+        }
         let none = opts(json!({})).check();
         assert!(
             none[0].message.starts_with("give `condition`"),
