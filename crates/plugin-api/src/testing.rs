@@ -161,3 +161,20 @@ pub async fn run_sink_counting(
     let result = sink.run(&mut cx).await;
     (result, metrics)
 }
+
+/// Asserts that `register` adds one plugin per enabled feature, each named
+/// as its feature says (`transform-stamp` adds the transform `stamp`), and
+/// nothing else: a crate's tests build its plugins directly, so without
+/// this nothing in the crate notices a plugin dropped from `register`.
+pub fn assert_registers(register: fn(&mut crate::Registry), features: &[&str]) {
+    let mut registry = crate::Registry::new();
+    register(&mut registry);
+    let mut added: Vec<String> = registry
+        .plugins()
+        .map(|plugin| format!("{}-{}", plugin.kind(), plugin.name()))
+        .collect();
+    added.sort();
+    let mut expected: Vec<String> = features.iter().map(|f| f.to_string()).collect();
+    expected.sort();
+    assert_eq!(added, expected, "plugins registered vs features enabled");
+}

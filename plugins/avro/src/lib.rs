@@ -39,3 +39,19 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(sink::AvroSink));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "parser-avro")]
+            "parser-avro",
+            #[cfg(feature = "formatter-avro")]
+            "formatter-avro",
+            #[cfg(feature = "sink-avro")]
+            "sink-avro",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

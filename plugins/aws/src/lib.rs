@@ -26,3 +26,19 @@ pub fn register(registry: &mut Registry) {
     registry.add(logbus_plugin_api::Typed(s3_source::S3Source));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "sink-s3")]
+            "sink-s3",
+            #[cfg(feature = "sink-cloudwatch_logs")]
+            "sink-cloudwatch_logs",
+            #[cfg(feature = "source-s3")]
+            "source-s3",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -12,3 +12,15 @@ pub fn register(registry: &mut Registry) {
     registry.add(logbus_plugin_api::Typed(sink::ClickHouseSink));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "sink-clickhouse")]
+            "sink-clickhouse",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -87,3 +87,31 @@ fn fields_input<'a>(
         ))
     })
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "parser-kv")]
+            "parser-kv",
+            #[cfg(feature = "formatter-kv")]
+            "formatter-kv",
+            #[cfg(feature = "parser-syslog")]
+            "parser-syslog",
+            #[cfg(feature = "formatter-syslog")]
+            "formatter-syslog",
+            #[cfg(feature = "parser-csv")]
+            "parser-csv",
+            #[cfg(feature = "formatter-csv")]
+            "formatter-csv",
+            #[cfg(feature = "parser-regex")]
+            "parser-regex",
+            #[cfg(feature = "parser-yaml")]
+            "parser-yaml",
+            #[cfg(feature = "formatter-yaml")]
+            "formatter-yaml",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

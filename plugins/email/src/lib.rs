@@ -10,3 +10,15 @@ pub fn register(registry: &mut Registry) {
     registry.add(logbus_plugin_api::Typed(sink::EmailSink));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "sink-email")]
+            "sink-email",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

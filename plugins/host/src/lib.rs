@@ -24,3 +24,21 @@ pub fn register(registry: &mut Registry) {
     registry.add(logbus_plugin_api::Typed(journald::Journald));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "source-scheduler")]
+            "source-scheduler",
+            #[cfg(feature = "source-exec")]
+            "source-exec",
+            #[cfg(feature = "source-sysinfo")]
+            "source-sysinfo",
+            #[cfg(feature = "source-journald")]
+            "source-journald",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

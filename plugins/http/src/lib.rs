@@ -17,3 +17,17 @@ pub fn register(registry: &mut Registry) {
     registry.add(logbus_plugin_api::Typed(source::HttpSource));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "sink-http")]
+            "sink-http",
+            #[cfg(feature = "source-http")]
+            "source-http",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

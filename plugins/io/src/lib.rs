@@ -29,3 +29,25 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(blackhole::BlackholeSink));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "source-stdin")]
+            "source-stdin",
+            #[cfg(feature = "source-file")]
+            "source-file",
+            #[cfg(feature = "source-generator")]
+            "source-generator",
+            #[cfg(feature = "sink-stdout")]
+            "sink-stdout",
+            #[cfg(feature = "sink-file")]
+            "sink-file",
+            #[cfg(feature = "sink-blackhole")]
+            "sink-blackhole",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -20,3 +20,15 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(transform::JsTransform));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "transform-js")]
+            "transform-js",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

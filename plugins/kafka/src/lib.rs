@@ -16,3 +16,17 @@ pub fn register(registry: &mut Registry) {
     registry.add(logbus_plugin_api::Typed(source::KafkaSource));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "sink-kafka")]
+            "sink-kafka",
+            #[cfg(feature = "source-kafka")]
+            "source-kafka",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -24,3 +24,17 @@ pub fn register(registry: &mut Registry) {
     registry.add(logbus_plugin_api::Typed(sink::SyslogSink));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "source-syslog")]
+            "source-syslog",
+            #[cfg(feature = "sink-syslog")]
+            "sink-syslog",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

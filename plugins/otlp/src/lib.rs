@@ -21,3 +21,17 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(sink::OtlpSink));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "source-otlp")]
+            "source-otlp",
+            #[cfg(feature = "sink-otlp")]
+            "sink-otlp",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -27,3 +27,17 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(writer::ParquetSink));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "parser-parquet")]
+            "parser-parquet",
+            #[cfg(feature = "sink-parquet")]
+            "sink-parquet",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -534,3 +534,15 @@ pub mod source {
         }
     }
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "source-tail")]
+            "source-tail",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -18,3 +18,19 @@ pub fn register(registry: &mut Registry) {
     registry.add(Typed(json::JsonFormatter));
     let _ = registry;
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "parser-lines")]
+            "parser-lines",
+            #[cfg(feature = "parser-json")]
+            "parser-json",
+            #[cfg(feature = "formatter-json")]
+            "formatter-json",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -43,3 +43,21 @@ fn field_path(
 ) -> Result<logbus_plugin_api::FieldPath, logbus_plugin_api::OptionError> {
     logbus_plugin_api::FieldPath::parse(text).map_err(|e| logbus_plugin_api::OptionError::at(at, e))
 }
+
+#[cfg(test)]
+mod register_tests {
+    #[test]
+    fn register_adds_the_plugin_of_each_enabled_feature() {
+        let enabled: &[&str] = &[
+            #[cfg(feature = "transform-stamp")]
+            "transform-stamp",
+            #[cfg(feature = "transform-filter")]
+            "transform-filter",
+            #[cfg(feature = "transform-fields")]
+            "transform-fields",
+            #[cfg(feature = "transform-route")]
+            "transform-route",
+        ];
+        logbus_plugin_api::testing::assert_registers(super::register, enabled);
+    }
+}

@@ -191,8 +191,8 @@ async fn a_source_hears_of_an_event_once_every_routes_copy_is_finished() {
 }
 
 /// `logbus graph --format dot`: every stage with the shape of its kind,
-/// every edge, the `<id>.errors` side output dashed and labelled, a
-/// route's named outputs solid and labelled.
+/// every edge, the `<id>.errors` and `<sink>.dead` side outputs dashed and
+/// labelled, a route's named outputs solid and labelled.
 #[test]
 fn the_dot_graph_draws_every_stage_and_edge_in_its_style() {
     let plugins = TestPlugins::default();
@@ -202,6 +202,7 @@ fn the_dot_graph_draws_every_stage_and_edge_in_its_style() {
   split: { transform: route, inputs: [json], routes: { fast: 'seq < 1' } }
   out: { sink: collect, inputs: [split.fast, split._unmatched] }
   bad: { sink: collect, inputs: [json.errors] }
+  lost: { sink: collect, inputs: [out.dead] }
 ";
     let p = valid(text, &plugins.registry());
     let dot = logbus_core::graph::to_dot(&p);
@@ -213,11 +214,13 @@ fn the_dot_graph_draws_every_stage_and_edge_in_its_style() {
   "split" [shape=box, label="split\ntransform route"];
   "out" [shape=house, label="out\nsink collect"];
   "bad" [shape=house, label="bad\nsink collect"];
+  "lost" [shape=house, label="lost\nsink collect"];
   "gen" -> "json";
   "json" -> "split";
   "split" -> "out" [style=solid, label="fast"];
   "split" -> "out" [style=solid, label="_unmatched"];
   "json" -> "bad" [style=dashed, label="errors"];
+  "out" -> "lost" [style=dashed, label="dead"];
 }
 "#;
     assert_eq!(dot, expected);
@@ -229,6 +232,7 @@ fn the_dot_graph_draws_every_stage_and_edge_in_its_style() {
   └─ json [parser json]
     └─ split [transform route]
       └─ (fast) out [sink collect]
+        └─ (dead) lost [sink collect]
       └─ (_unmatched) out (see above)
     └─ (errors) bad [sink collect]
 "
