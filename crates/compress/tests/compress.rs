@@ -104,25 +104,37 @@ fn interoperates_with_the_command_line_tools() {
     let data: Vec<u8> = (0..20000)
         .flat_map(|i| format!("{{\"seq\":{i},\"msg\":\"hello\"}}\n").into_bytes())
         .collect();
-    for (format, name, ext) in [
-        (Compression::Gzip, "gzip", "gz"),
-        (Compression::Zstd, "zstd", "zst"),
-        (Compression::Lz4, "lz4", "lz4"),
+    for (format, name) in [
+        (Compression::Gzip, "gzip"),
+        (Compression::Zstd, "zstd"),
+        (Compression::Lz4, "lz4"),
     ] {
-        // Ours -> the tool.
-        let ours = dir.path().join(format!("ours.{ext}"));
+        // Ours -> the tool, named with our extension: the tool takes the
+        // name as its own and decompresses beside it (it refuses a file
+        // whose suffix it does not know).
+        let ext = format.extension();
+        let ours = dir.path().join(format!("ours{ext}"));
         std::fs::write(&ours, compress(&data, format)).unwrap();
-        let o = Command::new(name)
-            .args(["-d", "-c"])
-            .arg(&ours)
-            .output()
-            .unwrap();
+        // (`-m`: lz4 writes to stdout when it is not a terminal, unless
+        // told that its arguments are files.)
+        let args: &[&str] = if name == "lz4" {
+            &["-d", "-m"]
+        } else {
+            &["-d"]
+        };
+        let o = Command::new(name).args(args).arg(&ours).output().unwrap();
         assert!(
             o.status.success(),
             "{name}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        assert_eq!(o.stdout, data, "{name} read our output");
+        let unpacked = dir.path().join("ours");
+        assert_eq!(
+            std::fs::read(&unpacked).unwrap(),
+            data,
+            "{name} read our output"
+        );
+        std::fs::remove_file(&unpacked).unwrap();
         // The tool -> ours.
         let plain = dir.path().join(format!("plain-{ext}.txt"));
         std::fs::write(&plain, &data).unwrap();
@@ -139,6 +151,26 @@ fn interoperates_with_the_command_line_tools() {
             "we read {name}'s output"
         );
     }
+}
+
+/// The file name suffixes sinks add: the usual one of each format's tool.
+#[test]
+fn each_format_has_its_tools_extension() {
+    let extensions: Vec<_> = ALL
+        .into_iter()
+        .map(|format| (format, format.extension()))
+        .collect();
+    assert_eq!(
+        extensions,
+        [
+            (Compression::None, ""),
+            (Compression::Gzip, ".gz"),
+            (Compression::Deflate, ".zz"),
+            (Compression::Lz4, ".lz4"),
+            (Compression::Snappy, ".sz"),
+            (Compression::Zstd, ".zst"),
+        ]
+    );
 }
 
 /// A sink appending to an existing file writes a second stream after the
@@ -181,4 +213,47 @@ fn a_damaged_stream_with_a_checksum_is_an_error() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// `decode_content`'s limit, at the byte: a body of exactly `max` bytes
+/// (as sent, or once decompressed) is taken, one more is too large; an
+/// encoding it does not take is named.
+#[test]
+fn decode_content_takes_exactly_the_limit() {
+    use logbus_compress::{Undecodable, decode_content};
+    let body = vec![b'x'; 100];
+    assert_eq!(decode_content("identity", &body, 100), Ok(None));
+    assert_eq!(decode_content("", &body, 100), Ok(None));
+    assert_eq!(
+        decode_content("identity", &body, 99),
+        Err(Undecodable::TooLarge(
+            "the body is larger than 99 bytes".into()
+        ))
+    );
+    for (encoding, format) in [
+        ("gzip", Compression::Gzip),
+        ("x-gzip", Compression::Gzip),
+        (" ZSTD ", Compression::Zstd),
+        ("deflate", Compression::Deflate),
+    ] {
+        let packed = compress(&body, format);
+        assert_eq!(
+            decode_content(encoding, &packed, 100),
+            Ok(Some(body.clone())),
+            "{encoding}"
+        );
+        assert_eq!(
+            decode_content(encoding, &packed, 99),
+            Err(Undecodable::TooLarge(
+                "the body is larger than 99 bytes once decompressed".into()
+            )),
+            "{encoding}"
+        );
+    }
+    assert_eq!(
+        decode_content("br", &body, 100),
+        Err(Undecodable::Unsupported(
+            "Content-Encoding `br` is not supported (gzip, zstd, deflate)".into()
+        ))
+    );
 }

@@ -109,4 +109,27 @@ mod tests {
         assert!(!set.withdraw(0), "picked: a wake-up is on its way");
         assert!(set.is_empty());
     }
+
+    /// Withdrawing one slot leaves the others announced; `count` and
+    /// `is_empty` follow every step.
+    #[test]
+    fn withdraw_leaves_the_other_slots_and_count_follows() {
+        let set = IdleSet::new();
+        assert!(set.is_empty());
+        assert_eq!(set.count(), 0);
+        for slot in [1, 3, 63] {
+            set.announce(slot);
+        }
+        assert!(!set.is_empty());
+        assert_eq!(set.count(), 3);
+        assert!(set.withdraw(3));
+        assert_eq!(set.count(), 2);
+        assert!(!set.withdraw(3), "already out");
+        assert_eq!(set.count(), 2);
+        let mut woken = Vec::new();
+        while set.wake_one(|s| woken.push(s)).is_some() {}
+        assert_eq!(woken, [1, 63]);
+        assert!(set.is_empty());
+        assert_eq!(set.count(), 0);
+    }
 }

@@ -242,7 +242,7 @@ impl Processor for FormatJson {
         if let (Payload::Lazy(lazy), false) = (event.payload(), self.options.include_source) {
             // Untouched entries are copied as they were read.
             lazy.write_json(&mut out);
-            self.size_hint = out.len() + out.len() / 8;
+            self.size_hint = next_capacity(out.len());
             *event.payload_mut() = Payload::Raw(out.into());
             return Ok(Verdict::Keep);
         }
@@ -264,10 +264,16 @@ impl Processor for FormatJson {
             sonic_rs::to_writer(&mut out, fields)
         }
         .map_err(|e| EventError::new(format!("cannot serialise: {e}")))?;
-        self.size_hint = out.len() + out.len() / 8;
+        self.size_hint = next_capacity(out.len());
         *event.payload_mut() = Payload::Raw(out.into());
         Ok(Verdict::Keep)
     }
+}
+
+/// The buffer to reserve for the next line after one of `len` bytes: an
+/// eighth more, so lines of about the same length never grow the buffer.
+fn next_capacity(len: usize) -> usize {
+    len + len / 8
 }
 
 #[cfg(test)]
@@ -275,6 +281,54 @@ mod tests {
     use super::*;
     use logbus_plugin_api::Meta;
     use serde_json::json;
+
+    #[test]
+    fn the_next_buffer_is_an_eighth_larger_than_the_last_line() {
+        assert_eq!(next_capacity(0), 0);
+        assert_eq!(next_capacity(7), 7);
+        assert_eq!(next_capacity(800), 900);
+        assert_eq!(next_capacity(1031), 1159);
+    }
+
+    #[test]
+    fn options_default_to_lazy_and_refuse_an_empty_wrap_field() {
+        let o: JsonParserOptions = serde_json::from_value(json!({})).unwrap();
+        assert!(o.lazy);
+        assert_eq!(o.wrap_field, None);
+        let parser = logbus_plugin_api::Typed(JsonParser);
+        let errors = |options| logbus_plugin_api::testing::option_errors(&parser, options);
+        assert_eq!(errors(json!({})), "");
+        assert_eq!(errors(json!({ "wrap_field": "v" })), "");
+        assert_eq!(
+            errors(json!({ "wrap_field": "" })),
+            "wrap_field: must not be empty"
+        );
+    }
+
+    /// Exactly `max` levels pass, one more is found at its bracket; a
+    /// closed level no longer counts; an escaped quote does not end a
+    /// string, so the brackets after the string count.
+    #[test]
+    fn nesting_is_found_at_the_bracket_past_the_limit() {
+        assert_eq!(nesting_beyond(b"[[1],[2]]", 2), None);
+        assert_eq!(nesting_beyond(b"[[[1]]]", 2), Some(2));
+        assert_eq!(nesting_beyond(br#"{"a":[1],"b":[2],"c":{}}"#, 2), None);
+        assert_eq!(nesting_beyond(br#"{"a":"x\"y","b":[[1]]}"#, 2), Some(17));
+    }
+
+    /// Read eagerly, a value that is not an object says what was expected.
+    #[test]
+    fn the_eager_parser_expects_an_object() {
+        let mut p = ParseJson(JsonParserOptions {
+            wrap_field: None,
+            lazy: false,
+        });
+        let err = p.process(&mut raw("7")).unwrap_err();
+        assert_eq!(
+            err.0,
+            "not a JSON object: invalid type: integer `7`, expected a JSON object at line 1 column 1"
+        );
+    }
 
     fn raw(s: &str) -> Event {
         Event::raw(

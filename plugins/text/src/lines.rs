@@ -169,4 +169,30 @@ mod tests {
         );
         assert!(p.process(&mut e).is_err());
     }
+
+    #[test]
+    fn options_default_to_skipping_empty_lines_of_any_bytes() {
+        let o: LinesOptions = serde_json::from_value(serde_json::json!({})).unwrap();
+        assert!(o.skip_empty);
+        assert!(!o.require_utf8);
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_pass_unless_utf8_is_required() {
+        let mut p = Lines(LinesOptions {
+            skip_empty: true,
+            require_utf8: false,
+        });
+        let mut e = Event::raw(
+            vec![0xff, 0xfe],
+            Meta {
+                source: "t".into(),
+                ingest_ns: 0,
+                origin: None,
+                attributes: None,
+            },
+        );
+        assert!(matches!(p.process(&mut e).unwrap(), Verdict::Keep));
+        assert_eq!(e.as_raw().unwrap()[..], [0xff, 0xfe]);
+    }
 }
