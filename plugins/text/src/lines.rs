@@ -93,8 +93,12 @@ mod tests {
     use logbus_plugin_api::Meta;
 
     fn raw(s: &str) -> Event {
+        raw_bytes(s.as_bytes().to_vec())
+    }
+
+    fn raw_bytes(bytes: Vec<u8>) -> Event {
         Event::raw(
-            s.to_string(),
+            bytes,
             Meta {
                 source: "t".into(),
                 ingest_ns: 0,
@@ -148,15 +152,7 @@ mod tests {
             skip_empty: true,
             require_utf8: true,
         });
-        let mut e = Event::raw(
-            vec![0xff, 0xfe],
-            Meta {
-                source: "t".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let mut e = raw_bytes(vec![0xff, 0xfe]);
         assert!(p.process(&mut e).is_err());
         let mut e = Event::fields(
             Default::default(),
@@ -183,15 +179,7 @@ mod tests {
             skip_empty: true,
             require_utf8: false,
         });
-        let mut e = Event::raw(
-            vec![0xff, 0xfe],
-            Meta {
-                source: "t".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let mut e = raw_bytes(vec![0xff, 0xfe]);
         assert!(matches!(p.process(&mut e).unwrap(), Verdict::Keep));
         assert_eq!(e.as_raw().unwrap()[..], [0xff, 0xfe]);
     }
