@@ -2,6 +2,7 @@
 //! codes meet the engine. Everything with logic lives in the libraries.
 
 use logbus::catalog;
+mod huge_pages;
 mod plugins_cmd;
 mod queue_cmd;
 mod test_cmd;
@@ -152,6 +153,7 @@ enum QueueCommand {
 }
 
 fn main() -> ExitCode {
+    huge_pages::limit();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match dispatch(cli.command) {

@@ -477,11 +477,11 @@ impl Sink for FileWriter {
             // stream in the same file; every format here reads that back.
             tracing::debug!(file = %what, "appending a new compressed stream");
         }
-        let mut writer =
+        let writer =
             CompressWriter::new(BufWriter::with_capacity(0, file), self.options.compression)
                 .map_err(|e| StageError::io(format!("starting compression for {what}"), e))?;
-        run_writer(
-            &mut writer,
+        let writer = run_writer(
+            writer,
             &what,
             self.options.framing,
             move |w: &mut CompressWriter<BufWriter<File>>| {
@@ -514,6 +514,32 @@ mod tests {
     fn position(dir: &std::path::Path, file: &std::path::Path) -> ReadPosition {
         let id = FileIdentity::of(file).unwrap();
         ReadPosition::new(dir, "src", id, file.to_str().unwrap())
+    }
+
+    /// `sink: file` writes each event as a line, appends to what is there,
+    /// and counts the events committed.
+    #[tokio::test]
+    async fn the_file_sink_appends_lines_and_commits_them() {
+        use logbus_plugin_api::testing;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        std::fs::write(&path, "before\n").unwrap();
+        let event = crate::writer_sink::tests::line;
+        let sink = testing::sink(
+            &logbus_plugin_api::Typed(FileSink),
+            serde_json::json!({ "path": path }),
+        );
+        let (result, metrics) = testing::run_sink(
+            sink,
+            vec![vec![event("one"), event("two")], vec![event("three")]],
+        )
+        .await;
+        result.unwrap();
+        assert_eq!(metrics.snapshot().events_out, 3);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "before\none\ntwo\nthree\n"
+        );
     }
 
     #[test]

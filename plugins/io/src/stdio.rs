@@ -109,12 +109,31 @@ struct Stdout {
 impl Sink for Stdout {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
         run_writer(
-            &mut std::io::stdout(),
+            std::io::stdout(),
             "standard output",
             self.framing,
             |_| Ok(()),
             cx,
         )
-        .await
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::testing;
+
+    /// The events reach standard output (the test's own, not captured) and
+    /// are counted committed once written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn stdout_commits_what_it_writes() {
+        let sink = testing::sink(&logbus_plugin_api::Typed(StdoutSink), serde_json::json!({}));
+        let event = crate::writer_sink::tests::line;
+        let (result, metrics) =
+            testing::run_sink(sink, vec![vec![event("stdout sink test 1"), event("2")]]).await;
+        result.unwrap();
+        assert_eq!(metrics.snapshot().events_out, 2);
     }
 }

@@ -1158,3 +1158,50 @@ fn validate_lists_the_fused_chains() {
         .unwrap();
     assert!(!stdout(&o).contains("fused"), "{}", stdout(&o));
 }
+
+/// `logbus` turns transparent huge pages off for itself (they cost peak
+/// RSS, docs/benchmarks.md) unless `LOGBUS_HUGE_PAGES=1` keeps the
+/// system's setting; the kernel reports the process's choice in
+/// `/proc/PID/status`.
+#[test]
+fn huge_pages_are_off_unless_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "p.yml", VALID);
+    // A kernel built without huge pages reports 0 either way.
+    let kernel_has_them = Path::new("/sys/kernel/mm/transparent_hugepage").exists();
+    let kept = if kernel_has_them { "1" } else { "0" };
+    for (keep, expected) in [(None, "0"), (Some("1"), kept)] {
+        let mut command = logbus();
+        command
+            .arg("run")
+            .arg(&p)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(value) = keep {
+            command.env("LOGBUS_HUGE_PAGES", value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"{\"a\":1}\n").unwrap();
+        // A line through the pipeline: the process is past its start.
+        let mut first = [0u8; 8];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        assert_eq!(&first, b"{\"a\":1}\n");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+        let thp = status
+            .lines()
+            .find_map(|l| l.strip_prefix("THP_enabled:"))
+            .expect("the kernel reports THP_enabled")
+            .trim()
+            .to_string();
+        drop(stdin);
+        assert_eq!(child.wait().unwrap().code(), Some(0));
+        assert_eq!(thp, expected, "LOGBUS_HUGE_PAGES={keep:?}");
+    }
+}
