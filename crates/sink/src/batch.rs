@@ -292,6 +292,36 @@ mod tests {
             .collect()
     }
 
+    /// What a service reads of a sealed batch: its events, each item's
+    /// range in the body; a batch with every item taken out is empty, and
+    /// the batcher is empty exactly when nothing is open.
+    #[test]
+    fn a_sealed_batch_lists_its_events_and_where_each_item_is() {
+        let mut b = Batcher::new(limits(100, 1000), JsonArray.framing());
+        let mut sealed = VecDeque::new();
+        assert!(b.is_empty());
+        let now = Instant::now();
+        for t in ["aa", "b"] {
+            b.push("", ev(t), 0, &JsonArray, now, &mut sealed).unwrap();
+        }
+        assert!(!b.is_empty(), "a batch is open");
+        b.seal_all(&mut sealed);
+        assert!(b.is_empty());
+        let mut batch = sealed.pop_front().unwrap();
+        assert_eq!(batch.body(), b"[aa,b]");
+        assert_eq!(batch.items(), [1..3, 4..5]);
+        let texts: Vec<&[u8]> = batch
+            .events()
+            .iter()
+            .map(|e| e.as_raw().unwrap().as_ref())
+            .collect();
+        assert_eq!(texts, [b"aa".as_slice(), b"b"]);
+        assert!(!batch.is_empty());
+        batch.retain(&[false, false]);
+        assert!(batch.is_empty());
+        assert!(batch.events().is_empty());
+    }
+
     #[test]
     fn a_batch_closes_at_the_event_limit() {
         let mut b = Batcher::new(limits(2, 1000), JsonLines.framing());

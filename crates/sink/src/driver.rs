@@ -150,14 +150,15 @@ impl<S: Service> Driver<S> {
         // only ever close by age (with the channel full behind it), so it
         // is capped there.
         let mut limits = c.limits;
+        // (A channel holds at least one event.)
         let capacity = cx.input.handle().stats().capacity();
-        if capacity > 0 && limits.max_events > capacity / 2 {
+        let capped = limits.max_events.min((capacity / 2).max(1));
+        if capped != limits.max_events {
             tracing::debug!(
                 stage = %cx.id,
-                "batches capped at {} events (half the input channel's {capacity})",
-                (capacity / 2).max(1)
+                "batches capped at {capped} events (half the input channel's {capacity})"
             );
-            limits.max_events = (capacity / 2).max(1);
+            limits.max_events = capped;
         }
         let mut batcher = Batcher::new(limits, self.encoder.framing());
         let mut sealed: VecDeque<Batch> = VecDeque::new();

@@ -110,6 +110,40 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
 
+    /// Each option lands in the driver's setting of the same meaning;
+    /// the partition cap, which no option sets, keeps its default.
+    #[test]
+    fn limits_and_retry_take_each_option() {
+        let o = DeliveryOptions {
+            batch_max_events: 7,
+            batch_max_bytes: 4096,
+            batch_timeout_ms: 250,
+            retry_initial_backoff_ms: 20,
+            retry_max_backoff_ms: 900,
+            retry_max_attempts: Some(4),
+            retry_max_elapsed_ms: Some(60_000),
+            ..options()
+        };
+        assert_eq!(
+            o.limits(),
+            BatchLimits {
+                max_events: 7,
+                max_bytes: 4096,
+                max_age: Duration::from_millis(250),
+                max_partitions: BatchLimits::default().max_partitions,
+            }
+        );
+        assert_eq!(
+            o.retry(),
+            RetryPolicy {
+                initial_backoff: Duration::from_millis(20),
+                max_backoff: Duration::from_millis(900),
+                max_attempts: Some(4),
+                max_elapsed: Some(Duration::from_secs(60)),
+            }
+        );
+    }
+
     fn options() -> DeliveryOptions {
         DeliveryOptions {
             batch_max_events: 10,

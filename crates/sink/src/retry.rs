@@ -151,6 +151,12 @@ mod tests {
             p.next_delay(9, Duration::from_millis(9500), None, 0.5),
             None
         );
+        // A retry that would start exactly at the cap still goes.
+        let delay = p.next_delay(1, Duration::ZERO, None, 1.0).unwrap();
+        assert_eq!(
+            p.next_delay(1, Duration::from_secs(10) - delay, None, 1.0),
+            Some(delay)
+        );
     }
 
     #[test]

@@ -82,7 +82,8 @@ impl Service for Scripted {
         let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         if let Some(gate) = &self.gate {
-            drop(gate.acquire().await.unwrap());
+            // One permit per request: a test lets requests through one by one.
+            gate.acquire().await.unwrap().forget();
         }
         let attempt = {
             let mut seen = self.seen.lock().unwrap();
@@ -130,11 +131,22 @@ async fn run(
     dead: bool,
     stop_after: Option<Duration>,
 ) -> (Run, Driver<Scripted>) {
-    let heard = Arc::new(Heard::default());
     // Room for more than a batch: a sink holds its input batches until
     // their events are settled, so a channel smaller than `max_events`
     // would close every batch by age.
-    let (tx, rx) = channel(256);
+    run_in(driver, n, dead, stop_after, 256).await
+}
+
+/// [`run`] through an input channel of `capacity` events.
+async fn run_in(
+    driver: Driver<Scripted>,
+    n: u64,
+    dead: bool,
+    stop_after: Option<Duration>,
+    capacity: usize,
+) -> (Run, Driver<Scripted>) {
+    let heard = Arc::new(Heard::default());
+    let (tx, rx) = channel(capacity);
     let metrics = Arc::new(StageMetrics::default());
     let mut cx = SinkContext::new("ship", rx, metrics.clone());
     let (dead_tx, mut dead_rx) = channel(1000);
@@ -391,14 +403,23 @@ async fn retry_after_holds_the_next_attempt_back() {
     assert!(started.elapsed() >= Duration::from_millis(700));
 }
 
+/// Two shapes at the deadline: every event taken is in a request being
+/// retried (4 × 2 in flight), or most wait in batches not yet sent (one
+/// request of 2 in flight, two more batches sealed behind it).
 #[tokio::test(start_paused = true)]
 async fn the_drain_deadline_stops_a_sink_that_would_retry_for_ever() {
+    for (max_events, in_flight) in [(4, 2), (2, 1)] {
+        the_drain_deadline_stops(max_events, in_flight).await;
+    }
+}
+
+async fn the_drain_deadline_stops(max_events: usize, in_flight: usize) {
     let down = |_: &[u64], _| Response::Retry {
         reason: "HTTP 503".into(),
         retry_after: None,
     };
     let (r, _) = run(
-        Driver::new(scripted(down), JsonLines, config(4, 2)),
+        Driver::new(scripted(down), JsonLines, config(max_events, in_flight)),
         10,
         false,
         Some(Duration::from_secs(30)),
@@ -507,4 +528,169 @@ async fn a_batch_the_sink_holds_back_by_policy_is_discarded_not_retried_or_dead_
     );
     let m = r.metrics.snapshot();
     assert_eq!((m.events_out, m.discarded, m.routed), (3, 3, 0));
+}
+
+/// A drain deadline that passes with nothing held is no failure: the sink
+/// delivered everything it took (its input is still open).
+#[tokio::test(start_paused = true)]
+async fn a_drain_deadline_with_nothing_held_ends_cleanly() {
+    let driver = Driver::new(
+        scripted(|_, _| Response::Delivered),
+        JsonLines,
+        config(2, 1),
+    );
+    let heard = Arc::new(Heard::default());
+    let (tx, rx) = channel(16);
+    let metrics = Arc::new(StageMetrics::default());
+    let mut cx = SinkContext::new("ship", rx, metrics.clone());
+    tx.send(events(&heard, 0..4)).await.unwrap();
+    let stop = cx.stop.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop.cancel();
+    });
+    driver.run(&mut cx).await.unwrap();
+    drop(tx);
+    assert_eq!(outcomes(&heard), all(4, Outcome::Delivered));
+    assert_eq!(metrics.snapshot().errored, 0);
+}
+
+/// A batch may hold at most half of the input channel's events (a larger
+/// one could only close by age, with the channel full behind it); a
+/// smaller `max_events` stays as it is.
+#[tokio::test(start_paused = true)]
+async fn a_batch_holds_at_most_half_the_input_channel() {
+    for (max_events, capacity, largest) in [(100, 8, 4), (10, 8, 4), (3, 8, 3)] {
+        let driver = Driver::new(
+            scripted(|_, _| Response::Delivered),
+            JsonLines,
+            config(max_events, 1),
+        );
+        let (r, driver) = run_in(driver, 30, false, None, capacity).await;
+        r.result.unwrap();
+        let seen = driver.service().seen.lock().unwrap().clone();
+        assert_eq!(seen.concat(), (0..30).collect::<Vec<_>>());
+        assert_eq!(
+            seen.iter().map(Vec::len).max(),
+            Some(largest),
+            "max_events {max_events}, channel {capacity}"
+        );
+    }
+}
+
+/// Yields (each step one scheduler turn; the paused clock does not move
+/// while this task is ready) until `cond` holds.
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..100_000 {
+        if cond() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("never: {what}");
+}
+
+/// The sink keeps each input batch, and with it the batch's room in the
+/// channel, until every event taken from it is settled: an input batch
+/// split across two requests is let go only when the second is done.
+#[tokio::test(start_paused = true)]
+async fn an_input_batch_holds_its_room_until_its_last_event_is_settled() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut service = scripted(|_, _| Response::Delivered);
+    service.gate = Some(gate.clone());
+    let driver = Arc::new(Driver::new(service, JsonLines, config(2, 1)));
+    let heard = Arc::new(Heard::default());
+    let (tx, rx) = channel(16);
+    let channel_stats = tx.stats();
+    let metrics = Arc::new(StageMetrics::default());
+    let running = {
+        let (driver, metrics) = (driver.clone(), metrics.clone());
+        tokio::spawn(async move {
+            let mut cx = SinkContext::new("ship", rx, metrics);
+            driver.run(&mut cx).await.unwrap();
+        })
+    };
+    // A = [0 1 2], B = [3 4]: requests [0 1], then [2 3] and [4] behind it.
+    tx.send(events(&heard, 0..3)).await.unwrap();
+    tx.send(events(&heard, 3..5)).await.unwrap();
+    until("both input batches taken, one request out", || {
+        metrics.snapshot().events_in == 5 && driver.service().current.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(channel_stats.occupancy(), 5, "both input batches held");
+    // [0 1] done: A still has event 2 out, so A keeps all its room.
+    gate.add_permits(1);
+    until("the first request committed", || {
+        metrics.snapshot().events_out == 2
+    })
+    .await;
+    assert_eq!(
+        channel_stats.occupancy(),
+        5,
+        "A let go before its last event"
+    );
+    gate.add_permits(1000);
+    drop(tx);
+    running.await.unwrap();
+    assert_eq!(channel_stats.occupancy(), 0);
+    assert_eq!(outcomes(&heard), all(5, Outcome::Delivered));
+}
+
+/// An answer with a result count other than the request's item count is
+/// not trusted item by item: the whole request is tried again.
+#[tokio::test(start_paused = true)]
+async fn an_answer_for_the_wrong_number_of_items_retries_the_request() {
+    let answer = |items: &[u64], attempt| {
+        if attempt == 1 {
+            Response::Items(vec![ItemResult::Delivered; items.len() - 1])
+        } else {
+            Response::Delivered
+        }
+    };
+    let (r, driver) = run(
+        Driver::new(scripted(answer), JsonLines, config(3, 1)),
+        3,
+        false,
+        None,
+    )
+    .await;
+    r.result.unwrap();
+    let seen = driver.service().seen.lock().unwrap().clone();
+    assert_eq!(seen, [vec![0, 1, 2], vec![0, 1, 2]]);
+    assert_eq!(outcomes(&r.heard), all(3, Outcome::Delivered));
+}
+
+/// When the stage fails, the batch sealed behind the refused request is
+/// never sent: its events are errored and counted with the refused ones.
+#[tokio::test(start_paused = true)]
+async fn a_failed_stage_counts_the_batches_it_never_sent_as_errored() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut service = scripted(|_, _| Response::Rejected {
+        reason: "HTTP 400: bad".into(),
+    });
+    service.gate = Some(gate.clone());
+    let driver = Arc::new(Driver::new(service, JsonLines, config(3, 1)));
+    let heard = Arc::new(Heard::default());
+    let (tx, rx) = channel(16);
+    let metrics = Arc::new(StageMetrics::default());
+    let running = {
+        let (driver, metrics) = (driver.clone(), metrics.clone());
+        tokio::spawn(async move {
+            let mut cx = SinkContext::new("ship", rx, metrics);
+            driver.run(&mut cx).await
+        })
+    };
+    // [0 1 2] goes out and is held; [3 4 5] is sealed behind it.
+    tx.send(events(&heard, 0..3)).await.unwrap();
+    tx.send(events(&heard, 3..6)).await.unwrap();
+    until("both batches taken, one request out", || {
+        metrics.snapshot().events_in == 6 && driver.service().current.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    gate.add_permits(1000);
+    running.await.unwrap().unwrap_err();
+    assert_eq!(driver.service().seen.lock().unwrap().len(), 1);
+    assert_eq!(outcomes(&heard), all(6, Outcome::Errored));
+    let m = metrics.snapshot();
+    assert_eq!((m.events_in, m.events_out, m.errored), (6, 0, 6));
 }
