@@ -38,7 +38,8 @@ pub struct FileSourceOptions {
     /// `whole` (the whole input is one event, up to `max_line_bytes`).
     #[serde(default)]
     pub framing: logbus_framing::Framing,
-    /// Directory where the read position is saved (`<stage>.file.json`).
+    /// Directory where the read position is saved (`<stage>.file.json`),
+    /// made at start if missing.
     /// With it, each line is acknowledged: the saved position never passes
     /// a line the sinks have not confirmed, and a restart resumes there (a
     /// file read to the end reads only what was appended since). Without
@@ -131,6 +132,11 @@ impl Source for FileReader {
         };
         let identity = FileIdentity::of(&self.path)
             .map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        // Made here, as `source: tail` does: a missing folder would fail
+        // every save with only a warning, and a restart would read the
+        // whole file again.
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StageError::io(format!("creating state_dir {}", dir.display()), e))?;
         let state = ReadPosition::new(dir, &cx.id, identity, &what);
         let saved = state.load();
         let mut reader = open()?;
@@ -540,6 +546,254 @@ mod tests {
             std::fs::read_to_string(&path).unwrap(),
             "before\none\ntwo\nthree\n"
         );
+    }
+
+    /// Runs `sink: file` with `options` over one batch of lines.
+    async fn write_lines(options: serde_json::Value, lines: &[&str]) -> Result<(), StageError> {
+        use logbus_plugin_api::testing;
+        let sink = testing::sink(&logbus_plugin_api::Typed(FileSink), options);
+        let batch = lines
+            .iter()
+            .map(|l| crate::writer_sink::tests::line(l))
+            .collect();
+        testing::run_sink(sink, vec![batch]).await.0
+    }
+
+    /// A file left ending in part of a line (a crash mid-write) is closed
+    /// with a newline before appending, so the next event starts a line.
+    #[tokio::test]
+    async fn appending_after_a_torn_line_starts_a_new_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        std::fs::write(&path, "whole\ntorn").unwrap();
+        write_lines(serde_json::json!({ "path": path }), &["one"])
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "whole\ntorn\none\n"
+        );
+    }
+
+    /// `append: false` replaces what the file held.
+    #[tokio::test]
+    async fn without_append_the_file_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        std::fs::write(&path, "old\ntorn").unwrap();
+        write_lines(
+            serde_json::json!({ "path": path, "append": false }),
+            &["one"],
+        )
+        .await
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\n");
+    }
+
+    /// A compressed file appended to gets a second stream right after the
+    /// first, with nothing between them (a newline there, as for a torn
+    /// text line, would break the gzip reader), and reads back whole.
+    #[tokio::test]
+    async fn a_compressed_append_is_a_second_stream_that_reads_back() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log.gz");
+        let options = serde_json::json!({ "path": path, "compression": "gzip", "sync": true });
+        write_lines(options.clone(), &["one", "two"]).await.unwrap();
+        let first = std::fs::read(&path).unwrap();
+        assert_ne!(first.last(), Some(&b'\n'));
+        write_lines(options, &["three"]).await.unwrap();
+        let both = std::fs::read(&path).unwrap();
+        assert_eq!(
+            &both[first.len()..first.len() + 2],
+            b"\x1f\x8b",
+            "a gzip member follows"
+        );
+        let mut text = String::new();
+        logbus_compress::open(
+            std::fs::File::open(&path).unwrap(),
+            logbus_compress::ReadCompression::Auto,
+        )
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+        assert_eq!(text, "one\ntwo\nthree\n");
+    }
+
+    /// Only newline framing has lines to close: an octet-counted file is
+    /// appended to exactly where it ends.
+    #[tokio::test]
+    async fn other_framings_are_appended_to_as_they_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        std::fs::write(&path, "3 abc").unwrap();
+        write_lines(
+            serde_json::json!({ "path": path, "framing": "octet-counting" }),
+            &["one"],
+        )
+        .await
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "3 abc3 one");
+    }
+
+    /// `create_dirs` makes the missing folders; without it, the missing
+    /// folder is an error that names the file.
+    #[tokio::test]
+    async fn missing_folders_are_made_only_with_create_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/out.log");
+        let error = write_lines(serde_json::json!({ "path": path }), &["one"])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("opening") && error.contains("a/b/out.log"),
+            "{error}"
+        );
+        write_lines(
+            serde_json::json!({ "path": path, "create_dirs": true }),
+            &["one"],
+        )
+        .await
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\n");
+    }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    }
+
+    /// Reads `path` with `source: file` to its end.
+    async fn read_file(options: serde_json::Value, n: usize) -> Vec<logbus_plugin_api::Event> {
+        use logbus_plugin_api::testing;
+        let source = testing::source(&logbus_plugin_api::Typed(FileSource), options);
+        let mut running = testing::run_source(source, 64);
+        let events = testing::take(&mut running.rx, n).await;
+        running.task.await.unwrap().unwrap();
+        if let Some(more) = running.rx.recv().await {
+            panic!("more than {n} events: {} more", more.len());
+        }
+        events
+    }
+
+    fn text(events: &[logbus_plugin_api::Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| String::from_utf8_lossy(e.as_raw().unwrap()).into_owned())
+            .collect()
+    }
+
+    /// Every line is an event carrying the file as its origin and the time
+    /// it was read, the last one too when no newline ends it.
+    #[tokio::test]
+    async fn the_file_source_reads_each_line_with_its_origin_and_read_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.log");
+        std::fs::write(&path, "one\ntwo\nthree").unwrap();
+        let before = now();
+        let events = read_file(serde_json::json!({ "path": path }), 3).await;
+        let after = now();
+        assert_eq!(text(&events), ["one", "two", "three"]);
+        for event in &events {
+            let meta = event.meta();
+            assert_eq!(meta.origin.as_deref(), path.to_str());
+            assert_eq!(&*meta.source, "s");
+            assert!(
+                (before..=after).contains(&meta.ingest_ns),
+                "read at {} outside {before}..={after}",
+                meta.ingest_ns
+            );
+        }
+    }
+
+    /// A compressed file is read as the lines it holds.
+    #[tokio::test]
+    async fn the_file_source_reads_a_compressed_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.log.zst");
+        write_lines(
+            serde_json::json!({ "path": path, "compression": "zstd" }),
+            &["one", "two"],
+        )
+        .await
+        .unwrap();
+        let events = read_file(serde_json::json!({ "path": path }), 2).await;
+        assert_eq!(text(&events), ["one", "two"]);
+    }
+
+    /// With `state_dir`, a second run reads only what was appended; a file
+    /// now shorter than the saved position is read from the start.
+    #[tokio::test]
+    async fn with_a_state_dir_a_rerun_reads_only_what_is_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.log");
+        let options = serde_json::json!({ "path": path, "state_dir": dir.path().join("state") });
+        std::fs::write(&path, "one\ntwo\n").unwrap();
+        assert_eq!(text(&read_file(options.clone(), 2).await), ["one", "two"]);
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut file, b"three\n").unwrap();
+        assert_eq!(text(&read_file(options.clone(), 1).await), ["three"]);
+        // Cut short in place, past the fingerprinted first KiB: the same
+        // file by inode and first bytes, but shorter than the saved position.
+        let lines: Vec<String> = (0..200).map(|i| format!("line-{i:03}\n")).collect();
+        std::fs::write(&path, lines.concat()).unwrap();
+        assert_eq!(read_file(options.clone(), 200).await.len(), 200);
+        std::fs::write(&path, lines[..150].concat()).unwrap();
+        let again = text(&read_file(options, 150).await);
+        assert_eq!((again[0].as_str(), again.len()), ("line-000", 150));
+    }
+
+    /// A `state_dir` that cannot be made (a file is in the way) is an
+    /// error naming it, before anything is read.
+    #[tokio::test]
+    async fn a_state_dir_that_cannot_be_made_is_an_error_naming_it() {
+        use logbus_plugin_api::testing;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.log");
+        std::fs::write(&path, "one\n").unwrap();
+        let blocked = dir.path().join("blocked");
+        std::fs::write(&blocked, "").unwrap();
+        let source = testing::source(
+            &logbus_plugin_api::Typed(FileSource),
+            serde_json::json!({ "path": path, "state_dir": blocked.join("state") }),
+        );
+        let mut running = testing::run_source(source, 4);
+        let error = (&mut running.task).await.unwrap().unwrap_err().to_string();
+        assert!(
+            error.contains("creating state_dir") && error.contains("blocked/state"),
+            "{error}"
+        );
+        assert!(running.rx.recv().await.is_none(), "nothing was read");
+    }
+
+    /// A missing file is an error naming it.
+    #[tokio::test]
+    async fn a_missing_file_is_an_error_naming_it() {
+        use logbus_plugin_api::testing;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope.log");
+        for options in [
+            serde_json::json!({ "path": path }),
+            serde_json::json!({ "path": path, "state_dir": dir.path() }),
+        ] {
+            let source = testing::source(&logbus_plugin_api::Typed(FileSource), options);
+            let error = testing::run_source(source, 4)
+                .task
+                .await
+                .unwrap()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("opening") && error.contains("nope.log"),
+                "{error}"
+            );
+        }
     }
 
     #[test]
