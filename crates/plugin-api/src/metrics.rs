@@ -176,3 +176,131 @@ impl StageMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each counter adds to its own field of the snapshot and no other.
+    #[test]
+    fn each_counter_lands_in_its_own_field() {
+        let m = StageMetrics::default();
+        m.add_in(1);
+        m.add_out(2);
+        m.add_discarded(3);
+        m.add_errored(4);
+        m.add_routed(5);
+        m.add_created(6);
+        m.add_redelivered(7);
+        m.add_retried(8);
+        m.add_bytes_out(9);
+        m.add_blocked_ns(1_500_000_000);
+        m.add_in(10);
+        let s = m.snapshot();
+        assert_eq!(
+            s,
+            StageCounts {
+                events_in: 11,
+                events_out: 2,
+                discarded: 3,
+                errored: 4,
+                routed: 5,
+                created: 6,
+                redelivered: 7,
+                retried: 8,
+                ..StageCounts::default()
+            }
+        );
+        assert_eq!(m.bytes_out(), 9);
+        assert_eq!(m.blocked_seconds(), 1.5);
+        assert!(!s.has_acks());
+    }
+
+    /// In + created = out + discarded + errored + routed when everything
+    /// is accounted for; a shortfall is positive, a surplus negative.
+    #[test]
+    fn unaccounted_is_what_came_in_less_what_went_anywhere() {
+        let counts = |events_in, created, events_out, discarded, errored, routed| StageCounts {
+            events_in,
+            created,
+            events_out,
+            discarded,
+            errored,
+            routed,
+            ..StageCounts::default()
+        };
+        assert_eq!(counts(10, 2, 5, 3, 2, 2).unaccounted(), 0);
+        assert_eq!(counts(10, 2, 5, 3, 2, 1).unaccounted(), 1);
+        assert_eq!(counts(10, 0, 5, 3, 2, 1).unaccounted(), -1);
+        assert_eq!(counts(0, 4, 4, 0, 0, 0).unaccounted(), 0);
+    }
+
+    /// Acknowledgement totals replace (not add to) the last ones; the
+    /// oldest open batch is reported by its age, 0 once none is open.
+    #[test]
+    fn acknowledgements_are_totals_and_the_oldest_open_batch_an_age() {
+        let m = StageMetrics::default();
+        let counts = |delivered, rejected, errored| crate::AckCounts {
+            delivered,
+            rejected,
+            errored,
+        };
+        m.set_acks(counts(1, 1, 1), None);
+        let sent = std::time::SystemTime::now() - std::time::Duration::from_secs(3);
+        m.set_acks(counts(5, 2, 1), Some(sent));
+        let s = m.snapshot();
+        assert_eq!(
+            (s.acked_delivered, s.acked_rejected, s.acked_errored),
+            (5, 2, 1)
+        );
+        assert!(
+            (3_000..10_000).contains(&s.oldest_unacked_ms),
+            "{}",
+            s.oldest_unacked_ms
+        );
+        assert!(s.has_acks());
+        m.set_acks(counts(0, 0, 0), None);
+        assert_eq!(m.snapshot().oldest_unacked_ms, 0);
+        assert!(!m.snapshot().has_acks());
+        // Any one count, or an open batch alone, makes a source with acks.
+        for s in [
+            StageCounts {
+                acked_delivered: 1,
+                ..StageCounts::default()
+            },
+            StageCounts {
+                acked_rejected: 1,
+                ..StageCounts::default()
+            },
+            StageCounts {
+                acked_errored: 1,
+                ..StageCounts::default()
+            },
+            StageCounts {
+                oldest_unacked_ms: 1,
+                ..StageCounts::default()
+            },
+        ] {
+            assert!(s.has_acks(), "{s:?}");
+        }
+    }
+
+    /// Named outputs count by index once named; before that, and past the
+    /// last name, a count goes nowhere; naming twice keeps the first names.
+    #[test]
+    fn named_outputs_count_by_index() {
+        let m = StageMetrics::default();
+        m.add_named(0, 5);
+        assert!(m.named_outputs().is_empty());
+        m.name_outputs(&["high".into(), "low".into()]);
+        m.name_outputs(&["other".into()]);
+        m.add_named(1, 2);
+        m.add_named(1, 3);
+        m.add_named(0, 1);
+        m.add_named(2, 9);
+        assert_eq!(
+            m.named_outputs(),
+            [("high".to_string(), 1), ("low".to_string(), 5)]
+        );
+    }
+}

@@ -463,10 +463,13 @@ fn parse_all<T: DeserializeOwned>(
 ) -> (Option<T>, Vec<OptionError>) {
     let mut errors = Vec::new();
     let mut cleaned = options.clone();
-    if let (Some(map), Some(known)) = (
-        cleaned.as_object_mut(),
-        schema.get("properties").and_then(Value::as_object),
-    ) {
+    // Options without fields have an object schema with no `properties`.
+    let no_fields = serde_json::Map::new();
+    let known = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .or_else(|| (schema.get("type") == Some(&Value::from("object"))).then_some(&no_fields));
+    if let (Some(map), Some(known)) = (cleaned.as_object_mut(), known) {
         let unknown: Vec<String> = map
             .keys()
             .filter(|k| !known.contains_key(*k))
@@ -682,6 +685,330 @@ mod tests {
         assert_eq!(
             errors(serde_json::json!({"in_fligth": 2, "level": 0})).len(),
             2
+        );
+    }
+
+    #[test]
+    fn stage_kinds_round_trip_through_their_keys() {
+        for kind in StageKind::ALL {
+            assert_eq!(StageKind::from_key(kind.key()), Some(kind));
+            assert_eq!(kind.to_string(), kind.key());
+        }
+        assert_eq!(
+            StageKind::ALL.map(StageKind::key),
+            ["source", "parser", "transform", "formatter", "sink"]
+        );
+        assert_eq!(StageKind::from_key("filter"), None);
+        assert_eq!(
+            StageKind::ALL.map(StageKind::is_processor),
+            [false, true, true, true, false]
+        );
+        // Display pads, so the kind lines up in tables.
+        assert_eq!(format!("[{:>6}]", StageKind::Sink), "[  sink]");
+    }
+
+    #[test]
+    fn stage_errors_say_what_failed_and_why() {
+        let e = StageError::io("opening out.log", std::io::Error::other("no space"));
+        assert_eq!(e.to_string(), "opening out.log: no space");
+        assert_eq!(
+            std::error::Error::source(&e).unwrap().to_string(),
+            "no space"
+        );
+        let closed: StageError = crate::channel::SendError(Vec::new()).into();
+        assert!(matches!(closed, StageError::OutputClosed), "{closed:?}");
+        assert_eq!(EventError::new("bad level").to_string(), "bad level");
+    }
+
+    #[test]
+    fn a_panic_message_is_read_from_either_payload() {
+        let payload = |f: fn()| std::panic::catch_unwind(f).unwrap_err();
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let literal = payload(|| panic!("a literal"));
+        let formatted = payload(|| panic!("formatted {}", 7));
+        let other = payload(|| std::panic::panic_any(7_u8));
+        std::panic::set_hook(hook);
+        assert_eq!(panic_message(&*literal), "a literal");
+        assert_eq!(panic_message(&*formatted), "formatted 7");
+        assert_eq!(panic_message(&*other), "a panic without a message");
+    }
+
+    #[test]
+    fn an_output_set_lists_its_indices_lowest_first() {
+        let mut set = OutputSet::default();
+        assert!(set.is_empty());
+        assert_eq!((set.len(), set.iter().count()), (0, 0));
+        for i in [63, 5, 0, 5] {
+            set.insert(i);
+        }
+        assert!(!set.is_empty());
+        assert_eq!(set.len(), 3);
+        assert_eq!(set.iter().collect::<Vec<_>>(), [0, 5, 63]);
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_pipeline_folder() {
+        let cx = BuildContext {
+            stage_id: "s".into(),
+            base_dir: "/etc/logbus".into(),
+            worker: 0,
+        };
+        assert_eq!(
+            cx.resolve(std::path::Path::new("state")),
+            std::path::Path::new("/etc/logbus/state")
+        );
+        assert_eq!(
+            cx.resolve(std::path::Path::new("/var/lib/x")),
+            std::path::Path::new("/var/lib/x")
+        );
+        let e = OptionError::inside(&["when"], 4, "unknown operator");
+        assert_eq!(
+            (e.path, e.offset, e.message.as_str()),
+            (vec!["when".to_string()], Some(4), "unknown operator")
+        );
+        assert_eq!(OptionError::at(&[], "x").offset, None);
+    }
+
+    /// A typed plugin whose options have a range, a cross-field check and
+    /// named outputs, to see what [`Typed`] does with each.
+    struct Router;
+
+    #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct RouterOptions {
+        #[schemars(range(min = 1, max = 9))]
+        #[serde(default = "one")]
+        level: u32,
+        #[serde(default)]
+        routes: Vec<String>,
+        #[schemars(range(max = 10))]
+        #[serde(default)]
+        #[allow(dead_code)]
+        shift: i64,
+    }
+
+    fn one() -> u32 {
+        1
+    }
+
+    impl CheckOptions for RouterOptions {
+        fn check(&self) -> Vec<OptionError> {
+            let mut errors = Vec::new();
+            if self.level > 5 && self.routes.is_empty() {
+                errors.push(OptionError::at(&["level"], "above 5 needs routes"));
+            }
+            if self.routes.iter().any(String::is_empty) {
+                errors.push(OptionError::at(&["routes"], "a route needs a name"));
+            }
+            errors
+        }
+    }
+
+    impl TypedPlugin for Router {
+        type Options = RouterOptions;
+        const NAME: &'static str = "router";
+        const KIND: StageKind = StageKind::Transform;
+        const DESCRIPTION: &'static str = "routes";
+        const MAX_PER_PIPELINE: Option<usize> = Some(2);
+        const ACKNOWLEDGEMENTS: Option<&'static str> = Some("never");
+
+        fn build(&self, options: RouterOptions, _: &BuildContext) -> Result<Built, OptionError> {
+            if options.routes.iter().any(|r| r == "broken") {
+                return Err(OptionError::at(&["routes"], "cannot build `broken`"));
+            }
+            Ok(Built::Processor(Box::new(|_: &mut Event| {
+                Ok(Verdict::Discard)
+            })))
+        }
+
+        fn check_in_context(&self, options: &RouterOptions, cx: &BuildContext) -> Vec<OptionError> {
+            if options.routes.iter().any(|r| r == &cx.stage_id) {
+                vec![OptionError::at(&["routes"], "a route named like the stage")]
+            } else {
+                Vec::new()
+            }
+        }
+
+        fn outputs(&self, options: &RouterOptions) -> Vec<String> {
+            options.routes.clone()
+        }
+    }
+
+    fn said(errors: &[OptionError]) -> Vec<String> {
+        errors
+            .iter()
+            .map(|e| format!("{}: {}", e.path.join("."), e.message))
+            .collect()
+    }
+
+    #[test]
+    fn a_typed_plugin_says_what_its_constants_say() {
+        let p = Typed(Router);
+        assert_eq!(
+            (p.name(), p.kind(), p.description()),
+            ("router", StageKind::Transform, "routes")
+        );
+        assert_eq!(p.max_per_pipeline(), Some(2));
+        assert_eq!(p.acknowledgements(), Some("never"));
+        let schema = p.options_schema();
+        assert_eq!(schema["properties"]["level"]["maximum"], 9);
+        assert_eq!(
+            p.outputs(&serde_json::json!({"routes": ["a", "b"]})),
+            ["a", "b"]
+        );
+        // Options that do not parse declare no outputs.
+        assert!(p.outputs(&serde_json::json!({"routes": 3})).is_empty());
+    }
+
+    #[test]
+    fn a_typed_plugin_checks_ranges_then_its_own_rules_then_the_context() {
+        let p = Typed(Router);
+        let cx = BuildContext {
+            stage_id: "s".into(),
+            base_dir: ".".into(),
+            worker: 0,
+        };
+        let check = |options| said(&p.check(&options, &cx));
+        assert!(check(serde_json::json!({"routes": ["a"], "level": 7})).is_empty());
+        // The plugin's own rule, when the ranges hold.
+        assert_eq!(
+            check(serde_json::json!({"level": 7})),
+            ["level: above 5 needs routes"]
+        );
+        // An option out of range is not also reported by the plugin's rule.
+        assert_eq!(
+            check(serde_json::json!({"level": 10})),
+            ["level: must be between 1 and 9, got 10"]
+        );
+        // ... but a rule about another option still is.
+        assert_eq!(
+            check(serde_json::json!({"level": 10, "routes": [""]})),
+            [
+                "level: must be between 1 and 9, got 10",
+                "routes: a route needs a name"
+            ]
+        );
+        // Only a bound above: said as such.
+        assert_eq!(
+            check(serde_json::json!({"shift": 11})),
+            ["shift: must be at most 10, got 11"]
+        );
+        assert!(check(serde_json::json!({"shift": -1000})).is_empty());
+        // With the options right, the checks that need the pipeline.
+        let stage = cx.stage_id.clone();
+        assert_eq!(
+            check(serde_json::json!({"routes": [stage]})),
+            ["routes: a route named like the stage"]
+        );
+        // A type error says where, inside a list too.
+        assert_eq!(
+            check(serde_json::json!({"routes": ["a", 2]})),
+            ["routes.1: invalid type: integer `2`, expected a string"]
+        );
+    }
+
+    #[test]
+    fn a_typed_plugin_builds_only_from_options_that_pass() {
+        let p = Typed(Router);
+        let cx = BuildContext {
+            stage_id: "s".into(),
+            base_dir: ".".into(),
+            worker: 0,
+        };
+        let mut built = match p.build(&serde_json::json!({"routes": ["a"]}), &cx) {
+            Ok(Built::Processor(processor)) => processor,
+            _ => panic!("not a processor"),
+        };
+        let mut event = Event::raw("x", crate::Meta::now("s".into()));
+        assert!(matches!(built.process(&mut event), Ok(Verdict::Discard)));
+        let error = |options| match p.build(&options, &cx) {
+            Err(e) => said(&e),
+            Ok(_) => panic!("built from {options}"),
+        };
+        assert_eq!(
+            error(serde_json::json!({"level": 0})),
+            ["level: must be between 1 and 9, got 0"]
+        );
+        assert_eq!(
+            error(serde_json::json!({"level": 6})),
+            ["level: above 5 needs routes"]
+        );
+        assert_eq!(
+            error(serde_json::json!({"routes": ["broken"]})),
+            ["routes: cannot build `broken`"]
+        );
+    }
+
+    #[test]
+    fn an_unknown_option_names_the_closest_and_lists_the_rest() {
+        let schema = schemars::schema_for!(Ranged).to_value();
+        let rejected = |options| match parse_options::<Ranged>(&options, &schema) {
+            Err(e) => said(&e),
+            Ok(_) => panic!("accepted {options}"),
+        };
+        assert_eq!(
+            rejected(serde_json::json!({"in_fligth": 2})),
+            [
+                "in_fligth: unknown option `in_fligth`; did you mean `in_flight`? (options: in_flight, level, timeout_ms, ratio, name)"
+            ]
+        );
+        assert_eq!(
+            rejected(serde_json::json!({"colour": "red"})),
+            [
+                "colour: unknown option `colour` (options: in_flight, level, timeout_ms, ratio, name)"
+            ]
+        );
+        let none = schemars::schema_for!(NoOptions).to_value();
+        match parse_options::<NoOptions>(&serde_json::json!({"path": "x"}), &none) {
+            Err(e) => assert_eq!(
+                said(&e),
+                ["path: unknown option `path` (this plugin takes no options)"]
+            ),
+            Ok(_) => panic!("accepted an option"),
+        }
+    }
+
+    #[test]
+    fn the_closest_name_is_a_likely_typo_only() {
+        let names = ["path", "paths", "abcdefghi", "ab"];
+        assert_eq!(closest("paths", &names), Some("paths"));
+        assert_eq!(closest("pth", &names), Some("path"));
+        // Up to a third of a long name may differ ...
+        assert_eq!(closest("abcdefxyz", &names), Some("abcdefghi"));
+        assert_eq!(closest("abcdewxyz", &names), None);
+        // ... and two letters of a short one.
+        assert_eq!(closest("xy", &["ab"]), Some("ab"));
+        assert_eq!(closest("xyz", &["ab"]), None);
+        assert_eq!(closest("anything", &[]), None);
+    }
+
+    #[test]
+    fn a_failed_event_carries_the_stage_and_the_reason() {
+        let meta = || crate::Meta::now("s".into());
+        let error = serde_json::json!({"stage": "parse", "message": "not JSON"});
+        let raw = attach_error(Event::raw("a line", meta()), "parse", "not JSON");
+        assert_eq!(
+            serde_json::to_value(raw.as_fields().unwrap()).unwrap(),
+            serde_json::json!({"message": "a line", "_error": error})
+        );
+        let mut fields = crate::Fields::new();
+        fields.insert("level".into(), "warn".into());
+        let parsed = attach_error(Event::fields(fields, meta()), "parse", "not JSON");
+        assert_eq!(
+            serde_json::to_value(parsed.as_fields().unwrap()).unwrap(),
+            serde_json::json!({"level": "warn", "_error": error})
+        );
+        let lazy = crate::LazyFields::parse(crate::Bytes::from_static(b"{\"n\":1}")).unwrap();
+        let lazy = attach_error(
+            Event::new(crate::Payload::Lazy(lazy), meta()),
+            "parse",
+            "not JSON",
+        );
+        assert!(matches!(lazy.payload(), crate::Payload::Fields(_)));
+        assert_eq!(
+            serde_json::to_value(lazy.as_fields().unwrap()).unwrap(),
+            serde_json::json!({"n": 1, "_error": error})
         );
     }
 }

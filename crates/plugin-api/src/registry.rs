@@ -64,3 +64,84 @@ impl Registry {
         self.absent.iter().map(|((k, n), f)| (*k, *n, *f))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::{BuildContext, Built, OptionError};
+
+    struct Named(StageKind, &'static str);
+
+    impl Plugin for Named {
+        fn name(&self) -> &'static str {
+            self.1
+        }
+        fn kind(&self) -> StageKind {
+            self.0
+        }
+        fn description(&self) -> &'static str {
+            ""
+        }
+        fn options_schema(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+        fn check(&self, _: &serde_json::Value, _: &BuildContext) -> Vec<OptionError> {
+            Vec::new()
+        }
+        fn build(
+            &self,
+            _: &serde_json::Value,
+            _: &BuildContext,
+        ) -> Result<Built, Vec<OptionError>> {
+            Err(Vec::new())
+        }
+    }
+
+    /// A name is looked up within its kind; names list sorted, per kind.
+    #[test]
+    fn plugins_are_found_by_kind_and_name() {
+        let mut r = Registry::new();
+        r.add(Named(StageKind::Sink, "file"));
+        r.add(Named(StageKind::Source, "file"));
+        r.add(Named(StageKind::Source, "stdin"));
+        assert_eq!(r.get(StageKind::Source, "stdin").unwrap().name(), "stdin");
+        assert_eq!(
+            r.get(StageKind::Sink, "file").unwrap().kind(),
+            StageKind::Sink
+        );
+        assert!(r.get(StageKind::Sink, "stdin").is_none());
+        assert!(r.get(StageKind::Parser, "file").is_none());
+        assert_eq!(r.names(StageKind::Source), ["file", "stdin"]);
+        assert_eq!(r.names(StageKind::Sink), ["file"]);
+        assert!(r.names(StageKind::Transform).is_empty());
+        assert_eq!(r.plugins().count(), 3);
+    }
+
+    /// An absent plugin is known with its feature until it is added; one
+    /// already present is never recorded absent.
+    #[test]
+    fn absent_plugins_name_their_feature_until_added() {
+        let mut r = Registry::new();
+        r.add(Named(StageKind::Sink, "file"));
+        r.add_absent(StageKind::Sink, "file", "sink-file");
+        r.add_absent(StageKind::Sink, "kafka", "sink-kafka");
+        r.add_absent(StageKind::Source, "kafka", "source-kafka");
+        assert_eq!(r.absent_feature(StageKind::Sink, "file"), None);
+        assert_eq!(
+            r.absent_feature(StageKind::Sink, "kafka"),
+            Some("sink-kafka")
+        );
+        assert_eq!(
+            r.absent_feature(StageKind::Source, "kafka"),
+            Some("source-kafka")
+        );
+        assert_eq!(r.absent_feature(StageKind::Parser, "kafka"), None);
+        assert_eq!(r.absent().count(), 2);
+        r.add(Named(StageKind::Sink, "kafka"));
+        assert_eq!(r.absent_feature(StageKind::Sink, "kafka"), None);
+        assert_eq!(
+            r.absent().collect::<Vec<_>>(),
+            [(StageKind::Source, "kafka", "source-kafka")]
+        );
+    }
+}
