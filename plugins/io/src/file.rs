@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::file_set::{FileSet, FileSetOptions, PathTemplate, run_file_set};
 use crate::line_reader::{LineReaderOptions, PositionStore, Positions, run_line_source};
-use crate::stdio::{check_max_line, default_max_line};
+use crate::stdio::default_max_line;
 use crate::writer_sink::run_writer;
 
 /// Options of `source: file`.
@@ -58,7 +58,9 @@ fn default_checkpoint_interval() -> u64 {
 
 impl CheckOptions for FileSourceOptions {
     fn check(&self) -> Vec<OptionError> {
-        let mut errors = check_max_line(self.max_line_bytes);
+        // The ranges of `max_line_bytes` and `checkpoint_interval_ms` are
+        // in the schema, checked for every plugin alike.
+        let mut errors = Vec::new();
         if self.path.as_os_str().is_empty() {
             errors.push(OptionError::at(&["path"], "must not be empty"));
         }
@@ -68,12 +70,6 @@ impl CheckOptions for FileSourceOptions {
             .is_some_and(|d| d.as_os_str().is_empty())
         {
             errors.push(OptionError::at(&["state_dir"], "must not be empty"));
-        }
-        if !(10..=600_000).contains(&self.checkpoint_interval_ms) {
-            errors.push(OptionError::at(
-                &["checkpoint_interval_ms"],
-                "must be between 10 and 600000",
-            ));
         }
         errors
     }
@@ -375,18 +371,6 @@ impl CheckOptions for FileSinkOptions {
             errors.push(OptionError::at(&["path"], "must not be empty"));
         } else if let Err(e) = PathTemplate::parse(&self.path.to_string_lossy()) {
             errors.push(OptionError::at(&["path"], e));
-        }
-        if self.rotate_bytes == Some(0) {
-            errors.push(OptionError::at(&["rotate_bytes"], "must be at least 1"));
-        }
-        if self.rotate_keep > 1000 {
-            errors.push(OptionError::at(&["rotate_keep"], "must be at most 1000"));
-        }
-        if !(1..=65536).contains(&self.max_open_files) {
-            errors.push(OptionError::at(
-                &["max_open_files"],
-                "must be between 1 and 65536",
-            ));
         }
         errors
     }

@@ -28,19 +28,8 @@ pub(crate) fn default_max_line() -> usize {
     1024 * 1024
 }
 
-impl CheckOptions for StdinOptions {
-    fn check(&self) -> Vec<OptionError> {
-        check_max_line(self.max_line_bytes)
-    }
-}
-
-pub(crate) fn check_max_line(n: usize) -> Vec<OptionError> {
-    if n == 0 {
-        vec![OptionError::at(&["max_line_bytes"], "must be at least 1")]
-    } else {
-        Vec::new()
-    }
-}
+// `max_line_bytes`' range is in the schema, checked for every plugin alike.
+impl CheckOptions for StdinOptions {}
 
 pub struct StdinSource;
 
