@@ -357,4 +357,151 @@ mod tests {
         assert!(b.as_fields().unwrap().is_empty());
         assert_eq!(a.as_fields().unwrap()["x"], json!(1));
     }
+
+    fn lazy(text: &'static str) -> Payload {
+        Payload::Lazy(LazyFields::parse(Bytes::from_static(text.as_bytes())).unwrap())
+    }
+
+    fn fields(value: Value) -> Fields {
+        match value {
+            Value::Object(map) => map,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    #[test]
+    fn payloads_are_equal_by_content_lazy_or_not() {
+        let raw = |t: &'static str| Payload::Raw(Bytes::from_static(t.as_bytes()));
+        assert_eq!(raw("a"), raw("a"));
+        assert_ne!(raw("a"), raw("b"));
+        assert_ne!(raw("{}"), Payload::Fields(Fields::new()));
+        assert_ne!(Payload::Fields(Fields::new()), raw("{}"));
+        assert_eq!(lazy(r#"{"a":1}"#), Payload::Fields(fields(json!({"a": 1}))));
+        assert_eq!(Payload::Fields(fields(json!({"a": 1}))), lazy(r#"{"a":1}"#));
+        assert_ne!(lazy(r#"{"a":1}"#), lazy(r#"{"a":2}"#));
+    }
+
+    #[test]
+    fn json_is_written_for_parsed_payloads_only() {
+        let mut out = Vec::new();
+        assert!(!Payload::Raw(Bytes::from_static(b"x")).write_json(&mut out));
+        assert!(out.is_empty());
+        assert!(Payload::Fields(fields(json!({"a": 1, "b": "x"}))).write_json(&mut out));
+        out.push(b'|');
+        let mut edited = lazy(r#"{"a":1,"b":"x"}"#);
+        if let Payload::Lazy(l) = &mut edited {
+            l.set("c", json!(true));
+            l.delete("a");
+        }
+        assert!(edited.write_json(&mut out));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"a":1,"b":"x"}|{"b":"x","c":true}"#
+        );
+    }
+
+    #[test]
+    fn materialize_turns_lazy_fields_into_ordinary_ones_only() {
+        let mut p = lazy(r#"{"a":1}"#);
+        p.materialize();
+        assert!(matches!(&p, Payload::Fields(f) if f["a"] == json!(1)));
+        let mut raw = Payload::Raw(Bytes::from_static(b"x"));
+        raw.materialize();
+        assert_eq!(raw, Payload::Raw(Bytes::from_static(b"x")));
+    }
+
+    #[test]
+    fn top_level_edits_keep_lazy_fields_lazy_and_deeper_ones_build_them() {
+        let event = || Event::new(lazy(r#"{"a":1,"b":{"c":2}}"#), meta());
+        let top = FieldPath::parse("z").unwrap();
+        let deep = FieldPath::parse("b.c").unwrap();
+        let mut e = event();
+        assert!(e.set_field(&top, json!(3)));
+        assert!(e.delete_field(&FieldPath::parse("a").unwrap()));
+        assert!(matches!(e.payload(), Payload::Lazy(_)));
+        assert_eq!(
+            e.as_fields().unwrap(),
+            &fields(json!({"b": {"c": 2}, "z": 3}))
+        );
+        let mut e = event();
+        assert!(e.set_field(&deep, json!(4)));
+        assert!(matches!(e.payload(), Payload::Fields(_)));
+        assert_eq!(e.as_fields().unwrap()["b"], json!({"c": 4}));
+        let mut e = event();
+        assert!(e.delete_field(&deep));
+        assert!(matches!(e.payload(), Payload::Fields(_)));
+        assert_eq!(e.as_fields().unwrap()["b"], json!({}));
+        // Raw events have no fields to edit.
+        let mut raw = Event::raw("line", meta());
+        assert!(!raw.set_field(&top, json!(1)));
+        assert!(!raw.delete_field(&top));
+        assert!(raw.fields_mut().is_none());
+        assert_eq!(raw.as_raw().map(|b| &b[..]), Some(&b"line"[..]));
+    }
+
+    #[test]
+    fn raw_length_and_parsed_say_what_the_payload_is() {
+        let raw = Event::raw("four", meta());
+        assert_eq!((raw.raw_len(), raw.is_parsed()), (4, false));
+        let parsed = Event::new(lazy("{}"), meta());
+        assert_eq!((parsed.raw_len(), parsed.is_parsed()), (0, true));
+        assert!(parsed.as_raw().is_none());
+        assert!(Event::fields(Fields::new(), meta()).is_parsed());
+    }
+
+    #[test]
+    fn acknowledgement_handles_move_inherit_and_settle() {
+        use std::sync::Mutex;
+        let checkpoint = Arc::new(Mutex::new(OrderedCheckpoint::new()));
+        let open = |events| {
+            let token = checkpoint.lock().unwrap().begin(events, events);
+            BatchAck::new(checkpoint.clone(), token)
+        };
+        let first = open(1);
+        let second = open(2);
+        // A probe handle, settled so that it does not count as failed.
+        let of = |batch: &BatchAck| {
+            let mut probe = batch.handle();
+            let ack = probe.clone();
+            probe.settle(Outcome::Delivered);
+            ack
+        };
+        let mut offered = second.handle();
+        let mut a = Event::raw("a", meta()).with_ack(first.handle());
+        // A pending handle is kept; an event without one takes it.
+        a.inherit_ack(&offered);
+        let mut probe = of(&first);
+        assert!(a.ack().same_batch(&probe));
+        probe.settle(Outcome::Delivered);
+        let mut b = Event::raw("b", meta());
+        b.inherit_ack(&offered);
+        offered.settle(Outcome::Delivered);
+        let mut probe = of(&second);
+        assert!(b.ack().same_batch(&probe) && !a.ack().same_batch(&probe));
+        probe.settle(Outcome::Delivered);
+        // Taking the handle leaves the event without one.
+        let mut taken = a.take_ack();
+        assert!(!a.ack().is_pending() && taken.is_pending());
+        drop((first, second));
+        taken.settle(Outcome::Delivered);
+        drop(taken);
+        let mut c = Event::raw("c", meta());
+        c.inherit_ack(b.ack());
+        Event::settle_all([&mut b, &mut c], Outcome::Rejected);
+        drop((a, b, c));
+        let counts = checkpoint.lock().unwrap().counts();
+        assert_eq!(
+            (counts.delivered, counts.rejected, counts.errored),
+            (1, 2, 0)
+        );
+    }
+
+    #[test]
+    fn a_new_meta_is_stamped_now() {
+        let before = now_ns();
+        let meta = Meta::now("s".into());
+        assert!(before > 1_600_000_000_000_000_000, "{before}");
+        assert!((before..=now_ns()).contains(&meta.ingest_ns));
+        assert_eq!((&*meta.source, meta.origin.is_none()), ("s", true));
+    }
 }
