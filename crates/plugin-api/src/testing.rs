@@ -178,3 +178,81 @@ pub fn assert_registers(register: fn(&mut crate::Registry), features: &[&str]) {
     expected.sort();
     assert_eq!(added, expected, "plugins registered vs features enabled");
 }
+
+/// Asserts that the options table of `page` (a `docs/plugins/*.md` text)
+/// documents `plugin`'s options as its schema declares them: the same
+/// names, and each default as the schema gives it (`none` where it gives
+/// none). The table is the first one (`| name | … | default | …`) after the
+/// line `section` (for a page that documents two plugins), or the page's
+/// first. A default cell is read as its first `code` span, else its text.
+pub fn assert_documented(plugin: &dyn Plugin, page: &str, section: Option<&str>) {
+    let what = format!("{} {}", plugin.kind(), plugin.name());
+    let mut lines = page.lines();
+    if let Some(section) = section {
+        lines
+            .by_ref()
+            .find(|l| l.trim() == section)
+            .unwrap_or_else(|| panic!("{what}: no line `{section}` in its page"));
+    }
+    let cells = |line: &str| -> Vec<String> {
+        let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
+        // `\|` inside a cell is a literal bar.
+        let mut cells = vec![String::new()];
+        let mut chars = inner.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.peek() == Some(&'|') => {
+                    cells.last_mut().expect("one cell").push('|');
+                    chars.next();
+                }
+                '|' => cells.push(String::new()),
+                c => cells.last_mut().expect("one cell").push(c),
+            }
+        }
+        cells.iter().map(|c| c.trim().to_string()).collect()
+    };
+    let header = lines
+        .by_ref()
+        .find(|l| l.starts_with("| name |"))
+        .unwrap_or_else(|| panic!("{what}: no options table (`| name | …`)"));
+    let header = cells(header);
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("{what}: the options table has no `{name}` column"))
+    };
+    let (name_at, default_at) = (column("name"), column("default"));
+    let mut documented = std::collections::BTreeMap::new();
+    for row in lines.skip(1).take_while(|l| l.starts_with('|')) {
+        let row = cells(row);
+        let name = row[name_at].trim_matches('`').to_string();
+        let cell = &row[default_at];
+        let default = match cell.split('`').nth(1) {
+            Some(code) if cell.contains('`') => code.to_string(),
+            _ => cell.clone(),
+        };
+        documented.insert(name, default);
+    }
+    let schema = plugin.options_schema();
+    let properties = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let declared: std::collections::BTreeMap<String, String> = properties
+        .iter()
+        .map(|(name, property)| {
+            let default = match property.get("default") {
+                None | Some(Value::Null) => "none".to_string(),
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+            };
+            (name.clone(), default)
+        })
+        .collect();
+    assert_eq!(
+        documented, declared,
+        "{what}: the options table (left) against the schema (right)"
+    );
+}

@@ -159,3 +159,40 @@ mod option_tests {
         assert_eq!((counts.events_in, counts.events_out), (3, 3));
     }
 }
+
+/// Each plugin's page documents its options with the defaults they have.
+#[cfg(test)]
+mod documentation_tests {
+    use logbus_plugin_api::Typed;
+    use logbus_plugin_api::testing::assert_documented;
+
+    fn page(name: &str) -> String {
+        let path = format!(
+            "{}/../../docs/plugins/{name}.md",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn the_option_tables_match_the_schemas() {
+        let file = page("file");
+        assert_documented(
+            &Typed(crate::file::FileSource),
+            &file,
+            Some("## Source options"),
+        );
+        assert_documented(
+            &Typed(crate::file::FileSink),
+            &file,
+            Some("## Sink options"),
+        );
+        assert_documented(&Typed(crate::stdio::StdinSource), &page("stdin"), None);
+        assert_documented(&Typed(crate::stdio::StdoutSink), &page("stdout"), None);
+        assert_documented(
+            &Typed(crate::generator::GeneratorSource),
+            &page("generator"),
+            None,
+        );
+    }
+}
