@@ -643,6 +643,36 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\n");
     }
 
+    /// Folders named by a template (a field or a time directive) are
+    /// made as events need them, without `create_dirs`.
+    #[tokio::test]
+    async fn folders_a_template_names_are_made_without_create_dirs() {
+        use logbus_plugin_api::testing;
+        let dir = tempfile::tempdir().unwrap();
+        for (template, made) in [
+            ("by-time/%Y/out.log", "by-time"),
+            ("by-field/{{app}}/out.log", "by-field"),
+        ] {
+            let sink = testing::sink(
+                &logbus_plugin_api::Typed(FileSink),
+                serde_json::json!({ "path": dir.path().join(template) }),
+            );
+            let mut fields = logbus_plugin_api::Fields::new();
+            fields.insert("app".into(), "web".into());
+            let event =
+                logbus_plugin_api::Event::fields(fields, logbus_plugin_api::Meta::now("s".into()));
+            let (result, _) = testing::run_sink(sink, vec![vec![event]]).await;
+            result.unwrap_or_else(|e| panic!("{template}: {e}"));
+            let folder = std::fs::read_dir(dir.path().join(made))
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap();
+            let text = std::fs::read_to_string(folder.path().join("out.log")).unwrap();
+            assert_eq!(text, "{\"app\":\"web\"}\n", "{template}");
+        }
+    }
+
     fn now() -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
