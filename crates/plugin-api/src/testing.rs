@@ -180,19 +180,31 @@ pub fn assert_registers(register: fn(&mut crate::Registry), features: &[&str]) {
 }
 
 /// Asserts that the options table of `page` (a `docs/plugins/*.md` text)
-/// documents `plugin`'s options as its schema declares them: the same
-/// names, and each default as the schema gives it (`none` where it gives
-/// none). The table is the first one (`| name | … | default | …`) after the
-/// line `section` (for a page that documents two plugins), or the page's
-/// first. A default cell is read as its first `code` span, else its text.
+/// documents `plugin`'s options as its schema declares them
+/// ([`options_table_mismatch`]).
 pub fn assert_documented(plugin: &dyn Plugin, page: &str, section: Option<&str>) {
+    if let Some(mismatch) = options_table_mismatch(plugin, page, section) {
+        panic!("{mismatch}");
+    }
+}
+
+/// What is wrong with the options table of `page` for `plugin`, if
+/// anything: it must list the names the schema declares, each with the
+/// default the schema gives (`none` where it gives none). The table is the
+/// first one (`| name | … | default | …`) after the line `section` (for a
+/// page that documents two plugins), or the page's first. A default cell
+/// is read as its first `code` span, else its text.
+pub fn options_table_mismatch(
+    plugin: &dyn Plugin,
+    page: &str,
+    section: Option<&str>,
+) -> Option<String> {
     let what = format!("{} {}", plugin.kind(), plugin.name());
     let mut lines = page.lines();
-    if let Some(section) = section {
-        lines
-            .by_ref()
-            .find(|l| l.trim() == section)
-            .unwrap_or_else(|| panic!("{what}: no line `{section}` in its page"));
+    if let Some(section) = section
+        && !lines.by_ref().any(|l| l.trim() == section)
+    {
+        return Some(format!("{what}: no line `{section}` in its page"));
     }
     let cells = |line: &str| -> Vec<String> {
         let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
@@ -211,37 +223,36 @@ pub fn assert_documented(plugin: &dyn Plugin, page: &str, section: Option<&str>)
         }
         cells.iter().map(|c| c.trim().to_string()).collect()
     };
-    let header = lines
-        .by_ref()
-        .find(|l| l.starts_with("| name |"))
-        .unwrap_or_else(|| panic!("{what}: no options table (`| name | …`)"));
-    let header = cells(header);
-    let column = |name: &str| {
-        header
-            .iter()
-            .position(|h| h == name)
-            .unwrap_or_else(|| panic!("{what}: the options table has no `{name}` column"))
+    let schema = plugin.options_schema();
+    let properties = schema.get("properties").and_then(Value::as_object);
+    let Some(header) = lines.by_ref().find(|l| l.starts_with("| name |")) else {
+        if properties.is_none_or(|p| p.is_empty()) {
+            return None; // no options, no table
+        }
+        return Some(format!("{what}: no options table (`| name | …`)"));
     };
-    let (name_at, default_at) = (column("name"), column("default"));
+    let header = cells(header);
+    let (Some(name_at), Some(default_at)) = (
+        header.iter().position(|h| h == "name"),
+        header.iter().position(|h| h == "default"),
+    ) else {
+        return Some(format!("{what}: the options table has no `default` column"));
+    };
     let mut documented = std::collections::BTreeMap::new();
     for row in lines.skip(1).take_while(|l| l.starts_with('|')) {
         let row = cells(row);
-        let name = row[name_at].trim_matches('`').to_string();
-        let cell = &row[default_at];
+        let (Some(name), Some(cell)) = (row.get(name_at), row.get(default_at)) else {
+            return Some(format!("{what}: a short row in the options table: {row:?}"));
+        };
         let default = match cell.split('`').nth(1) {
             Some(code) if cell.contains('`') => code.to_string(),
             _ => cell.clone(),
         };
-        documented.insert(name, default);
+        documented.insert(name.trim_matches('`').to_string(), default);
     }
-    let schema = plugin.options_schema();
-    let properties = schema
-        .get("properties")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
     let declared: std::collections::BTreeMap<String, String> = properties
-        .iter()
+        .into_iter()
+        .flatten()
         .map(|(name, property)| {
             let default = match property.get("default") {
                 None | Some(Value::Null) => "none".to_string(),
@@ -251,8 +262,23 @@ pub fn assert_documented(plugin: &dyn Plugin, page: &str, section: Option<&str>)
             (name.clone(), default)
         })
         .collect();
-    assert_eq!(
-        documented, declared,
-        "{what}: the options table (left) against the schema (right)"
-    );
+    if documented == declared {
+        return None;
+    }
+    let mut said = vec![format!("{what}: its options table differs from the schema")];
+    for (name, default) in &declared {
+        match documented.get(name) {
+            None => said.push(format!(
+                "  `{name}` (default {default}) is not in the table"
+            )),
+            Some(d) if d != default => said.push(format!(
+                "  `{name}`: the table says {d}, the schema {default}"
+            )),
+            Some(_) => {}
+        }
+    }
+    for name in documented.keys().filter(|n| !declared.contains_key(*n)) {
+        said.push(format!("  `{name}` is in the table but not an option"));
+    }
+    Some(said.join("\n"))
 }

@@ -461,12 +461,9 @@ impl Sink for FileWriter {
         {
             tracing::warn!(file = %what, "the file ended in a partial line (an earlier crash?); closed it with a newline before appending");
         }
+        // Compressed, an append is a second stream in the same file; every
+        // format here reads that back (tested).
         let sync = self.options.sync;
-        if self.options.append && self.options.compression != Compression::None {
-            // A compressed stream appended to an existing one is a second
-            // stream in the same file; every format here reads that back.
-            tracing::debug!(file = %what, "appending a new compressed stream");
-        }
         let writer =
             CompressWriter::new(BufWriter::with_capacity(0, file), self.options.compression)
                 .map_err(|e| StageError::io(format!("starting compression for {what}"), e))?;
@@ -671,6 +668,40 @@ mod tests {
             let text = std::fs::read_to_string(folder.path().join("out.log")).unwrap();
             assert_eq!(text, "{\"app\":\"web\"}\n", "{template}");
         }
+    }
+
+    /// `rotate_bytes` rotates a fixed path too (through the templated
+    /// writer), and `create_dirs` makes a folder the template does not name.
+    #[tokio::test]
+    async fn a_fixed_path_rotates_and_create_dirs_holds_for_templates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        write_lines(
+            serde_json::json!({ "path": path, "rotate_bytes": 8 }),
+            &["one-one", "two-two", "three"],
+        )
+        .await
+        .unwrap();
+        // Rotated at least once (after a write reaches 8 bytes), and the
+        // files, oldest first, hold every line once.
+        assert!(dir.path().join("out.log.1").exists());
+        let all: String = ["out.log.3", "out.log.2", "out.log.1", "out.log"]
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(dir.path().join(f)).ok())
+            .collect();
+        assert_eq!(all, "one-one\ntwo-two\nthree\n");
+        let path = dir.path().join("made/{{app}}.log");
+        let sink = logbus_plugin_api::testing::sink(
+            &logbus_plugin_api::Typed(FileSink),
+            serde_json::json!({ "path": path, "create_dirs": true }),
+        );
+        let mut fields = logbus_plugin_api::Fields::new();
+        fields.insert("app".into(), "web".into());
+        let event =
+            logbus_plugin_api::Event::fields(fields, logbus_plugin_api::Meta::now("s".into()));
+        let (result, _) = logbus_plugin_api::testing::run_sink(sink, vec![vec![event]]).await;
+        result.unwrap();
+        assert!(dir.path().join("made/web.log").exists());
     }
 
     fn now() -> u64 {
