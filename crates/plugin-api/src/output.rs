@@ -433,4 +433,106 @@ mod tests {
             "a dropped tap is removed"
         );
     }
+
+    /// Every reader gets every event; the stage counts each event once,
+    /// with the raw bytes it sent.
+    #[tokio::test]
+    async fn each_reader_gets_the_batch_and_the_stage_counts_it_once() {
+        let (a, mut a_rx) = channel(20);
+        let (b, mut b_rx) = channel(20);
+        let (c, mut c_rx) = channel(20);
+        let metrics = Arc::new(StageMetrics::default());
+        let out = Output::new(vec![a, b, c], metrics.clone(), OutputRole::Main);
+        assert!(out.is_connected());
+        out.send(events(12)).await.unwrap();
+        out.send(Vec::new()).await.unwrap();
+        for rx in [&mut a_rx, &mut b_rx, &mut c_rx] {
+            let batch = rx.recv().await.unwrap();
+            assert_eq!(batch.len(), 12);
+            assert_eq!(batch.events()[11].as_raw().unwrap().as_ref(), b"11");
+            assert!(rx.try_recv().is_none(), "an empty batch is not sent");
+        }
+        let snap = metrics.snapshot();
+        assert_eq!((snap.events_out, snap.routed, snap.discarded), (12, 0, 0));
+        // "0" … "9" are one byte, "10" and "11" two.
+        assert_eq!(metrics.bytes_out(), 14);
+        assert!(!Output::new(Vec::new(), metrics, OutputRole::Main).is_connected());
+    }
+
+    /// The errors output counts as routed; a named output as sent and as
+    /// its own count, and it feeds the taps of the stage's main output.
+    #[tokio::test]
+    async fn each_role_counts_where_it_should_and_named_outputs_feed_the_main_taps() {
+        let metrics = Arc::new(StageMetrics::default());
+        metrics.name_outputs(&["high".into(), "low".into()]);
+        let main = OutputTargets::new(Vec::new());
+        let tap = main.tap(100);
+        let (tx, mut rx) = channel(100);
+        let errors = Output::new(vec![tx.clone()], metrics.clone(), OutputRole::Errors);
+        errors.send(events(2)).await.unwrap();
+        let low =
+            Output::new(vec![tx], metrics.clone(), OutputRole::Named(1)).tapped_as(main.clone());
+        low.send(events(3)).await.unwrap();
+        let snap = metrics.snapshot();
+        assert_eq!((snap.routed, snap.events_out), (2, 3));
+        assert_eq!(
+            metrics.named_outputs(),
+            [("high".to_string(), 0), ("low".to_string(), 3)]
+        );
+        // The errors output's events are not the stage's output: no tap,
+        // no bytes.
+        let mut tap = tap;
+        let mut tapped = 0;
+        while tap.events.try_recv().is_ok() {
+            tapped += 1;
+        }
+        assert_eq!((tapped, tap.dropped()), (3, 0));
+        assert_eq!(metrics.bytes_out(), 0);
+        assert_eq!(rx.recv().await.unwrap().len(), 2);
+        assert_eq!(rx.recv().await.unwrap().len(), 3);
+    }
+
+    /// An output nobody reads finishes its events as delivered (they were
+    /// dropped on purpose) and counts them discarded.
+    #[tokio::test]
+    async fn an_unread_output_finishes_its_events_as_discarded() {
+        use std::sync::Mutex;
+        let checkpoint = Arc::new(Mutex::new(crate::OrderedCheckpoint::new()));
+        let token = checkpoint.lock().unwrap().begin(7u64, 2);
+        let batch = crate::BatchAck::new(checkpoint.clone(), token);
+        let sent: Vec<Event> = events(2)
+            .into_iter()
+            .map(|e| e.with_ack(batch.handle()))
+            .collect();
+        drop(batch);
+        let metrics = Arc::new(StageMetrics::default());
+        Output::new(Vec::new(), metrics.clone(), OutputRole::Main)
+            .send(sent)
+            .await
+            .unwrap();
+        assert_eq!(metrics.snapshot().discarded, 2);
+        let counts = checkpoint.lock().unwrap().counts();
+        assert_eq!((counts.delivered, counts.errored), (2, 0));
+        assert_eq!(checkpoint.lock().unwrap().committed(), Some(&7));
+    }
+
+    /// A fused chain's hand-over counts and taps like a send, and sends
+    /// nothing.
+    #[tokio::test]
+    async fn pass_on_counts_and_taps_like_a_send() {
+        let (tx, mut rx) = channel(20);
+        let metrics = Arc::new(StageMetrics::default());
+        let out = Output::new(vec![tx], metrics.clone(), OutputRole::Main);
+        let mut tap = out.targets.tap(10);
+        out.pass_on(&events(11));
+        out.pass_on(&[]);
+        assert_eq!(metrics.snapshot().events_out, 11);
+        assert_eq!(metrics.bytes_out(), 12);
+        let mut tapped = 0;
+        while tap.events.try_recv().is_ok() {
+            tapped += 1;
+        }
+        assert_eq!((tapped, tap.dropped()), (10, 1));
+        assert!(rx.try_recv().is_none());
+    }
 }
