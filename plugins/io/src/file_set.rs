@@ -382,4 +382,129 @@ mod tests {
             Some("unknown")
         );
     }
+
+    fn set(dir: &Path, template: &str, options: FileSetOptions) -> FileSet {
+        FileSet::new(
+            dir.to_owned(),
+            PathTemplate::parse(template).unwrap(),
+            options,
+        )
+    }
+
+    fn options() -> FileSetOptions {
+        FileSetOptions {
+            append: true,
+            create_dirs: false,
+            sync: false,
+            compression: Compression::None,
+            framing: Framing::Newline,
+            rotate_bytes: None,
+            rotate_keep: 5,
+            max_open_files: 64,
+        }
+    }
+
+    fn app(name: &str) -> Event {
+        event(serde_json::json!({ "app": name }), 1)
+    }
+
+    #[test]
+    fn separators_and_nul_in_a_value_become_underscores() {
+        assert_eq!(safe("a/b\\c\0d"), "a_b_c_d");
+        assert_eq!(safe(".hidden"), "_hidden");
+        assert_eq!(safe("plain"), "plain");
+    }
+
+    /// With `max_open_files` reached, the least recently written file is
+    /// the one closed.
+    #[test]
+    fn the_least_recently_written_file_is_closed_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = set(
+            dir.path(),
+            "{{app}}.log",
+            FileSetOptions {
+                max_open_files: 2,
+                ..options()
+            },
+        );
+        for name in ["a", "b", "a", "c"] {
+            files.write(&[app(name)]).unwrap();
+        }
+        let mut open: Vec<_> = files
+            .open
+            .keys()
+            .map(|p| p.file_name().unwrap().to_owned())
+            .collect();
+        open.sort();
+        assert_eq!(open, ["a.log", "c.log"]);
+    }
+
+    /// A file closed to make room ends its compressed stream, so it reads
+    /// back whole (zstd, unlike gzip, does not finish on drop).
+    #[test]
+    fn a_file_closed_for_room_is_a_whole_compressed_stream() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = set(
+            dir.path(),
+            "{{app}}.log.zst",
+            FileSetOptions {
+                max_open_files: 1,
+                compression: Compression::Zstd,
+                ..options()
+            },
+        );
+        files.write(&[app("a")]).unwrap();
+        files.write(&[app("b")]).unwrap();
+        let mut text = String::new();
+        logbus_compress::open(
+            File::open(dir.path().join("a.log.zst")).unwrap(),
+            logbus_compress::ReadCompression::Zstd,
+        )
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+        assert_eq!(text, "{\"app\":\"a\"}\n");
+        files.close().unwrap();
+    }
+
+    /// As for a fixed path: a torn last line is closed before appending
+    /// text, and nothing is added to a compressed or counted file.
+    #[test]
+    fn only_newline_text_gets_a_torn_line_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |template: &str, options: FileSetOptions| {
+            let mut files = set(dir.path(), template, options);
+            files.write(&[app("x")]).unwrap();
+            files.close().unwrap();
+        };
+        std::fs::write(dir.path().join("x.log"), "torn").unwrap();
+        write("{{app}}.log", options());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("x.log")).unwrap(),
+            "torn\n{\"app\":\"x\"}\n"
+        );
+        std::fs::write(dir.path().join("x.oc"), "3 abc").unwrap();
+        write(
+            "{{app}}.oc",
+            FileSetOptions {
+                framing: Framing::OctetCounting,
+                ..options()
+            },
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("x.oc")).unwrap(),
+            "3 abc11 {\"app\":\"x\"}"
+        );
+        let gz = || FileSetOptions {
+            compression: Compression::Gzip,
+            ..options()
+        };
+        write("{{app}}.gz", gz());
+        let first = std::fs::read(dir.path().join("x.gz")).unwrap();
+        write("{{app}}.gz", gz());
+        let both = std::fs::read(dir.path().join("x.gz")).unwrap();
+        assert_eq!(&both[first.len()..first.len() + 2], b"\x1f\x8b");
+    }
 }

@@ -227,6 +227,20 @@ mod schedule_tests {
         );
     }
 
+    /// The first event is due at once, not one interval in: two events at
+    /// 1/s take one second.
+    #[tokio::test(start_paused = true)]
+    async fn the_first_event_comes_at_once() {
+        let started = tokio::time::Instant::now();
+        let seen = run(generator(2, 1), CancellationToken::new()).await;
+        let took = started.elapsed();
+        assert_eq!(seen, ["0", "1"]);
+        assert!(
+            took >= Duration::from_millis(990) && took <= Duration::from_millis(1020),
+            "took {took:?}"
+        );
+    }
+
     #[tokio::test]
     async fn count_is_exact_without_a_rate() {
         let seen = run(generator(1000, 0), CancellationToken::new()).await;
