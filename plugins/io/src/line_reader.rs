@@ -327,3 +327,104 @@ fn warn_long(warned: &mut bool, what: &str, max: usize) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::{CancellationToken, Output, OutputRole, StageMetrics, channel};
+
+    /// Hands out its reads one at a time, as given (an `Err` of kind
+    /// `Interrupted` where the list has `None`), then the end of the stream.
+    struct Reads(std::collections::VecDeque<Option<&'static str>>);
+
+    impl Read for Reads {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            match self.0.pop_front() {
+                None => Ok(0),
+                Some(None) => Err(std::io::ErrorKind::Interrupted.into()),
+                Some(Some(text)) => {
+                    buf[..text.len()].copy_from_slice(text.as_bytes());
+                    Ok(text.len())
+                }
+            }
+        }
+    }
+
+    /// Remembers every offset saved.
+    struct Saved(Arc<Mutex<Vec<u64>>>);
+
+    impl PositionStore for Saved {
+        fn save(&mut self, offset: u64) -> std::io::Result<()> {
+            self.0.lock().unwrap().push(offset);
+            Ok(())
+        }
+        fn describe(&self) -> String {
+            "test".into()
+        }
+    }
+
+    fn options() -> LineReaderOptions {
+        LineReaderOptions {
+            max_line_bytes: 100,
+            framing: Framing::Newline,
+            origin: None,
+        }
+    }
+
+    fn context(capacity: usize) -> (SourceContext, logbus_plugin_api::Receiver) {
+        let (tx, rx) = channel(capacity);
+        let cx = SourceContext {
+            id: "r".into(),
+            output: Output::new(
+                vec![tx],
+                Arc::new(StageMetrics::default()),
+                OutputRole::Main,
+            ),
+            shutdown: CancellationToken::new(),
+        };
+        (cx, rx)
+    }
+
+    /// A read interrupted by a signal is tried again, not an error.
+    #[tokio::test]
+    async fn an_interrupted_read_is_retried() {
+        let (cx, mut rx) = context(10);
+        let reads = Reads([None, Some("a\nb"), None, Some("\n")].into());
+        let task = tokio::spawn(run_line_source(reads, "test".into(), options(), cx, None));
+        let got = logbus_plugin_api::testing::take_text(&mut rx, 2).await;
+        assert_eq!(got, ["a", "b"]);
+        task.await.unwrap().unwrap();
+    }
+
+    /// With `save_every` passed, the position is saved while reading, as
+    /// soon as a batch is finished, not only at the end. The channel holds
+    /// one event, so each send waits for the one before to be finished.
+    #[tokio::test]
+    async fn the_position_is_saved_while_reading_when_due() {
+        let (cx, mut rx) = context(1);
+        let saved = Arc::new(Mutex::new(Vec::new()));
+        let positions = Positions {
+            start: 10,
+            store: Box::new(Saved(saved.clone())),
+            save_every: Duration::ZERO,
+        };
+        let reads = Reads([Some("a\n"), Some("bb\n"), Some("ccc\n")].into());
+        let task = tokio::spawn(run_line_source(
+            reads,
+            "test".into(),
+            options(),
+            cx,
+            Some(positions),
+        ));
+        for _ in 0..3 {
+            let mut batch = rx.recv().await.unwrap();
+            batch.settle(logbus_plugin_api::Outcome::Delivered);
+        }
+        task.await.unwrap().unwrap();
+        let saved = saved.lock().unwrap().clone();
+        // Offsets count from `start`; each finished line is saved once it
+        // is finished and due, the last at the end.
+        assert_eq!(saved.last(), Some(&19));
+        assert!(saved.contains(&12) && saved.contains(&15), "{saved:?}");
+    }
+}
