@@ -691,16 +691,25 @@ mod tests {
             .collect();
         assert_eq!(all, "one-one\ntwo-two\nthree\n");
         let path = dir.path().join("made/{{app}}.log");
-        let sink = logbus_plugin_api::testing::sink(
-            &logbus_plugin_api::Typed(FileSink),
-            serde_json::json!({ "path": path, "create_dirs": true }),
-        );
-        let mut fields = logbus_plugin_api::Fields::new();
-        fields.insert("app".into(), "web".into());
-        let event =
-            logbus_plugin_api::Event::fields(fields, logbus_plugin_api::Meta::now("s".into()));
-        let (result, _) = logbus_plugin_api::testing::run_sink(sink, vec![vec![event]]).await;
-        result.unwrap();
+        let run = |create_dirs: bool| {
+            let sink = logbus_plugin_api::testing::sink(
+                &logbus_plugin_api::Typed(FileSink),
+                serde_json::json!({ "path": path, "create_dirs": create_dirs }),
+            );
+            let mut fields = logbus_plugin_api::Fields::new();
+            fields.insert("app".into(), "web".into());
+            let event =
+                logbus_plugin_api::Event::fields(fields, logbus_plugin_api::Meta::now("s".into()));
+            async move {
+                logbus_plugin_api::testing::run_sink(sink, vec![vec![event]])
+                    .await
+                    .0
+            }
+        };
+        // The folder is not the template's: without create_dirs, an error.
+        let error = run(false).await.unwrap_err().to_string();
+        assert!(error.contains("made/web.log"), "{error}");
+        run(true).await.unwrap();
         assert!(dir.path().join("made/web.log").exists());
     }
 
