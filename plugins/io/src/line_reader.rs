@@ -333,22 +333,24 @@ mod tests {
     use super::*;
     use logbus_plugin_api::{CancellationToken, Output, OutputRole, StageMetrics, channel};
 
-    /// Hands out its reads one at a time, as given (an `Err` of kind
-    /// `Interrupted` where the list has `None`), then the end of the stream.
-    struct Reads(std::collections::VecDeque<Option<&'static str>>);
+    /// Hands out its reads one at a time, as given (an error of the kind
+    /// given where the list has one), then the end of the stream.
+    struct Reads(std::collections::VecDeque<Result<&'static str, std::io::ErrorKind>>);
 
     impl Read for Reads {
         fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
             match self.0.pop_front() {
                 None => Ok(0),
-                Some(None) => Err(std::io::ErrorKind::Interrupted.into()),
-                Some(Some(text)) => {
+                Some(Err(kind)) => Err(kind.into()),
+                Some(Ok(text)) => {
                     buf[..text.len()].copy_from_slice(text.as_bytes());
                     Ok(text.len())
                 }
             }
         }
     }
+
+    const INTERRUPTED: Result<&str, std::io::ErrorKind> = Err(std::io::ErrorKind::Interrupted);
 
     /// Remembers every offset saved.
     struct Saved(Arc<Mutex<Vec<u64>>>);
@@ -389,11 +391,34 @@ mod tests {
     #[tokio::test]
     async fn an_interrupted_read_is_retried() {
         let (cx, mut rx) = context(10);
-        let reads = Reads([None, Some("a\nb"), None, Some("\n")].into());
+        let reads = Reads([INTERRUPTED, Ok("a\nb"), INTERRUPTED, Ok("\n")].into());
         let task = tokio::spawn(run_line_source(reads, "test".into(), options(), cx, None));
         let got = logbus_plugin_api::testing::take_text(&mut rx, 2).await;
         assert_eq!(got, ["a", "b"]);
         task.await.unwrap().unwrap();
+    }
+
+    /// Any other read error ends the source with an error naming what it
+    /// read, after the lines read before it.
+    #[tokio::test]
+    async fn a_read_error_ends_the_source_naming_the_input() {
+        let (cx, mut rx) = context(10);
+        let reads = Reads(
+            [
+                Ok("a\n"),
+                Err(std::io::ErrorKind::PermissionDenied),
+                Ok("b\n"),
+            ]
+            .into(),
+        );
+        let task = tokio::spawn(run_line_source(reads, "test".into(), options(), cx, None));
+        assert_eq!(
+            logbus_plugin_api::testing::take_text(&mut rx, 1).await,
+            ["a"]
+        );
+        let error = task.await.unwrap().unwrap_err().to_string();
+        assert!(error.starts_with("reading test:"), "{error}");
+        assert!(rx.recv().await.is_none(), "nothing after the error");
     }
 
     /// With `save_every` passed, the position is saved while reading, as
@@ -408,7 +433,7 @@ mod tests {
             store: Box::new(Saved(saved.clone())),
             save_every: Duration::ZERO,
         };
-        let reads = Reads([Some("a\n"), Some("bb\n"), Some("ccc\n")].into());
+        let reads = Reads([Ok("a\n"), Ok("bb\n"), Ok("ccc\n")].into());
         let task = tokio::spawn(run_line_source(
             reads,
             "test".into(),
