@@ -472,7 +472,8 @@ mod tests {
         errors.send(events(2)).await.unwrap();
         let low =
             Output::new(vec![tx], metrics.clone(), OutputRole::Named(1)).tapped_as(main.clone());
-        low.send(events(3)).await.unwrap();
+        // A clone (another worker's producer) feeds the same taps.
+        low.clone().send(events(3)).await.unwrap();
         let snap = metrics.snapshot();
         assert_eq!((snap.routed, snap.events_out), (2, 3));
         assert_eq!(
