@@ -398,6 +398,23 @@ mod tests {
         task.await.unwrap().unwrap();
     }
 
+    /// A read takes up to `READ_CHUNK` bytes: with the input all there,
+    /// the first batch holds the lines of one full read (the channel holds
+    /// exactly that many, so nothing joins them before they are taken).
+    #[tokio::test]
+    async fn a_read_is_a_chunk_of_read_chunk_bytes() {
+        let (cx, mut rx) = context(READ_CHUNK / 16);
+        let input: Vec<u8> = b"0123456789abcde\n".repeat(3 * READ_CHUNK / 16);
+        let reader = std::io::Cursor::new(input);
+        let task = tokio::spawn(run_line_source(reader, "test".into(), options(), cx, None));
+        let first = rx.recv().await.unwrap();
+        assert_eq!(first.len(), READ_CHUNK / 16);
+        assert_eq!(READ_CHUNK, 128 * 1024);
+        drop(first);
+        while rx.recv().await.is_some() {}
+        task.await.unwrap().unwrap();
+    }
+
     /// Any other read error ends the source with an error naming what it
     /// read, after the lines read before it.
     #[tokio::test]
