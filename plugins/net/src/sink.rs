@@ -29,7 +29,9 @@ use tokio::io::AsyncWriteExt;
 
 use crate::Mode;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum SinkFraming {
     #[default]
@@ -294,9 +296,9 @@ impl Forwarder {
         let s = socket.as_ref().expect("bound");
         let mut results = Vec::with_capacity(wire.items.len());
         for range in &wire.items {
-            if results.len() < results.capacity()
-                && matches!(results.last(), None | Some(ItemResult::Delivered))
-            {
+            // After a failed datagram, the rest wait for the retry, so the
+            // receiver never gets them ahead of it.
+            if matches!(results.last(), None | Some(ItemResult::Delivered)) {
                 match s.send(&wire.body[range.clone()]).await {
                     Ok(_) => results.push(ItemResult::Delivered),
                     Err(e) => results.push(ItemResult::Retry(format!("syslog over UDP: {e}"))),

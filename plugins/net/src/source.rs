@@ -25,7 +25,9 @@ use tokio::io::AsyncReadExt;
 
 use crate::Mode;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum TcpFraming {
     /// Per connection, by its first byte: a digit means octet counting,
@@ -95,27 +97,6 @@ impl CheckOptions for SyslogSourceOptions {
             errors.push(OptionError::at(
                 &["framing"],
                 "applies only with `mode: tcp` (UDP carries one message per datagram)",
-            ));
-        }
-        if self.max_message_bytes == 0 {
-            errors.push(OptionError::at(
-                &["max_message_bytes"],
-                "must be at least 1",
-            ));
-        }
-        if !(1..=65_536).contains(&self.max_connections) {
-            errors.push(OptionError::at(
-                &["max_connections"],
-                format!("must be between 1 and 65536, got {}", self.max_connections),
-            ));
-        }
-        if !(1..=86_400_000).contains(&self.idle_timeout_ms) {
-            errors.push(OptionError::at(
-                &["idle_timeout_ms"],
-                format!(
-                    "must be between 1 and 86400000 (a day), got {}",
-                    self.idle_timeout_ms
-                ),
             ));
         }
         if self.mode == Mode::Udp && self.tls.is_some() {
@@ -382,4 +363,26 @@ async fn send(output: &Output, messages: &mut Vec<Bytes>, source: &Arc<str>) -> 
         })
         .collect();
     output.send(events).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(bytes: &[u8], max: usize) -> Option<String> {
+        datagram(bytes, max, &Arc::from("s"))
+            .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap())
+    }
+
+    /// A datagram's trailing line ends and NULs are not part of the
+    /// message; one that is nothing else is no message; a long one is cut.
+    #[test]
+    fn a_datagram_is_one_message_trimmed_and_cut() {
+        assert_eq!(text(b"<13>hi\r\n\0", 100).as_deref(), Some("<13>hi"));
+        assert_eq!(text(b"<13>a\nb\n", 100).as_deref(), Some("<13>a\nb"));
+        assert_eq!(text(b"\n\r\0", 100), None);
+        assert_eq!(text(b"", 100), None);
+        assert_eq!(text(b"<13>hello\n", 6).as_deref(), Some("<13>he"));
+        assert_eq!(text(b"<13>hi", 6).as_deref(), Some("<13>hi"));
+    }
 }

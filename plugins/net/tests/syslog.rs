@@ -27,11 +27,14 @@ async fn source(options: serde_json::Value, capacity: usize) -> RunningSource {
         testing::source(&Typed(logbus_net::source::SyslogSource), options.clone()),
         capacity,
     );
-    // Wait until it listens (TCP: it accepts; UDP: give the bind a moment,
-    // senders below retry anyway).
+    // Wait until it listens (TCP: it accepts; UDP: the kernel lists its
+    // socket bound to the port).
     let address: std::net::SocketAddr = options["address"].as_str().unwrap().parse().unwrap();
     if options["mode"] == "udp" {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        while !udp_bound(address.port()) {
+            assert!(!running.task.is_finished(), "the source did not start");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     } else {
         while tokio::net::TcpStream::connect(address).await.is_err() {
             assert!(!running.task.is_finished(), "the source did not start");
@@ -39,6 +42,18 @@ async fn source(options: serde_json::Value, capacity: usize) -> RunningSource {
         }
     }
     running
+}
+
+/// Whether a UDP socket is bound to `port` on this host (Linux's
+/// `/proc/net/udp`, local address column `ADDR:PORT` in hex).
+fn udp_bound(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/udp").expect("/proc/net/udp");
+    let wanted = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .any(|local| local.ends_with(&wanted))
 }
 
 /// Fails the test unless util-linux `logger` (with `--octet-count`) runs.
@@ -303,6 +318,49 @@ fn bad_options_name_the_key() {
         )
         .starts_with("framing: ")
     );
+    // Every rule, each named at its key.
+    assert_eq!(
+        errors(
+            &src,
+            json!({ "address": "127.0.0.1:1", "mode": "udp", "tls": { "cert_file": "c", "key_file": "k" } })
+        ),
+        "tls: applies only with `mode: tcp`"
+    );
+    assert_eq!(
+        errors(&sink, json!({ "address": "h:1", "mode": "udp", "tls": {} })),
+        "tls: applies only with `mode: tcp`"
+    );
+    assert_eq!(
+        errors(
+            &sink,
+            json!({ "address": "h:1", "retry_initial_backoff_ms": 500, "retry_max_backoff_ms": 499 })
+        ),
+        "retry_max_backoff_ms: must not be below `retry_initial_backoff_ms`"
+    );
+    assert_eq!(
+        errors(
+            &sink,
+            json!({ "address": "h:1", "retry_initial_backoff_ms": 500, "retry_max_backoff_ms": 500 })
+        ),
+        ""
+    );
+    assert_eq!(
+        errors(&sink, json!({ "address": ":1" })),
+        "address: `:1` is not host:port"
+    );
+    assert_eq!(
+        errors(&sink, json!({ "address": "h:port" })),
+        "address: `h:port` is not host:port"
+    );
+    assert_eq!(
+        errors(
+            &src,
+            json!({ "address": "127.0.0.1:1", "max_connections": 0, "idle_timeout_ms": 86400001, "max_message_bytes": 0 })
+        ),
+        "max_connections: must be between 1 and 65536, got 0; \
+         idle_timeout_ms: must be between 1 and 86400000, got 86400001; \
+         max_message_bytes: must be between 1 and 16777216, got 0"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,4 +411,87 @@ fn a_missing_certificate_is_a_build_error_naming_the_file() {
         err.starts_with("tls: ") && err.contains("/nope/cert.pem"),
         "{err}"
     );
+}
+
+/// What an option left out means: the defaults the page documents.
+#[test]
+fn options_left_out_take_the_documented_defaults() {
+    use logbus_net::Mode;
+    use logbus_net::sink::{SinkFraming, SyslogSinkOptions};
+    use logbus_net::source::{SyslogSourceOptions, TcpFraming};
+    let source: SyslogSourceOptions =
+        serde_json::from_value(json!({ "address": "127.0.0.1:5140" })).unwrap();
+    assert_eq!(source.mode, Mode::Tcp);
+    assert_eq!(source.framing, TcpFraming::Auto);
+    assert_eq!(
+        (
+            source.max_message_bytes,
+            source.max_connections,
+            source.idle_timeout_ms
+        ),
+        (65536, 256, 3_600_000)
+    );
+    assert!(source.tls.is_none());
+    let sink: SyslogSinkOptions = serde_json::from_value(json!({ "address": "h:1" })).unwrap();
+    assert_eq!(sink.mode, Mode::Tcp);
+    assert_eq!(sink.framing, SinkFraming::OctetCounting);
+    assert_eq!(
+        (
+            sink.connect_timeout_ms,
+            sink.retry_initial_backoff_ms,
+            sink.retry_max_backoff_ms
+        ),
+        (5000, 100, 10_000)
+    );
+    assert!(sink.tls.is_none());
+}
+
+/// Datagrams already waiting in the socket when the source reads join one
+/// batch. The test runs on one thread and sends synchronously, so all ten
+/// are queued before the source's task runs again.
+#[tokio::test(flavor = "current_thread")]
+async fn waiting_datagrams_join_one_batch() {
+    let port = free_port();
+    let mut s = source(
+        json!({ "address": format!("127.0.0.1:{port}"), "mode": "udp" }),
+        100,
+    )
+    .await;
+    let sender = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sender.connect(("127.0.0.1", port)).unwrap();
+    sender.send(b"<13>first").unwrap();
+    assert_eq!(s.rx.recv().await.unwrap().len(), 1);
+    for i in 0..10 {
+        sender.send(format!("<13>m{i}").as_bytes()).unwrap();
+    }
+    let batch = s.rx.recv().await.unwrap();
+    assert_eq!(batch.len(), 10, "one batch of everything that was waiting");
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+}
+
+/// A TCP message's trailing `\r`, `\n` and NULs are not part of it (rsyslog
+/// templates end in a newline inside the frame); a frame of nothing else
+/// is no message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_messages_trailing_line_ends_and_nuls_are_trimmed() {
+    let port = free_port();
+    let mut s = source(
+        json!({ "address": format!("127.0.0.1:{port}"), "framing": "octet-counting" }),
+        100,
+    )
+    .await;
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client
+        .write_all(b"8 <13>a\r\n\x002 \r\n7 <13>b c2 \n\x00")
+        .unwrap();
+    drop(client);
+    assert_eq!(take_text(&mut s.rx, 2).await, ["<13>a", "<13>b c"]);
+    s.shutdown.cancel();
+    s.task.await.unwrap().unwrap();
+    let mut rest = 0;
+    while let Some(b) = s.rx.try_recv() {
+        rest += b.len();
+    }
+    assert_eq!(rest, 0, "the empty frames made no events");
 }
