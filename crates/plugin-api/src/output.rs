@@ -444,6 +444,10 @@ mod tests {
         let metrics = Arc::new(StageMetrics::default());
         let out = Output::new(vec![a, b, c], metrics.clone(), OutputRole::Main);
         assert!(out.is_connected());
+        assert!(
+            Arc::ptr_eq(out.metrics(), &metrics),
+            "the stage's own counters"
+        );
         out.send(events(12)).await.unwrap();
         out.send(Vec::new()).await.unwrap();
         for rx in [&mut a_rx, &mut b_rx, &mut c_rx] {

@@ -522,13 +522,9 @@ fn range_errors(options: &Value, schema: &Value) -> Vec<OptionError> {
     ) else {
         return Vec::new();
     };
-    let show = |n: f64| {
-        if n.fract() == 0.0 && n.abs() < 1e15 {
-            format!("{}", n as i64)
-        } else {
-            format!("{n}")
-        }
-    };
+    // `f64`'s `Display` writes whole numbers without a fraction or an
+    // exponent (65535, not 65535.0 or 6.5535e4).
+    let show = |n: f64| format!("{n}");
     let mut errors = Vec::new();
     for (key, value) in map {
         let (Some(n), Some(property)) = (value.as_f64(), known.get(key)) else {
@@ -654,7 +650,17 @@ mod tests {
     fn declared_ranges_are_checked_at_each_bound() {
         let ok =
             serde_json::json!({"in_flight": 1, "level": 9, "timeout_ms": 600000, "ratio": 0.5});
-        assert_eq!(errors(ok), Vec::<String>::new());
+        let schema = schemars::schema_for!(Ranged).to_value();
+        let parsed = parse_options::<Ranged>(&ok, &schema).expect("in range at every bound");
+        assert_eq!(
+            (
+                parsed.in_flight,
+                parsed.level,
+                parsed.timeout_ms,
+                parsed.ratio
+            ),
+            (1, Some(9), 600000, 0.5)
+        );
         assert_eq!(
             errors(serde_json::json!({"in_flight": 0})),
             ["in_flight: must be between 1 and 64, got 0"]
@@ -981,6 +987,78 @@ mod tests {
         assert_eq!(closest("xy", &["ab"]), Some("ab"));
         assert_eq!(closest("xyz", &["ab"]), None);
         assert_eq!(closest("anything", &[]), None);
+    }
+
+    /// A plugin that says nothing of its limits, acknowledgements or
+    /// outputs has none: any number per pipeline, no acknowledgements, only
+    /// the main output.
+    #[test]
+    fn what_a_plugin_does_not_declare_it_does_not_have() {
+        struct Bare;
+        impl Plugin for Bare {
+            fn name(&self) -> &'static str {
+                "bare"
+            }
+            fn kind(&self) -> StageKind {
+                StageKind::Sink
+            }
+            fn description(&self) -> &'static str {
+                "nothing"
+            }
+            fn options_schema(&self) -> Value {
+                serde_json::json!({})
+            }
+            fn check(&self, _: &Value, _: &BuildContext) -> Vec<OptionError> {
+                Vec::new()
+            }
+            fn build(&self, _: &Value, _: &BuildContext) -> Result<Built, Vec<OptionError>> {
+                Err(Vec::new())
+            }
+        }
+        let bare = Bare;
+        assert_eq!(bare.max_per_pipeline(), None);
+        assert_eq!(bare.acknowledgements(), None);
+        assert_eq!(
+            bare.outputs(&serde_json::json!({"to": ["a"]})),
+            Vec::<String>::new()
+        );
+
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        struct Plain {
+            #[serde(default)]
+            #[allow(dead_code)]
+            to: Vec<String>,
+        }
+        impl CheckOptions for Plain {}
+        struct BareTyped;
+        impl TypedPlugin for BareTyped {
+            type Options = Plain;
+            const NAME: &'static str = "bare";
+            const KIND: StageKind = StageKind::Sink;
+            const DESCRIPTION: &'static str = "nothing";
+            fn build(&self, _: Plain, _: &BuildContext) -> Result<Built, OptionError> {
+                Err(OptionError::at(&[], "not built"))
+            }
+        }
+        let typed = Typed(BareTyped);
+        assert_eq!(typed.max_per_pipeline(), None);
+        assert_eq!(typed.acknowledgements(), None);
+        assert_eq!(
+            typed.outputs(&serde_json::json!({"to": ["a"]})),
+            Vec::<String>::new()
+        );
+    }
+
+    /// `committed` is what a sink's `events_out` counts.
+    #[test]
+    fn a_sink_counts_what_it_commits() {
+        let (_tx, rx) = crate::channel(4);
+        let metrics = Arc::new(StageMetrics::default());
+        let cx = SinkContext::new("out", rx, metrics.clone());
+        cx.committed(3);
+        cx.committed(0);
+        cx.committed(2);
+        assert_eq!(metrics.snapshot().events_out, 5);
     }
 
     #[test]

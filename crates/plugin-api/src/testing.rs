@@ -179,21 +179,25 @@ pub fn assert_registers(register: fn(&mut crate::Registry), features: &[&str]) {
     assert_eq!(added, expected, "plugins registered vs features enabled");
 }
 
-/// Asserts that the options table of `page` (a `docs/plugins/*.md` text)
-/// documents `plugin`'s options as its schema declares them
-/// ([`options_table_mismatch`]).
-pub fn assert_documented(plugin: &dyn Plugin, page: &str, section: Option<&str>) {
-    if let Some(mismatch) = options_table_mismatch(plugin, page, section) {
-        panic!("{mismatch}");
-    }
-}
-
 /// What is wrong with the options table of `page` for `plugin`, if
 /// anything: it must list the names the schema declares, each with the
-/// default the schema gives (`none` where it gives none). The table is the
-/// first one (`| name | … | default | …`) after the line `section` (for a
-/// page that documents two plugins), or the page's first. A default cell
-/// is read as its first `code` span, else its text.
+/// default the schema gives. The table is the first one (`| name | … |
+/// default | …`) after the line `section` (for a page that documents two
+/// plugins), or the page's first.
+///
+/// The page's conventions, read as the schema's terms:
+/// - a row may name several options (`` `a`, `b` ``), with one default
+///   each (`1000, 1 MiB`) or one for all; a row `` `opt.key` `` documents
+///   the option `opt`;
+/// - a default cell that starts with a `code` span is that value (`" "`
+///   for a string with its quotes); a number, with a trailing parenthesis
+///   as a gloss (`1 MiB`, `64 KiB`, `268435456 (256 MiB)`), is that
+///   number; anything else is words;
+/// - words stand where the schema gives no default: what happens without
+///   the option (`—`, `unset: body, else message`, `the system journal`);
+///   a value there is one the schema should have given;
+/// - an option is required exactly when the `required` column says `yes`,
+///   or, in a table without one, when its default cell says `required`.
 pub fn options_table_mismatch(
     plugin: &dyn Plugin,
     page: &str,
@@ -206,79 +210,342 @@ pub fn options_table_mismatch(
     {
         return Some(format!("{what}: no line `{section}` in its page"));
     }
-    let cells = |line: &str| -> Vec<String> {
-        let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
-        // `\|` inside a cell is a literal bar.
-        let mut cells = vec![String::new()];
-        let mut chars = inner.chars().peekable();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' if chars.peek() == Some(&'|') => {
-                    cells.last_mut().expect("one cell").push('|');
-                    chars.next();
-                }
-                '|' => cells.push(String::new()),
-                c => cells.last_mut().expect("one cell").push(c),
-            }
-        }
-        cells.iter().map(|c| c.trim().to_string()).collect()
-    };
     let schema = plugin.options_schema();
     let properties = schema.get("properties").and_then(Value::as_object);
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     let Some(header) = lines.by_ref().find(|l| l.starts_with("| name |")) else {
         if properties.is_none_or(|p| p.is_empty()) {
             return None; // no options, no table
         }
         return Some(format!("{what}: no options table (`| name | …`)"));
     };
-    let header = cells(header);
+    let header = table_cells(header);
     let (Some(name_at), Some(default_at)) = (
         header.iter().position(|h| h == "name"),
         header.iter().position(|h| h == "default"),
     ) else {
         return Some(format!("{what}: the options table has no `default` column"));
     };
+    let required_at = header.iter().position(|h| h == "required");
     let mut documented = std::collections::BTreeMap::new();
     for row in lines.skip(1).take_while(|l| l.starts_with('|')) {
-        let row = cells(row);
-        let (Some(name), Some(cell)) = (row.get(name_at), row.get(default_at)) else {
+        let row = table_cells(row);
+        let (Some(names), Some(cell)) = (row.get(name_at), row.get(default_at)) else {
             return Some(format!("{what}: a short row in the options table: {row:?}"));
         };
-        let default = match cell.split('`').nth(1) {
-            Some(code) if cell.contains('`') => code.to_string(),
-            _ => cell.clone(),
+        let names: Vec<&str> = names
+            .split(',')
+            .map(|n| n.trim().trim_matches('`'))
+            .collect();
+        // A `required` column says it there (`yes`), else the default cell.
+        let says_required = match required_at.and_then(|i| row.get(i)) {
+            Some(column) => column.starts_with("yes"),
+            None => cell.contains("required"),
         };
-        documented.insert(name.trim_matches('`').to_string(), default);
-    }
-    let declared: std::collections::BTreeMap<String, String> = properties
-        .into_iter()
-        .flatten()
-        .map(|(name, property)| {
-            let default = match property.get("default") {
-                None | Some(Value::Null) => "none".to_string(),
-                Some(Value::String(s)) => s.clone(),
-                Some(other) => other.to_string(),
+        let defaults: Vec<&str> = cell.split(',').map(str::trim).collect();
+        for (i, name) in names.iter().enumerate() {
+            let cell = if defaults.len() == names.len() {
+                defaults[i]
+            } else {
+                cell.as_str()
             };
-            (name.clone(), default)
-        })
-        .collect();
-    if documented == declared {
-        return None;
-    }
-    let mut said = vec![format!("{what}: its options table differs from the schema")];
-    for (name, default) in &declared {
-        match documented.get(name) {
-            None => said.push(format!(
-                "  `{name}` (default {default}) is not in the table"
-            )),
-            Some(d) if d != default => said.push(format!(
-                "  `{name}`: the table says {d}, the schema {default}"
-            )),
-            Some(_) => {}
+            match name.split_once('.') {
+                Some((parent, _)) => {
+                    documented.insert(parent.to_string(), (DocDefault::Nested, says_required));
+                }
+                None => {
+                    documented.insert(name.to_string(), (DocDefault::read(cell), says_required));
+                }
+            }
         }
     }
-    for name in documented.keys().filter(|n| !declared.contains_key(*n)) {
+    let mut said = Vec::new();
+    for (name, property) in properties.into_iter().flatten() {
+        let declared = match property.get("default") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => Some(other.to_string()),
+        };
+        let is_required = required.contains(&name.as_str());
+        let Some((doc, says_required)) = documented.get(name) else {
+            said.push(format!(
+                "  `{name}` (default {}) is not in the table",
+                declared.as_deref().unwrap_or("none")
+            ));
+            continue;
+        };
+        if *says_required != is_required {
+            said.push(format!(
+                "  `{name}`: the table says {}, the schema {}",
+                if *says_required {
+                    "required"
+                } else {
+                    "optional"
+                },
+                if is_required { "required" } else { "optional" },
+            ));
+        }
+        match (doc, declared) {
+            (DocDefault::Nested | DocDefault::Words(_), None) => {}
+            (DocDefault::Value(v), Some(d)) if *v == d => {}
+            (doc, declared) => said.push(format!(
+                "  `{name}`: the table says {}, the schema {}",
+                doc.text(),
+                declared.as_deref().unwrap_or("none")
+            )),
+        }
+    }
+    for name in documented
+        .keys()
+        .filter(|n| properties.is_none_or(|p| !p.contains_key(*n)))
+    {
         said.push(format!("  `{name}` is in the table but not an option"));
     }
+    if said.is_empty() {
+        return None;
+    }
+    said.insert(
+        0,
+        format!("{what}: its options table differs from the schema"),
+    );
     Some(said.join("\n"))
+}
+
+/// A default cell, read.
+#[derive(Debug, PartialEq)]
+enum DocDefault {
+    /// A value: a `code` span or a number.
+    Value(String),
+    /// What happens without the option, in words.
+    Words(String),
+    /// The option's keys have rows of their own.
+    Nested,
+}
+
+impl DocDefault {
+    fn read(cell: &str) -> DocDefault {
+        if let Some(code) = cell.strip_prefix('`').and_then(|c| c.split('`').next()) {
+            // A JSON string's quotes show its spaces: `" "`, `""`.
+            let code = match code.strip_prefix('"').and_then(|c| c.strip_suffix('"')) {
+                Some(inner) => inner,
+                None => code,
+            };
+            return DocDefault::Value(code.to_string());
+        }
+        let bare = match cell.find(" (") {
+            Some(i) if cell.ends_with(')') => &cell[..i],
+            _ => cell,
+        };
+        if bare.parse::<f64>().is_ok() || bare == "true" || bare == "false" {
+            return DocDefault::Value(bare.to_string());
+        }
+        if let Some((n, unit)) = bare.split_once(' ')
+            && let Ok(n) = n.parse::<u64>()
+            && let Some(scale) = match unit {
+                "KiB" => Some(1u64 << 10),
+                "MiB" => Some(1 << 20),
+                "GiB" => Some(1 << 30),
+                _ => None,
+            }
+        {
+            return DocDefault::Value((n * scale).to_string());
+        }
+        DocDefault::Words(cell.to_string())
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            DocDefault::Value(s) | DocDefault::Words(s) => s,
+            DocDefault::Nested => "(its keys)",
+        }
+    }
+}
+
+/// The cells of a Markdown table row; `\|` inside a cell is a literal bar.
+fn table_cells(line: &str) -> Vec<String> {
+    let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
+    let mut cells = vec![String::new()];
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&'|') => {
+                cells.last_mut().expect("one cell").push('|');
+                chars.next();
+            }
+            '|' => cells.push(String::new()),
+            c => cells.last_mut().expect("one cell").push(c),
+        }
+    }
+    cells.iter().map(|c| c.trim().to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::{CheckOptions, OptionError, StageKind, Typed, TypedPlugin};
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[allow(dead_code)]
+    struct Opts {
+        path: String,
+        #[serde(default = "size")]
+        max_bytes: u64,
+        #[serde(default = "space")]
+        separator: String,
+        #[serde(default)]
+        units: Vec<String>,
+        #[serde(default)]
+        body: Option<String>,
+        #[serde(default)]
+        multiline: Option<std::collections::BTreeMap<String, u32>>,
+    }
+    fn size() -> u64 {
+        1 << 20
+    }
+    fn space() -> String {
+        " ".into()
+    }
+    impl CheckOptions for Opts {}
+    struct P;
+    impl TypedPlugin for P {
+        type Options = Opts;
+        const NAME: &'static str = "p";
+        const KIND: StageKind = StageKind::Sink;
+        const DESCRIPTION: &'static str = "";
+        fn build(&self, _: Opts, _: &BuildContext) -> Result<Built, OptionError> {
+            Err(OptionError::at(&[], "no"))
+        }
+    }
+
+    const HEADER: &str = "| name | type | default | description |\n|---|---|---|---|\n";
+    const GOOD: &str = "| `path` | path | required | |\n\
+        | `max_bytes`, `separator` | | 1 MiB, `\" \"` | |\n\
+        | `units` | | `[]` (every unit) | |\n\
+        | `body` | | unset: `body`, else `message` | |\n\
+        | `multiline.start` | regex | — | |\n\
+        | `multiline.max_lines` | | 500 | |\n";
+
+    fn check(rows: &str) -> Option<String> {
+        options_table_mismatch(&Typed(P), &format!("# p\n\n{HEADER}{rows}\ntext"), None)
+    }
+
+    #[test]
+    fn a_table_in_the_pages_conventions_matches() {
+        assert_eq!(check(GOOD), None);
+        // The table after the section line, not the page's first.
+        let page = format!("{HEADER}| `x` | | | |\n\n## Sink\n\n{HEADER}{GOOD}");
+        assert_eq!(
+            options_table_mismatch(&Typed(P), &page, Some("## Sink")),
+            None
+        );
+        assert_eq!(
+            options_table_mismatch(&Typed(P), &page, Some("## Parser")).unwrap(),
+            "sink p: no line `## Parser` in its page"
+        );
+    }
+
+    #[test]
+    fn each_difference_is_named() {
+        let said = |from: &str, to: &str| {
+            assert!(GOOD.contains(from), "{from}");
+            check(&GOOD.replace(from, to)).expect("a difference")
+        };
+        assert!(
+            said("1 MiB", "2 MiB")
+                .contains("`max_bytes`: the table says 2097152, the schema 1048576")
+        );
+        assert!(said("`\" \"`", "`,`").contains("`separator`: the table says"));
+        assert!(
+            said("required", "—").contains("`path`: the table says optional, the schema required")
+        );
+        assert!(
+            said("unset: `body`", "`body`")
+                .contains("`body`: the table says body, the schema none")
+        );
+        assert!(
+            said("`[]` (every unit)", "every unit")
+                .contains("`units`: the table says every unit, the schema []")
+        );
+        assert!(said("| `units` |", "| `unit` |").contains(
+            "  `units` (default []) is not in the table\n  `unit` is in the table but not an option"
+        ));
+        assert!(
+            said("`multiline.", "`multi.")
+                .contains("`multiline` (default none) is not in the table")
+        );
+        assert_eq!(
+            check("").unwrap().lines().next(),
+            Some("sink p: its options table differs from the schema")
+        );
+        assert_eq!(
+            options_table_mismatch(&Typed(P), "no table", None).unwrap(),
+            "sink p: no options table (`| name | …`)"
+        );
+        assert_eq!(
+            options_table_mismatch(&Typed(P), "| name | type |\n|---|---|\n", None).unwrap(),
+            "sink p: the options table has no `default` column"
+        );
+    }
+
+    #[test]
+    fn a_default_cell_reads_as_a_value_or_as_words() {
+        let value = |cell: &str| DocDefault::Value(cell.to_string());
+        let words = |cell: &str| DocDefault::Words(cell.to_string());
+        for (cell, read) in [
+            ("`auto`", value("auto")),
+            ("`[]` (every unit)", value("[]")),
+            ("`\" \"`", value(" ")),
+            ("`\"\"`", value("")),
+            ("`\"`", value("\"")),
+            ("1000", value("1000")),
+            ("0.5", value("0.5")),
+            ("true", value("true")),
+            ("false", value("false")),
+            ("64 KiB", value("65536")),
+            ("16 MiB", value("16777216")),
+            ("2 GiB", value("2147483648")),
+            ("268435456 (256 MiB)", value("268435456")),
+            ("1 MB", words("1 MB")),
+            ("x KiB", words("x KiB")),
+            ("unset: `body`", words("unset: `body`")),
+            ("—", words("—")),
+            (
+                "the system journal (all)",
+                words("the system journal (all)"),
+            ),
+        ] {
+            assert_eq!(DocDefault::read(cell), read, "{cell}");
+        }
+        assert_eq!(DocDefault::Nested.text(), "(its keys)");
+        assert_eq!(value("5").text(), "5");
+        assert_eq!(words("—").text(), "—");
+    }
+
+    #[test]
+    fn cells_split_at_bars_but_not_escaped_ones() {
+        assert_eq!(table_cells("| `a` | x \\| y |  |"), ["`a`", "x | y", ""]);
+        assert_eq!(table_cells("|a|b"), ["a", "b"]);
+    }
+
+    /// With a `required` column, that column says it.
+    #[test]
+    fn a_required_column_decides_what_is_required() {
+        let page = "| name | type | default | required | description |\n|---|---|---|---|---|\n\
+            | `path` | | — | yes | |\n| `max_bytes` | | 1 MiB | no | |\n\
+            | `separator` | | `\" \"` | no | |\n| `units` | | `[]` | no | |\n\
+            | `body` | | — | no | |\n| `multiline` | | — | no | |\n";
+        assert_eq!(options_table_mismatch(&Typed(P), page, None), None);
+        let flipped = page.replace("| — | yes |", "| — | no |");
+        assert!(
+            options_table_mismatch(&Typed(P), &flipped, None)
+                .unwrap()
+                .contains("`path`: the table says optional, the schema required")
+        );
+    }
 }

@@ -420,3 +420,48 @@ async fn min_batch_waits_for_more_events_at_most_the_timeout() {
     drop((out, tx, fe, rx));
     assert_reconciled(&h, 6);
 }
+
+/// A reload that takes a local-scope queue off an output makes the output
+/// let go of its frontend there at its next send. The old queue's frontend
+/// consumer, holding fewer than `min_batch` events, then hands them on at
+/// once (its producer is gone) instead of waiting out the hour-long
+/// `min_batch_timeout` for a producer that will never send again.
+#[tokio::test]
+async fn an_output_rewired_away_from_a_local_queue_lets_go_of_its_frontend() {
+    let waiting = LocalConfig {
+        min_batch: 4,
+        min_batch_timeout: Duration::from_secs(3600),
+        ..config(8, 1, 0)
+    };
+    let (old_tx, old_rx) = local_channel(100, 100, waiting, false);
+    let h = old_rx.handle();
+    let mut fe = old_rx.frontend(0).unwrap();
+    let targets = logbus_plugin_api::OutputTargets::new(vec![old_tx]);
+    let out = Output::with_targets(
+        targets.clone(),
+        Arc::new(StageMetrics::default()),
+        OutputRole::Main,
+    );
+    now(out.send(events(3))).unwrap();
+    assert_eq!(h.local().unwrap().frontend_events, 3);
+    {
+        let mut first = std::pin::pin!(fe.recv());
+        assert!(
+            poll(first.as_mut(), &Arc::new(CountingWaker::default())).is_pending(),
+            "3 < min_batch while the producer may still send"
+        );
+    }
+
+    let (new_tx, new_rx) = local_channel(100, 100, config(8, 1, 0), false);
+    let mut new_fe = new_rx.frontend(0).unwrap();
+    targets.set(vec![new_tx]);
+    now(out.send(events(2))).unwrap();
+    assert_eq!(drain_now(&mut new_fe), 2, "the new queue's frontend");
+
+    let batch = now(fe.recv()).expect("the old ring's events");
+    assert_eq!(batch.len(), 3);
+    drop(batch);
+    assert!(now(fe.recv()).is_none(), "the old queue ended");
+    drop(old_rx);
+    assert_reconciled(&h, 3);
+}

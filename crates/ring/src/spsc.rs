@@ -303,10 +303,29 @@ mod tests {
         assert_eq!(std::sync::Arc::strong_count(&counter), 1);
     }
 
+    /// Both ends see the same length (what was published and not yet
+    /// taken) and the same capacity.
+    #[test]
+    fn both_ends_see_the_length_and_the_capacity() {
+        let (mut p, mut c) = ring::<u8>(4);
+        assert_eq!((p.capacity(), c.capacity()), (4, 4));
+        assert!(p.is_empty() && c.is_empty());
+        assert!(p.push_all(&mut vec![1, 2, 3]));
+        assert_eq!((p.len(), c.len()), (3, 3));
+        assert!(!p.is_empty() && !c.is_empty());
+        let mut out = Vec::new();
+        assert_eq!(c.pop_into(2, &mut out), 2);
+        assert_eq!((p.len(), c.len()), (1, 1));
+        assert_eq!(c.pop_into(2, &mut out), 1);
+        assert!(p.is_empty() && c.is_empty());
+        assert_eq!(out, [1, 2, 3]);
+    }
+
     #[test]
     fn each_side_sees_the_other_leave() {
         let (p, c) = ring::<u8>(1);
         assert!(!c.is_producer_gone());
+        assert!(!p.is_consumer_gone());
         drop(p);
         assert!(c.is_producer_gone());
         let (p, c) = ring::<u8>(1);

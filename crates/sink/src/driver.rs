@@ -70,7 +70,17 @@ pub trait Service: Send + Sync + 'static {
 /// What a sink does with events the destination refused for good, when
 /// nothing reads its `<id>.dead`. Also the `on_rejected` option of the
 /// sinks on this core (`fail` or `drop`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OnRejected {
     /// Stop the stage (the pipeline drains and exits non-zero); the

@@ -156,9 +156,7 @@ mod tests {
     #[test]
     fn configurations_load_from_pem_and_bad_files_are_named() {
         let dir = tempfile::tempdir().unwrap();
-        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-        std::fs::write(dir.path().join("c.pem"), cert.cert.pem()).unwrap();
-        std::fs::write(dir.path().join("k.pem"), cert.key_pair.serialize_pem()).unwrap();
+        self_signed(dir.path());
         let server = ServerTls {
             cert_file: "c.pem".into(),
             key_file: "k.pem".into(),
@@ -186,5 +184,153 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(err.contains("no certificate"), "{err}");
+    }
+
+    /// A self-signed `localhost` certificate and key in `dir` as `c.pem`
+    /// and `k.pem`.
+    fn self_signed(dir: &Path) {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(dir.join("c.pem"), cert.cert.pem()).unwrap();
+        std::fs::write(dir.join("k.pem"), cert.key_pair.serialize_pem()).unwrap();
+    }
+
+    /// The acceptor and connector made from the files talk to each other:
+    /// the client trusts the private CA, checks the name, and the two agree
+    /// on the protocol offered by ALPN.
+    #[tokio::test]
+    async fn a_client_and_a_server_made_from_the_files_complete_a_handshake() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        self_signed(dir.path());
+        let server = ServerTls {
+            cert_file: "c.pem".into(),
+            key_file: "k.pem".into(),
+        };
+        let client = ClientTls {
+            ca_file: Some("c.pem".into()),
+            server_name: None,
+        };
+        let acceptor = server.acceptor_with_alpn(dir.path(), &[b"h2"]).unwrap();
+        let connector = TlsConnector::from(client.config_with_alpn(dir.path(), &[b"h2"]).unwrap());
+        let name = client.server_name("localhost:4317").unwrap();
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let serve = async move {
+            let mut tls = acceptor.accept(a).await.expect("server side");
+            let mut got = [0u8; 5];
+            tls.read_exact(&mut got).await.unwrap();
+            tls.write_all(&got).await.unwrap();
+            tls.flush().await.unwrap();
+            tls
+        };
+        let connect = async move {
+            let mut tls = connector.connect(name, b).await.expect("client side");
+            tls.write_all(b"hello").await.unwrap();
+            let mut echo = [0u8; 5];
+            tls.read_exact(&mut echo).await.unwrap();
+            (tls, echo)
+        };
+        let (served, (connected, echo)) = tokio::join!(serve, connect);
+        assert_eq!(&echo, b"hello");
+        assert_eq!(served.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        assert_eq!(connected.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+
+        // Without ALPN on either side none is agreed; a name the
+        // certificate does not carry is refused.
+        let plain = server.acceptor(dir.path()).unwrap();
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let wrong = ClientTls {
+            server_name: Some("example.org".into()),
+            ..client.clone()
+        };
+        let name = wrong.server_name("localhost:4317").unwrap();
+        let connector = wrong.connector(dir.path()).unwrap();
+        let (_, refused) = tokio::join!(plain.accept(a), connector.connect(name, b));
+        let Err(err) = refused else {
+            panic!("the name does not match")
+        };
+        let err = err.to_string();
+        assert!(err.contains("certificate"), "{err}");
+    }
+
+    /// Without `ca_file` the built-in roots are trusted, and a private
+    /// certificate is not.
+    #[tokio::test]
+    async fn without_a_ca_file_a_self_signed_server_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        self_signed(dir.path());
+        let acceptor = ServerTls {
+            cert_file: "c.pem".into(),
+            key_file: "k.pem".into(),
+        }
+        .acceptor(dir.path())
+        .unwrap();
+        let client = ClientTls::default();
+        assert!(client.config(dir.path()).unwrap().alpn_protocols.is_empty());
+        let connector = client.connector(dir.path()).unwrap();
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let name = client.server_name("localhost:443").unwrap();
+        let (_, refused) = tokio::join!(acceptor.accept(a), connector.connect(name, b));
+        let Err(err) = refused else {
+            panic!("not signed by a known root")
+        };
+        let err = err.to_string();
+        assert!(err.contains("UnknownIssuer"), "{err}");
+    }
+
+    #[test]
+    fn the_server_name_is_the_host_of_the_address_unless_given() {
+        let client = ClientTls::default();
+        let name = |address: &str| client.server_name(address).map(|n| n.to_str().into_owned());
+        assert_eq!(name("logs.internal:6514").unwrap(), "logs.internal");
+        assert_eq!(name("logs.internal").unwrap(), "logs.internal");
+        assert_eq!(name("10.0.0.7:6514").unwrap(), "10.0.0.7");
+        assert_eq!(name("[::1]:6514").unwrap(), "::1");
+        let given = ClientTls {
+            server_name: Some("collector.example".into()),
+            ..ClientTls::default()
+        };
+        assert_eq!(
+            given.server_name("10.0.0.7:4317").unwrap().to_str(),
+            "collector.example"
+        );
+        let err = client.server_name("bad name:1").unwrap_err().to_string();
+        assert_eq!(err, "`bad name` is not a valid server name");
+    }
+
+    #[test]
+    fn a_key_that_is_not_there_or_does_not_fit_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        self_signed(dir.path());
+        let missing_key = ServerTls {
+            cert_file: "c.pem".into(),
+            key_file: "nokey.pem".into(),
+        };
+        let err = missing_key.acceptor(dir.path()).err().unwrap().to_string();
+        assert!(
+            err.starts_with("reading ") && err.contains("nokey.pem"),
+            "{err}"
+        );
+        let other = rcgen::generate_simple_self_signed(vec!["other".into()]).unwrap();
+        std::fs::write(dir.path().join("k2.pem"), other.key_pair.serialize_pem()).unwrap();
+        let mismatched = ServerTls {
+            cert_file: "c.pem".into(),
+            key_file: "k2.pem".into(),
+        };
+        let err = mismatched.acceptor(dir.path()).err().unwrap().to_string();
+        assert!(err.starts_with("TLS configuration"), "{err}");
+        std::fs::write(
+            dir.path().join("junk.pem"),
+            "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let err = ClientTls {
+            ca_file: Some("junk.pem".into()),
+            server_name: None,
+        }
+        .config(dir.path())
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("junk.pem"), "{err}");
     }
 }

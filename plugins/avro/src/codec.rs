@@ -13,7 +13,9 @@ use serde::Deserialize;
 use serde_json::{Map, Number, Value as Json};
 
 /// How Avro data is laid out in an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Encoding {
     /// An object container file (header with schema, blocks of records).

@@ -42,7 +42,9 @@ const MAX_PART: usize = 5 << 30;
 const MAX_PARTS: i32 = 10_000;
 
 /// What an object is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ObjectFormatName {
     /// One event after another (`framing`), compressed as a stream.

@@ -21,7 +21,17 @@ use serde_json::{Number, Value};
 use crate::DecodeError;
 
 /// How bare values are typed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Types {
     /// Numbers, booleans and `null` (empty) are recognised.

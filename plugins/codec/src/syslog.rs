@@ -17,7 +17,17 @@ use serde_json::{Map, Value};
 use crate::DecodeError;
 
 /// Which RFC to expect.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     /// RFC 5424 when the version after PRI is `1`, RFC 3164 otherwise.

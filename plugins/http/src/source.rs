@@ -39,7 +39,9 @@ use logbus_plugin_api::{
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum BodyFormat {
     /// One event per line (NDJSON or plain text); empty lines are skipped.
@@ -131,7 +133,9 @@ fn default_header_timeout() -> u64 {
     10_000
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AckMode {
     /// 200 once the events are in the pipeline's queues.

@@ -357,10 +357,10 @@ pub struct FileSinkOptions {
 fn yes() -> bool {
     true
 }
-fn default_rotate_keep() -> usize {
+pub(crate) fn default_rotate_keep() -> usize {
     5
 }
-fn default_max_open() -> usize {
+pub(crate) fn default_max_open() -> usize {
     64
 }
 

@@ -149,6 +149,22 @@ pub struct FileSetOptions {
     pub max_open_files: usize,
 }
 
+/// The file sink's defaults (`docs/plugins/file.md`).
+impl Default for FileSetOptions {
+    fn default() -> Self {
+        FileSetOptions {
+            append: true,
+            create_dirs: false,
+            sync: false,
+            compression: Compression::None,
+            framing: Framing::Newline,
+            rotate_bytes: None,
+            rotate_keep: crate::file::default_rotate_keep(),
+            max_open_files: crate::file::default_max_open(),
+        }
+    }
+}
+
 struct Open {
     writer: CompressWriter<BufWriter<File>>,
     bytes: u64,
@@ -392,16 +408,7 @@ mod tests {
     }
 
     fn options() -> FileSetOptions {
-        FileSetOptions {
-            append: true,
-            create_dirs: false,
-            sync: false,
-            compression: Compression::None,
-            framing: Framing::Newline,
-            rotate_bytes: None,
-            rotate_keep: 5,
-            max_open_files: 64,
-        }
+        FileSetOptions::default()
     }
 
     fn app(name: &str) -> Event {

@@ -8,7 +8,6 @@ use std::io::Read;
 use std::path::Path;
 
 use logbus_compress::{Compression, ReadCompression};
-use logbus_framing::Framing;
 use logbus_io::file_set::{FileSet, FileSetOptions, PathTemplate};
 use logbus_plugin_api::{Event, Fields, Meta};
 
@@ -24,16 +23,11 @@ fn event(service: &str, n: usize) -> Event {
     )
 }
 
+/// The sink's defaults, with the folders a template names made.
 fn options() -> FileSetOptions {
     FileSetOptions {
-        append: true,
         create_dirs: true,
-        sync: false,
-        compression: Compression::None,
-        framing: Framing::Newline,
-        rotate_bytes: None,
-        rotate_keep: 5,
-        max_open_files: 64,
+        ..FileSetOptions::default()
     }
 }
 

@@ -33,7 +33,9 @@ use serde_json::Value;
 
 use crate::client::{KafkaTls, ReportingContext, Reports, Sasl, apply_security, check_connection};
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum KafkaCompression {
     #[default]
@@ -56,7 +58,9 @@ impl KafkaCompression {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 pub enum Acks {
     /// Every in-sync replica has the message (with the idempotent
     /// producer: no duplicates from the producer's own retries).

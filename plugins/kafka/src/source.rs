@@ -52,7 +52,9 @@ use serde_json::Value;
 use crate::client::{KafkaTls, Reports, Sasl, apply_security, check_connection};
 
 /// Where a group with no committed offset for a partition starts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum StartFrom {
     /// The oldest message the broker still has (nothing already there is

@@ -35,7 +35,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 /// The bulk action of every event.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
     /// Add or replace the document (with `id_field`, a retry replaces
@@ -58,7 +60,9 @@ impl Action {
 
 /// Bulk bodies as they are (the default: on a LAN gzip costs both sides
 /// more CPU than it saves, docs/benchmarks.md), or gzipped for slow links.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum BodyCompression {
     #[default]

@@ -45,7 +45,17 @@ pub struct RpcStatus {
 pub const MAX_DEPTH: usize = 64;
 
 /// Where resource and scope go in an event.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Layout {
     /// `resource: {…}`, `scope: {name, version, attributes}`.

@@ -38,7 +38,9 @@ use crate::model::{
     Mapping, RpcStatus, fields_to_record, resource_and_scope, resource_of, scope_of,
 };
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// OTLP/gRPC (`http://host:4317`).
@@ -49,7 +51,9 @@ pub enum Protocol {
     Http,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OtlpCompression {
     None,

@@ -41,7 +41,9 @@ use tokio::sync::Semaphore;
 
 use crate::model::{Layout, RpcStatus, record_to_fields};
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AckMode {
     /// Success once the records are in the pipeline's queues.

@@ -46,7 +46,7 @@ pub mod source {
     use crate::multiline::{MultilineConfig, Rule};
     use crate::tailer::{Line, ReadFrom, TailConfig, Tailer};
 
-    #[derive(Debug, Clone, Copy, Default, Deserialize, schemars::JsonSchema)]
+    #[derive(Debug, Clone, Copy, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
     #[serde(rename_all = "lowercase")]
     pub enum ReadFromSpec {
         /// Files found at start with no saved position are read whole.

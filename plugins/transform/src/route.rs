@@ -20,7 +20,9 @@ use crate::needs_fields;
 pub const UNMATCHED: &str = "_unmatched";
 
 /// Whether an event goes to every route it matches or only the first.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum RouteMode {
     #[default]
