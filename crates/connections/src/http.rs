@@ -204,3 +204,211 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Handled 
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Against a real listener on loopback, spoken to by a raw TCP client
+    //! (the bytes of HTTP/1.1 are short enough to write by hand).
+
+    use super::*;
+    use crate::Limits;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::sync::{Notify, mpsc};
+
+    /// A server on a free port with two routes: `/` answers at once, `/slow`
+    /// says it started and answers once `release` is notified.
+    struct Server {
+        addr: SocketAddr,
+        table: ConnectionTable,
+        shutdown: CancellationToken,
+        started: mpsc::UnboundedReceiver<()>,
+        release: Arc<Notify>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    async fn server(max_connections: usize, idle: Duration, header_timeout: Duration) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (started_tx, started) = mpsc::unbounded_channel();
+        let release = Arc::new(Notify::new());
+        let waited = release.clone();
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "hello" }))
+            .route(
+                "/slow",
+                axum::routing::get(move || {
+                    let (started, release) = (started_tx.clone(), waited.clone());
+                    async move {
+                        started.send(()).unwrap();
+                        release.notified().await;
+                        "slow"
+                    }
+                }),
+            );
+        let table = ConnectionTable::new(Limits {
+            max_connections,
+            idle_timeout: idle,
+        });
+        let shutdown = CancellationToken::new();
+        let served = HttpConnections {
+            app,
+            version: HttpVersion::Http1,
+            tls: None,
+            table: table.clone(),
+            header_timeout,
+            shutdown: shutdown.clone(),
+        };
+        let task = tokio::spawn(served.serve(listener));
+        Server {
+            addr,
+            table,
+            shutdown,
+            started,
+            release,
+            task,
+        }
+    }
+
+    async fn send(stream: &mut TcpStream, path: &str) {
+        let request = format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+    }
+
+    /// One response's status line and body (bodies here are short and
+    /// carry a content-length).
+    async fn response(stream: &mut TcpStream) -> (String, String) {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before a whole response: {got:?}");
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).into_owned();
+            let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                continue;
+            };
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_owned)
+                })
+                .expect("content-length")
+                .parse()
+                .unwrap();
+            if body.len() >= length {
+                let status = head.lines().next().unwrap().to_owned();
+                return (status, body[..length].to_owned());
+            }
+        }
+    }
+
+    async fn get(stream: &mut TcpStream, path: &str) -> String {
+        send(stream, path).await;
+        let (status, body) = response(stream).await;
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        body
+    }
+
+    /// Waits (at most 10 s) for the server to close the connection and
+    /// returns whatever it sent before.
+    async fn closed_by_server(stream: &mut TcpStream) -> Vec<u8> {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut buf = [0u8; 1024];
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => rest.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "the server kept the connection open");
+        rest
+    }
+
+    const LONG: Duration = Duration::from_secs(600);
+
+    #[tokio::test]
+    async fn requests_are_answered_and_an_idle_connection_is_closed() {
+        let s = server(8, Duration::from_millis(300), LONG).await;
+        let mut client = TcpStream::connect(s.addr).await.unwrap();
+        assert_eq!(get(&mut client, "/").await, "hello");
+        assert_eq!(get(&mut client, "/").await, "hello");
+        assert!(closed_by_server(&mut client).await.is_empty());
+        assert_eq!((s.table.timed_out(), s.table.evicted()), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_full_table_closes_the_idle_connection_for_a_new_one() {
+        let s = server(1, LONG, LONG).await;
+        let mut first = TcpStream::connect(s.addr).await.unwrap();
+        assert_eq!(get(&mut first, "/").await, "hello");
+        let mut second = TcpStream::connect(s.addr).await.unwrap();
+        assert_eq!(get(&mut second, "/").await, "hello");
+        assert!(closed_by_server(&mut first).await.is_empty());
+        assert_eq!((s.table.evicted(), s.table.len()), (1, 1));
+    }
+
+    /// A connection whose request is being handled is busy: a newcomer to
+    /// a full table is turned away, and the request still gets its answer.
+    #[tokio::test]
+    async fn a_connection_serving_a_request_keeps_its_slot() {
+        let mut s = server(1, LONG, LONG).await;
+        let mut busy = TcpStream::connect(s.addr).await.unwrap();
+        send(&mut busy, "/slow").await;
+        s.started.recv().await.unwrap();
+        let mut refused = TcpStream::connect(s.addr).await.unwrap();
+        assert!(closed_by_server(&mut refused).await.is_empty());
+        assert_eq!(s.table.evicted(), 0);
+        s.release.notify_one();
+        assert_eq!(response(&mut busy).await.1, "slow");
+        // Answered, it is idle again and gives way to the next newcomer.
+        let mut next = TcpStream::connect(s.addr).await.unwrap();
+        assert_eq!(get(&mut next, "/").await, "hello");
+        assert!(closed_by_server(&mut busy).await.is_empty());
+        assert_eq!(s.table.evicted(), 1);
+    }
+
+    /// Half a request head, then silence: the header read timeout closes
+    /// the connection long before the idle timeout would.
+    #[tokio::test]
+    async fn a_request_head_that_never_ends_is_cut_off() {
+        let s = server(8, LONG, Duration::from_millis(200)).await;
+        let mut client = TcpStream::connect(s.addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: te")
+            .await
+            .unwrap();
+        let said = closed_by_server(&mut client).await;
+        assert!(
+            !String::from_utf8_lossy(&said).contains("200 OK"),
+            "{said:?}"
+        );
+        assert_eq!(s.table.timed_out(), 0);
+    }
+
+    /// Stopping lets the request in progress finish, then the accept loop
+    /// returns.
+    #[tokio::test]
+    async fn stopping_finishes_the_request_in_progress() {
+        let mut s = server(8, LONG, LONG).await;
+        let mut client = TcpStream::connect(s.addr).await.unwrap();
+        send(&mut client, "/slow").await;
+        s.started.recv().await.unwrap();
+        s.shutdown.cancel();
+        let mut task = s.task;
+        let early = tokio::time::timeout(Duration::from_millis(100), &mut task).await;
+        assert!(early.is_err(), "returned with a request in progress");
+        s.release.notify_one();
+        assert_eq!(response(&mut client).await.1, "slow");
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the accept loop returns once the request is answered")
+            .unwrap();
+        assert!(closed_by_server(&mut client).await.is_empty());
+    }
+}

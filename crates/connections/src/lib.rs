@@ -456,4 +456,152 @@ mod tests {
         assert_eq!(conn.closed().await, Closed::IdleTimeout);
         assert_eq!(began.elapsed(), Duration::from_secs(10));
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_table_counts_what_it_holds_and_every_eviction() {
+        let t = table(1, 60_000);
+        assert!(t.is_empty());
+        let a = t.admit().unwrap();
+        assert!(!t.is_empty());
+        let b = t.admit().unwrap();
+        let c = t.admit().unwrap();
+        assert_eq!(a.closed().await, Closed::Evicted);
+        assert_eq!(b.closed().await, Closed::Evicted);
+        assert_eq!((t.len(), t.evicted(), t.timed_out()), (1, 2, 0));
+        drop((a, b));
+        assert_eq!(t.len(), 1);
+        drop(c);
+        assert!(t.is_empty());
+    }
+
+    /// Bytes that moved while `closed` waited move its deadline to a
+    /// timeout after them, not after the moment it looked.
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_timeout_counts_from_the_last_bytes() {
+        let t = table(8, 10_000);
+        let conn = t.admit().unwrap();
+        let began = Instant::now();
+        let talk = async {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            conn.touch();
+        };
+        let (why, ()) = tokio::join!(conn.closed(), talk);
+        assert_eq!(why, Closed::IdleTimeout);
+        assert_eq!(began.elapsed(), Duration::from_secs(14));
+    }
+
+    /// The end of the stream moves no bytes: a client that hung up is not
+    /// active.
+    #[tokio::test(start_paused = true)]
+    async fn reading_the_end_of_a_stream_is_not_activity() {
+        use tokio::io::AsyncReadExt;
+        let t = table(8, 10_000);
+        let conn = t.admit().unwrap();
+        let (client, server) = tokio::io::duplex(64);
+        let mut server = conn.watch(server);
+        drop(client);
+        tokio::time::advance(Duration::from_secs(8)).await;
+        let mut buf = [0u8; 8];
+        assert_eq!(server.read(&mut buf).await.unwrap(), 0);
+        let began = Instant::now();
+        assert_eq!(conn.closed().await, Closed::IdleTimeout);
+        assert_eq!(began.elapsed(), Duration::from_secs(2));
+    }
+
+    /// Writes count as activity, plain or vectored; a write of nothing
+    /// does not.
+    #[tokio::test(start_paused = true)]
+    async fn writes_through_a_watched_stream_count_as_activity() {
+        use tokio::io::AsyncWriteExt;
+        let t = table(8, 10_000);
+        for vectored in [false, true] {
+            let conn = t.admit().unwrap();
+            let (_client, server) = tokio::io::duplex(64);
+            let mut server = conn.watch(server);
+            tokio::time::advance(Duration::from_secs(8)).await;
+            let wrote = if vectored {
+                server.write_vectored(&[]).await.unwrap()
+            } else {
+                server.write(b"").await.unwrap()
+            };
+            assert_eq!(wrote, 0);
+            let began = Instant::now();
+            assert_eq!(
+                conn.closed().await,
+                Closed::IdleTimeout,
+                "vectored: {vectored}"
+            );
+            assert_eq!(
+                began.elapsed(),
+                Duration::from_secs(2),
+                "vectored: {vectored}"
+            );
+
+            let conn = t.admit().unwrap();
+            let (_client, server) = tokio::io::duplex(64);
+            let mut server = conn.watch(server);
+            tokio::time::advance(Duration::from_secs(8)).await;
+            let wrote = if vectored {
+                let parts = [std::io::IoSlice::new(b"he"), std::io::IoSlice::new(b"llo")];
+                server.write_vectored(&parts).await.unwrap()
+            } else {
+                server.write(b"hello").await.unwrap()
+            };
+            assert!(wrote > 0);
+            let began = Instant::now();
+            assert_eq!(
+                conn.closed().await,
+                Closed::IdleTimeout,
+                "vectored: {vectored}"
+            );
+            assert_eq!(
+                began.elapsed(),
+                Duration::from_secs(10),
+                "vectored: {vectored}"
+            );
+        }
+    }
+
+    /// Flush, shutdown and the vectored-write capability reach the stream
+    /// underneath.
+    #[tokio::test]
+    async fn a_watched_stream_passes_flush_and_shutdown_through() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+        let t = table(8, 10_000);
+        let conn = t.admit().unwrap();
+        let (mut client, server) = tokio::io::duplex(64);
+        /// A writer without vectored writes (tokio's own all have them).
+        struct Plain;
+        impl AsyncWrite for Plain {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                data: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                Poll::Ready(Ok(data.len()))
+            }
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+        }
+        assert!(!conn.watch(Plain).is_write_vectored());
+        let mut server = conn.watch(BufWriter::new(server));
+        assert!(server.is_write_vectored());
+        server.write_all(b"buffered").await.unwrap();
+        server.flush().await.unwrap();
+        let mut buf = [0u8; 8];
+        client.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"buffered");
+        server.write_all(b"last").await.unwrap();
+        server.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"last");
+    }
 }
