@@ -1047,6 +1047,132 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn try_send_takes_nothing_for_nothing_and_refuses_more_than_a_dequeue() {
+        let (tx, mut rx) = channel_with_batch(10, 3);
+        tx.try_send(Vec::new()).unwrap();
+        assert_eq!(tx.stats().stats().sent(), 0);
+        assert!(rx.try_recv().is_none(), "an empty batch is not queued");
+        // Room for ten, but a try_send is one dequeue at most.
+        assert!(matches!(tx.try_send(events(4)), Err(TrySendError::Full(b)) if b.len() == 4));
+        tx.try_send(events(3)).unwrap();
+        assert_eq!(tx.stats().stats().sent(), 3);
+        assert_eq!(tx.stats().stats().max_occupancy(), 3);
+        drop(rx);
+        assert!(matches!(tx.try_send(events(1)), Err(TrySendError::Closed(b)) if b.len() == 1));
+    }
+
+    #[tokio::test]
+    async fn a_dequeue_is_at_most_the_capacity_even_when_max_batch_is_larger() {
+        let (tx, mut rx) = channel_with_batch(3, 10);
+        let sender = tokio::spawn(async move { tx.send(events(5)).await });
+        let first = rx.recv().await.unwrap().len();
+        let second = rx.recv().await.unwrap().len();
+        sender.await.unwrap().unwrap();
+        assert_eq!((first, second), (3, 2));
+    }
+
+    #[test]
+    #[should_panic(expected = "channel capacity must be at least 1")]
+    fn a_channel_of_no_capacity_is_refused() {
+        let _ = channel(0);
+    }
+
+    #[test]
+    #[should_panic(expected = "max batch must be at least 1")]
+    fn a_dequeue_of_nothing_is_refused() {
+        let _ = channel_with_batch(4, 0);
+    }
+
+    #[tokio::test]
+    async fn counters_sent_received_and_what_the_last_receiver_abandoned() {
+        let (tx, mut rx) = channel_with_batch(10, 2);
+        tx.send(events(5)).await.unwrap();
+        let handle = rx.handle();
+        assert_eq!(handle.occupancy(), 5);
+        let batch = rx.recv().await.unwrap();
+        assert_eq!(handle.stats().received(), 2);
+        assert_eq!(handle.stats().capacity(), 10);
+        assert!(handle.local().is_none() && handle.durable().is_none());
+        let clone = rx.clone();
+        drop(rx);
+        assert_eq!(handle.stats().abandoned(), 0, "a clone still reads");
+        drop(clone);
+        assert_eq!(handle.stats().abandoned(), 3);
+        assert_eq!(handle.stats().sent(), 5);
+        // The batch in hand still counts until it is released.
+        assert_eq!(handle.occupancy(), 5);
+        drop(batch);
+        assert_eq!(handle.occupancy(), 3);
+        assert_eq!(handle.save_backlog().await, 0, "not a durable queue");
+    }
+
+    #[tokio::test]
+    async fn a_wait_in_progress_counts_and_a_finished_one_stays_counted() {
+        let (tx, mut rx) = channel(4);
+        let handle = rx.handle();
+        assert_eq!(handle.stats().wait_seconds(), 0.0);
+        {
+            let mut recv = Box::pin(rx.recv());
+            assert!(futures_poll_once(&mut recv).is_none());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            // Still waiting: counted up to now.
+            assert!(handle.stats().wait_seconds() >= 0.005);
+        }
+        // Given up: the wait is settled, and no longer grows.
+        let settled = handle.stats().wait_seconds();
+        assert!(settled >= 0.005);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(handle.stats().wait_seconds(), settled);
+        // A ready batch is taken without waiting.
+        tx.send(events(1)).await.unwrap();
+        assert!(rx.recv().await.is_some());
+        assert_eq!(handle.stats().wait_seconds(), settled);
+    }
+
+    fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        match std::pin::Pin::new(f).poll(&mut cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    struct Heard(std::sync::Mutex<Vec<logbus_event::Outcome>>);
+
+    impl logbus_event::AckReceiver for Heard {
+        fn finished(&self, _token: u64, outcome: logbus_event::Outcome) {
+            self.0.lock().unwrap().push(outcome);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_settles_its_events_and_a_memory_batch_has_no_store_to_return_to() {
+        let heard = Arc::new(Heard(Default::default()));
+        let (tx, mut rx) = channel(4);
+        let ack = logbus_event::BatchAck::new(heard.clone(), 7);
+        let batch: Vec<Event> = events(2)
+            .into_iter()
+            .map(|e| e.with_ack(ack.handle()))
+            .collect();
+        drop(ack);
+        tx.send(batch).await.unwrap();
+        let mut batch = rx.recv().await.unwrap();
+        assert!(!batch.is_empty());
+        assert_eq!(batch.events().len(), 2);
+        assert_eq!(batch.events_mut().len(), 2);
+        batch.settle(logbus_event::Outcome::Rejected);
+        drop(batch.take());
+        assert_eq!(
+            *heard.0.lock().unwrap(),
+            vec![logbus_event::Outcome::Rejected]
+        );
+        assert_eq!(batch.len(), 2, "taken events still count");
+        assert!(!batch.return_to_store());
+        assert_eq!(rx.handle().occupancy(), 0);
+    }
+
+    #[tokio::test]
     async fn fan_in_closes_after_last_sender() {
         let (tx, mut rx) = channel(8);
         let tx2 = tx.clone();
