@@ -77,7 +77,7 @@ impl Parser {
     }
 
     fn peek2(&self) -> &Tok {
-        &self.toks[(self.at + 1).min(self.toks.len() - 1)].0
+        self.toks.get(self.at + 1).map_or(&Tok::End, |(tok, _)| tok)
     }
 
     fn offset(&self) -> usize {
@@ -441,7 +441,7 @@ impl Parser {
 }
 
 /// The candidate closest to `word`, if it is a likely typo.
-fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+pub(crate) fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
         .iter()
         .map(|c| (distance(word, c), *c))
@@ -450,7 +450,7 @@ fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
         .map(|(_, c)| c)
 }
 
-fn distance(a: &str, b: &str) -> usize {
+pub(crate) fn distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

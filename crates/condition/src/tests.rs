@@ -179,8 +179,11 @@ fn errors_name_the_place() {
         "expected `)`, found the end of the condition"
     );
     assert_eq!(
-        error("a.").1,
-        "expected a field name after `.`, found the end of the condition"
+        error("a."),
+        (
+            1,
+            "expected a field name after `.`, found the end of the condition".into()
+        )
     );
     assert_eq!(
         error("a == -").1,
@@ -207,6 +210,189 @@ fn a_caret_points_at_the_error() {
     assert_eq!(e.line_column(text), (2, 11));
     let e = Condition::compile("a ==").unwrap_err();
     assert_eq!(e.caret("a =="), "a ==\n    ^");
+}
+
+#[test]
+fn an_unexpected_token_is_named_as_written() {
+    for op in [
+        ")", "]", ",", ".", "==", "!=", "<", "<=", ">", ">=", "&&", "||", "=~", "!~", "!",
+    ] {
+        let text = format!("a == {op}");
+        assert_eq!(
+            error(&text),
+            (
+                5,
+                format!("expected a field, a value, a function or `(`, found `{op}`")
+            ),
+            "{text}"
+        );
+    }
+    for op in ["(", "["] {
+        assert_eq!(
+            error(&format!("1 {op}")).1,
+            format!("expected `&&`, `||` or the end of the condition, found `{op}`")
+        );
+    }
+    assert_eq!(error("exists(a b)").1, "expected `)`, found `b`");
+    assert_eq!(error("a in x").1, "expected `[`, found `x`");
+    assert_eq!(
+        error("a in [1 2]").1,
+        "expected `,` or `]`, found the number 2"
+    );
+    assert_eq!(
+        error("a == 'x' 'y'").1,
+        r#"expected `&&`, `||` or the end of the condition, found the string "y""#
+    );
+    assert_eq!(
+        error("a `b`").1,
+        "expected `&&`, `||` or the end of the condition, found `` `b` ``"
+    );
+}
+
+#[test]
+fn nesting_is_allowed_up_to_exactly_the_limit() {
+    let parens = |n: usize| format!("{}a{}", "(".repeat(n), ")".repeat(n));
+    assert!(Condition::compile(&parens(64)).is_ok());
+    assert_eq!(error(&parens(65)), (65, "nested more than 64 deep".into()));
+    let nots = |n: usize| format!("{}a", "!".repeat(n));
+    assert!(Condition::compile(&nots(64)).is_ok());
+    assert_eq!(error(&nots(65)).1, "nested more than 64 deep");
+    // Depth is nesting, not length: a hundred siblings are fine.
+    for sibling in ["!a", "(a)", "lower(a) == 'x'"] {
+        let long = vec![sibling; 100].join(" && ");
+        assert!(Condition::compile(&long).is_ok(), "{sibling}");
+    }
+    let calls = |n: usize| format!("{}a{}", "lower(".repeat(n), ")".repeat(n));
+    assert!(Condition::compile(&calls(64)).is_ok());
+    assert_eq!(error(&calls(65)).1, "nested more than 64 deep");
+}
+
+#[test]
+fn numbers_end_where_a_number_ends() {
+    // `-` starts the next number; it does not continue this one.
+    assert_eq!(
+        error("a == 1-2").1,
+        "expected `&&`, `||` or the end of the condition, found the number -2"
+    );
+    assert!(holds("a == 1e-2", json!({"a": 0.01})));
+    assert!(holds("a == 2E+1", json!({"a": 20})));
+    // A dot continues a number only before a digit: `a.0.b` is a path.
+    assert!(holds("a.0.b == 1.5", json!({"a": {"0": {"b": 1.5}}})));
+    assert!(holds("list.10 == 2", json!({"list": {"10": 2}})));
+}
+
+#[test]
+fn null_is_a_value_not_a_condition_nor_an_order() {
+    assert_eq!(
+        error("a > null"),
+        (4, "`>` compares numbers or strings, not null".into())
+    );
+    assert_eq!(
+        error("null && a").1,
+        "the left side of `&&` must be a condition (a comparison, `exists(..)`, a field that is true), not null"
+    );
+    assert_eq!(
+        error("a || 1").1,
+        "the right side of `||` must be a condition (a comparison, `exists(..)`, a field that is true), not a number"
+    );
+    assert_eq!(
+        error("!'x'").1,
+        "what `!` negates must be a condition (a comparison, `exists(..)`, a field that is true), not a string"
+    );
+    assert_eq!(
+        error("true =~ 'x'").1,
+        "`=~` matches strings, not a boolean"
+    );
+    assert_eq!(
+        error("len(null) == 1").1,
+        "`len` takes strings or fields, not null"
+    );
+    assert_eq!(
+        error("contains(a, true)").1,
+        "`contains` takes strings or fields, not a boolean"
+    );
+}
+
+#[test]
+fn keywords_lists_and_path_segments_in_the_wrong_place() {
+    assert!(holds("a == false", json!({"a": false})));
+    assert!(!holds("a == false", json!({"a": true})));
+    assert_eq!(
+        Condition::compile("a == false").unwrap().to_string(),
+        "a == false"
+    );
+    assert_eq!(
+        error("in == 1"),
+        (0, "expected a field or a value, found `in`".into())
+    );
+    assert_eq!(
+        error("[1] == a"),
+        (
+            0,
+            r#"a list belongs after `in` (`level in ["warn", "error"]`)"#.into()
+        )
+    );
+    assert_eq!(
+        error("a.-1 == 1"),
+        (
+            2,
+            "expected a field name after `.`, found the number -1".into()
+        )
+    );
+    assert_eq!(
+        error(r#"a."" == 1"#),
+        (
+            2,
+            r#"expected a field name after `.`, found the string """#.into()
+        )
+    );
+}
+
+#[test]
+fn edit_distance_and_the_typo_threshold() {
+    use crate::parse::{closest, distance};
+    for (a, b, d) in [
+        ("", "", 0),
+        ("", "abc", 3),
+        ("abc", "", 3),
+        ("lower", "lower", 0),
+        ("lowr", "lower", 1),
+        ("lowerr", "lower", 1),
+        ("lowee", "lower", 1),
+        ("kitten", "sitting", 3),
+        ("flaw", "lawn", 2),
+        ("ab", "ba", 2),
+    ] {
+        assert_eq!(distance(a, b), d, "{a} -> {b}");
+    }
+    let names = ["exists", "len"];
+    // A third of the name's length, at least one.
+    assert_eq!(closest("exsts", &names), Some("exists"));
+    assert_eq!(closest("xsts", &names), Some("exists"));
+    assert_eq!(closest("xst", &names), None);
+    assert_eq!(closest("lex", &names), Some("len"));
+    assert_eq!(closest("lxx", &names), None);
+    assert_eq!(closest("foo", &names), None);
+    // The nearest wins.
+    assert_eq!(closest("abcdef", &["abcdxx", "abcdeg"]), Some("abcdeg"));
+    assert_eq!(
+        error("foo(a)").1,
+        "`foo` is not a function (functions: exists, starts_with, ends_with, contains, lower, upper, len)"
+    );
+}
+
+#[test]
+fn an_error_prints_its_message_and_its_line() {
+    let text = "a == 1 &&\n  b ==\n  && c";
+    let e = Condition::compile(text).unwrap_err();
+    assert_eq!(e.to_string(), e.message);
+    assert_eq!(e.line_column(text), (3, 3));
+    assert_eq!(e.caret(text), "  && c\n  ^");
+    // A line in the middle: the caret's line stops at its end.
+    let text = "a ==\n  == b\nc";
+    let e = Condition::compile(text).unwrap_err();
+    assert_eq!(e.caret(text), "  == b\n  ^");
+    assert_eq!(e.line_column(text), (2, 3));
 }
 
 #[test]
