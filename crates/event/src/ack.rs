@@ -160,6 +160,15 @@ mod tests {
     }
 
     #[test]
+    fn a_handle_prints_its_batch() {
+        let (_heard, batch) = open(42);
+        let mut handle = batch.handle();
+        assert_eq!(format!("{handle:?}"), "Ack(batch 42)");
+        assert_eq!(format!("{:?}", Ack::none()), "Ack(none)");
+        handle.settle(Outcome::Delivered);
+    }
+
+    #[test]
     fn the_source_hears_once_when_the_last_handle_settles() {
         let (heard, batch) = open(7);
         let mut a = batch.handle();

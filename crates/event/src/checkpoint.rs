@@ -188,6 +188,25 @@ mod tests {
     }
 
     #[test]
+    fn nothing_open_is_not_worth_waiting_for_and_the_oldest_open_batch_is_the_first() {
+        let mut c = OrderedCheckpoint::new();
+        assert!(!c.worth_waiting());
+        assert_eq!(c.oldest_open(), None);
+        let before = Instant::now();
+        let a = c.begin(1, 1);
+        let after_a = Instant::now();
+        let b = c.begin(2, 1);
+        assert!(c.worth_waiting());
+        let oldest = c.oldest_open().unwrap();
+        assert!(before <= oldest && oldest <= after_a);
+        c.finish(a, Outcome::Delivered);
+        assert!(c.oldest_open().unwrap() >= after_a, "b is the oldest now");
+        c.finish(b, Outcome::Delivered);
+        assert_eq!(c.oldest_open(), None);
+        assert!(!c.worth_waiting());
+    }
+
+    #[test]
     fn stale_and_unknown_tokens_are_ignored() {
         let mut c = OrderedCheckpoint::new();
         let a = c.begin("x", 1);

@@ -312,6 +312,22 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn events_are_equal_by_their_data_not_their_acknowledgement() {
+        struct Ignore;
+        impl AckReceiver for Ignore {
+            fn finished(&self, _: u64, _: Outcome) {}
+        }
+        let batch = BatchAck::new(Arc::new(Ignore), 1);
+        let plain = Event::raw("a", meta());
+        let acked = Event::raw("a", meta()).with_ack(batch.handle());
+        assert_eq!(plain, acked);
+        assert_ne!(plain, Event::raw("b", meta()));
+        let mut later = meta();
+        later.ingest_ns = 2;
+        assert_ne!(plain, Event::raw("a", later));
+    }
+
     /// Whether another clone shares this event's data (fan-out).
     fn is_shared(event: &Event) -> bool {
         Arc::strong_count(&event.data) > 1

@@ -474,6 +474,21 @@ mod tests {
     }
 
     #[test]
+    fn not_received_adds_what_was_dropped_left_on_disk_or_undecodable() {
+        let snapshot = DurableSnapshot {
+            dropped_newest: 1,
+            dropped_oldest: 2,
+            unread: 4,
+            undecodable: 8,
+            // Lost records are not accounted for here: they count as lost.
+            unreadable: 16,
+            lost_at_open: 32,
+            ..Default::default()
+        };
+        assert_eq!(snapshot.not_received(), 15);
+    }
+
+    #[test]
     fn malformed_records_are_errors_not_panics() {
         let mut cache = None;
         for bad in [

@@ -29,3 +29,40 @@ pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
         _ => f(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// On a multi-thread runtime, a task waiting in `blocking` hands the
+    /// worker's other tasks on: with a single worker, a task it spawned
+    /// still runs while it waits for that task.
+    #[test]
+    fn blocking_lets_the_worker_run_other_tasks_meanwhile() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let heard = rt.block_on(async {
+            tokio::spawn(async {
+                let (tx, rx) = std::sync::mpsc::channel();
+                tokio::spawn(async move { tx.send(7).unwrap() });
+                super::blocking(|| rx.recv_timeout(Duration::from_secs(10)))
+            })
+            .await
+            .unwrap()
+        });
+        assert_eq!(heard, Ok(7));
+    }
+
+    /// Where `block_in_place` would panic (a current-thread runtime) or
+    /// has no runtime to tell, the work runs inline.
+    #[test]
+    fn blocking_runs_inline_elsewhere() {
+        assert_eq!(super::blocking(|| 3), 3);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(rt.block_on(async { super::blocking(|| 4) }), 4);
+    }
+}

@@ -247,3 +247,77 @@ fn a_sender_gets_its_events_back_once_the_consumer_is_gone() {
     let err = rt().block_on(tx.send(events(0, 3))).unwrap_err();
     assert_eq!(err.0.len(), 3);
 }
+
+#[test]
+fn a_disk_queue_never_takes_a_try_send_into_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = durable_channel(8, 8, false, None, open(dir.path(), DurableKind::Disk));
+    match tx.try_send(events(0, 2)) {
+        Err(logbus_queue::channel::TrySendError::Full(back)) => assert_eq!(numbers(&back), [0, 1]),
+        _ => panic!("a disk queue stores through send, never try_send"),
+    }
+    assert_eq!(rx.handle().occupancy(), 0);
+    drop(tx);
+    assert!(rt().block_on(receive_all(&mut rx)).is_empty());
+}
+
+#[test]
+fn a_forced_stop_saves_what_waits_in_memory_only_when_asked_to() {
+    let kind = DurableKind::DiskAssisted {
+        high_watermark: 100,
+        low_watermark: 10,
+    };
+    for save in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let durable = open(dir.path(), kind).with_save_on_shutdown(save);
+            let (tx, mut rx) = durable_channel(100, 4, false, None, durable);
+            let handle = rx.handle();
+            rt().block_on(async {
+                tx.send(events(0, 10)).await.unwrap();
+                // One batch in the consumer's hands is not part of the backlog.
+                let held = rx.recv().await.unwrap();
+                assert_eq!(held.len(), 4);
+                assert_eq!(handle.occupancy(), 10);
+                let saved = handle.save_backlog().await;
+                assert_eq!(saved, if save { 6 } else { 0 }, "save: {save}");
+                assert_eq!(handle.durable().unwrap().saved, saved);
+                // Saved events leave memory and give their room back.
+                assert_eq!(handle.occupancy(), 10 - saved as usize);
+                drop(held);
+            });
+        }
+        let durable = open(dir.path(), kind);
+        assert_eq!(durable.recovery().records, if save { 6 } else { 0 });
+        let (tx, mut rx) = durable_channel(100, 4, false, None, durable);
+        drop(tx);
+        let got = rt().block_on(receive_all(&mut rx));
+        let expected: Vec<usize> = if save { (4..10).collect() } else { Vec::new() };
+        assert_eq!(got, expected);
+    }
+}
+
+#[test]
+fn spilling_goes_on_until_the_log_is_read_even_when_memory_is_low() {
+    let dir = tempfile::tempdir().unwrap();
+    let kind = DurableKind::DiskAssisted {
+        high_watermark: 20,
+        low_watermark: 10,
+    };
+    let (tx, mut rx) = durable_channel(32, 10, false, None, open(dir.path(), kind));
+    let handle = rx.handle();
+    rt().block_on(async {
+        tx.send(events(0, 50)).await.unwrap();
+        assert_eq!(handle.durable().unwrap().spilled, 30);
+        // Memory drained (a ready memory batch is taken first), the log not.
+        for _ in 0..2 {
+            assert_eq!(rx.try_recv().unwrap().len(), 10);
+        }
+        assert_eq!(handle.occupancy(), 0);
+        tx.send(events(50, 5)).await.unwrap();
+        let d = handle.durable().unwrap();
+        assert!(d.spilling, "30 events wait in the log");
+        assert_eq!(d.spilled, 35);
+        assert_eq!(handle.occupancy(), 0);
+    });
+}

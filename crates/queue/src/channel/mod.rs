@@ -986,6 +986,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_interruptible_receiver_waits_for_input_like_any_other() {
+        let (tx, mut rx) = channel(8);
+        let _interrupt = rx.interruptible();
+        let mut recv = Box::pin(rx.recv());
+        assert!(futures_poll_once(&mut recv).is_none(), "nothing sent yet");
+        tx.send(events(2)).await.unwrap();
+        let batch = futures_poll_once(&mut recv)
+            .expect("woken")
+            .expect("a batch");
+        assert_eq!(batch.len(), 2);
+    }
+
+    #[tokio::test]
     async fn weak_sender_does_not_keep_the_channel_open() {
         let (tx, mut rx) = channel(8);
         let weak = tx.downgrade();
@@ -1111,6 +1124,7 @@ mod tests {
         let (tx, mut rx) = channel(4);
         let handle = rx.handle();
         assert_eq!(handle.stats().wait_seconds(), 0.0);
+        let started = std::time::Instant::now();
         {
             let mut recv = Box::pin(rx.recv());
             assert!(futures_poll_once(&mut recv).is_none());
@@ -1121,6 +1135,8 @@ mod tests {
         // Given up: the wait is settled, and no longer grows.
         let settled = handle.stats().wait_seconds();
         assert!(settled >= 0.005);
+        // In seconds: no more than the time that passed.
+        assert!(settled <= started.elapsed().as_secs_f64(), "{settled}");
         std::thread::sleep(std::time::Duration::from_millis(2));
         assert_eq!(handle.stats().wait_seconds(), settled);
         // A ready batch is taken without waiting.
