@@ -473,6 +473,45 @@ mod tests {
         assert_eq!(keys, ["z", "a"]);
     }
 
+    /// Records that end exactly where their source name, origin or
+    /// attributes end (an empty raw payload) are whole, not short.
+    #[test]
+    fn records_ending_exactly_at_a_part_decode_and_sources_are_cached_by_name() {
+        let meta = |source: &str, origin: Option<&str>, attributes: bool| Meta {
+            source: source.into(),
+            ingest_ns: 9,
+            origin: origin.map(Arc::from),
+            attributes: attributes.then(|| Arc::new(Fields::default())),
+        };
+        let events = [
+            Event::raw(&b""[..], meta("", None, false)),
+            Event::raw(&b""[..], meta("a", None, false)),
+            Event::raw(&b""[..], meta("a", Some(""), false)),
+            Event::raw(&b""[..], meta("b", Some("/o"), false)),
+            Event::raw(&b""[..], meta("b", None, true)),
+            Event::raw(&b"x"[..], meta("a", Some("/p"), true)),
+        ];
+        let mut data = Vec::new();
+        let mut ranges = Vec::new();
+        for e in &events {
+            let at = data.len();
+            encode_event(e, &mut data);
+            ranges.push(at..data.len());
+        }
+        let data = Bytes::from(data);
+        let mut cache = None;
+        let back: Vec<Event> = ranges
+            .into_iter()
+            .map(|r| decode_event(&data, r, &mut cache).unwrap())
+            .collect();
+        assert_eq!(back, events);
+        let sources: Vec<&str> = back.iter().map(|e| &*e.meta().source).collect();
+        assert_eq!(sources, ["", "a", "a", "b", "b", "a"]);
+        // One name, one `Arc`, while the name repeats.
+        assert!(Arc::ptr_eq(&back[1].meta().source, &back[2].meta().source));
+        assert_eq!(back[2].meta().origin.as_deref(), Some(""));
+    }
+
     #[test]
     fn not_received_adds_what_was_dropped_left_on_disk_or_undecodable() {
         let snapshot = DurableSnapshot {
@@ -494,6 +533,8 @@ mod tests {
         for bad in [
             &b""[..],
             b"\x01short",
+            // A source name longer than the record.
+            b"\x01\0\0\0\0\0\0\0\0\x05\0ab",
             b"\x09\0\0\0\0\0\0\0\0\0\0",
             b"\x02\0\0\0\0\0\0\0\0\x01\0s{oops",
             // An origin cut short, its length, and one that is not UTF-8.
