@@ -650,6 +650,18 @@ mod tests {
     }
 
     #[test]
+    fn raw_control_characters_in_a_string_are_refused_however_many() {
+        for n in 1..=3 {
+            let text = format!("{{\"a\":\"x{}y\"}}", "\u{1}".repeat(n));
+            assert!(lazy(&text).is_none(), "{n} raw control characters");
+        }
+        assert!(
+            lazy("{\"a\":\"x\\u0001y\"}").is_none(),
+            "escaped: left to the eager parser"
+        );
+    }
+
+    #[test]
     fn a_key_with_a_control_character_is_found_and_lazy_fields_compare_by_content() {
         let mut l = lazy(r#"{"a\nb":1,"c d":2}"#).unwrap();
         assert!(l.contains("a\nb"));

@@ -513,6 +513,41 @@ mod tests {
     }
 
     #[test]
+    fn long_names_are_clipped_at_a_character_boundary() {
+        assert_eq!(clip(b"short"), b"short");
+        assert_eq!(clip(b""), b"");
+        let ascii = vec![b'a'; 70_000];
+        assert_eq!(clip(&ascii).len(), 65_535);
+        let exact = vec![b'a'; 65_535];
+        assert_eq!(clip(&exact).len(), 65_535);
+        // Two-byte characters: 65,535 would cut one in half.
+        let accents = "é".repeat(40_000);
+        let clipped = clip(accents.as_bytes());
+        assert_eq!(clipped.len(), 65_534);
+        assert!(std::str::from_utf8(clipped).is_ok());
+        // Three-byte characters: back to the start of the one cut.
+        let euros = "€".repeat(30_000);
+        assert_eq!(clip(euros.as_bytes()).len(), 65_535 / 3 * 3);
+        let shifted = format!("a{}", "€".repeat(30_000));
+        assert_eq!(clip(shifted.as_bytes()).len(), 1 + (65_534 / 3) * 3);
+        // A long source survives a round trip, clipped.
+        let event = Event::raw(
+            &b"x"[..],
+            Meta {
+                source: accents.as_str().into(),
+                ingest_ns: 0,
+                origin: None,
+                attributes: None,
+            },
+        );
+        let mut data = Vec::new();
+        encode_event(&event, &mut data);
+        let data = Bytes::from(data);
+        let back = decode_event(&data, 0..data.len(), &mut None).unwrap();
+        assert_eq!(back.meta().source.len(), 65_534);
+    }
+
+    #[test]
     fn not_received_adds_what_was_dropped_left_on_disk_or_undecodable() {
         let snapshot = DurableSnapshot {
             dropped_newest: 1,

@@ -95,4 +95,31 @@ mod tests {
         assert_eq!((get(1), get(2), get(4), get(8)), (2, 1, 2, 1));
         assert_eq!((get(1024), get(2048)), (2, 1));
     }
+
+    #[test]
+    fn a_snapshot_ends_at_the_highest_non_empty_bucket_and_merges_add() {
+        let empty = Log2Histogram::default().snapshot();
+        assert_eq!(empty, HistogramSnapshot::default());
+        let a = Log2Histogram::default();
+        a.record(3);
+        a.record(3);
+        let b = Log2Histogram::default();
+        b.record(1);
+        b.record(20);
+        let (sa, sb) = (a.snapshot(), b.snapshot());
+        // Up to the bucket of 4 (values 3), and of 32 (value 20).
+        assert_eq!(sa.buckets, vec![(1, 0), (2, 0), (4, 2)]);
+        assert_eq!(sb.buckets.len(), 6);
+        let mut merged = sa.clone();
+        merged.merge(&sb);
+        assert_eq!(
+            merged.buckets,
+            vec![(1, 1), (2, 0), (4, 2), (8, 0), (16, 0), (32, 1)]
+        );
+        assert_eq!((merged.count, merged.sum), (4, 27));
+        // Merging into an empty snapshot copies.
+        let mut copy = HistogramSnapshot::default();
+        copy.merge(&merged);
+        assert_eq!(copy, merged);
+    }
 }
