@@ -560,6 +560,8 @@ mod tests {
             (r#"{"a":1E2}"#, r#"{"a":100.0}"#),
             (r#"{"a":12.340}"#, r#"{"a":12.34}"#),
             (r#"{"a":-0}"#, r#"{"a":0.0}"#),
+            (r#"{"a":1e+2}"#, r#"{"a":100.0}"#),
+            (r#"{"a":25E-1}"#, r#"{"a":2.5}"#),
         ] {
             let l = lazy(text).unwrap_or_else(|| panic!("{text} refused"));
             let (fields, eager_out) = eager(text).unwrap();

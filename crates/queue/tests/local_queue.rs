@@ -93,6 +93,9 @@ async fn a_batch_goes_whole_to_the_frontend_or_whole_to_the_backend_with_its_rea
         Some(Overflow::Oversized)
     );
 
+    let before = tx.stats().local().unwrap();
+    assert_eq!(before.frontends[0].queued, 4);
+    assert_eq!(before.outstanding, 4 + 7);
     let mut first = ready(&mut fe).unwrap();
     assert!(first.is_from_frontend() && !first.is_borrowed());
     assert_eq!(numbers(&mut first), vec![0, 1, 2, 5]);
@@ -283,6 +286,26 @@ async fn a_frontend_consumer_takes_at_most_the_dequeue_batch() {
     assert_eq!(hist.count, 3, "frontend dequeues are in the histogram");
 }
 
+#[test]
+fn backend_routing_totals_every_reason() {
+    let routing = logbus_queue::local::BackendRouting {
+        no_fit: 1,
+        oversized: 2,
+        exhausted: 4,
+        shutdown: 8,
+        direct: 16,
+    };
+    assert_eq!(routing.total(), 31);
+}
+
+#[tokio::test]
+async fn stats_print_the_local_queue_in_brief() {
+    let (tx, _rx) = local_channel(10, 10, config(8, 3, 0), false);
+    let printed = format!("{:?}", tx.stats().stats());
+    assert!(printed.contains("frontends: 3, .."), "{printed}");
+    assert!(printed.contains("frontend_size: 8"), "{printed}");
+}
+
 #[tokio::test]
 async fn the_in_flight_bound_adds_each_frontends_ring_and_dequeue_batch() {
     // B + N × (F + min(D, F)).
@@ -386,11 +409,14 @@ async fn min_batch_waits_for_more_until_its_timeout() {
     assert_eq!(started.elapsed(), Duration::from_millis(50));
     assert_eq!(numbers(&mut b), vec![3]);
 
-    // A producer that left does not make it wait at all.
+    // A producer leaving wakes a consumer waiting for more, which then
+    // takes what there is at once.
     assert_eq!(submit(&tx, &mut reg, events(4, 1)).await, None);
-    drop(reg);
     let started = tokio::time::Instant::now();
-    let mut b = fe.recv().await.unwrap();
+    let mut recv = Box::pin(fe.recv());
+    assert!((&mut recv).now_or_never().is_none(), "waits for min_batch");
+    drop(reg);
+    let mut b = (&mut recv).now_or_never().flatten().unwrap();
     assert_eq!(started.elapsed(), Duration::ZERO);
     assert_eq!(numbers(&mut b), vec![4]);
 }
