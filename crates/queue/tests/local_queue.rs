@@ -286,6 +286,20 @@ async fn a_frontend_consumer_takes_at_most_the_dequeue_batch() {
     assert_eq!(hist.count, 3, "frontend dequeues are in the histogram");
 }
 
+#[tokio::test]
+async fn a_batch_of_exactly_the_rings_size_fits_an_empty_ring() {
+    let (tx, backend) = local_channel(100, 100, config(4, 1, 0), false);
+    let mut fe = backend.frontend(0).unwrap();
+    let mut reg = tx.register();
+    assert_eq!(submit(&tx, &mut reg, events(0, 4)).await, None);
+    assert_eq!(
+        submit(&tx, &mut reg, events(4, 1)).await,
+        Some(Overflow::NoFit)
+    );
+    assert_eq!(ready(&mut fe).unwrap().len(), 4);
+    assert_eq!(tx.stats().local().unwrap().frontends[0].max_queued, 4);
+}
+
 #[test]
 fn backend_routing_totals_every_reason() {
     let routing = logbus_queue::local::BackendRouting {
