@@ -128,6 +128,10 @@ mod tests {
             serde_json::from_value::<Fields>(json!({"resource": {"service.name": "api"}})).unwrap();
         assert_eq!(p.get(&f), Some(&json!("api")));
         assert_eq!(p.segments().len(), 2);
+        // Printed as written in a config: segments joined by dots.
+        assert_eq!(p.as_str(), "resource.service.name");
+        assert_eq!(p.to_string(), "resource.service.name");
+        assert_eq!(FieldPath::parse("a.b").unwrap().to_string(), "a.b");
         assert!(FieldPath::from_segments(vec![]).is_err());
         assert!(FieldPath::from_segments(vec!["".into()]).is_err());
     }
