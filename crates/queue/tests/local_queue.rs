@@ -260,6 +260,40 @@ async fn a_sleeping_helper_is_woken_by_backend_work() {
 }
 
 #[tokio::test]
+async fn a_helper_woken_for_backend_work_that_finds_its_own_passes_the_wake_up_on() {
+    let (tx, backend) = local_channel(100, 100, config(8, 2, 4), false);
+    let mut fe0 = backend.frontend(0).unwrap();
+    let mut fe1 = backend.frontend(1).unwrap();
+    let mut reg0 = tx.register();
+    assert_eq!(reg0.slot(), Some(0));
+    let mut helper0 = Box::pin(fe0.recv());
+    let mut helper1 = Box::pin(fe1.recv());
+    assert!((&mut helper0).now_or_never().is_none());
+    assert!((&mut helper1).now_or_never().is_none());
+    // Backend work wakes one idle helper (the lowest slot)...
+    tx.send(events(0, 2)).await.unwrap();
+    // ...whose own producer fills its ring before it runs.
+    assert_eq!(submit(&tx, &mut reg0, events(10, 1)).await, None);
+    let mut own = (&mut helper0).now_or_never().flatten().unwrap();
+    assert!(own.is_from_frontend());
+    assert_eq!(numbers(&mut own), vec![10]);
+    // The wake-up was passed on: the other helper takes the backend work.
+    let mut helped = (&mut helper1).now_or_never().flatten().unwrap();
+    assert!(helped.is_borrowed());
+    assert_eq!(numbers(&mut helped), vec![0, 1]);
+}
+
+#[tokio::test]
+async fn without_helping_a_closed_queue_ends_the_frontend_consumer_despite_backend_work() {
+    let (tx, mut backend) = local_channel(100, 100, config(8, 1, 0), false);
+    let mut fe = backend.frontend(0).unwrap();
+    tx.send(events(0, 2)).await.unwrap();
+    drop(tx);
+    assert!(fe.recv().now_or_never().unwrap().is_none());
+    assert_eq!(ready(&mut backend).unwrap().len(), 2);
+}
+
+#[tokio::test]
 async fn a_sleeping_frontend_consumer_is_woken_by_its_producer() {
     let (tx, backend) = local_channel(100, 100, config(8, 1, 0), false);
     let mut fe = backend.frontend(0).unwrap();
