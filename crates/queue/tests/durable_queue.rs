@@ -321,3 +321,45 @@ fn spilling_goes_on_until_the_log_is_read_even_when_memory_is_low() {
         assert_eq!(handle.occupancy(), 0);
     });
 }
+
+#[test]
+fn a_released_log_batch_is_acknowledged_when_the_consumer_asks_again_not_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, mut rx) = durable_channel(64, 10, false, None, open(dir.path(), DurableKind::Disk));
+    let handle = rx.handle();
+    rt().block_on(async {
+        tx.send(events(0, 30)).await.unwrap();
+        // Ready now, without waiting: try_recv reads the log too.
+        let first = rx.try_recv().unwrap();
+        assert_eq!(numbers(first.events()), (0..10).collect::<Vec<_>>());
+        drop(first);
+        // Released, but a consumer that fails now gives it back: still queued.
+        assert_eq!(handle.durable().unwrap().queued, 30);
+        let second = rx.recv().await.unwrap();
+        assert_eq!(handle.durable().unwrap().queued, 20);
+        drop(second);
+        // A failing consumer returns what it released and did not settle.
+        assert_eq!(rx.return_held(), 10);
+        assert_eq!(handle.durable().unwrap().returned, 10);
+    });
+}
+
+#[test]
+fn a_disk_assisted_consumer_takes_memory_and_log_in_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let kind = DurableKind::DiskAssisted {
+        high_watermark: 10,
+        low_watermark: 5,
+    };
+    let (tx, mut rx) = durable_channel(32, 5, false, None, open(dir.path(), kind));
+    rt().block_on(async {
+        // 10 in memory (0..10), 20 in the log (10..30).
+        tx.send(events(0, 30)).await.unwrap();
+        let mut from_log = Vec::new();
+        for _ in 0..4 {
+            let batch = rx.recv().await.unwrap();
+            from_log.push(numbers(batch.events())[0] >= 10);
+        }
+        assert_eq!(from_log, [true, false, true, false]);
+    });
+}

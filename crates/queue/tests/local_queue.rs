@@ -234,6 +234,16 @@ async fn an_idle_frontend_consumer_borrows_at_most_helper_batch_and_puts_the_res
 }
 
 #[tokio::test]
+async fn a_backend_batch_of_exactly_helper_batch_is_borrowed_whole_with_nothing_put_back() {
+    let (tx, mut backend) = local_channel(100, 100, config(8, 1, 2), false);
+    let mut fe = backend.frontend(0).unwrap();
+    tx.send(events(0, 2)).await.unwrap();
+    let mut b = ready(&mut fe).unwrap();
+    assert_eq!(numbers(&mut b), vec![0, 1]);
+    assert!(backend.try_recv().is_none(), "no empty remainder queued");
+}
+
+#[tokio::test]
 async fn without_helping_a_frontend_consumer_leaves_the_backend_alone() {
     let (tx, mut backend) = local_channel(100, 100, config(8, 1, 0), false);
     let mut fe = backend.frontend(0).unwrap();
