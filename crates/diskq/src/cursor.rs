@@ -234,6 +234,37 @@ mod tests {
         assert!(matches!(found[1], Item::Damaged { .. }), "{found:?}");
     }
 
+    /// Damage that itself starts with the record magic (a record whose
+    /// checksum no longer holds): the search goes on past it to the next
+    /// whole record.
+    #[test]
+    fn the_next_valid_record_is_found_past_magic_that_starts_no_record() {
+        let mut bytes = Vec::new();
+        encode(b"one", false, &mut bytes);
+        let hit = bytes.len();
+        encode(b"two", false, &mut bytes);
+        bytes[hit + RECORD_HEADER] ^= 0xFF; // the body of `two`: bad checksum
+        bytes.extend_from_slice(&crate::record::RECORD_MAGIC);
+        let three_at = bytes.len();
+        encode(b"three", false, &mut bytes);
+        assert_eq!(next_valid(&bytes, 0), Some(0));
+        assert_eq!(next_valid(&bytes, 1), Some(three_at));
+        assert_eq!(next_valid(&bytes, hit), Some(three_at));
+        assert_eq!(next_valid(&bytes, three_at + 1), None);
+        assert_eq!(next_valid(&bytes, bytes.len()), None);
+        let (_f, mut c) = cursor_over(&bytes);
+        let found = items(&mut c);
+        assert_eq!(
+            found[1],
+            Item::Damaged {
+                offset: hit as u64,
+                len: (three_at - hit) as u64
+            },
+            "{found:?}"
+        );
+        assert!(matches!(found[2], Item::Record { offset, .. } if offset == three_at as u64));
+    }
+
     #[test]
     fn records_larger_than_a_chunk_are_read_whole() {
         let big = vec![7u8; CHUNK * 2 + 5];
