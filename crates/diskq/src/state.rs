@@ -200,6 +200,70 @@ mod tests {
         Position { segment, offset }
     }
 
+    fn v1_slot(generation: u64, segment: u64) -> [u8; SLOT_V1] {
+        let mut slot = [0u8; SLOT_V1];
+        slot[..4].copy_from_slice(&STATE_MAGIC);
+        slot[4..8].copy_from_slice(&1u32.to_le_bytes());
+        slot[8..16].copy_from_slice(&generation.to_le_bytes());
+        slot[16..24].copy_from_slice(&segment.to_le_bytes());
+        slot[24..32].copy_from_slice(&16u64.to_le_bytes());
+        let crc = crc32c::crc32c(&slot[..32]);
+        slot[32..36].copy_from_slice(&crc.to_le_bytes());
+        slot
+    }
+
+    /// With the first slot torn, its size is unknown: the second is found
+    /// where either format would put it, and only in that format.
+    #[test]
+    fn a_torn_first_slot_finds_the_second_of_either_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let seqs = Seqs {
+            acked: 1,
+            stored: 2,
+        };
+        let mut state = StateFile::create(&path, 0, pos(1, 16), seqs).unwrap();
+        assert_eq!(state.generation(), 2, "both slots written");
+        state.save(pos(3, 16), seqs).unwrap();
+        assert_eq!(state.generation(), 3);
+        state.sync().unwrap();
+        // Generation 3 sits in the second slot, 2 in the first: tear the first.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[0] ^= 0xFF;
+        std::fs::write(&path, &bytes).unwrap();
+        let Loaded::Valid(saved) = load(&path).unwrap() else {
+            panic!("the second slot is valid")
+        };
+        assert_eq!((saved.generation, saved.acked), (3, pos(3, 16)));
+
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(&v1_slot(6, 5));
+        v1.extend_from_slice(&v1_slot(7, 9));
+        v1[1] ^= 0xFF;
+        std::fs::write(&path, &v1).unwrap();
+        assert_eq!(
+            load(&path).unwrap(),
+            Loaded::Valid(Saved {
+                generation: 7,
+                acked: pos(9, 16),
+                seqs: None
+            })
+        );
+        // A format-1 slot where a format-2 one belongs is not taken: after
+        // a torn 64-byte slot, a 40-byte slot at 64 is not the second.
+        let mut odd = vec![0u8; SLOT];
+        odd.extend_from_slice(&v1_slot(8, 2));
+        std::fs::write(&path, &odd).unwrap();
+        assert_eq!(load(&path).unwrap(), Loaded::Garbage);
+    }
+
+    #[test]
+    fn an_unreadable_state_file_is_an_error_not_a_first_start() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file belongs cannot be read.
+        assert!(load(dir.path()).is_err());
+    }
+
     #[test]
     fn the_newer_valid_slot_wins_and_a_torn_slot_falls_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -233,15 +297,7 @@ mod tests {
         // A format-1 file (position only) still reads.
         let mut v1 = Vec::new();
         for (generation, segment) in [(4u64, 3u64), (5, 4)] {
-            let mut slot = [0u8; SLOT_V1];
-            slot[..4].copy_from_slice(&STATE_MAGIC);
-            slot[4..8].copy_from_slice(&1u32.to_le_bytes());
-            slot[8..16].copy_from_slice(&generation.to_le_bytes());
-            slot[16..24].copy_from_slice(&segment.to_le_bytes());
-            slot[24..32].copy_from_slice(&16u64.to_le_bytes());
-            let crc = crc32c::crc32c(&slot[..32]);
-            slot[32..36].copy_from_slice(&crc.to_le_bytes());
-            v1.extend_from_slice(&slot);
+            v1.extend_from_slice(&v1_slot(generation, segment));
         }
         std::fs::write(&path, &v1).unwrap();
         assert_eq!(
