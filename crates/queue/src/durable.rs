@@ -397,6 +397,24 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Encodes the events one after another into one buffer, as a log
+    /// batch holds them, and decodes them back with one source cache.
+    fn round_trip(events: &[&Event]) -> Vec<Event> {
+        let mut data = Vec::new();
+        let mut ranges = Vec::new();
+        for e in events {
+            let at = data.len();
+            encode_event(e, &mut data);
+            ranges.push(at..data.len());
+        }
+        let data = Bytes::from(data);
+        let mut cache = None;
+        ranges
+            .into_iter()
+            .map(|r| decode_event(&data, r, &mut cache).unwrap())
+            .collect()
+    }
+
     #[test]
     fn events_round_trip_raw_and_fields() {
         let meta = Meta {
@@ -433,26 +451,14 @@ mod tests {
                 ..with_attributes
             },
         );
-        let mut data = Vec::new();
-        let mut ranges = Vec::new();
-        for e in [
+        let back = round_trip(&[
             &raw,
             &fields,
             &raw_from_file,
             &fields_from_file,
             &raw_from_kafka,
             &fields_from_both,
-        ] {
-            let at = data.len();
-            encode_event(e, &mut data);
-            ranges.push(at..data.len());
-        }
-        let data = Bytes::from(data);
-        let mut cache = None;
-        let back: Vec<Event> = ranges
-            .into_iter()
-            .map(|r| decode_event(&data, r, &mut cache).unwrap())
-            .collect();
+        ]);
         assert_eq!(
             back,
             vec![
@@ -491,19 +497,7 @@ mod tests {
             Event::raw(&b""[..], meta("b", None, true)),
             Event::raw(&b"x"[..], meta("a", Some("/p"), true)),
         ];
-        let mut data = Vec::new();
-        let mut ranges = Vec::new();
-        for e in &events {
-            let at = data.len();
-            encode_event(e, &mut data);
-            ranges.push(at..data.len());
-        }
-        let data = Bytes::from(data);
-        let mut cache = None;
-        let back: Vec<Event> = ranges
-            .into_iter()
-            .map(|r| decode_event(&data, r, &mut cache).unwrap())
-            .collect();
+        let back = round_trip(&events.iter().collect::<Vec<_>>());
         assert_eq!(back, events);
         let sources: Vec<&str> = back.iter().map(|e| &*e.meta().source).collect();
         assert_eq!(sources, ["", "a", "a", "b", "b", "a"]);
