@@ -308,6 +308,17 @@ mod tests {
                 seqs: None
             })
         );
+        // Its newer slot torn: the older one.
+        v1[SLOT_V1 + 20] ^= 0x01;
+        std::fs::write(&path, &v1).unwrap();
+        assert_eq!(
+            load(&path).unwrap(),
+            Loaded::Valid(Saved {
+                generation: 4,
+                acked: pos(3, 16),
+                seqs: None
+            })
+        );
         std::fs::write(&path, b"not a state file at all, just garbage text").unwrap();
         assert_eq!(load(&path).unwrap(), Loaded::Garbage);
         std::fs::write(&path, b"").unwrap();
