@@ -11,10 +11,19 @@
 //! full local queue, a broker gone) are sent again by the core, and
 //! permanent ones (larger than the broker takes, a topic that does not
 //! exist, not authorised) go to `<id>.dead` with the reason.
+//!
+//! librdkafka can stay stuck after a broker restart: every message times
+//! out locally while a fresh client would be served (seen here with a
+//! single KRaft broker restarted under load, and reported upstream for
+//! clusters). So a producer that delivered nothing for
+//! `replace_stuck_after_ms` while its messages kept timing out is replaced
+//! by a new one built from the same settings; the core sends the timed-out
+//! messages again through it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
@@ -103,6 +112,11 @@ pub struct KafkaSinkOptions {
     #[serde(default = "default_message_timeout")]
     #[schemars(range(min = 1))]
     pub message_timeout_ms: u64,
+    /// A producer that delivered nothing for this long, ms, while its
+    /// messages kept timing out is replaced by a fresh one (librdkafka can
+    /// stay stuck after a broker restart). `0`: never.
+    #[serde(default = "default_replace_stuck_after")]
+    pub replace_stuck_after_ms: u64,
     /// The broker's largest message; larger ones go to `<id>.dead`
     /// without being sent.
     #[serde(default = "default_max_message")]
@@ -147,6 +161,9 @@ fn default_linger() -> u64 {
 }
 fn default_message_timeout() -> u64 {
     30_000
+}
+fn default_replace_stuck_after() -> u64 {
+    60_000
 }
 fn default_max_message() -> usize {
     1_000_000
@@ -264,10 +281,12 @@ impl TypedPlugin for KafkaSink {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let reports = Arc::new(Reports::new(cx.stage_id.clone().into()));
-        let producer: FutureProducer<ReportingContext> = options
-            .client_config(cx)
-            .create_with_context(ReportingContext(reports.clone()))
-            .map_err(|e| OptionError::at(&["librdkafka"], format!("creating the producer: {e}")))?;
+        let producers = Producers::new(
+            options.client_config(cx),
+            reports.clone(),
+            Duration::from_millis(options.replace_stuck_after_ms),
+        )
+        .map_err(|e| OptionError::at(&["librdkafka"], format!("creating the producer: {e}")))?;
         let config = DriverConfig {
             limits: BatchLimits {
                 max_events: options.batch_max_events,
@@ -288,7 +307,7 @@ impl TypedPlugin for KafkaSink {
             destination: format!("kafka {} topic {}", options.brokers, options.topic),
         };
         let service = KafkaService {
-            producer,
+            producers,
             topic,
             key,
             headers,
@@ -333,14 +352,92 @@ impl Sink for KafkaWriter {
         };
         // Every batch waited for its delivery reports; this only settles
         // librdkafka's own bookkeeping before the producer is dropped.
-        let producer = self.driver.service().producer.clone();
+        let producer = self.driver.service().producers.current().1;
         let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(5))).await;
         ran
     }
 }
 
+/// The producer in use, and what it takes to replace it.
+struct Producers {
+    config: ClientConfig,
+    reports: Arc<Reports>,
+    /// `Duration::ZERO`: never replace.
+    stuck_after: Duration,
+    /// The producer and its generation (how many replaced it).
+    current: RwLock<(u64, FutureProducer<ReportingContext>)>,
+    /// When the current producer was made or last delivered a message.
+    progress: Mutex<Instant>,
+    replaced: AtomicU64,
+}
+
+impl Producers {
+    fn new(
+        config: ClientConfig,
+        reports: Arc<Reports>,
+        stuck_after: Duration,
+    ) -> Result<Self, KafkaError> {
+        let producer = config.create_with_context(ReportingContext(reports.clone()))?;
+        Ok(Producers {
+            config,
+            reports,
+            stuck_after,
+            current: RwLock::new((0, producer)),
+            progress: Mutex::new(Instant::now()),
+            replaced: AtomicU64::new(0),
+        })
+    }
+
+    fn current(&self) -> (u64, FutureProducer<ReportingContext>) {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// What a send through generation `generation` came to: some message
+    /// delivered, or none delivered and some timed out locally. The
+    /// producer is replaced when it made no progress for `stuck_after`.
+    fn sent(&self, generation: u64, delivered: bool, timed_out: bool) {
+        let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if current.0 != generation {
+            return; // sent through a producer already replaced
+        }
+        if delivered {
+            *progress = Instant::now();
+            return;
+        }
+        if !timed_out || self.stuck_after.is_zero() || progress.elapsed() < self.stuck_after {
+            return;
+        }
+        match self
+            .config
+            .create_with_context(ReportingContext(self.reports.clone()))
+        {
+            Ok(fresh) => {
+                let stale = std::mem::replace(&mut *current, (generation + 1, fresh)).1;
+                *progress = Instant::now();
+                self.replaced.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    stage = %self.reports.stage,
+                    "the Kafka producer delivered nothing for {:?} while its messages timed out: replaced by a fresh one",
+                    self.stuck_after
+                );
+                // Dropping a producer purges its queues and may wait on
+                // its threads: not on a runtime worker.
+                drop(tokio::task::spawn_blocking(move || drop(stale)));
+            }
+            Err(e) => tracing::warn!(
+                stage = %self.reports.stage,
+                "the Kafka producer looks stuck, and a fresh one could not be made: {e}"
+            ),
+        }
+    }
+}
+
 struct KafkaService {
-    producer: FutureProducer<ReportingContext>,
+    producers: Producers,
     topic: Template,
     key: Option<Template>,
     headers: Vec<(String, logbus_plugin_api::FieldPath)>,
@@ -374,6 +471,7 @@ impl Service for KafkaService {
     }
 
     async fn send(&self, messages: &Vec<Message>) -> Response {
+        let (generation, producer) = self.producers.current();
         let mut waiting = Vec::with_capacity(messages.len());
         for m in messages {
             if m.payload.len() > self.max_message_bytes {
@@ -398,22 +496,29 @@ impl Service for KafkaService {
                 }
                 record = record.headers(headers);
             }
-            waiting.push(match self.producer.send_result(record) {
+            waiting.push(match producer.send_result(record) {
                 Ok(delivery) => Ok(delivery),
                 Err((e, _)) => Err(outcome(&e, &m.topic)),
             });
         }
         let mut results = Vec::with_capacity(waiting.len());
+        let mut timed_out = false;
         for (w, m) in waiting.into_iter().zip(messages) {
             results.push(match w {
                 Err(result) => result,
                 Ok(delivery) => match delivery.await {
                     Ok(Ok(_)) => ItemResult::Delivered,
-                    Ok(Err((e, _))) => outcome(&e, &m.topic),
+                    Ok(Err((e, _))) => {
+                        timed_out |= code_of(&e) == Some(RDKafkaErrorCode::MessageTimedOut);
+                        outcome(&e, &m.topic)
+                    }
                     Err(_) => ItemResult::Retry("the producer went away".into()),
                 },
             });
         }
+        drop(producer);
+        let delivered = results.contains(&ItemResult::Delivered);
+        self.producers.sent(generation, delivered, timed_out);
         if results.iter().all(|r| *r == ItemResult::Delivered) {
             Response::Delivered
         } else {
@@ -441,14 +546,18 @@ impl KafkaService {
     }
 }
 
+/// librdkafka's code for a failed produce or delivery.
+fn code_of(e: &KafkaError) -> Option<RDKafkaErrorCode> {
+    match e {
+        KafkaError::MessageProduction(code) => Some(*code),
+        _ => e.rdkafka_error_code(),
+    }
+}
+
 /// What a failed produce or delivery means for the event.
 fn outcome(e: &KafkaError, topic: &str) -> ItemResult {
     use RDKafkaErrorCode as C;
-    let code = match e {
-        KafkaError::MessageProduction(code) => Some(*code),
-        _ => e.rdkafka_error_code(),
-    };
-    match code {
+    match code_of(e) {
         Some(
             C::MessageSizeTooLarge
             | C::InvalidMessageSize
@@ -464,5 +573,95 @@ fn outcome(e: &KafkaError, topic: &str) -> ItemResult {
             ItemResult::Rejected(format!("not authorised to write to `{topic}`: {e}"))
         }
         _ => ItemResult::Retry(format!("kafka: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A service whose brokers are not there: every message times out.
+    fn unserved(stuck_after: Duration) -> KafkaService {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.timeout.ms", "50");
+        KafkaService {
+            producers: Producers::new(config, Arc::new(Reports::new("k".into())), stuck_after)
+                .unwrap(),
+            topic: Template::parse("t").unwrap(),
+            key: None,
+            headers: Vec::new(),
+            max_message_bytes: 1000,
+        }
+    }
+
+    fn one_message() -> Vec<Message> {
+        vec![Message {
+            topic: "t".into(),
+            key: None,
+            payload: b"x".to_vec(),
+            headers: Vec::new(),
+        }]
+    }
+
+    fn replaced(service: &KafkaService) -> (u64, u64) {
+        let p = &service.producers;
+        (p.replaced.load(Ordering::Relaxed), p.current().0)
+    }
+
+    #[tokio::test]
+    async fn a_producer_whose_messages_keep_timing_out_is_replaced_each_time() {
+        let service = unserved(Duration::from_millis(1));
+        for round in 1..=3 {
+            match service.send(&one_message()).await {
+                Response::Items(items) => assert!(
+                    matches!(&items[0], ItemResult::Retry(why) if why.contains("timed out")),
+                    "{items:?}"
+                ),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(replaced(&service), (round, round));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_producer_is_kept_until_it_made_no_progress_for_the_whole_time_or_when_told_never() {
+        for stuck_after in [Duration::ZERO, Duration::from_secs(3600)] {
+            let service = unserved(stuck_after);
+            for _ in 0..2 {
+                service.send(&one_message()).await;
+            }
+            assert_eq!(replaced(&service), (0, 0), "{stuck_after:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn only_a_send_through_the_current_producer_that_timed_out_without_a_delivery_counts() {
+        let service = unserved(Duration::from_secs(3600));
+        let p = &service.producers;
+        let long_ago = || {
+            Instant::now()
+                .checked_sub(Duration::from_secs(7200))
+                .unwrap()
+        };
+        // A delivery is progress: a timeout right after it is no reason.
+        *p.progress.lock().unwrap() = long_ago();
+        p.sent(0, true, false);
+        p.sent(0, false, true);
+        assert_eq!(replaced(&service), (0, 0));
+        // Failed without a timeout (refused, say): not stuck.
+        *p.progress.lock().unwrap() = long_ago();
+        p.sent(0, false, false);
+        assert_eq!(replaced(&service), (0, 0));
+        // Timed out, nothing delivered for longer than the limit: replaced.
+        p.sent(0, false, true);
+        assert_eq!(replaced(&service), (1, 1));
+        // A send through the replaced producer says nothing of the new one.
+        *p.progress.lock().unwrap() = long_ago();
+        p.sent(0, false, true);
+        assert_eq!(replaced(&service), (1, 1));
+        p.sent(1, false, true);
+        assert_eq!(replaced(&service), (2, 2));
     }
 }
