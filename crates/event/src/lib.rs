@@ -290,10 +290,17 @@ impl Event {
 }
 
 impl Meta {
+    /// Read now, from `source`, with no origin or attributes.
     pub fn now(source: Arc<str>) -> Self {
+        Meta::at(source, now_ns())
+    }
+
+    /// Read at `ingest_ns` from `source`, with no origin or attributes:
+    /// replays, tests and sources that know when an event was read.
+    pub fn at(source: impl Into<Arc<str>>, ingest_ns: u64) -> Self {
         Meta {
-            source,
-            ingest_ns: now_ns(),
+            source: source.into(),
+            ingest_ns,
             origin: None,
             attributes: None,
         }
@@ -334,12 +341,7 @@ mod tests {
     }
 
     fn meta() -> Meta {
-        Meta {
-            source: "src".into(),
-            ingest_ns: 1,
-            origin: None,
-            attributes: None,
-        }
+        Meta::at("src", 1)
     }
 
     #[test]

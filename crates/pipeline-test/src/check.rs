@@ -165,15 +165,7 @@ mod tests {
     use serde_json::json;
 
     fn ev(v: Value) -> Event {
-        Event::fields(
-            serde_json::from_value(v).unwrap(),
-            Meta {
-                source: "t".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        )
+        Event::fields(serde_json::from_value(v).unwrap(), Meta::at("t", 0))
     }
 
     fn expect(v: Value) -> Expect {
@@ -221,15 +213,7 @@ mod tests {
 
     #[test]
     fn raw_events_compare_as_strings() {
-        let raw = Event::raw(
-            "plain line",
-            Meta {
-                source: "t".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let raw = Event::raw("plain line", Meta::at("t", 0));
         assert!(expectations(&expect(json!({"events": ["plain line"]})), &[raw]).is_ok());
     }
 }

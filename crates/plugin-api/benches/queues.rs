@@ -18,17 +18,7 @@ const WORKERS: usize = 4;
 
 fn batch() -> Vec<Event> {
     (0..SUBMISSION)
-        .map(|i| {
-            Event::raw(
-                i.to_string(),
-                Meta {
-                    source: "bench".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
-            )
-        })
+        .map(|i| Event::raw(i.to_string(), Meta::at("bench", 0)))
         .collect()
 }
 

@@ -395,17 +395,7 @@ mod tests {
 
     fn events(n: usize) -> Vec<Event> {
         (0..n)
-            .map(|i| {
-                Event::raw(
-                    i.to_string(),
-                    Meta {
-                        source: "t".into(),
-                        ingest_ns: 0,
-                        origin: None,
-                        attributes: None,
-                    },
-                )
-            })
+            .map(|i| Event::raw(i.to_string(), Meta::at("t", 0)))
             .collect()
     }
 

@@ -19,17 +19,7 @@ use logbus_plugin_api::{
 
 fn events(n: usize) -> Vec<Event> {
     (0..n)
-        .map(|i| {
-            Event::raw(
-                i.to_string(),
-                Meta {
-                    source: "t".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
-            )
-        })
+        .map(|i| Event::raw(i.to_string(), Meta::at("t", 0)))
         .collect()
 }
 

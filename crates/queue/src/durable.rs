@@ -417,12 +417,7 @@ mod tests {
 
     #[test]
     fn events_round_trip_raw_and_fields() {
-        let meta = Meta {
-            source: "src-1".into(),
-            ingest_ns: 123_456_789,
-            origin: None,
-            attributes: None,
-        };
+        let meta = Meta::at("src-1", 123_456_789);
         let raw = Event::raw(&b"a line \xff with bytes"[..], meta.clone());
         let fields = Event::fields(
             serde_json::from_value(json!({"z": 1, "a": {"b": [true, null, "x"]}})).unwrap(),
@@ -525,15 +520,7 @@ mod tests {
         let shifted = format!("a{}", "€".repeat(30_000));
         assert_eq!(clip(shifted.as_bytes()).len(), 1 + (65_534 / 3) * 3);
         // A long source survives a round trip, clipped.
-        let event = Event::raw(
-            &b"x"[..],
-            Meta {
-                source: accents.as_str().into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let event = Event::raw(&b"x"[..], Meta::at(accents.as_str(), 0));
         let mut data = Vec::new();
         encode_event(&event, &mut data);
         let data = Bytes::from(data);

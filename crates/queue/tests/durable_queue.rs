@@ -13,17 +13,7 @@ use logbus_queue::{LocalConfig, Receiver, durable_channel};
 
 fn events(from: usize, n: usize) -> Vec<Event> {
     (from..from + n)
-        .map(|i| {
-            Event::raw(
-                format!("{i:06}"),
-                Meta {
-                    source: "t".into(),
-                    ingest_ns: i as u64,
-                    origin: None,
-                    attributes: None,
-                },
-            )
-        })
+        .map(|i| Event::raw(format!("{i:06}"), Meta::at("t", i as u64)))
         .collect()
 }
 
@@ -45,6 +35,15 @@ fn open(dir: &Path, kind: DurableKind) -> Durable {
         ..DiskConfig::new(dir)
     };
     Durable::open(config, kind).unwrap().0
+}
+
+/// A disk-assisted queue that spills above `high` events in memory and
+/// returns to memory below `low`.
+fn assisted(high: usize, low: usize) -> DurableKind {
+    DurableKind::DiskAssisted {
+        high_watermark: high,
+        low_watermark: low,
+    }
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -163,10 +162,7 @@ fn a_consumer_retries_a_failing_segment_then_goes_on_past_it_with_the_loss_count
 #[test]
 fn a_disk_assisted_queue_spills_beyond_the_high_watermark_and_returns_to_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let kind = DurableKind::DiskAssisted {
-        high_watermark: 20,
-        low_watermark: 10,
-    };
+    let kind = assisted(20, 10);
     let (tx, mut rx) = durable_channel(32, 10, false, None, open(dir.path(), kind));
     let handle = rx.handle();
     rt().block_on(async {
@@ -200,10 +196,7 @@ fn a_disk_assisted_queue_spills_beyond_the_high_watermark_and_returns_to_memory(
 #[test]
 fn local_scope_helpers_borrow_from_memory_only_never_from_the_log() {
     let dir = tempfile::tempdir().unwrap();
-    let kind = DurableKind::DiskAssisted {
-        high_watermark: 8,
-        low_watermark: 4,
-    };
+    let kind = assisted(8, 4);
     let local = LocalConfig {
         frontend_size: 16,
         max_frontends: 1,
@@ -263,10 +256,7 @@ fn a_disk_queue_never_takes_a_try_send_into_memory() {
 
 #[test]
 fn a_forced_stop_saves_what_waits_in_memory_only_when_asked_to() {
-    let kind = DurableKind::DiskAssisted {
-        high_watermark: 100,
-        low_watermark: 10,
-    };
+    let kind = assisted(100, 10);
     for save in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -300,10 +290,7 @@ fn a_forced_stop_saves_what_waits_in_memory_only_when_asked_to() {
 #[test]
 fn spilling_goes_on_until_the_log_is_read_even_when_memory_is_low() {
     let dir = tempfile::tempdir().unwrap();
-    let kind = DurableKind::DiskAssisted {
-        high_watermark: 20,
-        low_watermark: 10,
-    };
+    let kind = assisted(20, 10);
     let (tx, mut rx) = durable_channel(32, 10, false, None, open(dir.path(), kind));
     let handle = rx.handle();
     rt().block_on(async {
@@ -347,10 +334,7 @@ fn a_released_log_batch_is_acknowledged_when_the_consumer_asks_again_not_before(
 #[test]
 fn a_disk_assisted_consumer_takes_memory_and_log_in_turn() {
     let dir = tempfile::tempdir().unwrap();
-    let kind = DurableKind::DiskAssisted {
-        high_watermark: 10,
-        low_watermark: 5,
-    };
+    let kind = assisted(10, 5);
     let (tx, mut rx) = durable_channel(32, 5, false, None, open(dir.path(), kind));
     rt().block_on(async {
         // 10 in memory (0..10), 20 in the log (10..30).

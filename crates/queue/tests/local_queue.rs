@@ -13,17 +13,7 @@ use logbus_queue::{InputBatch, LocalConfig, Overflow, Receiver, Sender, local_ch
 
 fn events(from: usize, n: usize) -> Vec<Event> {
     (from..from + n)
-        .map(|i| {
-            Event::raw(
-                i.to_string(),
-                Meta {
-                    source: "t".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
-            )
-        })
+        .map(|i| Event::raw(i.to_string(), Meta::at("t", 0)))
         .collect()
 }
 

@@ -265,15 +265,7 @@ mod tests {
     }
 
     fn ev(text: &str) -> Event {
-        Event::raw(
-            text.to_string(),
-            Meta {
-                source: "t".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        )
+        Event::raw(text.to_string(), Meta::at("t", 0))
     }
 
     fn limits(max_events: usize, max_bytes: usize) -> BatchLimits {

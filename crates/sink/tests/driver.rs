@@ -31,16 +31,7 @@ fn events(heard: &Arc<Heard>, range: std::ops::Range<u64>) -> Vec<Event> {
     range
         .map(|i| {
             let ack = BatchAck::new(heard.clone(), i);
-            Event::raw(
-                format!("{i}"),
-                Meta {
-                    source: "t".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
-            )
-            .with_ack(ack.handle())
+            Event::raw(format!("{i}"), Meta::at("t", 0)).with_ack(ack.handle())
         })
         .collect()
 }

@@ -129,12 +129,7 @@ fn events(from: usize, n: usize) -> Vec<Event> {
                     json!({"level": "error", "msg": format!("boom {i}")}),
                 )
                 .unwrap(),
-                Meta {
-                    source: "t".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
+                Meta::at("t", 0),
             )
         })
         .collect()

@@ -27,12 +27,7 @@ fn events(n: usize) -> Vec<Event> {
                 format!(
                     "{{\"seq\":{i},\"host\":\"edge-17\",\"level\":\"info\",\"message\":\"GET /api/v1/items?page={i} 200 in 3.2ms\",\"user\":\"u-{i}\",\"pad\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}}"
                 ),
-                Meta {
-                    source: "bench".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
+                Meta::at("bench", 0),
             )
         })
         .collect()

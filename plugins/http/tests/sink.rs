@@ -147,17 +147,7 @@ async fn start(script: &[Act]) -> (Arc<Server>, String) {
 
 fn events(from: usize, n: usize) -> Vec<Event> {
     (from..from + n)
-        .map(|i| {
-            Event::raw(
-                format!("{{\"seq\":{i}}}"),
-                Meta {
-                    source: "t".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
-            )
-        })
+        .map(|i| Event::raw(format!("{{\"seq\":{i}}}"), Meta::at("t", 0)))
         .collect()
 }
 

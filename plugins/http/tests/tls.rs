@@ -49,17 +49,7 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
         json!({ "url": url, "tls": { "ca_file": cert }, "batch_timeout_ms": 1, "compression": "gzip" }),
     );
     let events: Vec<Event> = (0..50)
-        .map(|i| {
-            Event::raw(
-                format!("{{\"n\":{i}}}"),
-                Meta {
-                    source: "t".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
-            )
-        })
+        .map(|i| Event::raw(format!("{{\"n\":{i}}}"), Meta::at("t", 0)))
         .collect();
     let (result, metrics) = tokio::time::timeout(
         Duration::from_secs(5),

@@ -359,12 +359,7 @@ mod tests {
     fn event(fields: serde_json::Value, ingest_ns: u64) -> Event {
         Event::fields(
             serde_json::from_value::<Fields>(fields).unwrap(),
-            Meta {
-                source: "t".into(),
-                ingest_ns,
-                origin: None,
-                attributes: None,
-            },
+            Meta::at("t", ingest_ns),
         )
     }
 

@@ -139,12 +139,7 @@ impl Source for Generator {
                 continue;
             }
             let ts = now_ns();
-            let meta = Meta {
-                source: source.clone(),
-                ingest_ns: ts,
-                origin: None,
-                attributes: None,
-            };
+            let meta = Meta::at(source.clone(), ts);
             let mut events = Vec::with_capacity(n as usize);
             for _ in 0..n {
                 self.template.render(seq, ts, &mut buf);

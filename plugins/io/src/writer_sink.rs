@@ -241,15 +241,7 @@ pub(crate) mod tests {
 
     /// A raw event of `text` (the io crate's tests share it).
     pub(crate) fn line(text: &str) -> Event {
-        Event::raw(
-            text.as_bytes().to_vec(),
-            Meta {
-                source: "t".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        )
+        Event::raw(text.as_bytes().to_vec(), Meta::at("t", 0))
     }
 
     /// A destination whose every write waits for the test to release it.

@@ -14,12 +14,7 @@ use logbus_plugin_api::{Event, Fields, Meta};
 fn event(service: &str, n: usize) -> Event {
     Event::fields(
         serde_json::from_value::<Fields>(serde_json::json!({"service": service, "n": n})).unwrap(),
-        Meta {
-            source: "t".into(),
-            ingest_ns: 1_795_000_000_000_000_000,
-            origin: None,
-            attributes: None,
-        },
+        Meta::at("t", 1_795_000_000_000_000_000),
     )
 }
 

@@ -33,15 +33,7 @@ fn build_err(options: Value) -> String {
 }
 
 fn event(v: Value) -> Event {
-    Event::fields(
-        v.as_object().unwrap().clone(),
-        Meta {
-            source: "t".into(),
-            ingest_ns: 7,
-            origin: None,
-            attributes: None,
-        },
-    )
+    Event::fields(v.as_object().unwrap().clone(), Meta::at("t", 7))
 }
 
 fn fields(e: &Event) -> Value {
@@ -224,15 +216,7 @@ fn a_reference_cycle_is_an_error_not_a_crash() {
 fn raw_events_arrive_as_message() {
     let mut p =
         build(json!({ "script": "function process(e) { return { len: e.message.length }; }" }));
-    let mut e = Event::raw(
-        "hello",
-        Meta {
-            source: "t".into(),
-            ingest_ns: 0,
-            origin: None,
-            attributes: None,
-        },
-    );
+    let mut e = Event::raw("hello", Meta::at("t", 0));
     p.process(&mut e).unwrap();
     assert_eq!(fields(&e), json!({"len": 5}));
 }

@@ -104,12 +104,7 @@ async fn logbus_forwards_to_rsyslog() {
         .map(|i| {
             Event::raw(
                 format!("<14>1 2026-11-30T10:00:00.000Z edge7 app 42 ID{i} - message {i}"),
-                Meta {
-                    source: "t".into(),
-                    ingest_ns: 0,
-                    origin: None,
-                    attributes: None,
-                },
+                Meta::at("t", 0),
             )
         })
         .collect();

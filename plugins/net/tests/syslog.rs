@@ -167,12 +167,7 @@ async fn forward_counting(
                 .map(|i| {
                     Event::raw(
                         format!("<14>1 2026-11-30T10:00:00Z host app - - - message {i}"),
-                        Meta {
-                            source: "t".into(),
-                            ingest_ns: 0,
-                            origin: None,
-                            attributes: None,
-                        },
+                        Meta::at("t", 0),
                     )
                 })
                 .collect()

@@ -331,15 +331,7 @@ mod tests {
     }
 
     fn raw(s: &str) -> Event {
-        Event::raw(
-            s.to_string(),
-            Meta {
-                source: "src".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        )
+        Event::raw(s.to_string(), Meta::at("src", 0))
     }
 
     #[test]
@@ -420,15 +412,7 @@ mod tests {
         assert!(err.0.starts_with("not a JSON object"), "{err}");
         let err = p.process(&mut raw(r#"{"a":"#)).unwrap_err();
         assert!(err.0.starts_with("truncated JSON"), "{err}");
-        let mut bad_utf8 = Event::raw(
-            b"{\"a\":\"\xff\"}".to_vec(),
-            Meta {
-                source: "src".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let mut bad_utf8 = Event::raw(b"{\"a\":\"\xff\"}".to_vec(), Meta::at("src", 0));
         assert!(
             p.process(&mut bad_utf8).is_err(),
             "invalid UTF-8 must not pass"

@@ -97,15 +97,7 @@ mod tests {
     }
 
     fn raw_bytes(bytes: Vec<u8>) -> Event {
-        Event::raw(
-            bytes,
-            Meta {
-                source: "t".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        )
+        Event::raw(bytes, Meta::at("t", 0))
     }
 
     fn texts(v: Verdict, original: &Event) -> Vec<String> {
@@ -154,15 +146,7 @@ mod tests {
         });
         let mut e = raw_bytes(vec![0xff, 0xfe]);
         assert!(p.process(&mut e).is_err());
-        let mut e = Event::fields(
-            Default::default(),
-            Meta {
-                source: "t".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let mut e = Event::fields(Default::default(), Meta::at("t", 0));
         assert!(p.process(&mut e).is_err());
     }
 

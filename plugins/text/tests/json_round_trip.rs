@@ -23,12 +23,7 @@ fn stage(plugin: &dyn Plugin) -> Box<dyn Processor> {
 }
 
 fn meta() -> Meta {
-    Meta {
-        source: "t".into(),
-        ingest_ns: 0,
-        origin: None,
-        attributes: None,
-    }
+    Meta::at("t", 0)
 }
 
 fn value() -> impl Strategy<Value = Value> {

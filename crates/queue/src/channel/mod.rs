@@ -893,17 +893,7 @@ mod tests {
 
     fn events(n: usize) -> Vec<Event> {
         (0..n)
-            .map(|i| {
-                Event::raw(
-                    i.to_string(),
-                    Meta {
-                        source: "t".into(),
-                        ingest_ns: 0,
-                        origin: None,
-                        attributes: None,
-                    },
-                )
-            })
+            .map(|i| Event::raw(i.to_string(), Meta::at("t", 0)))
             .collect()
     }
 
@@ -1036,15 +1026,7 @@ mod tests {
     async fn sink_latency_is_recorded_when_the_batch_is_released() {
         let (tx, mut rx) = channel_with_latency(8, 8);
         let old = logbus_event::now_ns().saturating_sub(5_000_000);
-        let event = Event::raw(
-            "x",
-            Meta {
-                source: "t".into(),
-                ingest_ns: old,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let event = Event::raw("x", Meta::at("t", old));
         tx.send(vec![event]).await.unwrap();
         let batch = rx.recv().await.unwrap();
         let stats = rx.handle();
