@@ -613,12 +613,7 @@ mod tests {
         let mut plan = opts.plan().unwrap();
         let mut e = Event::fields(
             serde_json::from_value(json!({"msg": "hi", "tmp": 1})).unwrap(),
-            Meta {
-                source: "s".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
+            Meta::at("s", 0),
         );
         plan.process(&mut e).unwrap();
         assert_eq!(
@@ -880,6 +875,19 @@ mod tests {
         assert!(conv("boolean", json!(2)).is_err());
         assert!(conv("boolean", json!("maybe")).is_err());
         assert_eq!(conv("string", json!(12)).unwrap(), json!("12"));
+        assert_eq!(conv("string", json!("as is")).unwrap(), json!("as is"));
+        assert_eq!(conv("boolean", json!(true)).unwrap(), json!(true));
+        assert_eq!(conv("boolean", json!(1)).unwrap(), json!(true));
+        assert_eq!(conv("boolean", json!(1.0)).unwrap(), json!(true));
+        // An integer stays exact (not through a float), and a float at the
+        // edge of i64 is refused, not wrapped.
+        let exact = json!(9_007_199_254_740_993_i64);
+        assert_eq!(conv("integer", exact.clone()).unwrap(), exact);
+        assert_eq!(
+            conv("integer", json!(-8.0e18)).unwrap(),
+            json!(-8_000_000_000_000_000_000_i64)
+        );
+        assert!(conv("integer", json!(9.2e18)).is_err());
         assert_eq!(conv("string", json!({"a": 1})).unwrap(), json!("{\"a\":1}"));
         assert!(conv("string", json!(null)).is_err());
         // A missing field is skipped, not an error.
@@ -929,6 +937,12 @@ mod tests {
             errs(json!({"set": {"t": "{{a..b}}"}}))[0].1,
             "in `{{…}}`: field path `a..b` has an empty segment"
         );
+        // The offset counts from the start of the text, past earlier parts.
+        assert_eq!(
+            errs(json!({"set": {"t": "ab {{x}} {{a..b}}"}}))[0].2,
+            Some(9)
+        );
+        assert_eq!(errs(json!({"set": {"t": "{{x}}{{a"}}))[0].2, Some(5));
         assert_eq!(
             errs(json!({"lookup": {"x": {"from": "a..b", "table": {"k": 1}}}}))[0].0,
             "lookup.x.from"
@@ -940,6 +954,46 @@ mod tests {
         assert_eq!(errs(json!({"case": {"a..b": "upper"}}))[0].0, "case.a..b");
         assert_eq!(errs(json!({"convert": {"": "integer"}}))[0].0, "convert.");
         assert!(serde_json::from_value::<FieldsOptions>(json!({"case": {"a": "title"}})).is_err());
+    }
+
+    #[test]
+    fn a_template_has_no_empty_text_parts() {
+        let parts = |t: &str| template(t, &[]).unwrap().unwrap().len();
+        assert_eq!(parts("{{a}}"), 1);
+        assert_eq!(parts("{{a}}{{b}}"), 2);
+        assert_eq!(parts("x{{a}}y"), 3);
+        assert!(template("no braces", &[]).unwrap().is_none());
+    }
+
+    /// `logbus validate` reads lookup files against the pipeline's folder.
+    #[test]
+    fn validation_names_a_missing_or_malformed_lookup_file() {
+        let dir = std::env::temp_dir().join(format!("logbus-lookup-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("bad.json"), "[1]").unwrap();
+        std::fs::write(dir.join("good.json"), r#"{"a": 1}"#).unwrap();
+        let cx = BuildContext {
+            base_dir: dir.clone(),
+            ..logbus_plugin_api::testing::context()
+        };
+        let check = |file: &str| {
+            let options: FieldsOptions =
+                serde_json::from_value(json!({"lookup": {"x": {"from": "k", "file": file}}}))
+                    .unwrap();
+            FieldsTransform
+                .check_in_context(&options, &cx)
+                .into_iter()
+                .map(|e| (e.path.join("."), e.message))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(check("good.json"), []);
+        for file in ["missing.json", "bad.json"] {
+            let errors = check(file);
+            assert_eq!(errors.len(), 1, "{file}: {errors:?}");
+            assert!(errors[0].0.starts_with("lookup.x"), "{errors:?}");
+            assert!(errors[0].1.contains(file), "{errors:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

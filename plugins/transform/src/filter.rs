@@ -309,12 +309,7 @@ mod tests {
         };
         let mut e = Event::fields(
             serde_json::from_value(event).unwrap(),
-            logbus_plugin_api::Meta {
-                source: "s".into(),
-                ingest_ns: 0,
-                origin: None,
-                attributes: None,
-            },
+            logbus_plugin_api::Meta::at("s", 0),
         );
         matches!(f.process(&mut e).unwrap(), Verdict::Keep)
     }

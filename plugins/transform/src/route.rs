@@ -172,36 +172,29 @@ impl Processor for Route {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use logbus_plugin_api::Plugin;
-    use logbus_plugin_api::Typed;
+    use logbus_plugin_api::{Plugin, Typed, testing};
     use serde_json::{Value, json};
 
-    fn route(options: Value) -> Route {
+    /// The stage as the engine builds it.
+    fn route(options: Value) -> Box<dyn Processor> {
         let o: RouteOptions = serde_json::from_value(options).unwrap();
         assert!(o.check().is_empty(), "{:?}", o.check());
-        Route {
-            unmatched: o.routes.len(),
-            routes: o
-                .routes
-                .values()
-                .map(|t| Condition::compile(t.as_str().unwrap()).unwrap())
-                .collect(),
-            first: o.mode == RouteMode::First,
-        }
+        let Ok(Built::Processor(route)) = RouteTransform.build(o, &testing::context()) else {
+            panic!("a route stage builds a processor");
+        };
+        route
     }
 
     fn meta() -> logbus_plugin_api::Meta {
-        logbus_plugin_api::Meta {
-            source: "s".into(),
-            ingest_ns: 0,
-            origin: None,
-            attributes: None,
-        }
+        logbus_plugin_api::Meta::at("s", 0)
     }
 
-    fn to(r: &Route, event: Value) -> Vec<usize> {
-        let e = Event::fields(event.as_object().unwrap().clone(), meta());
-        r.outputs(&e).unwrap().iter().collect()
+    fn to(r: &mut Box<dyn Processor>, event: Value) -> Vec<usize> {
+        let mut e = Event::fields(event.as_object().unwrap().clone(), meta());
+        match r.process(&mut e).unwrap() {
+            Verdict::To(outputs) => outputs.iter().collect(),
+            _ => panic!("a route stage names outputs"),
+        }
     }
 
     #[test]
@@ -210,15 +203,18 @@ mod tests {
             "failures": r#"level == "error""#,
             "billing": r#"service in ["auth", "billing"] && status >= 500"#,
         });
-        let all = route(json!({ "routes": routes }));
+        let mut all = route(json!({ "routes": routes }));
         let both = json!({"level": "error", "service": "auth", "status": 503});
-        assert_eq!(to(&all, both.clone()), [0, 1]);
-        assert_eq!(to(&all, json!({"level": "error"})), [0]);
-        assert_eq!(to(&all, json!({"service": "billing", "status": 500})), [1]);
-        assert_eq!(to(&all, json!({"level": "info"})), [2]);
-        let first = route(json!({ "routes": routes, "mode": "first" }));
-        assert_eq!(to(&first, both), [0]);
-        assert_eq!(to(&first, json!({"level": "info"})), [2]);
+        assert_eq!(to(&mut all, both.clone()), [0, 1]);
+        assert_eq!(to(&mut all, json!({"level": "error"})), [0]);
+        assert_eq!(
+            to(&mut all, json!({"service": "billing", "status": 500})),
+            [1]
+        );
+        assert_eq!(to(&mut all, json!({"level": "info"})), [2]);
+        let mut first = route(json!({ "routes": routes, "mode": "first" }));
+        assert_eq!(to(&mut first, both), [0]);
+        assert_eq!(to(&mut first, json!({"level": "info"})), [2]);
     }
 
     #[test]
@@ -250,6 +246,10 @@ mod tests {
             ]
         );
         assert_eq!(
+            check(json!({"routes": {"": "x == 1"}})),
+            ["routes.: route name ``: use letters, digits, `_` and `-`"]
+        );
+        assert_eq!(
             check(json!({"routes": {"n": 5}})),
             ["routes.n: a route's condition is text (quote it), got 5"]
         );
@@ -268,11 +268,12 @@ mod tests {
 
     #[test]
     fn an_unparsed_event_is_an_error() {
-        let r = route(json!({"routes": {"a": "x == 1"}}));
-        let e = Event::raw(logbus_plugin_api::Bytes::from_static(b"x"), meta());
+        let mut r = route(json!({"routes": {"a": "x == 1"}}));
+        let mut e = Event::raw(logbus_plugin_api::Bytes::from_static(b"x"), meta());
         assert!(
-            r.outputs(&e)
-                .unwrap_err()
+            r.process(&mut e)
+                .err()
+                .unwrap()
                 .0
                 .contains("needs a parsed event")
         );

@@ -135,6 +135,22 @@ mod tests {
             json!(1_764_478_800_123u64)
         );
         assert_eq!(format_ns(ns, StampFormat::UnixS), json!(1_764_478_800u64));
+        assert_eq!(
+            format_ns(ns, StampFormat::UnixUs),
+            json!(1_764_478_800_123_456u64)
+        );
+        assert_eq!(format_ns(ns, StampFormat::UnixNs), json!(ns));
+    }
+
+    #[test]
+    fn the_defaults_and_a_bad_field_path() {
+        let options: StampOptions = serde_json::from_value(json!({})).unwrap();
+        assert_eq!(options.field, "ingest_ts");
+        assert!(options.check().is_empty());
+        let options: StampOptions = serde_json::from_value(json!({"field": "a..b"})).unwrap();
+        let errors = options.check();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].path, ["field"]);
     }
 
     #[test]
@@ -144,29 +160,13 @@ mod tests {
             format: StampFormat::UnixNs,
             time: StampTime::Ingest,
         };
-        let mut e = Event::fields(
-            Fields::new(),
-            Meta {
-                source: "s".into(),
-                ingest_ns: 42,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let mut e = Event::fields(Fields::new(), Meta::at("s", 42));
         s.process(&mut e).unwrap();
         assert_eq!(
             Value::Object(e.as_fields().unwrap().clone()),
             json!({"t": {"in": 42}})
         );
-        let mut raw = Event::raw(
-            "x",
-            Meta {
-                source: "s".into(),
-                ingest_ns: 42,
-                origin: None,
-                attributes: None,
-            },
-        );
+        let mut raw = Event::raw("x", Meta::at("s", 42));
         assert!(s.process(&mut raw).is_err());
     }
 
@@ -179,12 +179,7 @@ mod tests {
             time: StampTime::Ingest,
         };
         let lazy = LazyFields::parse(Bytes::from_static(br#"{"ts":0,"a":1}"#)).unwrap();
-        let meta = Meta {
-            source: "s".into(),
-            ingest_ns: 42,
-            origin: None,
-            attributes: None,
-        };
+        let meta = Meta::at("s", 42);
         let mut e = Event::new(Payload::Lazy(lazy), meta);
         s.process(&mut e).unwrap();
         let mut json = Vec::new();
