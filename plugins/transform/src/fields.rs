@@ -883,6 +883,7 @@ mod tests {
         // edge of i64 is refused, not wrapped.
         let exact = json!(9_007_199_254_740_993_i64);
         assert_eq!(conv("integer", exact.clone()).unwrap(), exact);
+        assert_eq!(conv("integer", json!(-5)).unwrap(), json!(-5));
         assert_eq!(
             conv("integer", json!(-8.0e18)).unwrap(),
             json!(-8_000_000_000_000_000_000_i64)

@@ -245,6 +245,18 @@ mod tests {
                 "routes._unmatched: route name `_unmatched` is reserved (`_unmatched` takes what matches no route; `errors` and `dead` are side outputs)"
             ]
         );
+        for reserved in ["errors", "dead"] {
+            let e = check(json!({"routes": {reserved: "x == 1"}}));
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(
+                e[0].contains(&format!("route name `{reserved}` is reserved")),
+                "{e:?}"
+            );
+        }
+        assert_eq!(
+            check(json!({"routes": {"a-b_9": "x == 1"}})),
+            Vec::<String>::new()
+        );
         assert_eq!(
             check(json!({"routes": {"": "x == 1"}})),
             ["routes.: route name ``: use letters, digits, `_` and `-`"]
