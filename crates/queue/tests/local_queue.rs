@@ -189,6 +189,44 @@ async fn a_frontend_whose_consumer_is_gone_overflows_with_its_ring_counted_aband
     assert_eq!(numbers(&mut b), vec![3, 4]);
 }
 
+/// A library user may never take a frontend's consumer. Once every
+/// receiver is gone that ring has no reader: its producer must not go on
+/// filling it, and what it held counts as abandoned.
+#[tokio::test]
+async fn when_every_receiver_is_gone_an_untaken_frontend_admits_nothing() {
+    let (tx, backend) = local_channel(100, 100, config(8, 2, 0), false);
+    let taken = backend.frontend(0).unwrap();
+    let mut first = tx.register();
+    let mut second = tx.register();
+    assert_eq!(second.slot(), Some(1));
+    assert_eq!(submit(&tx, &mut second, events(0, 3)).await, None);
+    drop(taken);
+    drop(backend);
+    assert!(matches!(
+        tx.try_frontend(&mut second, events(3, 2)),
+        Err((_, Overflow::Shutdown))
+    ));
+    assert!(matches!(
+        tx.try_frontend(&mut first, events(5, 1)),
+        Err((_, Overflow::Shutdown))
+    ));
+    let snap = tx.stats().local().unwrap();
+    assert_eq!(
+        (snap.frontends[1].retired, snap.frontends[1].queued),
+        (3, 0)
+    );
+    assert_eq!(tx.stats().stats().abandoned(), 3);
+    let returned = tx
+        .send_overflow(events(3, 2), Overflow::Shutdown)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        returned.0.len(),
+        2,
+        "the closed backend gives the events back"
+    );
+}
+
 #[tokio::test]
 async fn an_idle_frontend_consumer_borrows_at_most_helper_batch_and_puts_the_rest_back() {
     let (tx, backend) = local_channel(100, 100, config(8, 1, 3), false);

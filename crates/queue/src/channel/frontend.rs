@@ -124,6 +124,15 @@ pub(super) struct FrontendEnd {
 }
 
 impl FrontendEnd {
+    /// The consumer end of frontend `slot`.
+    pub(super) fn new(slot: usize, ring: spsc::Consumer<Event>) -> Self {
+        FrontendEnd {
+            slot,
+            ring,
+            picked: false,
+        }
+    }
+
     /// The consumer goes away: what is left in its ring is counted as
     /// abandoned (its producer then overflows to the backend).
     pub(super) fn abandon(mut self, shared: &Shared) {
@@ -147,11 +156,7 @@ impl Receiver {
     pub fn frontend(&self, slot: usize) -> Option<Receiver> {
         let ring = self.shared.local()?.take_consumer(slot)?;
         let mut consumer = self.clone();
-        consumer.end = End::Frontend(FrontendEnd {
-            slot,
-            ring,
-            picked: false,
-        });
+        consumer.end = End::Frontend(FrontendEnd::new(slot, ring));
         Some(consumer)
     }
 

@@ -748,7 +748,9 @@ impl Drop for Receiver {
     /// A frontend consumer that goes away counts what is left in its ring as
     /// abandoned (its producer then overflows to the backend). The last
     /// receiver closes the channel: blocked senders get their events back,
-    /// and whatever was still queued is counted as abandoned.
+    /// and whatever was still queued is counted as abandoned — in the
+    /// backend and in any frontend whose consumer nobody took, whose
+    /// producer would otherwise go on filling a ring no one reads.
     fn drop(&mut self) {
         match std::mem::replace(&mut self.end, End::Queue) {
             // Ending normally: what this consumer released is done.
@@ -758,6 +760,13 @@ impl Drop for Receiver {
         }
         if self.shared.receivers.fetch_sub(1, Ordering::AcqRel) > 1 {
             return;
+        }
+        if let Some(local) = self.shared.local() {
+            for slot in 0..local.frontends.len() {
+                if let Some(ring) = local.take_consumer(slot) {
+                    frontend::FrontendEnd::new(slot, ring).abandon(&self.shared);
+                }
+            }
         }
         self.shared.permits.close();
         self.rx.close();
