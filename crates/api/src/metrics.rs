@@ -525,3 +525,179 @@ pub fn process_rss_bytes() -> Option<u64> {
         .ok()?;
     Some(kib * 1024)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_core::report::{ChannelReport, StageReport};
+    use logbus_plugin_api::{HistogramSnapshot, StageCounts, StageKind};
+
+    fn stage_report(id: &str, kind: StageKind, counts: StageCounts) -> StageReport {
+        StageReport {
+            id: id.into(),
+            kind,
+            counts,
+            blocked_seconds: 1.0,
+            bytes_out: 0,
+            outputs: Default::default(),
+            fused_into: None,
+        }
+    }
+
+    /// Every number distinct, so that a wrong sum or scale shows.
+    fn snapshot() -> Snapshot {
+        let source = StageCounts {
+            events_out: 100,
+            acked_delivered: 90,
+            acked_rejected: 2,
+            acked_errored: 3,
+            oldest_unacked_ms: 2500,
+            ..StageCounts::default()
+        };
+        let sink = StageCounts {
+            events_in: 100,
+            events_out: 97,
+            ..StageCounts::default()
+        };
+        let local = LocalQueueSnapshot {
+            registrations: 2,
+            frontend_events: 70,
+            backend_events: logbus_plugin_api::local::BackendRouting {
+                no_fit: 11,
+                oversized: 12,
+                exhausted: 13,
+                shutdown: 14,
+                direct: 15,
+            },
+            help_attempts: 21,
+            help_empty: 22,
+            help_events_completed: 23,
+            outstanding: 24,
+            frontends: vec![
+                logbus_plugin_api::local::FrontendSnapshot {
+                    slot: 0,
+                    registered: true,
+                    queued: 5,
+                    ..Default::default()
+                },
+                logbus_plugin_api::local::FrontendSnapshot {
+                    slot: 1,
+                    registered: false,
+                    queued: 6,
+                    ..Default::default()
+                },
+            ],
+            ..LocalQueueSnapshot::default()
+        };
+        let disk = DurableSnapshot {
+            queued: 31,
+            unread: 32,
+            disk_bytes: 33,
+            spilling: true,
+            spilled: 34,
+            dropped_newest: 3,
+            dropped_oldest: 4,
+            lost_at_open: 5,
+            unreadable: 6,
+            ..DurableSnapshot::default()
+        };
+        let channel = ChannelReport {
+            stage: "out".into(),
+            capacity: 4096,
+            occupancy: 7,
+            max_occupancy: 8,
+            sent: 100,
+            received: 100,
+            abandoned: 0,
+            batch_sizes: HistogramSnapshot {
+                buckets: vec![(1, 2), (4, 3)],
+                count: 5,
+                sum: 14,
+            },
+            wait_seconds: 2.0,
+            ingest_latency_us: Some(HistogramSnapshot {
+                buckets: vec![(1024, 1)],
+                count: 1,
+                sum: 1500,
+            }),
+            local: Some(local),
+            disk: Some(disk),
+        };
+        Snapshot {
+            report: logbus_core::RunReport::new(
+                vec![
+                    stage_report("in", StageKind::Source, source),
+                    stage_report("out", StageKind::Sink, sink),
+                ],
+                vec![channel],
+                Vec::new(),
+                std::time::Duration::from_secs(10),
+            ),
+            bound: 4096,
+            workers: [("out".to_string(), 2)].into(),
+        }
+    }
+
+    fn text() -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(snapshot()));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn every_family_carries_the_snapshots_numbers() {
+        let text = text();
+        for line in [
+            "logbus_events_out_total{stage=\"out\"} 97",
+            "logbus_source_acked_rejected_total{stage=\"in\"} 2",
+            "logbus_source_oldest_unacked_seconds{stage=\"in\"} 2.5",
+            "logbus_inflight_bound_events 4096",
+            // 1 - (waited 2 s + blocked 1 s) / (10 s × 2 workers)
+            "logbus_stage_busy_ratio{stage=\"out\"} 0.85",
+            "logbus_batch_size_sum{stage=\"out\"} 14.0",
+            "logbus_batch_size_bucket{le=\"4.0\",stage=\"out\"} 5",
+            "logbus_sink_latency_seconds_sum{stage=\"out\"} 0.0015",
+            "logbus_sink_latency_seconds_bucket{le=\"0.001024\",stage=\"out\"} 1",
+            "logbus_queue_routed_events_total{stage=\"out\",path=\"frontend\",reason=\"fit\"} 70",
+            "logbus_queue_routed_events_total{stage=\"out\",path=\"backend\",reason=\"no_fit\"} 11",
+            "logbus_queue_routed_events_total{stage=\"out\",path=\"backend\",reason=\"oversized\"} 12",
+            "logbus_queue_routed_events_total{stage=\"out\",path=\"backend\",reason=\"exhausted\"} 13",
+            "logbus_queue_routed_events_total{stage=\"out\",path=\"backend\",reason=\"shutdown\"} 14",
+            "logbus_queue_routed_events_total{stage=\"out\",path=\"backend\",reason=\"direct\"} 15",
+            "logbus_queue_help_attempts_total{stage=\"out\"} 21",
+            "logbus_queue_help_empty_total{stage=\"out\"} 22",
+            "logbus_queue_help_events_total{stage=\"out\"} 23",
+            "logbus_queue_registrations_total{stage=\"out\"} 2",
+            "logbus_queue_outstanding{stage=\"out\"} 24",
+            "logbus_queue_frontend_queued{stage=\"out\",slot=\"0\"} 5",
+            "logbus_queue_disk_queued_events{stage=\"out\"} 31",
+            "logbus_queue_disk_unread_events{stage=\"out\"} 32",
+            "logbus_queue_disk_bytes{stage=\"out\"} 33",
+            "logbus_queue_disk_spilling{stage=\"out\"} 1",
+            "logbus_queue_disk_written_events_total{stage=\"out\"} 34",
+            "logbus_queue_disk_dropped_events_total{stage=\"out\"} 7",
+            "logbus_queue_disk_lost_events_total{stage=\"out\"} 11",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+        }
+        // A slot no producer holds has no ring to report.
+        assert!(!text.contains("slot=\"1\""), "{text}");
+        // Sources only acknowledge: the sink has no acknowledgement lines.
+        assert!(!text.contains("logbus_source_acked_delivered_total{stage=\"out\"}"));
+    }
+
+    #[test]
+    fn resident_memory_is_reported_in_bytes() {
+        let rss = process_rss_bytes().unwrap();
+        // statm's second field: resident pages (4 KiB here).
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let from_statm = pages * 4096;
+        assert!(
+            rss / 2 < from_statm && from_statm < rss * 2,
+            "VmRSS {rss} bytes against statm {from_statm}"
+        );
+    }
+}

@@ -27,12 +27,17 @@ struct Api {
 
 impl Api {
     fn start() -> Api {
-        let mut registry = Registry::new();
-        logbus_io::register(&mut registry);
-        let text = "stages:
+        Api::start_with(
+            "stages:
   gen: { source: generator, count: 100000000, rate: 1000, template: '{\"seq\":{{seq}}}' }
   out: { sink: blackhole, inputs: [gen] }
-";
+",
+        )
+    }
+
+    fn start_with(text: &str) -> Api {
+        let mut registry = Registry::new();
+        logbus_io::register(&mut registry);
         let loaded = load_str(text, Path::new("api.yml"), &registry, &|_| None);
         let pipeline = loaded.pipeline.expect("a valid pipeline");
         let stop = CancellationToken::new();
@@ -256,5 +261,169 @@ async fn stats_graph_and_metrics_describe_the_running_pipeline() {
             .any(|l| l.starts_with("logbus_events_in_total{stage=\"out\"")),
         "{text}"
     );
+    api.stop().await;
+}
+
+/// A tap answers with the events leaving a stage, up to its limit, and
+/// says it was not cut short by the byte cap; an unknown stage is a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tap_returns_the_events_leaving_a_stage() {
+    let api = Api::start();
+    let (status, body) = api
+        .send(get("/api/tap?stage=gen&limit=3&wait_ms=10000"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tap: Value = serde_json::from_str(&body).unwrap();
+    let events = tap["events"].as_array().unwrap();
+    assert_eq!(events.len(), 3, "{tap}");
+    // The generator's events are raw lines: the tap shows them as text.
+    assert!(
+        events
+            .iter()
+            .all(|e| e.as_str().is_some_and(|t| t.starts_with("{\"seq\":"))),
+        "{tap}"
+    );
+    assert_eq!(tap["truncated"], json!(false));
+    let (status, body) = api.send(get("/api/tap?stage=nope")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body.contains("no stage `nope`"), "{body}");
+    api.stop().await;
+}
+
+/// `serve` answers on its listener until the task is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_on_its_listener() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = Api::start();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(logbus_api::serve(listener, api.state.clone()));
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("text/html"), "{answer}");
+    assert!(!server.is_finished(), "serve returned: {:?}", server.await);
+    server.abort();
+    api.stop().await;
+}
+
+/// Without `limit` a tap returns 10 events, waiting up to 2 s for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tap_without_options_returns_ten_events() {
+    let api = Api::start();
+    let (status, body) = api.send(get("/api/tap?stage=gen")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tap: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(tap["events"].as_array().unwrap().len(), 10, "{tap}");
+    api.stop().await;
+}
+
+/// With every slot taken, a tap and a stats stream get 429 and say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taps_and_streams_past_their_slots_are_told_to_come_back() {
+    let api = Api::start();
+    let taps = api
+        .state
+        .taps
+        .clone()
+        .try_acquire_many_owned(logbus_api::MAX_TAPS as u32)
+        .unwrap();
+    let streams = api
+        .state
+        .streams
+        .clone()
+        .try_acquire_many_owned(logbus_api::MAX_STREAMS as u32)
+        .unwrap();
+    let (status, body) = api.send(get("/api/tap?stage=gen")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(body.contains("16 taps are open already"), "{body}");
+    let (status, body) = api.send(get("/api/stats/stream")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(body.contains("64 stats streams are open already"), "{body}");
+    drop((taps, streams));
+    let (status, _) = api.send(get("/api/tap?stage=gen&limit=1")).await;
+    assert_eq!(status, StatusCode::OK);
+    api.stop().await;
+}
+
+/// A stats stream sends its first snapshot at once (then one a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stats_stream_starts_with_a_snapshot_at_once() {
+    use futures::FutureExt;
+    let api = Api::start();
+    let mut request = get("/api/stats/stream").body(Body::empty()).unwrap();
+    request
+        .headers_mut()
+        .insert(header::HOST, "127.0.0.1".parse().unwrap());
+    request.headers_mut().insert(
+        header::AUTHORIZATION,
+        format!("Bearer {TOKEN}").parse().unwrap(),
+    );
+    let response = router(api.state.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "text/event-stream"
+    );
+    let mut body = response.into_body();
+    let frame = body
+        .frame()
+        .now_or_never()
+        .expect("the first snapshot is ready without waiting")
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap();
+    assert!(text.starts_with("event: stats\ndata: {"), "{text}");
+    assert!(text.contains("\"inflight_bound\""), "{text}");
+    drop(body);
+    api.stop().await;
+}
+
+/// Reading is allowed from any origin (a browser cannot read the answer
+/// without CORS); only state changes are held to the same origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_from_another_origin_is_answered() {
+    let api = Api::start();
+    for method in ["GET", "HEAD"] {
+        let (status, _) = api
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri("/api/stats")
+                    .header(header::ORIGIN, "http://evil.example")
+                    .header(header::CONTENT_TYPE, "text/plain"),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{method}");
+    }
+    api.stop().await;
+}
+
+/// A tap answer holds at most 4 MiB of events, and says it was cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tap_answer_stops_at_its_byte_cap() {
+    let pad = "x".repeat(8000);
+    let api = Api::start_with(&format!(
+        "stages:
+  gen: {{ source: generator, count: 100000000, rate: 20000, template: '{{\"seq\":{{{{seq}}}},\"pad\":\"{pad}\"}}' }}
+  out: {{ sink: blackhole, inputs: [gen] }}
+"
+    ));
+    let (status, body) = api
+        .send(get("/api/tap?stage=gen&limit=1000&wait_ms=30000"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let tap: Value = serde_json::from_str(&body).unwrap();
+    let events = tap["events"].as_array().unwrap();
+    assert_eq!(tap["truncated"], json!(true));
+    // Each event is about 8 KB as JSON: the cap falls within the 524th.
+    let cap = logbus_api::TAP_MAX_BYTES;
+    let each = serde_json::to_string(&events[0]).unwrap().len();
+    assert_eq!(events.len(), cap.div_ceil(each), "{each} bytes each");
     api.stop().await;
 }
