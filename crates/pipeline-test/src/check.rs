@@ -212,6 +212,35 @@ mod tests {
     }
 
     #[test]
+    fn arrays_compare_item_by_item_with_numbers_by_value() {
+        assert!(same(&json!([1, [2.0]]), &json!([1.0, [2]])));
+        assert!(!same(&json!([1, 2]), &json!([1])));
+        assert!(!same(&json!([1, 2]), &json!([2, 1])));
+        assert!(!same(&json!({"a": [1]}), &json!({"a": [1], "b": 2})));
+    }
+
+    #[test]
+    fn contains_looks_inside_a_string_or_among_an_arrays_strings() {
+        let events = [ev(
+            json!({"msg": "db down", "tags": ["db", "prod"], "n": 5}),
+        )];
+        for (field, text, holds) in [
+            ("msg", "down", true),
+            ("msg", "up", false),
+            ("tags", "prod", true),
+            ("tags", "pro", false),
+            ("n", "5", false),
+        ] {
+            let e = expect(json!({"all": [{"field": field, "contains": text}]}));
+            assert_eq!(
+                expectations(&e, &events).is_ok(),
+                holds,
+                "{field} contains {text}"
+            );
+        }
+    }
+
+    #[test]
     fn raw_events_compare_as_strings() {
         let raw = Event::raw("plain line", Meta::at("t", 0));
         assert!(expectations(&expect(json!({"events": ["plain line"]})), &[raw]).is_ok());

@@ -15,11 +15,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use logbus_core::config::{ERRORS_SUFFIX, QueueKind, QueueSpec};
+use logbus_core::config::{QueueKind, QueueSpec};
 use logbus_core::{OnError, Pipeline, StageSpec, start};
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Event, Meta, OptionError, Plugin, Sink, SinkContext,
-    Source, SourceContext, StageError, StageKind, async_trait,
+    BuildContext, Built, CancellationToken, Event, Meta, NoOptions, OptionError, Sink, SinkContext,
+    Source, SourceContext, StageError, StageKind, Typed, TypedPlugin, async_trait,
 };
 use serde_json::Value;
 
@@ -93,10 +93,7 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
             target.id
         ));
     }
-    let output_base = match test.output.strip_suffix(ERRORS_SUFFIX) {
-        Some(base) if p.stage(base).is_some_and(|s| s.on_error == OnError::Route) => base,
-        _ => p.output_of(&test.output).0,
-    };
+    let output_base = p.output_of(&test.output).0;
     let out_stage = p
         .stage(output_base)
         .ok_or_else(|| format!("output `{}` names no stage", test.output))?;
@@ -113,13 +110,13 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
         id: id.to_string(),
         pos: target.pos,
         kind: StageKind::Source,
-        plugin_name: "test-input".into(),
-        plugin: Arc::new(InjectPlugin(events.clone())),
+        plugin_name: InjectPlugin::NAME.into(),
+        plugin: Arc::new(Typed(InjectPlugin(events.clone()))),
         inputs: Vec::new(),
         on_error: OnError::Drop,
         workers: 1,
         queue: None,
-        options: Value::Null,
+        options: Value::Object(Default::default()),
         outputs: Vec::new(),
     };
     let mut stages: Vec<StageSpec> = Vec::new();
@@ -159,25 +156,25 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
         id: OUTPUT_ID.into(),
         pos: out_stage.pos,
         kind: StageKind::Sink,
-        plugin_name: "test-output".into(),
-        plugin: Arc::new(CollectPlugin(collected)),
+        plugin_name: CollectPlugin::NAME.into(),
+        plugin: Arc::new(Typed(CollectPlugin(collected))),
         inputs: vec![test.output.clone()],
         on_error: OnError::Drop,
         workers: 1,
         queue: None,
-        options: Value::Null,
+        options: Value::Object(Default::default()),
         outputs: Vec::new(),
     });
 
     // Prune stages cut off from the input, until nothing changes.
     loop {
         let present: HashSet<String> = stages.iter().map(|s| s.id.clone()).collect();
-        // The stage an input reads (`id`, `id.errors`, `id.<route>`).
+        // The stage an input reads (`id`, `id.errors`, `id.<route>`; an
+        // id has no dot).
         let base = |name: &str| -> String {
-            match name.split_once('.') {
-                Some((b, _)) if present.contains(b) => b.to_string(),
-                _ => name.to_string(),
-            }
+            name.split_once('.')
+                .map_or(name, |(stage, _)| stage)
+                .to_string()
         };
         let before = stages.len();
         for s in &mut stages {
@@ -222,23 +219,13 @@ struct InjectPlugin(Vec<(Option<serde_json::Map<String, Value>>, String)>);
 
 struct Inject(Vec<(Option<serde_json::Map<String, Value>>, String)>);
 
-impl Plugin for InjectPlugin {
-    fn name(&self) -> &'static str {
-        "test-input"
-    }
-    fn kind(&self) -> StageKind {
-        StageKind::Source
-    }
-    fn description(&self) -> &'static str {
-        "the events of a pipeline test"
-    }
-    fn options_schema(&self) -> Value {
-        Value::Null
-    }
-    fn check(&self, _options: &Value, _cx: &BuildContext) -> Vec<OptionError> {
-        Vec::new()
-    }
-    fn build(&self, _options: &Value, _cx: &BuildContext) -> Result<Built, Vec<OptionError>> {
+impl TypedPlugin for InjectPlugin {
+    type Options = NoOptions;
+    const NAME: &'static str = "test-input";
+    const KIND: StageKind = StageKind::Source;
+    const DESCRIPTION: &'static str = "the events of a pipeline test";
+
+    fn build(&self, _options: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Source(Box::new(Inject(self.0.clone()))))
     }
 }
@@ -265,23 +252,13 @@ struct CollectPlugin(Collected);
 
 struct Collect(Collected);
 
-impl Plugin for CollectPlugin {
-    fn name(&self) -> &'static str {
-        "test-output"
-    }
-    fn kind(&self) -> StageKind {
-        StageKind::Sink
-    }
-    fn description(&self) -> &'static str {
-        "collects the output of a pipeline test"
-    }
-    fn options_schema(&self) -> Value {
-        Value::Null
-    }
-    fn check(&self, _options: &Value, _cx: &BuildContext) -> Vec<OptionError> {
-        Vec::new()
-    }
-    fn build(&self, _options: &Value, _cx: &BuildContext) -> Result<Built, Vec<OptionError>> {
+impl TypedPlugin for CollectPlugin {
+    type Options = NoOptions;
+    const NAME: &'static str = "test-output";
+    const KIND: StageKind = StageKind::Sink;
+    const DESCRIPTION: &'static str = "collects the output of a pipeline test";
+
+    fn build(&self, _options: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Sink(Box::new(Collect(self.0.clone()))))
     }
 }
@@ -299,5 +276,73 @@ impl Sink for Collect {
             cx.committed(n);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_core::config::QueueScope;
+
+    /// A durable queue becomes a memory queue with everything else kept:
+    /// its scope, size, dequeue batch and local-scope settings.
+    #[test]
+    fn a_durable_queue_keeps_its_shape_in_memory() {
+        let dir = std::env::temp_dir().join(format!("logbus-rewire-{}", std::process::id()));
+        let text = format!(
+            "stages:
+  gen: {{ source: generator, count: 1 }}
+  json: {{ parser: json, inputs: [gen], workers: 2, queue: {{ type: disk-assisted, path: {:?}, scope: local, size: 640, dequeue_batch: 32, local: {{ frontend_size: 64, max_frontends: 2 }} }} }}
+  out: {{ sink: blackhole, inputs: [json] }}
+",
+            dir.join("q").display().to_string()
+        );
+        let mut registry = logbus_plugin_api::Registry::new();
+        logbus_io::register(&mut registry);
+        logbus_text::register(&mut registry);
+        let loaded = logbus_core::load_str(&text, &dir.join("p.yml"), &registry, &|_| None);
+        let pipeline = loaded
+            .pipeline
+            .unwrap_or_else(|| panic!("{:#?}", loaded.diagnostics));
+        let test = parse_tests(
+            "tests:\n  - name: t\n    input: { stage: json, lines: ['{}'] }\n    output: json\n",
+            std::path::Path::new("p.test.yml"),
+        )
+        .unwrap()
+        .remove(0);
+        let rewired = rewire(&pipeline, &test, Default::default()).unwrap();
+        let before = pipeline.stage("json").unwrap().queue.clone().unwrap();
+        let after = rewired.stage("json").unwrap().queue.clone().unwrap();
+        assert_eq!(after.kind, QueueKind::Memory);
+        assert_eq!(after.scope, QueueScope::Local);
+        assert_eq!((after.size, after.dequeue_batch), (Some(640), Some(32)));
+        assert_eq!(after.local, before.local);
+        assert!(after.local.is_some());
+        assert_eq!(after.path, None, "nothing of the disk is kept");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_outcome_passed_when_it_has_no_failure() {
+        let mut registry = logbus_plugin_api::Registry::new();
+        logbus_io::register(&mut registry);
+        logbus_text::register(&mut registry);
+        let text = "stages:
+  gen: { source: generator, count: 1 }
+  json: { parser: json, inputs: [gen] }
+  out: { sink: blackhole, inputs: [json] }
+";
+        let loaded =
+            logbus_core::load_str(text, std::path::Path::new("p.yml"), &registry, &|_| None);
+        let pipeline = loaded.pipeline.unwrap();
+        let tests = parse_tests(
+            "tests:
+  - { name: good, input: { stage: json, lines: ['{}'] }, output: json, expect: { count: 1 } }
+  - { name: bad, input: { stage: json, lines: ['{}'] }, output: json, expect: { count: 2 } }
+",
+            std::path::Path::new("p.test.yml"),
+        )
+        .unwrap();
+        assert!(run_test(&pipeline, &tests[0]).await.passed());
+        assert!(!run_test(&pipeline, &tests[1]).await.passed());
     }
 }
