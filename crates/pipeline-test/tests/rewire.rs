@@ -186,3 +186,61 @@ fn a_test_file_without_a_tests_key_is_an_error() {
             .is_empty()
     );
 }
+
+/// A pipeline's tests are its own `tests:` and then its companion file's;
+/// a missing companion is no error, a missing pipeline is.
+#[test]
+fn tests_come_from_the_pipeline_then_its_companion_file() {
+    use logbus_pipeline_test::{companion, load_tests};
+    let dir = tempfile::tempdir().unwrap();
+    let yml = dir.path().join("shop.yml");
+    assert_eq!(companion(&yml), dir.path().join("shop.test.yml"));
+    let test = |name: &str| {
+        format!(
+            "tests:\n  - {{ name: {name}, input: {{ stage: json, lines: ['{{}}'] }}, output: json }}\n"
+        )
+    };
+    std::fs::write(&yml, test("inline")).unwrap();
+    let names = |tests: Vec<logbus_pipeline_test::TestCase>| {
+        tests.into_iter().map(|t| t.name).collect::<Vec<_>>()
+    };
+    assert_eq!(names(load_tests(&yml).unwrap()), ["inline"]);
+    std::fs::write(companion(&yml), test("beside")).unwrap();
+    assert_eq!(names(load_tests(&yml).unwrap()), ["inline", "beside"]);
+    let missing = load_tests(&dir.path().join("gone.yml")).unwrap_err();
+    assert_eq!(missing.len(), 1);
+    assert!(
+        missing[0].message.starts_with("cannot read: "),
+        "{missing:?}"
+    );
+    assert!(missing[0].to_string().contains("gone.yml"), "{missing:?}");
+}
+
+/// The JUnit report: one suite per file, a failure with its first line as
+/// the message and the whole text as the description.
+#[test]
+fn the_junit_report_names_each_suite_case_and_failure() {
+    use logbus_pipeline_test::{Outcome, junit};
+    let outcome = |name: &str, failure: Option<&str>| Outcome {
+        name: name.into(),
+        failure: failure.map(Into::into),
+        duration: std::time::Duration::from_millis(1500),
+    };
+    let xml = junit::report(&[(
+        "shop.yml".into(),
+        vec![
+            outcome("parses", None),
+            outcome("routes", Some("events differ\n- a\n+ b")),
+        ],
+    )]);
+    assert!(
+        xml.contains("<testsuite name=\"shop.yml\" tests=\"2\""),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("<testcase name=\"parses\" time=\"1.500\"/>"),
+        "{xml}"
+    );
+    assert!(xml.contains("<failure message=\"events differ\""), "{xml}");
+    assert!(xml.contains("- a\n+ b"), "{xml}");
+}
