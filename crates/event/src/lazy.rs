@@ -136,6 +136,38 @@ impl LazyFields {
         self.position(key).is_some()
     }
 
+    /// Top-level `key`'s value, parsed from its text alone (or read from
+    /// the built fields when a stage built them).
+    pub fn get(&self, key: &str) -> Option<Value> {
+        if let Some(fields) = self.built.get() {
+            return fields.get(key).cloned();
+        }
+        Some(match &self.entries[self.position(key)?].value {
+            Slot::Text(a, b) => self.parse_text(*a, *b),
+            Slot::Set(v) => v.clone(),
+            Slot::Gone => unreachable!("position skips deleted entries"),
+        })
+    }
+
+    /// The top-level keys, in order.
+    pub fn keys(&self) -> Vec<String> {
+        self.entries
+            .iter()
+            .filter(|e| !matches!(e.value, Slot::Gone))
+            .map(|e| self.key_of(&e.key))
+            .collect()
+    }
+
+    fn key_of(&self, key: &Key) -> String {
+        match key {
+            Key::Owned(k) => k.to_string(),
+            Key::Text(a, b) => match self.parse_text(*a, *b) {
+                Value::String(s) => s,
+                other => other.to_string(),
+            },
+        }
+    }
+
     /// Writes the object as compact JSON: the untouched entries' text
     /// spliced with the edits.
     pub fn write_json(&self, out: &mut Vec<u8>) {
@@ -194,14 +226,7 @@ impl LazyFields {
                 Slot::Set(v) => v.clone(),
                 Slot::Text(a, b) => self.parse_text(*a, *b),
             };
-            let key = match &entry.key {
-                Key::Owned(k) => k.to_string(),
-                Key::Text(a, b) => match self.parse_text(*a, *b) {
-                    Value::String(s) => s,
-                    other => other.to_string(),
-                },
-            };
-            fields.insert(key, value);
+            fields.insert(self.key_of(&entry.key), value);
         }
         fields
     }
@@ -637,6 +662,12 @@ mod tests {
         l.set("new\"key", json!(2));
         f.insert("new\"key".into(), json!(2));
         assert!(l.contains("c") && l.contains("a") && !l.contains("zz"));
+        // Reads of one key, and the key order, without building the map.
+        assert_eq!(l.keys(), f.keys().cloned().collect::<Vec<_>>());
+        for key in ["a", "b", "c", "new\"key", "zz"] {
+            assert_eq!(l.get(key).as_ref(), f.get(key), "{key}");
+        }
+        assert!(!l.is_built());
         assert_eq!(written(&l), sonic_rs::to_string(&f).unwrap());
         assert_eq!(l.fields(), &f);
         assert_eq!(l.clone().into_fields(), f);
@@ -795,6 +826,21 @@ mod properties {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Reading one key, or the keys, from the text answers what the
+        /// built fields answer.
+        #[test]
+        fn one_key_read_from_the_text_is_the_built_fields_value(text in object()) {
+            if let Some(l) = LazyFields::parse(Bytes::from(text.clone())) {
+                let keys = l.keys();
+                let fields = l.clone().into_fields();
+                prop_assert_eq!(&keys, &fields.keys().cloned().collect::<Vec<_>>());
+                for key in keys.iter().map(String::as_str).chain(["absent"]) {
+                    let got = l.get(key);
+                    prop_assert_eq!(got.as_ref(), fields.get(key), "{}", key);
+                }
+            }
+        }
 
         /// The module's invariant: lazy fields write exactly what the
         /// eager path (parse, then serialise with either serialiser)

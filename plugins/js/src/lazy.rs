@@ -17,7 +17,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use logbus_plugin_api::{Event, Fields};
+use logbus_plugin_api::{Event, Payload};
 use rquickjs::{Ctx, Exception, Function, Object, Value};
 
 use crate::convert::{ConvertError, ReadLimits, Walk, from_js, to_js};
@@ -124,9 +124,16 @@ impl LazyEvents {
                       name: String|
                       -> rquickjs::Result<Value<'js>> {
                     let cur = current.lock().unwrap_or_else(|p| p.into_inner());
-                    let fields = live(&ctx, &cur, generation)?;
-                    match fields.get(&name) {
-                        Some(v) => to_js(&ctx, v),
+                    // Lazy fields parse only the one value asked for.
+                    let value = match live(&ctx, &cur, generation)? {
+                        Payload::Lazy(lazy) => lazy.get(&name).map(std::borrow::Cow::Owned),
+                        payload => payload
+                            .as_fields()
+                            .and_then(|f| f.get(&name))
+                            .map(std::borrow::Cow::Borrowed),
+                    };
+                    match value {
+                        Some(v) => to_js(&ctx, &v),
                         None => Ok(Value::new_undefined(ctx.clone())),
                     }
                 },
@@ -138,7 +145,13 @@ impl LazyEvents {
                 ctx.clone(),
                 move |ctx: Ctx<'js>, generation: u32| -> rquickjs::Result<Vec<String>> {
                     let cur = current.lock().unwrap_or_else(|p| p.into_inner());
-                    Ok(live(&ctx, &cur, generation)?.keys().cloned().collect())
+                    Ok(match live(&ctx, &cur, generation)? {
+                        Payload::Lazy(lazy) => lazy.keys(),
+                        payload => payload
+                            .as_fields()
+                            .map(|f| f.keys().cloned().collect())
+                            .unwrap_or_default(),
+                    })
                 },
             )?
         };
@@ -148,7 +161,8 @@ impl LazyEvents {
         Ok(LazyEvents { current })
     }
 
-    /// Starts a call: `event` (with fields) is what the proxy shows.
+    /// Starts a call: `event` (with fields, lazy or built) is what the
+    /// proxy shows.
     /// Returns the proxy and its state object.
     pub fn begin<'js>(
         &self,
@@ -174,9 +188,9 @@ impl LazyEvents {
     }
 }
 
-fn live<'a>(ctx: &Ctx<'_>, cur: &'a Current, generation: u32) -> rquickjs::Result<&'a Fields> {
-    match cur.event.as_ref().and_then(Event::as_fields) {
-        Some(f) if cur.generation == generation => Ok(f),
+fn live<'a>(ctx: &Ctx<'_>, cur: &'a Current, generation: u32) -> rquickjs::Result<&'a Payload> {
+    match cur.event.as_ref().map(Event::payload) {
+        Some(p @ (Payload::Fields(_) | Payload::Lazy(_))) if cur.generation == generation => Ok(p),
         _ => Err(Exception::throw_type(
             ctx,
             "this event object belongs to an earlier call of process(); keep a copy ({...event}) to use it later",
@@ -184,12 +198,25 @@ fn live<'a>(ctx: &Ctx<'_>, cur: &'a Current, generation: u32) -> rquickjs::Resul
     }
 }
 
+fn remove(payload: &mut Payload, name: &str) {
+    match payload {
+        Payload::Lazy(lazy) => {
+            lazy.delete(name);
+        }
+        Payload::Fields(fields) => {
+            fields.shift_remove(name);
+        }
+        Payload::Raw(_) => unreachable!("the script sees fields"),
+    }
+}
+
 /// Applies what the script did to the proxy (per its state object) to the
-/// event's fields.
+/// event's fields: lazy ones take the edits beside their text, so what the
+/// script did not touch is written out as it came.
 pub fn apply<'js>(
     state: &Object<'js>,
     proxy: &Value<'js>,
-    fields: &mut Fields,
+    payload: &mut Payload,
     limits: &ReadLimits<'_>,
 ) -> Result<(), ConvertError> {
     let walk = Walk {
@@ -201,7 +228,7 @@ pub fn apply<'js>(
     let deleted: Option<Object> = state.get("d").map_err(js)?;
     if let Some(deleted) = deleted {
         for name in deleted.keys::<String>() {
-            fields.shift_remove(&name.map_err(js)?);
+            remove(payload, &name.map_err(js)?);
         }
     }
     let written: Option<Object> = state.get("w").map_err(js)?;
@@ -210,14 +237,14 @@ pub fn apply<'js>(
         for name in written.keys::<String>() {
             let name = name.map_err(js)?;
             let value: Value = values.get(name.as_str()).map_err(js)?;
-            match from_js(&value, 1, walk)? {
-                Some(v) => {
+            match (from_js(&value, 1, walk)?, &mut *payload) {
+                (Some(v), Payload::Lazy(lazy)) => lazy.set(&name, v),
+                (Some(v), Payload::Fields(fields)) => {
                     fields.insert(name, v);
                 }
+                (Some(_), Payload::Raw(_)) => unreachable!("the script sees fields"),
                 // `event.x = undefined` removes x, as JSON would.
-                None => {
-                    fields.shift_remove(&name);
-                }
+                (None, payload) => remove(payload, &name),
             }
         }
     }

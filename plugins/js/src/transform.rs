@@ -493,10 +493,8 @@ impl JsWorker {
     /// until its result is read back or its error described: getters,
     /// Proxy traps and `toString` run script code in both.
     fn call<'js>(&self, ctx: &Ctx<'js>, event: &mut Event) -> Result<Verdict, EventError> {
-        // The script may change anything: build lazy fields once, here.
-        if let Payload::Lazy(_) = event.payload() {
-            event.payload_mut().materialize();
-        }
+        // Lazy fields stay lazy: the proxy parses only what the script
+        // reads, and its edits are spliced in when the event is written.
         if let Payload::Raw(bytes) = event.payload() {
             let mut map = Fields::new();
             map.insert(
@@ -555,8 +553,7 @@ impl JsWorker {
             // The common case: the event came back. Let go of the proxy's
             // reference first, so the change does not copy the event.
             self.lazy.end(state);
-            let fields = event.fields_mut().expect("made fields above");
-            apply(state, proxy, fields, limits).map_err(|e| EventError::new(e.0))?;
+            apply(state, proxy, event.payload_mut(), limits).map_err(|e| EventError::new(e.0))?;
             return Ok(Verdict::Keep);
         }
         self.verdict(event, result, proxy, limits)

@@ -532,3 +532,71 @@ fn a_third_parameter_receives_the_event_metadata() {
     two.process(&mut e).unwrap();
     assert_eq!(fields(&e)["n"], 2);
 }
+
+/// A parsed line kept lazy (its text and edits beside it) gives a script
+/// the same event as ordinary fields, and the script's edits land the same
+/// way; what the script leaves alone is never parsed.
+#[test]
+fn a_lazy_event_gives_the_same_results_as_ordinary_fields() {
+    use logbus_plugin_api::{Bytes, LazyFields, Payload};
+    let line = r#"{"seq":1,"level":"warn","service":"auth","debug_id":"x","user":{"id":"u1","roles":["a"]},"tags":[1,2.5,null],"pad":"yyyy"}"#;
+    let scripts = [
+        ISSUE_SCRIPT,
+        // Upcase, table lookup, delete: the like-for-like peer pipeline.
+        r#"const severity = { warn: 4 };
+           function process(event) {
+             event.severity = severity[event.level] ?? 5;
+             event.service = event.service.toUpperCase();
+             delete event.debug_id;
+             return event;
+           }"#,
+        // A nested object changed in place, a field set to undefined, a
+        // field deleted then set again (it moves last), the keys listed.
+        r#"function process(e) {
+             e.user.roles.push("b");
+             e.pad = undefined;
+             delete e.seq; e.seq = 2;
+             e.keys = Object.keys(e).join(",");
+             e.has = ("level" in e) + "," + ("debug_id" in e) + "," + ("nope" in e);
+             return e;
+           }"#,
+        // A copy with more, and the event beside another.
+        "function process(e) { return { ...e, copied: true }; }",
+        "function process(e) { return [e, { n: e.tags.length }]; }",
+    ];
+    for script in scripts {
+        let mut p = build(json!({ "script": script }));
+        let mut eager = event(serde_json::from_str(line).unwrap());
+        let lazy_fields = LazyFields::parse(Bytes::from_static(line.as_bytes())).unwrap();
+        let mut lazy = Event::new(Payload::Lazy(lazy_fields), Meta::at("t", 7));
+        let outcome = |e: &mut Event, p: &mut Box<dyn Processor>| -> Vec<String> {
+            let events = match p.process(e).unwrap() {
+                Verdict::Keep => vec![e.clone()],
+                Verdict::Replace(events) => events,
+                other => panic!("{other:?}"),
+            };
+            events
+                .iter()
+                .map(|e| {
+                    let mut out = Vec::new();
+                    assert!(e.payload().write_json(&mut out));
+                    String::from_utf8(out).unwrap()
+                })
+                .collect()
+        };
+        assert_eq!(
+            outcome(&mut lazy, &mut p),
+            outcome(&mut eager, &mut p),
+            "{script}"
+        );
+    }
+    // The event came back: it is still lazy, and nothing was built.
+    let mut p = build(json!({ "script": scripts[1] }));
+    let lazy_fields = LazyFields::parse(Bytes::from_static(line.as_bytes())).unwrap();
+    let mut lazy = Event::new(Payload::Lazy(lazy_fields), Meta::at("t", 7));
+    p.process(&mut lazy).unwrap();
+    match lazy.payload() {
+        Payload::Lazy(l) => assert!(!l.is_built(), "the whole event was parsed"),
+        other => panic!("no longer lazy: {other:?}"),
+    }
+}
