@@ -76,3 +76,70 @@ fn push_line(body: &Bytes, start: usize, mut end: usize, meta: &Meta, events: &m
         events.push(Event::raw(body.slice(start..end), meta.clone()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e.payload() {
+                logbus_plugin_api::Payload::Raw(b) => String::from_utf8(b.to_vec()).unwrap(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn split_as(
+        format: BodyFormat,
+        body: &'static str,
+        max: usize,
+    ) -> Result<Vec<String>, Refused> {
+        split(
+            &Bytes::from_static(body.as_bytes()),
+            format,
+            &"in".into(),
+            max,
+        )
+        .map(|e| texts(&e))
+    }
+
+    #[test]
+    fn lines_drop_carriage_returns_and_blank_lines_and_stop_past_max() {
+        assert_eq!(
+            split_as(BodyFormat::Lines, "a\r\n\n  \nb\nc", 3).unwrap(),
+            ["a", "b", "c"]
+        );
+        assert_eq!(
+            split_as(BodyFormat::Lines, "\nx\r\n\r\n", 3).unwrap(),
+            ["x"]
+        );
+        assert_eq!(
+            split_as(BodyFormat::Lines, "a\nb\nc\n", 2),
+            Err(Refused::TooMany)
+        );
+        assert_eq!(
+            split_as(BodyFormat::Lines, "a\nb\nc", 2),
+            Err(Refused::TooMany)
+        );
+    }
+
+    #[test]
+    fn a_json_array_gives_each_element_up_to_max() {
+        let body = r#"[{"a":1}, "two", 3]"#;
+        assert_eq!(
+            split_as(BodyFormat::JsonArray, body, 3).unwrap(),
+            [r#"{"a":1}"#, r#""two""#, "3"]
+        );
+        assert_eq!(split_as(BodyFormat::JsonArray, body, 4).unwrap().len(), 3);
+        assert_eq!(
+            split_as(BodyFormat::JsonArray, body, 2),
+            Err(Refused::TooMany)
+        );
+        assert!(matches!(
+            split_as(BodyFormat::JsonArray, "{}", 2),
+            Err(Refused::Malformed(m)) if m.starts_with("the body is not a JSON array")
+        ));
+    }
+}
