@@ -464,3 +464,25 @@ fn bad_options_name_the_key() {
     );
     assert!(errors(json!({ "url": "http://x", "method": "GET" })).contains("method"));
 }
+
+/// The page documents both plugins' options with the schema's defaults.
+#[test]
+fn the_page_documents_each_option_and_default() {
+    let page = include_str!("../../../docs/plugins/http.md");
+    for (plugin, section) in [
+        (
+            &logbus_plugin_api::Typed(logbus_http::sink::HttpSink)
+                as &dyn logbus_plugin_api::Plugin,
+            "# `sink: http`",
+        ),
+        (
+            &logbus_plugin_api::Typed(logbus_http::source::HttpSource),
+            "# `source: http`",
+        ),
+    ] {
+        assert_eq!(
+            testing::options_table_mismatch(plugin, page, Some(section)),
+            None
+        );
+    }
+}
