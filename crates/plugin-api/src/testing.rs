@@ -179,6 +179,72 @@ pub fn assert_registers(register: fn(&mut crate::Registry), features: &[&str]) {
     assert_eq!(added, expected, "plugins registered vs features enabled");
 }
 
+/// Asserts that every plugin `register` adds documents its options in
+/// `docs` (the `docs/plugins` folder) as [`page_mismatch`] reads them.
+pub fn assert_pages_document(register: fn(&mut crate::Registry), docs: &std::path::Path) {
+    let mut registry = crate::Registry::new();
+    register(&mut registry);
+    let differ: Vec<String> = registry
+        .plugins()
+        .filter_map(|plugin| page_mismatch(plugin.as_ref(), docs))
+        .collect();
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+/// What is wrong with `plugin`'s options table in `docs`, if anything
+/// ([`options_table_mismatch`]). Its page is `<name>.md`, or the page with
+/// a heading naming it (`` `source: syslog` `` is on
+/// `syslog-transport.md`); on a page for several plugins, the table after
+/// the heading that names this one alone, or else the heading that starts
+/// with its kind (`Sink`).
+pub fn page_mismatch(plugin: &dyn Plugin, docs: &std::path::Path) -> Option<String> {
+    let (kind, name) = (plugin.kind().key(), plugin.name());
+    let own = format!("`{kind}: {name}`");
+    let names_it = |page: &str| {
+        page.lines()
+            .any(|l| l.starts_with('#') && l.contains(&own) && !l.contains(" and "))
+    };
+    let read = |path: std::path::PathBuf| std::fs::read_to_string(path).ok();
+    let first = read(docs.join(format!("{name}.md")));
+    let page = match first {
+        Some(page) if names_it(&page) => page,
+        first => {
+            let mut others: Vec<_> = std::fs::read_dir(docs)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            others.sort();
+            match others.into_iter().filter_map(read).find(|p| names_it(p)) {
+                Some(page) => page,
+                None => match first {
+                    Some(page) => page,
+                    None => {
+                        return Some(format!(
+                            "{kind} {name}: no page {name}.md in {}",
+                            docs.display()
+                        ));
+                    }
+                },
+            }
+        }
+    };
+    let mut kind_word = kind.to_string();
+    kind_word[..1].make_ascii_uppercase();
+    let headings: Vec<&str> = page.lines().filter(|l| l.starts_with('#')).collect();
+    let section = headings
+        .iter()
+        .find(|h| h.contains(&own) && !h.contains(" and "))
+        .or_else(|| {
+            headings
+                .iter()
+                .find(|h| h.trim_start_matches('#').trim().starts_with(&kind_word))
+        })
+        .map(|h| h.trim());
+    options_table_mismatch(plugin, &page, section)
+}
+
 /// What is wrong with the options table of `page` for `plugin`, if
 /// anything: it must list the names the schema declares, each with the
 /// default the schema gives. The table is the first one (`| name | … |

@@ -40,4 +40,11 @@ mod register_tests {
         ];
         logbus_plugin_api::testing::assert_registers(super::register, enabled);
     }
+
+    /// Each plugin's page lists its options with the schema's defaults.
+    #[test]
+    fn each_plugin_page_documents_its_options() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/plugins");
+        logbus_plugin_api::testing::assert_pages_document(super::register, &docs);
+    }
 }
