@@ -29,6 +29,8 @@ enum Act {
     RetryAfterDate,
     /// Answers 200 only after this long (the client has given up by then).
     Slow(Duration),
+    /// 400 with a 100 KB body: the reason keeps its first 512 bytes.
+    Verbose,
 }
 
 #[derive(Default)]
@@ -82,6 +84,7 @@ async fn answer(s: Arc<Server>, headers: HeaderMap, body: Bytes) -> Response {
     let status = match act {
         Act::Ok => 200,
         Act::Status(code) => code,
+        Act::Verbose => 400,
         Act::RetryAfter | Act::RetryAfterDate => 503,
         Act::Slow(d) => {
             // The server takes the batch after `d` whatever the client
@@ -116,6 +119,9 @@ async fn answer(s: Arc<Server>, headers: HeaderMap, body: Bytes) -> Response {
             .unwrap()
             .extend(text.lines().map(str::to_string));
         return StatusCode::OK.into_response();
+    }
+    if matches!(act, Act::Verbose) {
+        return (StatusCode::BAD_REQUEST, "why ".repeat(25_000)).into_response();
     }
     let mut r = (StatusCode::from_u16(status).unwrap(), "not now").into_response();
     if matches!(act, Act::RetryAfter) {
@@ -441,8 +447,8 @@ async fn refused_events_go_to_the_dead_letter_output_with_the_reason() {
         .collect();
     assert_eq!(dead[0].0, "{\"seq\":0}");
     assert!(
-        dead.iter().all(|(_, why)| why.starts_with("HTTP 400")),
-        "{dead:?}"
+        dead.iter().all(|(_, why)| why == "HTTP 400: not now"),
+        "the status and the answer's text: {dead:?}"
     );
     let m = metrics.snapshot();
     assert_eq!((m.events_out, m.routed, m.discarded), (5, 5, 0));
@@ -475,4 +481,18 @@ fn bad_options_name_the_key() {
             "{bad:?}"
         );
     }
+}
+
+/// A refusal's reason quotes the answer's first 512 bytes, not all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_answer_is_quoted_in_part() {
+    let (_server, url) = start(&[Act::Verbose]).await;
+    let (result, _) = run_sink(json!({ "url": url, "batch_timeout_ms": 1 }), 1).await;
+    let err = result.unwrap_err();
+    let quoted = format!("HTTP 400: {}", "why ".repeat(128).trim());
+    assert!(err.contains(&quoted), "{err}");
+    assert!(
+        !err.contains(&format!("{quoted} why")),
+        "more than 512 bytes: {err}"
+    );
 }
