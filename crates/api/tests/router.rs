@@ -72,6 +72,14 @@ impl Api {
     /// Sends `request` (a valid Host and the token unless it names its
     /// own); returns the status and the body.
     async fn send(&self, request: axum::http::request::Builder) -> (StatusCode, String) {
+        let response = self.respond(request).await;
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// The response to `request` (as `send` fills it in), body unread.
+    async fn respond(&self, request: axum::http::request::Builder) -> axum::response::Response {
         let mut request = request.body(Body::empty()).unwrap();
         let headers = request.headers_mut();
         if !headers.contains_key(header::HOST) {
@@ -83,10 +91,7 @@ impl Api {
                 format!("Bearer {TOKEN}").parse().unwrap(),
             );
         }
-        let response = router(self.state.clone()).oneshot(request).await.unwrap();
-        let status = response.status();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8_lossy(&body).into_owned())
+        router(self.state.clone()).oneshot(request).await.unwrap()
     }
 
     async fn stop(mut self) {
@@ -240,15 +245,7 @@ async fn stats_graph_and_metrics_describe_the_running_pipeline() {
     assert_eq!(graph["stages"][1]["inputs"], json!(["gen"]));
     assert_eq!(graph["edges"].as_array().unwrap().len(), 1, "{graph}");
 
-    let request = get("/metrics");
-    let mut req = request.body(Body::empty()).unwrap();
-    req.headers_mut()
-        .insert(header::HOST, "127.0.0.1".parse().unwrap());
-    req.headers_mut().insert(
-        header::AUTHORIZATION,
-        format!("Bearer {TOKEN}").parse().unwrap(),
-    );
-    let response = router(api.state.clone()).oneshot(req).await.unwrap();
+    let response = api.respond(get("/metrics")).await;
     assert_eq!(
         response.headers()[header::CONTENT_TYPE],
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -356,15 +353,7 @@ async fn taps_and_streams_past_their_slots_are_told_to_come_back() {
 async fn a_stats_stream_starts_with_a_snapshot_at_once() {
     use futures::FutureExt;
     let api = Api::start();
-    let mut request = get("/api/stats/stream").body(Body::empty()).unwrap();
-    request
-        .headers_mut()
-        .insert(header::HOST, "127.0.0.1".parse().unwrap());
-    request.headers_mut().insert(
-        header::AUTHORIZATION,
-        format!("Bearer {TOKEN}").parse().unwrap(),
-    );
-    let response = router(api.state.clone()).oneshot(request).await.unwrap();
+    let response = api.respond(get("/api/stats/stream")).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
         response.headers()[header::CONTENT_TYPE],
