@@ -126,12 +126,11 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
         stages.push(inject(INPUT_ID));
     }
     // A test never touches a durable queue's directory: its stages get
-    // the memory queue of the same size.
+    // the memory queue (the default kind) of the same shape.
     let in_memory = |s: &StageSpec| {
         let mut s = s.clone();
         if let Some(q) = s.queue.as_mut().filter(|q| q.kind != QueueKind::Memory) {
             *q = QueueSpec {
-                kind: QueueKind::Memory,
                 scope: q.scope,
                 size: q.size,
                 dequeue_batch: q.dequeue_batch,
