@@ -72,7 +72,8 @@ fn push_line(body: &Bytes, start: usize, mut end: usize, meta: &Meta, events: &m
     if end > start && body[end - 1] == b'\r' {
         end -= 1;
     }
-    if end > start && !body[start..end].iter().all(u8::is_ascii_whitespace) {
+    // An empty or blank line makes no event.
+    if !body[start..end].iter().all(u8::is_ascii_whitespace) {
         events.push(Event::raw(body.slice(start..end), meta.clone()));
     }
 }

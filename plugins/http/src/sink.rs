@@ -186,11 +186,7 @@ impl CheckOptions for HttpSinkOptions {
         }
         errors.extend(self.delivery().check());
         for name in self.headers.keys() {
-            if name.is_empty()
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
-            {
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 errors.push(OptionError::at(
                     &["headers", name],
                     "not a valid header name",
