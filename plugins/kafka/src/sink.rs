@@ -657,6 +657,9 @@ mod tests {
         // Timed out, nothing delivered for longer than the limit: replaced.
         p.sent(0, false, true);
         assert_eq!(replaced(&service), (1, 1));
+        // The fresh producer gets the whole time before it is judged.
+        p.sent(1, false, true);
+        assert_eq!(replaced(&service), (1, 1));
         // A send through the replaced producer says nothing of the new one.
         *p.progress.lock().unwrap() = long_ago();
         p.sent(0, false, true);
