@@ -168,12 +168,14 @@ fn rewire(p: &Pipeline, test: &TestCase, collected: Collected) -> Result<Pipelin
     // Prune stages cut off from the input, until nothing changes.
     loop {
         let present: HashSet<String> = stages.iter().map(|s| s.id.clone()).collect();
-        // The stage an input reads (`id`, `id.errors`, `id.<route>`; an
-        // id has no dot).
+        // The stage an input reads (`id`, `id.errors`, `id.<route>`), or
+        // the input itself when it names a stage whole: an attached
+        // stage's id has a dot (`out.format`).
         let base = |name: &str| -> String {
-            name.split_once('.')
-                .map_or(name, |(stage, _)| stage)
-                .to_string()
+            match name.split_once('.') {
+                Some((b, _)) if present.contains(b) => b.to_string(),
+                _ => name.to_string(),
+            }
         };
         let before = stages.len();
         for s in &mut stages {

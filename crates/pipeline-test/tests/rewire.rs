@@ -244,3 +244,23 @@ fn the_junit_report_names_each_suite_case_and_failure() {
     assert!(xml.contains("<failure message=\"events differ\""), "{xml}");
     assert!(xml.contains("- a\n+ b"), "{xml}");
 }
+
+/// A sink's attached formatter is a stage of its own (`out.format`, an id
+/// with a dot): a test feeds it and collects what it makes, though the
+/// sink it belongs to does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_formatter_is_tested_on_its_own() {
+    let got = outcomes(
+        "stages:
+  gen: { source: generator, count: 1 }
+  out: { sink: blackhole, inputs: [gen], format: json }
+",
+        r#"- name: formats
+  input: { stage: out.format, events: [{ a: 1 }] }
+  output: out.format
+  expect: { events: ['{"a":1}'] }
+"#,
+    )
+    .await;
+    assert_eq!(got, [None]);
+}
