@@ -277,16 +277,9 @@ pub fn options_table_mismatch(
         return Some(format!("{what}: no line `{section}` in its page"));
     }
     let schema = plugin.options_schema();
-    let properties = schema.get("properties").and_then(Value::as_object);
-    let required: Vec<&str> = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let top = object_of(&schema, &schema, 0);
     let Some(header) = lines.by_ref().find(|l| l.starts_with("| name |")) else {
-        if properties.is_none_or(|p| p.is_empty()) {
+        if top.as_ref().is_none_or(|(p, _)| p.is_empty()) {
             return None; // no options, no table
         }
         return Some(format!("{what}: no options table (`| name | …`)"));
@@ -299,7 +292,7 @@ pub fn options_table_mismatch(
         return Some(format!("{what}: the options table has no `default` column"));
     };
     let required_at = header.iter().position(|h| h == "required");
-    let mut documented = std::collections::BTreeMap::new();
+    let mut rows = Rows::new();
     for row in lines.skip(1).take_while(|l| l.starts_with('|')) {
         let row = table_cells(row);
         let (Some(names), Some(cell)) = (row.get(name_at), row.get(default_at)) else {
@@ -321,58 +314,12 @@ pub fn options_table_mismatch(
             } else {
                 cell.as_str()
             };
-            match name.split_once('.') {
-                Some((parent, _)) => {
-                    documented.insert(parent.to_string(), (DocDefault::Nested, says_required));
-                }
-                None => {
-                    documented.insert(name.to_string(), (DocDefault::read(cell), says_required));
-                }
-            }
+            rows.insert(name.to_string(), (DocDefault::read(cell), says_required));
         }
     }
     let mut said = Vec::new();
-    for (name, property) in properties.into_iter().flatten() {
-        let declared = match property.get("default") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(other) => Some(other.to_string()),
-        };
-        let is_required = required.contains(&name.as_str());
-        let Some((doc, says_required)) = documented.get(name) else {
-            said.push(format!(
-                "  `{name}` (default {}) is not in the table",
-                declared.as_deref().unwrap_or("none")
-            ));
-            continue;
-        };
-        if *says_required != is_required {
-            said.push(format!(
-                "  `{name}`: the table says {}, the schema {}",
-                if *says_required {
-                    "required"
-                } else {
-                    "optional"
-                },
-                if is_required { "required" } else { "optional" },
-            ));
-        }
-        match (doc, declared) {
-            (DocDefault::Nested | DocDefault::Words(_), None) => {}
-            (DocDefault::Value(v), Some(d)) if *v == d => {}
-            (doc, declared) => said.push(format!(
-                "  `{name}`: the table says {}, the schema {}",
-                doc.text(),
-                declared.as_deref().unwrap_or("none")
-            )),
-        }
-    }
-    for name in documented
-        .keys()
-        .filter(|n| properties.is_none_or(|p| !p.contains_key(*n)))
-    {
-        said.push(format!("  `{name}` is in the table but not an option"));
-    }
+    let (properties, required) = top.unwrap_or_default();
+    compare_level(&schema, "", &rows, &properties, &required, &mut said);
     if said.is_empty() {
         return None;
     }
@@ -383,6 +330,135 @@ pub fn options_table_mismatch(
     Some(said.join("\n"))
 }
 
+/// The table's rows by option name (`key` or `parent.key`): the default
+/// cell read, and whether the row says the option is required.
+type Rows = std::collections::BTreeMap<String, (DocDefault, bool)>;
+
+/// Compares the options at one level of the schema (`prefix` is `""` or
+/// `parent.`) with the rows that name them. An option documented by rows
+/// of its keys (`multiline.start`) has its own keys compared the same way
+/// when its schema is an object with named properties (a map's keys are
+/// free text).
+fn compare_level(
+    root: &Value,
+    prefix: &str,
+    rows: &Rows,
+    properties: &serde_json::Map<String, Value>,
+    required: &[String],
+    said: &mut Vec<String>,
+) {
+    let here = |name: &str| format!("{prefix}{name}");
+    let has_keys = |name: &str| {
+        let parent = format!("{}.", here(name));
+        rows.keys().any(|k| k.starts_with(&parent))
+    };
+    for (name, property) in properties {
+        let declared = match property.get("default") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => Some(other.to_string()),
+        };
+        let is_required = required.contains(name);
+        let Some((doc, says_required)) = rows.get(&here(name)) else {
+            if !has_keys(name) {
+                said.push(format!(
+                    "  `{}` (default {}) is not in the table",
+                    here(name),
+                    declared.as_deref().unwrap_or("none")
+                ));
+                continue;
+            }
+            // Documented by its keys' rows.
+            if let Some(d) = declared {
+                said.push(format!(
+                    "  `{}`: the table says (its keys), the schema {d}",
+                    here(name),
+                ));
+            }
+            if let Some((inner, inner_required)) = object_of(root, property, 0) {
+                let prefix = format!("{}.", here(name));
+                compare_level(root, &prefix, rows, &inner, &inner_required, said);
+            }
+            continue;
+        };
+        if *says_required != is_required {
+            said.push(format!(
+                "  `{}`: the table says {}, the schema {}",
+                here(name),
+                if *says_required {
+                    "required"
+                } else {
+                    "optional"
+                },
+                if is_required { "required" } else { "optional" },
+            ));
+        }
+        match (doc, declared) {
+            (DocDefault::Words(_), None) => {}
+            (DocDefault::Value(v), Some(d)) if *v == d => {}
+            (doc, declared) => said.push(format!(
+                "  `{}`: the table says {}, the schema {}",
+                here(name),
+                doc.text(),
+                declared.as_deref().unwrap_or("none")
+            )),
+        }
+    }
+    // Rows of this level (`prefix` then a name, or a name's keys) that
+    // name no option.
+    let mut strangers: Vec<&str> = rows
+        .keys()
+        .filter_map(|k| k.strip_prefix(prefix))
+        .map(|rest| rest.split('.').next().unwrap_or(rest))
+        .filter(|name| !properties.contains_key(*name))
+        .collect();
+    strangers.dedup();
+    for name in strangers {
+        said.push(format!(
+            "  `{}` is in the table but not an option",
+            here(name)
+        ));
+    }
+}
+
+/// The named properties (and required names) of the object `schema`
+/// describes, through `$ref`, and `anyOf`/`oneOf`/`allOf` (an `Option` is
+/// `anyOf` the object and null); `None` for anything else, a map
+/// included. `root` holds the `$defs` that `$ref`s point into.
+fn object_of(
+    root: &Value,
+    schema: &Value,
+    depth: usize,
+) -> Option<(serde_json::Map<String, Value>, Vec<String>)> {
+    if depth > 8 {
+        return None; // a reference cycle
+    }
+    let schema = match schema
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix('#'))
+    {
+        Some(pointer) => root.pointer(pointer)?,
+        None => schema,
+    };
+    if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+        let required = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(String::from)
+            .collect();
+        return Some((properties.clone(), required));
+    }
+    ["anyOf", "oneOf", "allOf"]
+        .iter()
+        .filter_map(|k| schema.get(*k).and_then(Value::as_array))
+        .flatten()
+        .find_map(|s| object_of(root, s, depth + 1))
+}
+
 /// A default cell, read.
 #[derive(Debug, PartialEq)]
 enum DocDefault {
@@ -390,8 +466,6 @@ enum DocDefault {
     Value(String),
     /// What happens without the option, in words.
     Words(String),
-    /// The option's keys have rows of their own.
-    Nested,
 }
 
 impl DocDefault {
@@ -428,7 +502,6 @@ impl DocDefault {
     fn text(&self) -> &str {
         match self {
             DocDefault::Value(s) | DocDefault::Words(s) => s,
-            DocDefault::Nested => "(its keys)",
         }
     }
 }
@@ -470,6 +543,18 @@ mod tests {
         body: Option<String>,
         #[serde(default)]
         multiline: Option<std::collections::BTreeMap<String, u32>>,
+        #[serde(default)]
+        retry: Option<Retry>,
+    }
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[allow(dead_code)]
+    struct Retry {
+        #[serde(default = "three")]
+        attempts: u32,
+        backoff: String,
+    }
+    fn three() -> u32 {
+        3
     }
     fn size() -> u64 {
         1 << 20
@@ -495,7 +580,9 @@ mod tests {
         | `units` | | `[]` (every unit) | |\n\
         | `body` | | unset: `body`, else `message` | |\n\
         | `multiline.start` | regex | — | |\n\
-        | `multiline.max_lines` | | 500 | |\n";
+        | `multiline.max_lines` | | 500 | |\n\
+        | `retry.attempts` | | 3 | |\n\
+        | `retry.backoff` | | required | |\n";
 
     fn check(rows: &str) -> Option<String> {
         options_table_mismatch(&Typed(P), &format!("# p\n\n{HEADER}{rows}\ntext"), None)
@@ -545,6 +632,24 @@ mod tests {
             said("`multiline.", "`multi.")
                 .contains("`multiline` (default none) is not in the table")
         );
+        // An option's keys, each with a row of its own, as the options.
+        assert!(
+            said("| 3 |", "| 4 |").contains("`retry.attempts`: the table says 4, the schema 3")
+        );
+        assert!(
+            said("`retry.backoff` | | required", "`retry.backoff` | | —")
+                .contains("`retry.backoff`: the table says optional, the schema required")
+        );
+        assert_eq!(
+            said("`retry.backoff`", "`retry.jitter`"),
+            "sink p: its options table differs from the schema\n  \
+             `retry.backoff` (default none) is not in the table\n  \
+             `retry.jitter` is in the table but not an option"
+        );
+        assert!(
+            said("`retry.attempts` | | 3", "`retry` | | 3")
+                .contains("`retry`: the table says 3, the schema none")
+        );
         assert_eq!(
             check("").unwrap().lines().next(),
             Some("sink p: its options table differs from the schema")
@@ -588,7 +693,6 @@ mod tests {
         ] {
             assert_eq!(DocDefault::read(cell), read, "{cell}");
         }
-        assert_eq!(DocDefault::Nested.text(), "(its keys)");
         assert_eq!(value("5").text(), "5");
         assert_eq!(words("—").text(), "—");
     }
@@ -605,7 +709,8 @@ mod tests {
         let page = "| name | type | default | required | description |\n|---|---|---|---|---|\n\
             | `path` | | — | yes | |\n| `max_bytes` | | 1 MiB | no | |\n\
             | `separator` | | `\" \"` | no | |\n| `units` | | `[]` | no | |\n\
-            | `body` | | — | no | |\n| `multiline` | | — | no | |\n";
+            | `body` | | — | no | |\n| `multiline` | | — | no | |\n\
+            | `retry` | | — | no | |\n";
         assert_eq!(options_table_mismatch(&Typed(P), page, None), None);
         let flipped = page.replace("| — | yes |", "| — | no |");
         assert!(

@@ -7,7 +7,9 @@
 //! The proxy keeps the per-event state in its target object: `c` (values
 //! read or written, by name), `w` (names to write back), `d` (names
 //! deleted). Everything else the proxy answers from the Rust event through
-//! two functions, `fetch(generation, name)` and `keys(generation)`. When a
+//! three functions, `fetch(generation, name)`, `present(generation, name)`
+//! (whether a field is there, without converting it: `"x" in event`) and
+//! `keys(generation)`. When a
 //! call of `process` is over its proxy is marked dead, so an event object
 //! the script kept from an earlier call throws instead of reading another
 //! event (the generation check in `fetch` is the second line of defence).
@@ -25,7 +27,7 @@ use crate::convert::{ConvertError, ReadLimits, Walk, from_js, to_js};
 /// The JS half: builds the proxy handler once per worker; returns
 /// `wrap(generation) -> [proxy, target]`.
 const GLUE: &str = r#"
-(function (fetch, keysOf) {
+(function (fetch, keysOf, present) {
   "use strict";
   const own = (o, k) => o !== null && Object.prototype.hasOwnProperty.call(o, k);
   const live = (t) => {
@@ -65,7 +67,7 @@ const GLUE: &str = r#"
       if (typeof k !== "string") return false;
       if (own(t.c, k)) return true;
       if (own(t.d, k)) return false;
-      return fetch(t.g, k) !== undefined;
+      return present(t.g, k);
     },
     ownKeys(t) {
       live(t);
@@ -155,8 +157,21 @@ impl LazyEvents {
                 },
             )?
         };
+        let present = {
+            let current = current.clone();
+            Function::new(
+                ctx.clone(),
+                move |ctx: Ctx<'js>, generation: u32, name: String| -> rquickjs::Result<bool> {
+                    let cur = current.lock().unwrap_or_else(|p| p.into_inner());
+                    Ok(match live(&ctx, &cur, generation)? {
+                        Payload::Lazy(lazy) => lazy.contains(&name),
+                        payload => payload.as_fields().is_some_and(|f| f.contains_key(&name)),
+                    })
+                },
+            )?
+        };
         let make: Function = ctx.eval(GLUE)?;
-        let wrap: Function = make.call((fetch, keys))?;
+        let wrap: Function = make.call((fetch, keys, present))?;
         ctx.globals().set(WRAP, wrap)?;
         Ok(LazyEvents { current })
     }

@@ -555,9 +555,11 @@ fn a_lazy_event_gives_the_same_results_as_ordinary_fields() {
         r#"function process(e) {
              e.user.roles.push("b");
              e.pad = undefined;
-             delete e.seq; e.seq = 2;
+             delete e.seq;
+             const gone = "seq" in e;
+             e.seq = 2;
              e.keys = Object.keys(e).join(",");
-             e.has = ("level" in e) + "," + ("debug_id" in e) + "," + ("nope" in e);
+             e.has = [gone, "seq" in e, "level" in e, "debug_id" in e, "nope" in e, "tags" in e].join(",");
              return e;
            }"#,
         // A copy with more, and the event beside another.
@@ -590,6 +592,20 @@ fn a_lazy_event_gives_the_same_results_as_ordinary_fields() {
             "{script}"
         );
     }
+    // `in` answers from the text without converting, and as JS would.
+    let mut p = build(json!({ "script": scripts[2] }));
+    let lazy_fields = LazyFields::parse(Bytes::from_static(line.as_bytes())).unwrap();
+    let mut lazy = Event::new(Payload::Lazy(lazy_fields), Meta::at("t", 7));
+    let Verdict::Keep = p.process(&mut lazy).unwrap() else {
+        panic!("the script returns its event")
+    };
+    let mut out = Vec::new();
+    assert!(lazy.payload().write_json(&mut out));
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains(r#""has":"false,true,true,true,false,true""#),
+        "{out}"
+    );
     // The event came back: it is still lazy, and nothing was built.
     let mut p = build(json!({ "script": scripts[1] }));
     let lazy_fields = LazyFields::parse(Bytes::from_static(line.as_bytes())).unwrap();

@@ -399,17 +399,22 @@ impl Producers {
     /// delivered, or none delivered and some timed out locally. The
     /// producer is replaced when it made no progress for `stuck_after`.
     fn sent(&self, generation: u64, delivered: bool, timed_out: bool) {
+        if delivered {
+            // The common case: a read lock, released before the clock's
+            // (the replacing path below takes them the other way round).
+            let now_current = self.current.read().unwrap_or_else(|p| p.into_inner()).0;
+            if now_current == generation {
+                *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            }
+            return;
+        }
+        if !timed_out || self.stuck_after.is_zero() {
+            return;
+        }
         let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
-        if current.0 != generation {
-            return; // sent through a producer already replaced
-        }
-        if delivered {
-            *progress = Instant::now();
-            return;
-        }
-        if !timed_out || self.stuck_after.is_zero() || progress.elapsed() < self.stuck_after {
-            return;
+        if current.0 != generation || progress.elapsed() < self.stuck_after {
+            return; // sent through a producer already replaced, or not yet stuck
         }
         match self
             .config
@@ -509,7 +514,8 @@ impl Service for KafkaService {
                 Ok(delivery) => match delivery.await {
                     Ok(Ok(_)) => ItemResult::Delivered,
                     Ok(Err((e, _))) => {
-                        timed_out |= code_of(&e) == Some(RDKafkaErrorCode::MessageTimedOut);
+                        timed_out |=
+                            e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageTimedOut);
                         outcome(&e, &m.topic)
                     }
                     Err(_) => ItemResult::Retry("the producer went away".into()),
@@ -546,18 +552,10 @@ impl KafkaService {
     }
 }
 
-/// librdkafka's code for a failed produce or delivery.
-fn code_of(e: &KafkaError) -> Option<RDKafkaErrorCode> {
-    match e {
-        KafkaError::MessageProduction(code) => Some(*code),
-        _ => e.rdkafka_error_code(),
-    }
-}
-
 /// What a failed produce or delivery means for the event.
 fn outcome(e: &KafkaError, topic: &str) -> ItemResult {
     use RDKafkaErrorCode as C;
-    match code_of(e) {
+    match e.rdkafka_error_code() {
         Some(
             C::MessageSizeTooLarge
             | C::InvalidMessageSize
@@ -640,18 +638,18 @@ mod tests {
     async fn only_a_send_through_the_current_producer_that_timed_out_without_a_delivery_counts() {
         let service = unserved(Duration::from_secs(3600));
         let p = &service.producers;
-        let long_ago = || {
-            Instant::now()
+        let stalled_long_ago = || {
+            *p.progress.lock().unwrap() = Instant::now()
                 .checked_sub(Duration::from_secs(7200))
-                .unwrap()
+                .unwrap();
         };
         // A delivery is progress: a timeout right after it is no reason.
-        *p.progress.lock().unwrap() = long_ago();
+        stalled_long_ago();
         p.sent(0, true, false);
         p.sent(0, false, true);
         assert_eq!(replaced(&service), (0, 0));
         // Failed without a timeout (refused, say): not stuck.
-        *p.progress.lock().unwrap() = long_ago();
+        stalled_long_ago();
         p.sent(0, false, false);
         assert_eq!(replaced(&service), (0, 0));
         // Timed out, nothing delivered for longer than the limit: replaced.
@@ -661,7 +659,7 @@ mod tests {
         p.sent(1, false, true);
         assert_eq!(replaced(&service), (1, 1));
         // A send through the replaced producer says nothing of the new one.
-        *p.progress.lock().unwrap() = long_ago();
+        stalled_long_ago();
         p.sent(0, false, true);
         assert_eq!(replaced(&service), (1, 1));
         p.sent(1, false, true);

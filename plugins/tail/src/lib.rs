@@ -359,6 +359,14 @@ pub mod source {
                 tracing::warn!("{note}");
             }
             let (wake_tx, wake) = std::sync::mpsc::channel::<()>();
+            // A stop wakes the loop at once, not at the next poll.
+            let stop_wakes = {
+                let (shutdown, wake_tx) = (cx.shutdown.clone(), wake_tx.clone());
+                handle.spawn(async move {
+                    shutdown.cancelled().await;
+                    let _ = wake_tx.send(());
+                })
+            };
             let _watcher = self.watch(wake_tx);
             let mut tailer = Tailer::new(self.config, checkpoints);
             let mut last_save = Instant::now();
@@ -492,6 +500,7 @@ pub mod source {
                 );
             }
             save(&mut state, &tailer);
+            stop_wakes.abort();
             Ok(())
         }
 

@@ -136,6 +136,20 @@ mod tests {
         assert_eq!(out, ["one\n two", "three"]);
     }
 
+    /// `max_bytes` counts the joining newline: an event of exactly the
+    /// limit is kept whole, one byte more starts a new event.
+    #[test]
+    fn an_event_of_exactly_max_bytes_is_kept_whole() {
+        let mut c = config(Rule::Continuation(Regex::new(r"^\s").unwrap()));
+        c.max_bytes = 10;
+        let (out, mut j) = feed(&c, &["abcd", " efgh", " i"]);
+        assert_eq!(out, ["abcd\n efgh"]);
+        assert_eq!(j.take().unwrap(), b" i");
+        let (out, mut j) = feed(&c, &["abcd", " efghi"]);
+        assert_eq!(out, ["abcd"]);
+        assert_eq!(j.take().unwrap(), b" efghi");
+    }
+
     #[test]
     fn limits_and_the_timeout_cut_events() {
         let c = config(Rule::Continuation(Regex::new(r"^\s").unwrap()));

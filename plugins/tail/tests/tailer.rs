@@ -303,3 +303,57 @@ fn multi_line_events_are_joined_and_not_checkpointed_until_emitted() {
         std::fs::metadata(&a).unwrap().len()
     );
 }
+
+/// The fingerprint describes bytes already read: none before the first
+/// read, the first `fingerprint_bytes` after it (a short file's whole
+/// text, growing with it).
+#[test]
+fn a_file_is_fingerprinted_only_once_its_first_bytes_were_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    append(&a, "0123456789abcdefXYZ\n");
+    let b = dir.path().join("b.log");
+    append(&b, "short\n");
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let now = Instant::now();
+    t.scan(now);
+    assert!(t.positions().iter().all(|p| p.fingerprint_len == 0));
+    assert_eq!(step(&mut t, now), ["0123456789abcdefXYZ", "short"]);
+    t.scan(now);
+    let fingerprints: Vec<_> = t
+        .positions()
+        .iter()
+        .map(|p| {
+            (
+                p.path.rsplit('/').next().unwrap().to_string(),
+                p.fingerprint_len,
+                p.fingerprint,
+            )
+        })
+        .collect();
+    let mut expected = vec![
+        ("a.log".to_string(), 16, fingerprint_of(b"0123456789abcdef")),
+        ("b.log".to_string(), 6, fingerprint_of(b"short\n")),
+    ];
+    let mut got = fingerprints.clone();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected);
+    append(&b, "longer now\n");
+    assert_eq!(step(&mut t, now), ["longer now"]);
+    t.scan(now);
+    let b_now = t
+        .positions()
+        .into_iter()
+        .find(|p| p.path.ends_with("b.log"))
+        .unwrap();
+    assert_eq!(
+        (b_now.fingerprint_len, b_now.fingerprint),
+        (16, fingerprint_of(b"short\nlonger now"))
+    );
+    assert_eq!(t.stats.files_opened, 2);
+    assert_eq!(t.stats.replaced, 0);
+}
