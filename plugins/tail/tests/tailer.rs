@@ -357,3 +357,30 @@ fn a_file_is_fingerprinted_only_once_its_first_bytes_were_read() {
     assert_eq!(t.stats.files_opened, 2);
     assert_eq!(t.stats.replaced, 0);
 }
+
+/// `rotate_wait` counts from the last time a rotated-away file gave data,
+/// not from the rotation nor from the last look at it.
+#[test]
+fn a_rotated_file_is_kept_until_quiet_for_rotate_wait_since_its_last_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("app.log");
+    append(&a, "0\n");
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    assert_eq!(step(&mut t, t0), ["0"]);
+    std::fs::rename(&a, dir.path().join("app.log.1")).unwrap();
+    assert!(step(&mut t, t0).is_empty());
+    // The writer still appends to the rotated file 3 s later.
+    append(&dir.path().join("app.log.1"), "late\n");
+    assert_eq!(step(&mut t, t0 + s(3)), ["late"]);
+    // Looked at again with nothing new: not data.
+    assert!(step(&mut t, t0 + s(4)).is_empty());
+    assert!(t.close_finished(t0 + s(7)).is_empty());
+    assert_eq!(t.followed(), 1, "closed 4 s after its last data");
+    t.close_finished(t0 + s(8));
+    assert_eq!(t.followed(), 0);
+}
