@@ -169,10 +169,12 @@ pub(crate) fn bare(text: &str, types: Types) -> Value {
     if let Ok(u) = text.parse::<u64>() {
         return Value::Number(u.into());
     }
+    // Only the characters of a decimal number: `f64`'s parser also takes
+    // `inf` and `NaN`, which stay strings. (Text of these characters
+    // without a digit does not parse.)
     let numeric = text
         .bytes()
-        .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b))
-        && text.bytes().any(|b| b.is_ascii_digit());
+        .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b));
     if numeric
         && let Ok(f) = text.parse::<f64>()
         && let Some(n) = Number::from_f64(f)

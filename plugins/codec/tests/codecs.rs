@@ -102,6 +102,70 @@ fn kv_strings_that_look_like_other_types_are_quoted() {
     );
 }
 
+/// Every byte that would end a bare value is a reason to quote it, and
+/// every byte that would end a key becomes `_`, with the syntax's own
+/// separator and delimiter.
+#[test]
+fn kv_quotes_values_and_replaces_key_bytes_that_would_end_them() {
+    let syntax = kv::Syntax {
+        separator: b';',
+        delimiter: b':',
+        types: kv::Types::Auto,
+    };
+    let written = |fields: Value| {
+        let mut out = Vec::new();
+        kv::encode(&obj(fields), &syntax, &mut out);
+        String::from_utf8(out).unwrap()
+    };
+    for (value, text) in [
+        ("plain", "plain"),
+        ("a;b", r#""a;b""#),
+        ("a:b", r#""a:b""#),
+        ("a\"b", r#""a\"b""#),
+        ("a\\b", r#""a\\b""#),
+        ("a b", r#""a b""#),
+        ("a\u{1}b", r#""a\u0001b""#),
+        ("a\u{7f}b", r#""a\u007fb""#),
+    ] {
+        assert_eq!(
+            written(json!({ "k": value })),
+            format!("k:{text}"),
+            "{value:?}"
+        );
+    }
+    for key in ["a;b", "a:b", "a\"b", "a b", "a\tb", "a\u{1}b"] {
+        assert_eq!(written(json!({ key: 1 })), "a_b:1", "{key:?}");
+    }
+    assert_eq!(written(json!({ "": 1 })), "_:1");
+    // Floats as Rust writes them shortest (`1e20`, not `1e+20`).
+    assert_eq!(
+        written(json!({ "big": 1e20, "small": 1.5e-5, "one": 1.0 })),
+        "big:1e20;small:1.5e-5;one:1.0"
+    );
+}
+
+#[test]
+fn kv_unicode_escapes_take_exactly_four_hex_digits() {
+    let read = |text: &str| kv::decode(text.as_bytes(), &kv::Syntax::default());
+    assert_eq!(
+        Value::Object(read(r#"a="\u0041\u00e9""#).unwrap()),
+        json!({ "a": "Aé" })
+    );
+    for bad in [
+        r#"a="\u41""#,
+        r#"a="\u004""#,
+        r#"a="\uzzzz""#,
+        r#"a="\ud800""#,
+    ] {
+        let e = read(bad).unwrap_err();
+        assert_eq!(
+            (e.offset, e.message.as_str()),
+            (3, "a bad \\u escape"),
+            "{bad}"
+        );
+    }
+}
+
 // ---------- syslog ----------
 
 fn sd_value() -> impl Strategy<Value = String> {

@@ -260,17 +260,32 @@ fn long_lines_are_cut_into_pieces() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a.log");
     let long = "x".repeat(150);
-    append(&a, &format!("{long}\nshort\n"));
+    let exact = "y".repeat(64);
+    append(&a, &format!("{long}\n{exact}\nshort\n"));
     let mut t = Tailer::new(
         config(dir.path(), ReadFrom::Beginning),
         Checkpoints::default(),
     );
     let got = step(&mut t, Instant::now());
+    // A line of exactly the limit is one event.
     assert_eq!(
         got.iter().map(String::len).collect::<Vec<_>>(),
-        [64, 64, 22, 5]
+        [64, 64, 22, 64, 5]
     );
-    assert_eq!(got.concat(), format!("{long}short"));
+    assert_eq!(got.concat(), format!("{long}{exact}short"));
+    assert_eq!(t.stats.lines_cut, 2);
+    // A long line still without its newline is cut as it comes.
+    append(&a, &"z".repeat(130));
+    assert_eq!(
+        step(&mut t, Instant::now())
+            .iter()
+            .map(String::len)
+            .collect::<Vec<_>>(),
+        [64, 64]
+    );
+    assert_eq!(t.stats.lines_cut, 4);
+    append(&a, "\n");
+    assert_eq!(step(&mut t, Instant::now()), ["zz"]);
 }
 
 #[test]
@@ -302,6 +317,13 @@ fn multi_line_events_are_joined_and_not_checkpointed_until_emitted() {
         t.positions()[0].offset,
         std::fs::metadata(&a).unwrap().len()
     );
+    // At shutdown a waiting event comes out without its timeout.
+    append(&a, "[3] last\n");
+    assert!(step(&mut t, t0 + Duration::from_secs(1)).is_empty());
+    let flushed = t.flush_joined();
+    assert_eq!(flushed.len(), 1);
+    assert_eq!(flushed[0].bytes, b"[3] last");
+    assert!(t.flush_joined().is_empty());
 }
 
 /// The fingerprint describes bytes already read: none before the first
