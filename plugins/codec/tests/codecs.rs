@@ -309,6 +309,65 @@ fn rfc3164_lines_as_seen_in_the_wild() {
 /// A message that starts with U+FEFF (the fuzzer found one) survives a
 /// round trip: the encoder writes the UTF-8 mark a reader strips, and the
 /// message's own BOM after it. The crash input is kept in the fuzz corpus.
+/// The edges of RFC 3164's loose grammar: the version guess, a priority
+/// of more than three digits, a timestamp that is one byte short or has
+/// no month, a tag where the hostname would be, an empty or too long
+/// tag, and a pid right before the colon.
+#[test]
+fn rfc3164_edges() {
+    let read =
+        |text: &str| Value::Object(syslog::decode(text.as_bytes(), syslog::Format::Auto).unwrap());
+    let line = |message: &str| json!({ "facility": 4, "severity": 2, "message": message });
+    // Not a version: a leading space, `0`, three digits.
+    assert_eq!(read("<34> hello"), line(" hello"));
+    assert_eq!(read("<34>0 hello"), line("0 hello"));
+    assert_eq!(read("<34>123 x"), line("123 x"));
+    // Fifteen bytes are not a timestamp and its space; no month, none.
+    assert_eq!(read("<34>Oct 11 22:14:15"), line("Oct 11 22:14:15"));
+    assert_eq!(
+        read("<34>Foo 11 22:14:15 host x"),
+        line("Foo 11 22:14:15 host x")
+    );
+    // The word after the timestamp is the tag, not a hostname.
+    assert_eq!(
+        read("<34>Oct 11 22:14:15 su: msg"),
+        json!({ "facility": 4, "severity": 2, "timestamp": "Oct 11 22:14:15",
+                "appname": "su", "message": "msg" })
+    );
+    assert_eq!(read("<34>: msg"), line(": msg"));
+    let long = format!("{}: msg", "t".repeat(49));
+    assert_eq!(read(&format!("<34>{long}")), line(&long));
+    let longest = "t".repeat(48);
+    assert_eq!(
+        read(&format!("<34>{longest}: msg")),
+        json!({ "facility": 4, "severity": 2, "appname": longest, "message": "msg" })
+    );
+    assert_eq!(
+        read("<34>Oct 11 22:14:15 host su[123]:msg"),
+        json!({ "facility": 4, "severity": 2, "timestamp": "Oct 11 22:14:15",
+                "hostname": "host", "appname": "su", "procid": "123", "message": "msg" })
+    );
+    let e = syslog::decode(b"<1234>1 - - - - - -", syslog::Format::Auto).unwrap_err();
+    assert_eq!(e.offset, 4, "{e}");
+    assert!(e.message.contains("`>` ending the priority"), "{e}");
+}
+
+/// Empty structured data is written as the nil value, as when there is none.
+#[test]
+fn empty_structured_data_is_written_as_nil() {
+    let write = |fields: Value| {
+        let mut out = Vec::new();
+        syslog::encode(&obj(fields), Some("2026-12-04T00:00:00.000000Z"), &mut out);
+        String::from_utf8(out).unwrap()
+    };
+    let none = write(json!({ "facility": 1, "severity": 5, "message": "m" }));
+    assert_eq!(none, "<13>1 2026-12-04T00:00:00.000000Z - - - - - m");
+    assert_eq!(
+        write(json!({ "facility": 1, "severity": 5, "structured_data": {}, "message": "m" })),
+        none
+    );
+}
+
 #[test]
 fn a_message_starting_with_a_bom_round_trips() {
     let input = "<77>1 - h a p - [x] \u{feff}\u{feff}\u{feff}>\u{feff}>";
@@ -616,6 +675,13 @@ mod yaml_tests {
         assert!(e.message.contains("unknown anchor"), "{e}");
         let docs = yaml::decode(b"a: &x [1, 2]\nb: *x\n").unwrap();
         assert_eq!(docs, vec![json!({"a": [1, 2], "b": [1, 2]})]);
+        // A scalar weighs its text plus a fixed allowance: 900 copies of a
+        // 1000-byte one (about 0.96 MB counted) fit the 1 MiB budget.
+        let big = "x".repeat(1000);
+        let text = format!("a: &s {big}\nb: [{}]\n", vec!["*s"; 900].join(","));
+        let docs = yaml::decode(text.as_bytes()).unwrap();
+        assert_eq!(docs[0]["b"].as_array().unwrap().len(), 900);
+        assert_eq!(docs[0]["b"][899], json!(big));
     }
 
     #[test]
