@@ -636,6 +636,24 @@ mod yaml_tests {
             String::from_utf8_lossy(&out)
         );
         assert_eq!(yaml::decode(&out).unwrap(), vec![Value::Object(fields)]);
+        // Each reason alone: a plain key past the limit, one control
+        // character, a value or an array item that would read back retyped.
+        for fields in [
+            obj(json!({ "k".repeat(1100): 1 })),
+            obj(json!({ "a\u{3}": 1 })),
+            obj(json!({ "k": "0o04" })),
+            obj(json!({ "k": ["x", "0o04"] })),
+            obj(json!({ "k": { "k": "0o04" } })),
+        ] {
+            let mut out = Vec::new();
+            yaml::encode(&fields, &mut out).unwrap();
+            assert_eq!(
+                yaml::decode(&out).unwrap(),
+                vec![Value::Object(fields)],
+                "{}",
+                String::from_utf8_lossy(&out)
+            );
+        }
         let fine: Fields = [("k".repeat(900), json!(1))].into_iter().collect();
         let mut out = Vec::new();
         yaml::encode(&fine, &mut out).unwrap();
