@@ -197,17 +197,12 @@ fn to_json(y: &Yaml) -> Result<Value, DecodeError> {
         Yaml::Null => Value::Null,
         Yaml::Boolean(b) => Value::Bool(*b),
         Yaml::Integer(i) => Value::from(*i),
-        Yaml::Real(text) => {
-            let f: f64 = text
-                .parse()
-                .or_else(|_| match text.to_ascii_lowercase().as_str() {
-                    ".inf" | "+.inf" => Ok(f64::INFINITY),
-                    "-.inf" => Ok(f64::NEG_INFINITY),
-                    _ => Err(()),
-                })
-                .unwrap_or(f64::NAN);
-            Number::from_f64(f).map_or(Value::Null, Value::Number)
-        }
+        // JSON has no infinities or NaN (`.inf`, `.nan`): they are null.
+        Yaml::Real(text) => text
+            .parse::<f64>()
+            .ok()
+            .and_then(Number::from_f64)
+            .map_or(Value::Null, Value::Number),
         Yaml::String(s) => Value::String(s.clone()),
         Yaml::Array(items) => Value::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
         Yaml::Hash(hash) => {

@@ -723,5 +723,24 @@ mod yaml_tests {
             vec![json!({"a": "12", "b": 7, "c": 1.5, "d": true, "e": null, "f": "3"})]
         );
         assert!(yaml::decode(b"a: !!int x\n").is_err());
+        let docs =
+            yaml::decode(b"a: !!bool false\nb: !!bool FALSE\nc: !!float .inf\nd: -.inf\n").unwrap();
+        // JSON has no infinities: they are null, as NaN is.
+        assert_eq!(
+            docs,
+            vec![json!({"a": false, "b": false, "c": null, "d": null})]
+        );
+        assert!(yaml::decode(b"a: !!bool no\n").is_err());
+    }
+
+    /// JSON keys are strings: a YAML key that is a number, a boolean or
+    /// null becomes its text, a collection its YAML text (block style).
+    #[test]
+    fn keys_that_are_not_strings_become_their_text() {
+        let docs = yaml::decode(b"1: a\ntrue: b\n~: c\n1.5: d\n? [x, z]\n: e\n").unwrap();
+        assert_eq!(
+            docs,
+            vec![json!({"1": "a", "true": "b", "null": "c", "1.5": "d", "- x\n- z": "e"})]
+        );
     }
 }
