@@ -648,7 +648,34 @@ impl KafkaConsumerSource {
         }
         metrics.add_redelivered(reader.shared.redelivered.swap(0, Ordering::Relaxed));
         reader.consumer.unsubscribe();
+        let Reader { consumer, id, .. } = reader;
+        close_within(consumer, &id, CLOSE_WAIT);
         outcome
+    }
+}
+
+/// How long a stopping source waits for its consumer to close.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// Drops (closes) the consumer, waiting at most `wait`. librdkafka's close
+/// waits until the group coordinator lets the consumer go, and after a
+/// broker restart it was seen to wait forever (a CI run hung in the drop,
+/// polling), which hung the whole stop. The offsets are committed by then;
+/// a consumer still closing after `wait` is left to the process's exit.
+fn close_within(consumer: BaseConsumer<GroupContext>, stage: &str, wait: Duration) {
+    let (closed_tx, closed) = std::sync::mpsc::channel::<()>();
+    let closing = std::thread::Builder::new()
+        .name("kafka-close".into())
+        .spawn(move || {
+            drop(consumer);
+            let _ = closed_tx.send(());
+        });
+    // (Had the thread not started, the consumer was dropped with it.)
+    if closing.is_ok() && closed.recv_timeout(wait).is_err() {
+        tracing::warn!(
+            stage,
+            "the Kafka consumer did not close within {wait:?}; stopping without it"
+        );
     }
 }
 
