@@ -1,9 +1,11 @@
 //! A condition's cost per event, against the same test written by hand
 //! in Rust (what a native one-field `filter` does), on an event shaped
-//! like the benchmark corpus's.
+//! like the benchmark corpus's; and on lazy events (a compact JSON line),
+//! read entry by entry against building the fields first (what `filter`
+//! and `route` did before they read through the event).
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use logbus_condition::Condition;
-use logbus_event::{FieldPath, Fields};
+use logbus_event::{Event, FieldPath, Fields, LazyFields, Meta, Payload};
 use serde_json::json;
 
 fn event(i: u64) -> Fields {
@@ -47,9 +49,47 @@ fn bench(c: &mut Criterion) {
     ] {
         let condition = Condition::compile(text).unwrap();
         group.bench_with_input(BenchmarkId::new("condition", name), &condition, |b, c| {
-            b.iter(|| events.iter().filter(|e| c.matches(e)).count())
+            b.iter(|| events.iter().filter(|e| c.matches(*e)).count())
         });
     }
+    group.finish();
+
+    let lazy: Vec<LazyFields> = events
+        .iter()
+        .map(|e| LazyFields::parse(serde_json::to_vec(e).unwrap().into()).unwrap())
+        .collect();
+    let mut group = c.benchmark_group("condition_1024_lazy_events");
+    group.sample_size(30);
+    let condition = Condition::compile(
+        r#"level != "debug" && (service in ["auth", "billing"] && status >= 500)"#,
+    )
+    .unwrap();
+    // Each iteration starts from events as the parser made them (a clone
+    // of the text's handle and its span list), as a stage meets them.
+    let fresh = || {
+        lazy.iter()
+            .map(|l| Event::new(Payload::Lazy(l.clone()), Meta::at("bench", 0)))
+            .collect::<Vec<_>>()
+    };
+    group.bench_function("read_entries", |b| {
+        b.iter_batched(
+            fresh,
+            |events| events.iter().filter(|e| condition.matches(*e)).count(),
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("build_fields", |b| {
+        b.iter_batched(
+            fresh,
+            |events| {
+                events
+                    .iter()
+                    .filter(|e| condition.matches(e.as_fields().unwrap()))
+                    .count()
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
     group.finish();
 }
 

@@ -1,10 +1,30 @@
-//! Evaluation over an event's fields: borrowed values all the way, a new
-//! string only for `lower` and `upper`.
+//! Evaluation over an event's fields: borrowed values all the way from
+//! ordinary fields, a new string only for `lower` and `upper`. Through
+//! [`FieldSource`] a condition reads an event's lazy fields one top-level
+//! entry at a time, so routing and filtering never build the whole map.
 
 use std::borrow::Cow;
 
-use logbus_event::Fields;
+use logbus_event::{Event, FieldPath, Fields};
 use serde_json::Value;
+
+/// What a condition reads fields from: ordinary fields, or an event
+/// (lazy fields parse only the entries a path names).
+pub trait FieldSource {
+    fn field(&self, path: &FieldPath) -> Option<Cow<'_, Value>>;
+}
+
+impl FieldSource for Fields {
+    fn field(&self, path: &FieldPath) -> Option<Cow<'_, Value>> {
+        path.get(self).map(Cow::Borrowed)
+    }
+}
+
+impl FieldSource for Event {
+    fn field(&self, path: &FieldPath) -> Option<Cow<'_, Value>> {
+        Event::field(self, path)
+    }
+}
 
 use crate::ast::{CmpOp, Expr, Func};
 
@@ -17,9 +37,9 @@ pub fn same(a: &Value, b: &Value) -> bool {
 }
 
 /// The value of an operand; `None` when it is missing.
-fn value<'a>(expr: &'a Expr, fields: &'a Fields) -> Option<Cow<'a, Value>> {
+fn value<'a, S: FieldSource + ?Sized>(expr: &'a Expr, fields: &'a S) -> Option<Cow<'a, Value>> {
     match expr {
-        Expr::Path(p) => p.get(fields).map(Cow::Borrowed),
+        Expr::Path(p) => fields.field(p),
         Expr::Lit(v) => Some(Cow::Borrowed(v)),
         Expr::Call(Func::Lower, args) => match value(&args[0], fields)?.as_ref() {
             Value::String(s) => Some(Cow::Owned(Value::String(s.to_lowercase()))),
@@ -46,7 +66,7 @@ fn text<'a>(v: &'a Option<Cow<'a, Value>>) -> Option<&'a str> {
     v.as_deref().and_then(Value::as_str)
 }
 
-pub fn holds(expr: &Expr, fields: &Fields) -> bool {
+pub fn holds<S: FieldSource + ?Sized>(expr: &Expr, fields: &S) -> bool {
     match expr {
         Expr::Or(a, b) => holds(a, fields) || holds(b, fields),
         Expr::And(a, b) => holds(a, fields) && holds(b, fields),
@@ -83,7 +103,7 @@ pub fn holds(expr: &Expr, fields: &Fields) -> bool {
             text(&v).is_some_and(|s| regex.is_match(s)) != *negated
         }
         Expr::Call(Func::Exists, args) => match &args[0] {
-            Expr::Path(p) => p.get(fields).is_some(),
+            Expr::Path(p) => fields.field(p).is_some(),
             _ => false,
         },
         Expr::Call(func @ (Func::StartsWith | Func::EndsWith | Func::Contains), args) => {

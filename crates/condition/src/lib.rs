@@ -24,9 +24,8 @@ mod parse;
 
 use std::fmt;
 
-use logbus_event::Fields;
-
 pub use ast::Expr;
+pub use eval::FieldSource;
 
 /// A compiled condition.
 #[derive(Debug, Clone)]
@@ -40,8 +39,9 @@ impl Condition {
         parse::parse(text).map(|expr| Condition { expr })
     }
 
-    /// Whether the event's fields satisfy the condition.
-    pub fn matches(&self, fields: &Fields) -> bool {
+    /// Whether the fields (ordinary ones, or an event's) satisfy the
+    /// condition; a raw event has no fields, so every path is missing.
+    pub fn matches<S: FieldSource + ?Sized>(&self, fields: &S) -> bool {
         eval::holds(&self.expr, fields)
     }
 

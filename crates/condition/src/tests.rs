@@ -2,15 +2,29 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
+use logbus_event::{Event, Fields, LazyFields, Meta, Payload};
 
 fn fields(v: Value) -> Fields {
     serde_json::from_value(v).unwrap()
 }
 
+/// Whether `condition` holds for `event` as ordinary fields, checked to
+/// give the same answer on the event as lazy fields (its compact JSON
+/// text), which the evaluation must read without building them.
 fn holds(condition: &str, event: Value) -> bool {
-    Condition::compile(condition)
-        .unwrap_or_else(|e| panic!("{condition}: {e}\n{}", e.caret(condition)))
-        .matches(&fields(event))
+    let c = Condition::compile(condition)
+        .unwrap_or_else(|e| panic!("{condition}: {e}\n{}", e.caret(condition)));
+    let answer = c.matches(&fields(event.clone()));
+    let text = serde_json::to_vec(&event).unwrap();
+    if let Some(lazy) = LazyFields::parse(bytes::Bytes::from(text)) {
+        let lazy = Event::new(Payload::Lazy(lazy), Meta::at("test", 0));
+        assert_eq!(c.matches(&lazy), answer, "{condition} on lazy {event}");
+        assert!(
+            matches!(lazy.payload(), Payload::Lazy(l) if !l.is_built()),
+            "{condition} built the fields"
+        );
+    }
+    answer
 }
 
 fn error(condition: &str) -> (usize, String) {
@@ -544,4 +558,30 @@ proptest! {
             prop_assert_eq!(original.matches(&f), again.matches(&f), "{} vs {} on {}", text, printed, e);
         }
     }
+}
+
+#[test]
+fn a_lazy_event_is_read_entry_by_entry_without_building_its_fields() {
+    let line = r#"{"level":"warn","http":{"status":503},"tags":["a","b"],"n":1.5}"#;
+    let lazy = LazyFields::parse(bytes::Bytes::from_static(line.as_bytes()))
+        .expect("the line is kept lazy");
+    let event = Event::new(Payload::Lazy(lazy), Meta::at("test", 0));
+    for (condition, expected) in [
+        (r#"level == "warn" && http.status >= 500"#, true),
+        (r#"contains(tags, "b") && n < 2"#, true),
+        (r#"exists(http.status) && !exists(http.missing)"#, true),
+        (r#"upper(level) == "WARN" && len(tags) == 2"#, true),
+        (r#"level in ["error", "info"] || http.status == 200"#, false),
+    ] {
+        assert_eq!(
+            Condition::compile(condition).unwrap().matches(&event),
+            expected,
+            "{condition}"
+        );
+    }
+    assert!(matches!(event.payload(), Payload::Lazy(l) if !l.is_built()));
+    // A raw event has no fields: every path is missing.
+    let raw = Event::raw(line, Meta::at("test", 0));
+    assert!(!Condition::compile("exists(level)").unwrap().matches(&raw));
+    assert!(Condition::compile("!exists(level)").unwrap().matches(&raw));
 }

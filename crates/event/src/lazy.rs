@@ -6,9 +6,10 @@
 //! does (docs/benchmarks.md). A [`LazyFields`] keeps the line and where each
 //! top-level entry lies in it, records top-level sets and deletes as edits
 //! beside the text, and writes JSON by splicing the untouched entries'
-//! bytes with the edits. A stage that reads deeper gets the ordinary
-//! [`Fields`], built once on first use (and an event that a stage mutates
-//! through `fields_mut` becomes ordinary fields for good).
+//! bytes with the edits. Reading one field ([`LazyFields::get`]) parses
+//! only its entry's text; a stage that needs the whole map gets the
+//! ordinary [`Fields`], built once on first use (and an event that a stage
+//! mutates through `fields_mut` becomes ordinary fields for good).
 //!
 //! **Invariant:** only text that is already exactly what the serialisers
 //! (sonic-rs and serde_json, which agree on it) write for the value it

@@ -10,14 +10,16 @@
 //! Payloads start as raw bytes (a line as read) and become structured fields
 //! once a parser has run. Keeping raw bytes as `Bytes` slices of the read
 //! buffer means a source can frame lines without copying them. Parsed JSON
-//! may stay text for as long as nobody reads deeper than its top level
-//! ([`lazy`] says why); [`Event::as_fields`] hides the difference.
+//! may stay text for as long as no stage changes a nested field or needs
+//! the whole map ([`lazy`] says why); [`Event::field`] reads one path either
+//! way and [`Event::as_fields`] hides the difference.
 
 pub mod ack;
 pub mod checkpoint;
 pub mod lazy;
 pub mod path;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -251,6 +253,48 @@ impl Event {
         }
     }
 
+    /// The field at `path`. On lazy fields only the top-level entry the
+    /// path starts with is parsed, from its text alone (nothing is built
+    /// for the rest of the line), so the value is owned; on ordinary
+    /// fields it is borrowed. `None` if absent or the event is raw.
+    pub fn field(&self, path: &FieldPath) -> Option<Cow<'_, serde_json::Value>> {
+        match &self.data.payload {
+            Payload::Lazy(l) if !l.is_built() => {
+                let (first, rest) = path.segments().split_first()?;
+                let mut value = l.get(first)?;
+                for segment in rest {
+                    value = match value {
+                        Value::Object(mut map) => map.remove(segment)?,
+                        _ => return None,
+                    };
+                }
+                Some(Cow::Owned(value))
+            }
+            payload => path.get(payload.as_fields()?).map(Cow::Borrowed),
+        }
+    }
+
+    /// Removes the field at `path` and returns it ([`FieldPath::remove`]);
+    /// on lazy fields a top-level path is a delete beside the text. `None`
+    /// if absent or the event is raw.
+    pub fn take_field(&mut self, path: &FieldPath) -> Option<serde_json::Value> {
+        let payload = self.payload_mut();
+        match (payload, path.segments()) {
+            (Payload::Lazy(l), [key]) if !l.is_built() => {
+                let value = l.get(key);
+                l.delete(key);
+                value
+            }
+            (payload, _) => {
+                payload.materialize();
+                match payload {
+                    Payload::Fields(f) => path.remove(f),
+                    _ => None,
+                }
+            }
+        }
+    }
+
     /// Deletes the field at `path` ([`FieldPath::remove`]) without
     /// returning it, so lazy fields need not build the value. `false` if
     /// the event is raw.
@@ -454,6 +498,54 @@ mod tests {
         assert!(!raw.set_field(&top, json!(1)));
         assert!(!raw.delete_field(&top));
         assert!(raw.fields_mut().is_none());
+        assert_eq!(raw.as_raw().map(|b| &b[..]), Some(&b"line"[..]));
+    }
+
+    #[test]
+    fn reads_and_takes_keep_lazy_fields_lazy_and_agree_with_ordinary_ones() {
+        let text = r#"{"a":1,"b":{"c":[2]},"s":"x"}"#;
+        let path = |p: &str| FieldPath::parse(p).unwrap();
+        let lazy_event = || Event::new(lazy(text), meta());
+        let eager = Event::fields(serde_json::from_str(text).unwrap(), meta());
+        let e = lazy_event();
+        for p in ["a", "b", "b.c", "s", "z", "b.z", "a.z", "s.x"] {
+            assert_eq!(
+                e.field(&path(p)).as_deref(),
+                eager.field(&path(p)).as_deref(),
+                "{p}"
+            );
+        }
+        assert_eq!(e.field(&path("b.c")).as_deref(), Some(&json!([2])));
+        assert!(matches!(e.field(&path("a")), Some(Cow::Owned(_))));
+        assert!(matches!(eager.field(&path("a")), Some(Cow::Borrowed(_))));
+        // Reading built nothing.
+        assert!(matches!(e.payload(), Payload::Lazy(l) if !l.is_built()));
+
+        // A top-level take is a delete beside the text.
+        let mut e = lazy_event();
+        assert_eq!(e.take_field(&path("s")), Some(json!("x")));
+        assert_eq!(e.take_field(&path("s")), None);
+        assert_eq!(e.take_field(&path("z")), None);
+        assert!(matches!(e.payload(), Payload::Lazy(l) if !l.is_built()));
+        assert_eq!(
+            e.as_fields().unwrap(),
+            &fields(json!({"a": 1, "b": {"c": [2]}}))
+        );
+        // A nested take builds the fields.
+        let mut e = lazy_event();
+        assert_eq!(e.take_field(&path("b.c")), Some(json!([2])));
+        assert!(matches!(e.payload(), Payload::Fields(_)));
+        assert_eq!(e.as_fields().unwrap()["b"], json!({}));
+        // Once a stage built them, reads come from the built fields.
+        let mut e = lazy_event();
+        e.as_fields();
+        assert!(matches!(e.field(&path("a")), Some(Cow::Borrowed(_))));
+        assert_eq!(e.take_field(&path("a")), Some(json!(1)));
+        assert!(matches!(e.payload(), Payload::Fields(_)));
+        // Raw events have no fields to read or take.
+        let mut raw = Event::raw("line", meta());
+        assert!(raw.field(&path("a")).is_none());
+        assert!(raw.take_field(&path("a")).is_none());
         assert_eq!(raw.as_raw().map(|b| &b[..]), Some(&b"line"[..]));
     }
 

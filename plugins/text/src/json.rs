@@ -17,10 +17,12 @@ pub struct JsonParserOptions {
     /// instead of treating it as an error.
     #[serde(default)]
     pub wrap_field: Option<String>,
-    /// Keep an object that is already compact JSON as its text until a
-    /// stage reads deeper than its top level: stamping, setting and
-    /// deleting top-level fields and writing JSON out then never build the
-    /// fields. `false` builds every event's fields at once.
+    /// Keep an object that is already compact JSON as its text: reading a
+    /// field parses only its top-level entry, stamping, setting and
+    /// deleting top-level fields are edits beside the text, and writing
+    /// JSON out splices the two; the fields are built only when a stage
+    /// changes a nested field or needs them all. `false` builds every
+    /// event's fields at once.
     #[serde(default = "yes")]
     pub lazy: bool,
 }

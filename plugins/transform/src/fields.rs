@@ -6,9 +6,11 @@
 //! native speed.
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventData, EventError, FieldPath, Fields,
-    OptionError, Payload, Processor, StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, Fields, OptionError,
+    Processor, StageKind, TypedPlugin, Verdict,
 };
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -179,12 +181,12 @@ fn template(text: &str, at: &[&str]) -> Result<Option<Vec<Part>>, OptionError> {
     Ok(Some(parts))
 }
 
-fn render(parts: &[Part], fields: &Fields) -> String {
+fn render(parts: &[Part], event: &Event) -> String {
     let mut out = String::new();
     for part in parts {
         match part {
             Part::Text(t) => out.push_str(t),
-            Part::Field(p) => match p.get(fields) {
+            Part::Field(p) => match event.field(p).as_deref() {
                 Some(Value::String(s)) => out.push_str(s),
                 Some(Value::Null) | None => {}
                 Some(other) => out.push_str(&other.to_string()),
@@ -468,44 +470,6 @@ impl TypedPlugin for FieldsTransform {
     }
 }
 
-impl Plan {
-    /// Whether every operation only writes or deletes fields, never reads
-    /// one: such a plan edits lazy fields without building them.
-    fn writes_only(&self) -> bool {
-        self.copy.is_empty()
-            && self.rename.is_empty()
-            && self.lookup.is_empty()
-            && self.convert.is_empty()
-            && self.case.is_empty()
-            && self
-                .set
-                .iter()
-                .all(|(_, v)| matches!(v, SetValue::Constant(_)))
-    }
-
-    /// A writes-only plan, through the event's own edits.
-    fn write(&self, event: &mut Event) -> Result<Verdict, EventError> {
-        for (path, value) in &self.set {
-            if let SetValue::Constant(v) = value
-                && !event.set_field(path, v.clone())
-            {
-                return Err(needs_fields("fields"));
-            }
-        }
-        for (path, key) in &self.from_meta {
-            if let Some(v) = meta_value(event.meta(), key) {
-                event.set_field(path, v);
-            }
-        }
-        for path in &self.delete {
-            if !event.delete_field(path) {
-                return Err(needs_fields("fields"));
-            }
-        }
-        Ok(Verdict::Keep)
-    }
-}
-
 fn meta_value(meta: &logbus_plugin_api::Meta, key: &MetaKey) -> Option<Value> {
     match key {
         MetaKey::Origin => meta.origin.as_deref().map(|o| Value::String(o.into())),
@@ -520,76 +484,77 @@ fn meta_value(meta: &logbus_plugin_api::Meta, key: &MetaKey) -> Option<Value> {
 }
 
 impl Processor for Plan {
+    /// Every read and write goes through the event's field accessors, so
+    /// lazy fields stay text when the plan names only top-level fields:
+    /// a read parses that one entry, a write is an edit beside the text
+    /// (a nested path builds the fields, once).
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
-        if matches!(event.payload(), Payload::Lazy(_)) && self.writes_only() {
-            return self.write(event);
-        }
-        // The fields are written while the meta is read: borrow both halves.
-        let EventData { payload, meta } = event.data_mut();
-        payload.materialize();
-        let Payload::Fields(fields) = payload else {
+        if !event.is_parsed() {
             return Err(needs_fields("fields"));
-        };
+        }
         // Only a conversion can fail, after the edits before it.
-        let before = (!self.convert.is_empty()).then(|| fields.clone());
+        let before = (!self.convert.is_empty()).then(|| event.payload().clone());
         for (from, to) in &self.copy {
-            if let Some(v) = from.get(fields).cloned() {
-                to.set(fields, v);
+            if let Some(v) = event.field(from).map(Cow::into_owned) {
+                event.set_field(to, v);
             }
         }
         for (from, to) in &self.rename {
-            if let Some(v) = from.remove(fields) {
-                to.set(fields, v);
+            if let Some(v) = event.take_field(from) {
+                event.set_field(to, v);
             }
         }
         for (path, value) in &self.set {
             let v = match value {
                 SetValue::Constant(v) => v.clone(),
-                SetValue::Template(parts) => Value::String(render(parts, fields)),
+                SetValue::Template(parts) => Value::String(render(parts, event)),
             };
-            path.set(fields, v);
+            event.set_field(path, v);
         }
         for (path, key) in &self.from_meta {
-            if let Some(v) = meta_value(meta, key) {
-                path.set(fields, v);
+            if let Some(v) = meta_value(event.meta(), key) {
+                event.set_field(path, v);
             }
         }
         for (target, from, table, default) in &self.lookup {
-            let found = from
-                .get(fields)
-                .and_then(key_of)
-                .and_then(|k| table.get(k.as_ref()))
-                .or(default.as_ref())
-                .cloned();
+            let found = event
+                .field(from)
+                .and_then(|v| key_of(&v).and_then(|k| table.get(k.as_ref())).cloned())
+                .or_else(|| default.clone());
             if let Some(v) = found {
-                target.set(fields, v);
+                event.set_field(target, v);
             }
         }
         for (path, to) in &self.convert {
-            if let Some(v) = path.get(fields) {
-                match convert(v, *to) {
-                    Ok(v) => path.set(fields, v),
-                    Err(e) => {
-                        // An event in error is passed on as it came.
-                        if let Some(before) = before {
-                            *fields = before;
-                        }
-                        return Err(EventError::new(format!("convert `{path}`: {e}")));
+            let converted = match event.field(path) {
+                Some(v) => convert(&v, *to),
+                None => continue,
+            };
+            match converted {
+                Ok(v) => {
+                    event.set_field(path, v);
+                }
+                Err(e) => {
+                    // An event in error is passed on as it came.
+                    if let Some(before) = before {
+                        *event.payload_mut() = before;
                     }
+                    return Err(EventError::new(format!("convert `{path}`: {e}")));
                 }
             }
         }
         for (path, case) in &self.case {
-            if let Some(Value::String(s)) = path.get(fields) {
-                let changed = match case {
+            let changed = match event.field(path).as_deref() {
+                Some(Value::String(s)) => match case {
                     Case::Upper => s.to_uppercase(),
                     Case::Lower => s.to_lowercase(),
-                };
-                path.set(fields, Value::String(changed));
-            }
+                },
+                _ => continue,
+            };
+            event.set_field(path, Value::String(changed));
         }
         for path in &self.delete {
-            path.remove(fields);
+            event.delete_field(path);
         }
         Ok(Verdict::Keep)
     }
@@ -1012,9 +977,34 @@ mod tests {
         assert_eq!(empty.check().len(), 1);
     }
 
-    /// A plan that only writes edits lazy fields without building them,
-    /// one that reads builds them; either way the result is what the same
-    /// plan does to ordinary fields.
+    /// A conversion that fails leaves the event as it came, edits before
+    /// it undone, lazy or not.
+    #[test]
+    fn a_failed_conversion_passes_the_event_on_as_it_came() {
+        use logbus_plugin_api::{Bytes, LazyFields, Payload};
+        let line = r#"{"msg":"hi","n":"4x","level":"warn"}"#;
+        let opts: FieldsOptions = serde_json::from_value(json!({
+            "set": {"env": "prod"}, "delete": ["msg"], "convert": {"level": "string", "n": "integer"}
+        }))
+        .unwrap();
+        let mut plan = opts.plan().unwrap();
+        let lazy = LazyFields::parse(Bytes::from_static(line.as_bytes())).unwrap();
+        for mut event in [
+            Event::new(Payload::Lazy(lazy), Meta::at("s", 0)),
+            Event::fields(serde_json::from_str(line).unwrap(), Meta::at("s", 0)),
+        ] {
+            let err = plan.process(&mut event).unwrap_err();
+            assert_eq!(err.0, "convert `n`: cannot convert \"4x\" to an integer");
+            let mut out = Vec::new();
+            event.payload().write_json(&mut out);
+            assert_eq!(String::from_utf8(out).unwrap(), line);
+        }
+    }
+
+    /// A plan that names only top-level fields edits lazy fields without
+    /// building them (reads, even nested ones, parse one entry; a nested
+    /// write builds them); either way the result is what the same plan
+    /// does to ordinary fields.
     #[test]
     fn lazy_fields_get_the_same_edits_as_ordinary_ones() {
         use logbus_plugin_api::{Bytes, LazyFields, Payload};
@@ -1031,9 +1021,23 @@ mod tests {
                 true,
             ),
             (json!({"set": {"n.y": 2}, "delete": ["n.x"]}), false),
-            (json!({"set": {"copy": "{{msg}}"}}), false),
+            (json!({"set": {"copy": "{{msg}} at {{level}}"}}), true),
+            (json!({"set": {"copy": "{{n.x}}"}}), true),
             (
                 json!({"rename": {"msg": "message"}, "case": {"level": "upper"}}),
+                true,
+            ),
+            (
+                json!({"copy": {"level": "was"}, "lookup": {"sev": {"from": "level", "table": {"warn": 4}}},
+                       "convert": {"tmp": "string"}, "case": {"msg": "upper"}}),
+                true,
+            ),
+            (
+                json!({"lookup": {"sev": {"from": "n.x", "table": {"1": "one"}}}}),
+                true,
+            ),
+            (
+                json!({"copy": {"n.x": "x"}, "rename": {"level": "n.level"}}),
                 false,
             ),
         ] {

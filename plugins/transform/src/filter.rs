@@ -271,10 +271,13 @@ fn matches(op: &Op, value: Option<&Value>) -> bool {
 
 impl Processor for Filter {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
-        let fields = event.as_fields().ok_or_else(|| needs_fields("filter"))?;
+        if !event.is_parsed() {
+            return Err(needs_fields("filter"));
+        }
+        // Read through the event: lazy fields parse only what is named.
         let matched = match &self.test {
-            Test::Condition(c) => c.matches(fields),
-            Test::Field(field, op) => matches(op, field.get(fields)),
+            Test::Condition(c) => c.matches(&*event),
+            Test::Field(field, op) => matches(op, event.field(field).as_deref()),
         };
         let keep = matched != self.invert;
         Ok(if keep {

@@ -146,10 +146,13 @@ struct Route {
 
 impl Route {
     fn outputs(&self, event: &Event) -> Result<OutputSet, EventError> {
-        let fields = event.as_fields().ok_or_else(|| needs_fields("route"))?;
+        if !event.is_parsed() {
+            return Err(needs_fields("route"));
+        }
         let mut set = OutputSet::default();
         for (i, condition) in self.routes.iter().enumerate() {
-            if condition.matches(fields) {
+            // Through the event: lazy fields parse only what is named.
+            if condition.matches(event) {
                 set.insert(i);
                 if self.first {
                     break;
