@@ -208,13 +208,11 @@ struct LogEventEncoder {
 
 fn timestamp_ms(time: &Option<FieldPath>, event: &Event) -> i64 {
     let ingest = (event.meta().ingest_ns / 1_000_000) as i64;
-    let Some(value) = time
-        .as_ref()
-        .and_then(|p| event.as_fields().and_then(|f| p.get(f)))
-    else {
+    // Through the event: lazy fields parse only this entry.
+    let Some(value) = time.as_ref().and_then(|p| event.field(p)) else {
         return ingest;
     };
-    match value {
+    match &*value {
         Value::String(s) => DateTime::parse_from_rfc3339(s)
             .map(|t| t.timestamp_millis())
             .unwrap_or(ingest),

@@ -162,8 +162,7 @@ fn render(pieces: &[Piece], event: Option<&Event>, count: usize, stage: &str) ->
             Piece::Text(t) => s.push_str(t),
             Piece::Count => s.push_str(&count.to_string()),
             Piece::Stage => s.push_str(stage),
-            Piece::Field(path) => match event.and_then(|e| e.as_fields()).and_then(|f| path.get(f))
-            {
+            Piece::Field(path) => match event.and_then(|e| e.field(path)).as_deref() {
                 Some(Value::String(v)) => s.push_str(v),
                 Some(v) => s.push_str(&v.to_string()),
                 None => {}

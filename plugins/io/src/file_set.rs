@@ -95,8 +95,9 @@ impl PathTemplate {
             match part {
                 Part::Text(t) => out.push_str(t),
                 Part::Field(path) => {
-                    let value = event.as_fields().and_then(|f| path.get(f));
-                    let text = match value {
+                    // Through the event: lazy fields parse only this entry.
+                    let value = event.field(path);
+                    let text = match value.as_deref() {
                         Some(Value::String(s)) => s.clone(),
                         Some(Value::Null) | None => "unknown".to_string(),
                         Some(other) => other.to_string(),
@@ -377,6 +378,12 @@ mod tests {
             .format("%Y-%m-%d_%H")
             .to_string();
         assert_eq!(t.render(&e), format!("logs/api/503/{day}.log"));
+        // The same from lazy fields, read without building them.
+        let text = br#"{"service":"api","http":{"status":503}}"#;
+        let lazy = logbus_plugin_api::LazyFields::parse(bytes::Bytes::from_static(text)).unwrap();
+        let lazy = Event::new(logbus_plugin_api::Payload::Lazy(lazy), Meta::at("s", at));
+        assert_eq!(t.render(&lazy), format!("logs/api/503/{day}.log"));
+        assert!(matches!(lazy.payload(), logbus_plugin_api::Payload::Lazy(l) if !l.is_built()));
         let evil = event(serde_json::json!({"service": "../../etc/passwd"}), at);
         let rendered = t.render(&evil);
         assert!(

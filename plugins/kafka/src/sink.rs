@@ -535,13 +535,11 @@ impl Service for KafkaService {
 
 impl KafkaService {
     fn headers_of(&self, event: &Event) -> Vec<(String, Vec<u8>)> {
-        let Some(fields) = event.as_fields() else {
-            return Vec::new();
-        };
+        // Through the event: lazy fields parse only the entries named.
         self.headers
             .iter()
             .filter_map(|(name, path)| {
-                let value = match path.get(fields)? {
+                let value = match &*event.field(path)? {
                     Value::String(s) => s.clone().into_bytes(),
                     Value::Null => return None,
                     other => other.to_string().into_bytes(),

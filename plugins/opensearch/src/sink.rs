@@ -399,10 +399,11 @@ impl BulkEncoder {
     /// The event's own time, for the date in the index name.
     fn time_of(&self, event: &Event) -> DateTime<Utc> {
         let ingest = || DateTime::from_timestamp_nanos(event.meta().ingest_ns as i64);
-        let Some(value) = event.as_fields().and_then(|f| self.time.get(f)) else {
+        // Through the event: lazy fields parse only this entry.
+        let Some(value) = event.field(&self.time) else {
             return ingest();
         };
-        match value {
+        match &*value {
             Value::String(s) => DateTime::parse_from_rfc3339(s)
                 .map(|t| t.to_utc())
                 .unwrap_or_else(|_| ingest()),
@@ -419,7 +420,7 @@ impl BulkEncoder {
 /// A field's value as an id or routing key: a string as it is, a number
 /// or boolean as its text; anything else (or nothing) is no value.
 fn key_of(event: &Event, path: &FieldPath) -> Option<String> {
-    match event.as_fields().and_then(|f| path.get(f))? {
+    match &*event.field(path)? {
         Value::String(s) if !s.is_empty() => Some(s.clone()),
         v @ (Value::Number(_) | Value::Bool(_)) => Some(v.to_string()),
         _ => None,
