@@ -265,6 +265,31 @@ mod tests {
         assert!(matches!(found[2], Item::Record { offset, .. } if offset == three_at as u64));
     }
 
+    /// Nothing past the limit is read, even where the file holds a whole
+    /// record there: a limit moved into a record shows it as torn.
+    #[test]
+    fn nothing_past_the_limit_is_read() {
+        let mut bytes = Vec::new();
+        encode(b"one", false, &mut bytes);
+        let two_at = bytes.len() as u64;
+        encode(b"two", false, &mut bytes);
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), &bytes).unwrap();
+        let mut c = Cursor::new(File::open(file.path()).unwrap(), 0, two_at);
+        let found = items(&mut c);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(matches!(found[0], Item::Record { offset: 0, .. }));
+        c.set_limit(two_at + 5);
+        assert_eq!(
+            items(&mut c),
+            vec![Item::Torn {
+                offset: two_at,
+                len: 5
+            }]
+        );
+        assert_eq!(c.position(), two_at + 5);
+    }
+
     #[test]
     fn records_larger_than_a_chunk_are_read_whole() {
         let big = vec![7u8; CHUNK * 2 + 5];
