@@ -6,7 +6,7 @@ use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
-use crate::record::{RECORD_HEADER, Scan, scan};
+use crate::record::{Scan, scan};
 
 const CHUNK: usize = 1 << 20;
 
@@ -78,10 +78,9 @@ impl Cursor {
             }
             let idx = (self.pos - self.buf_start) as usize;
             let buf_end = self.buf_start + self.buf.len() as u64;
-            if idx + RECORD_HEADER > self.buf.len() && buf_end < self.limit {
-                self.refill()?;
-                continue;
-            }
+            // A header cut by the buffer's end scans as incomplete (and
+            // damage before it keeps a cut magic's first bytes), so the
+            // refill below is the only one needed.
             match scan(&self.buf, idx) {
                 Scan::Record { body, next } => {
                     if let Some(damage) = self.take_damage() {
@@ -165,7 +164,7 @@ impl Cursor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::encode;
+    use crate::record::{RECORD_HEADER, encode};
 
     fn cursor_over(bytes: &[u8]) -> (tempfile::NamedTempFile, Cursor) {
         let file = tempfile::NamedTempFile::new().unwrap();
@@ -288,6 +287,32 @@ mod tests {
             }]
         );
         assert_eq!(c.position(), two_at + 5);
+    }
+
+    /// A file shorter than its limit (cut under the reader): the limit
+    /// moves in to what is there, and the cursor ends with the torn tail
+    /// instead of waiting for bytes that will not come.
+    #[test]
+    fn a_file_shorter_than_its_limit_ends_where_the_file_does() {
+        let mut bytes = Vec::new();
+        encode(b"one", false, &mut bytes);
+        let two_at = bytes.len() as u64;
+        encode(b"two", false, &mut bytes);
+        let cut = bytes.len() as u64 - 3;
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), &bytes[..cut as usize]).unwrap();
+        let limit = bytes.len() as u64 + 100;
+        let mut c = Cursor::new(File::open(file.path()).unwrap(), 0, limit);
+        let found = items(&mut c);
+        assert!(matches!(found[0], Item::Record { offset: 0, .. }));
+        assert_eq!(
+            found[1..],
+            [Item::Torn {
+                offset: two_at,
+                len: cut - two_at
+            }]
+        );
+        assert_eq!(c.position(), cut);
     }
 
     #[test]
