@@ -167,11 +167,14 @@ mod tests {
     use crate::record::{RECORD_HEADER, encode};
 
     fn cursor_over(bytes: &[u8]) -> (tempfile::NamedTempFile, Cursor) {
+        cursor_with_limit(bytes, bytes.len() as u64)
+    }
+
+    fn cursor_with_limit(bytes: &[u8], limit: u64) -> (tempfile::NamedTempFile, Cursor) {
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), bytes).unwrap();
         let f = File::open(file.path()).unwrap();
-        let c = Cursor::new(f, 0, bytes.len() as u64);
-        (file, c)
+        (file, Cursor::new(f, 0, limit))
     }
 
     fn items(c: &mut Cursor) -> Vec<Item> {
@@ -272,9 +275,7 @@ mod tests {
         encode(b"one", false, &mut bytes);
         let two_at = bytes.len() as u64;
         encode(b"two", false, &mut bytes);
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), &bytes).unwrap();
-        let mut c = Cursor::new(File::open(file.path()).unwrap(), 0, two_at);
+        let (_f, mut c) = cursor_with_limit(&bytes, two_at);
         let found = items(&mut c);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(matches!(found[0], Item::Record { offset: 0, .. }));
@@ -299,10 +300,7 @@ mod tests {
         let two_at = bytes.len() as u64;
         encode(b"two", false, &mut bytes);
         let cut = bytes.len() as u64 - 3;
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), &bytes[..cut as usize]).unwrap();
-        let limit = bytes.len() as u64 + 100;
-        let mut c = Cursor::new(File::open(file.path()).unwrap(), 0, limit);
+        let (_f, mut c) = cursor_with_limit(&bytes[..cut as usize], bytes.len() as u64 + 100);
         let found = items(&mut c);
         assert!(matches!(found[0], Item::Record { offset: 0, .. }));
         assert_eq!(
