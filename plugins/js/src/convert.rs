@@ -9,7 +9,7 @@
 //!
 //! Reading back is where a script can make the host pay: an array's length
 //! costs QuickJS nothing (`a.length = 2**31 - 1`) but its items would cost
-//! Rust a `Vec` of that many values, and getters or Proxy traps run script
+//! Rust a `Vec` of that many values, and getters and Proxy traps run script
 //! code in the middle of the walk. So every read is charged against
 //! [`ReadLimits`]: approximate bytes (the worker's `memory_limit_mb`) and
 //! the call's CPU budget, checked as the walk goes.
@@ -99,15 +99,15 @@ impl<'a> ReadLimits<'a> {
     }
 }
 
-/// How a walk goes: the limits it is charged against, and the event proxy
-/// of the current call, if any: reading it back walks its traps, so it
-/// must not be met again inside itself (a cycle through the proxy would
-/// recurse through native and JS frames alike).
+/// How a walk goes: the limits it is charged against, and the event object
+/// of the current call, if any: reading it back walks its hooks, so it
+/// must not be met again inside itself (a cycle through the event object
+/// would recurse without end).
 #[derive(Clone, Copy)]
 pub struct Walk<'a, 'js> {
     pub limits: &'a ReadLimits<'a>,
-    pub proxy: Option<&'a Value<'js>>,
-    pub inside_proxy: bool,
+    pub event_object: Option<&'a Value<'js>>,
+    pub inside_event: bool,
 }
 
 /// Reads a JS value as JSON; `None` for values JSON leaves out (functions,
@@ -118,15 +118,15 @@ pub fn from_js<'js>(
     walk: Walk<'_, 'js>,
 ) -> Result<Option<Json>, ConvertError> {
     let mut walk = walk;
-    if let Some(proxy) = walk.proxy
-        && value == proxy
+    if let Some(event_object) = walk.event_object
+        && value == event_object
     {
-        if walk.inside_proxy {
+        if walk.inside_event {
             return Err(ConvertError(
                 "the event contains itself (a reference cycle)".into(),
             ));
         }
-        walk.inside_proxy = true;
+        walk.inside_event = true;
     }
     if depth > MAX_DEPTH {
         return Err(ConvertError(format!(

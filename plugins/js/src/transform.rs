@@ -23,7 +23,7 @@ use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Object, Runt
 use serde::Deserialize;
 
 use crate::convert::{ReadLimits, Walk, array_items, object_from_js, object_to_js};
-use crate::lazy::{LazyEvents, apply};
+use crate::lazy::LazyEvents;
 
 /// Options of `transform: js`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -241,19 +241,24 @@ fn thread_cpu_ns() -> u64 {
 
 /// The CPU budget of the call in progress. `timeout_ms` promises CPU time,
 /// not wall time: on a loaded machine a call descheduled for a while must
-/// not lose its event. Reading the thread's CPU clock is a system call, so
-/// the interrupt handler (run every few thousand bytecodes) first compares
-/// the cheap wall clock against a deadline; only once that passes does it
-/// read the CPU clock, and then either stops the call or moves the
-/// deadline to when the rest of the budget could at the earliest be spent.
-/// (The handler runs on the thread executing the script, so the thread's
-/// CPU clock is the script's.)
+/// not lose its event. Reading the thread's CPU clock is a system call (a
+/// tenth of a short call's cost), so no call reads it at its start: the
+/// first check of a call (the interrupt handler runs every few thousand
+/// bytecodes; reading a result back checks too) takes the CPU clock as the
+/// call's start, and the budget counts from there. A call is thus allowed
+/// at most one check interval more than `timeout_ms`, and most calls end
+/// before their first check and never read the clock. After that, each
+/// check compares the cheap wall clock against a deadline; only once that
+/// passes does it read the CPU clock, and then either stops the call or
+/// moves the deadline to when the rest of the budget could at the earliest
+/// be spent. (The handler runs on the thread executing the script, so the
+/// thread's CPU clock is the script's.)
 struct CallBudget {
     budget_ns: u64,
     /// Wall-clock nanoseconds (`now_ns`) after which the CPU clock is read;
     /// 0 when no call is running.
     check_at: AtomicU64,
-    /// The thread's CPU clock when the call began.
+    /// The thread's CPU clock at the call's first check; 0 before it.
     cpu_start: AtomicU64,
     /// Whether the running call has been told to stop.
     tripped: AtomicBool,
@@ -271,9 +276,9 @@ impl CallBudget {
 
     fn start(&self) {
         self.tripped.store(false, Ordering::Relaxed);
-        self.cpu_start.store(thread_cpu_ns(), Ordering::Relaxed);
-        self.check_at
-            .store(now_ns() + self.budget_ns, Ordering::Relaxed);
+        self.cpu_start.store(0, Ordering::Relaxed);
+        // Due at once: the first check starts the CPU clock.
+        self.check_at.store(1, Ordering::Relaxed);
     }
 
     /// Ends the call; whether it ran out of budget.
@@ -292,7 +297,14 @@ impl CallBudget {
         if now <= check_at {
             return false;
         }
-        let used = thread_cpu_ns().saturating_sub(self.cpu_start.load(Ordering::Relaxed));
+        let cpu_now = thread_cpu_ns();
+        let cpu_start = self.cpu_start.load(Ordering::Relaxed);
+        if cpu_start == 0 {
+            self.cpu_start.store(cpu_now.max(1), Ordering::Relaxed);
+            self.check_at.store(now + self.budget_ns, Ordering::Relaxed);
+            return false;
+        }
+        let used = cpu_now.saturating_sub(cpu_start);
         if used >= self.budget_ns {
             self.tripped.store(true, Ordering::Relaxed);
             return true;
@@ -451,8 +463,8 @@ impl JsWorker {
             globals
                 .set(HIDDEN_CTX, cx_object)
                 .map_err(|e| e.to_string())?;
-            let lazy =
-                LazyEvents::install(&ctx).map_err(|e| format!("cannot start QuickJS: {e}"))?;
+            let lazy = LazyEvents::install(&ctx, (options.memory_limit_mb as usize) << 20)
+                .map_err(|e| format!("cannot start QuickJS: {e}"))?;
             Ok((lazy, wants_meta))
         })?;
         Ok(JsWorker {
@@ -493,8 +505,9 @@ impl JsWorker {
     /// until its result is read back or its error described: getters,
     /// Proxy traps and `toString` run script code in both.
     fn call<'js>(&self, ctx: &Ctx<'js>, event: &mut Event) -> Result<Verdict, EventError> {
-        // Lazy fields stay lazy: the proxy parses only what the script
-        // reads, and its edits are spliced in when the event is written.
+        // Lazy fields stay lazy: the event object parses only what the
+        // script reads, and its edits are spliced in when the event is
+        // written.
         if let Payload::Raw(bytes) = event.payload() {
             let mut map = Fields::new();
             map.insert(
@@ -503,22 +516,17 @@ impl JsWorker {
             );
             *event.payload_mut() = Payload::Fields(map);
         }
-        let (proxy, state) = self
+        let object = self
             .lazy
             .begin(ctx, event.detached())
             .map_err(|e| EventError::new(format!("passing the event to the script: {e}")))?;
-        let globals = ctx.globals();
-        let process: Function = globals
-            .get(HIDDEN_PROCESS)
-            .map_err(|e| EventError::new(e.to_string()))?;
-        let cx_object: Object = globals
-            .get(HIDDEN_CTX)
-            .map_err(|e| EventError::new(e.to_string()))?;
         let spent = || self.budget.spent();
         let limits = ReadLimits::new(self.memory_limit as usize, &spent);
         self.budget.start();
-        let outcome = self.call_and_read(ctx, event, &process, cx_object, &proxy, &state, &limits);
-        self.lazy.end(&state);
+        let outcome = self.call_and_read(ctx, event, &object, &limits);
+        self.lazy.end(&object);
+        // Whatever the outcome, the values the call held are let go.
+        self.lazy.discard(ctx);
         if self.budget.stop() {
             return Err(EventError::new(format!(
                 "process() ran past timeout_ms ({} ms) and was stopped",
@@ -528,48 +536,54 @@ impl JsWorker {
         outcome
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn call_and_read<'js>(
         &self,
         ctx: &Ctx<'js>,
         event: &mut Event,
-        process: &Function<'js>,
-        cx_object: Object<'js>,
-        proxy: &Value<'js>,
-        state: &Object<'js>,
+        object: &Value<'js>,
         limits: &ReadLimits<'_>,
     ) -> Result<Verdict, EventError> {
+        let globals = ctx.globals();
+        let process: Function = globals
+            .get(HIDDEN_PROCESS)
+            .map_err(|e| EventError::new(e.to_string()))?;
+        let cx_object: Object = globals
+            .get(HIDDEN_CTX)
+            .map_err(|e| EventError::new(e.to_string()))?;
         let called = if self.wants_meta {
             let meta = meta_object(ctx, event.meta())
                 .map_err(|e| EventError::new(format!("passing the metadata to the script: {e}")))?;
-            process.call::<_, Value>((proxy.clone(), cx_object, meta))
+            process.call::<_, Value>((object.clone(), cx_object, meta))
         } else {
-            process.call::<_, Value>((proxy.clone(), cx_object))
+            process.call::<_, Value>((object.clone(), cx_object))
         };
         let result = called
             .catch(ctx)
             .map_err(|e| EventError::new(describe(e, "process() threw", 0)))?;
-        if result == *proxy {
-            // The common case: the event came back. Let go of the proxy's
-            // reference first, so the change does not copy the event.
-            self.lazy.end(state);
-            apply(state, proxy, event.payload_mut(), limits).map_err(|e| EventError::new(e.0))?;
+        if result == *object {
+            // The common case: the event came back. Let go of the event
+            // object's reference to the event first, so the change does
+            // not copy it.
+            self.lazy.end(object);
+            self.lazy
+                .apply(ctx, object, event.payload_mut(), limits)
+                .map_err(|e| EventError::new(e.0))?;
             return Ok(Verdict::Keep);
         }
-        self.verdict(event, result, proxy, limits)
+        self.verdict(event, result, object, limits)
     }
 
     fn verdict<'js>(
         &self,
         event: &mut Event,
         result: Value<'js>,
-        proxy: &Value<'js>,
+        object: &Value<'js>,
         limits: &ReadLimits<'_>,
     ) -> Result<Verdict, EventError> {
         let walk = Walk {
             limits,
-            proxy: Some(proxy),
-            inside_proxy: false,
+            event_object: Some(object),
+            inside_event: false,
         };
         if result.is_null() || result.is_undefined() {
             return Ok(Verdict::Discard);
@@ -652,5 +666,60 @@ mod tests {
         }
         budget.stop();
         assert!(!budget.spent(), "stopped");
+    }
+
+    /// Every value a call holds is let go, whatever the call does (returns
+    /// its event, another object, the event inside others, throws, fails
+    /// to be read back): objects left over from many calls would be found
+    /// in the heap's count, a leaked reference keeps one alive for ever.
+    #[test]
+    fn calls_leave_nothing_behind_in_the_heap() {
+        let script = r#"
+            function process(e) {
+              const nested = e.user; nested.seen = true; const level = e.level;
+              e.added = { n: e.n }; delete e.pad; delete e.added; e.added = [level];
+              switch (e.n % 6) {
+                case 0: return e;
+                case 1: return { copy: { ...e }, level };
+                case 2: throw new Error("no");
+                case 3: return [e, { n: e.n }];
+                case 4: e.self = e; return e;
+                default: return null;
+              }
+            }
+        "#;
+        let options = JsOptions {
+            script: Some(script.into()),
+            file: None,
+            timeout_ms: 1000,
+            memory_limit_mb: 64,
+        };
+        let cx = BuildContext {
+            stage_id: "leak".into(),
+            base_dir: ".".into(),
+            worker: 0,
+        };
+        let mut worker = JsWorker::new(script, &options, &cx).unwrap();
+        let run = |worker: &mut JsWorker, calls: u64| {
+            let mut outcomes = [0u64; 2];
+            for n in 0..calls {
+                let fields =
+                    serde_json::json!({"n": n, "level": "info", "user": {"id": n}, "pad": "x"});
+                let mut event = Event::fields(
+                    fields.as_object().unwrap().clone(),
+                    logbus_plugin_api::Meta::at("t", 1),
+                );
+                outcomes[usize::from(worker.process(&mut event).is_ok())] += 1;
+            }
+            worker.runtime.run_gc();
+            (worker.runtime.memory_usage().obj_count, outcomes)
+        };
+        let (objects_before, _) = run(&mut worker, 60);
+        let (objects_after, outcomes) = run(&mut worker, 3000);
+        assert_eq!(outcomes, [1000, 2000], "errors and successes both ran");
+        assert!(
+            objects_after <= objects_before,
+            "{objects_before} objects after 60 calls, {objects_after} after 3060"
+        );
     }
 }

@@ -616,3 +616,115 @@ fn a_lazy_event_gives_the_same_results_as_ordinary_fields() {
         other => panic!("no longer lazy: {other:?}"),
     }
 }
+
+/// The event object's edges: what a plain object would do, or a clear
+/// error where an event field cannot follow (symbol names, accessors).
+#[test]
+fn the_event_object_answers_symbols_accessors_and_prototypes_plainly() {
+    let mut p = build(json!({ "script": r#"
+        function process(e) {
+          const sym = Symbol("s");
+          const out = {
+            proto: Object.getPrototypeOf(e) === Object.prototype,
+            isObject: e instanceof Object,
+            iterator: typeof e[Symbol.iterator],
+            symbolIn: sym in e,
+            symbolDelete: delete e[sym],
+            ownSymbols: Object.getOwnPropertySymbols(e).length,
+            descriptor: Object.getOwnPropertyDescriptor(e, "a"),
+            missing: Object.getOwnPropertyDescriptor(e, "zz") === undefined,
+          };
+          try { e[sym] = 1; out.symbolSet = "allowed"; } catch (x) { out.symbolSet = x.name + ": " + x.message; }
+          try { Object.defineProperty(e, "g", { get() { return 1; } }); out.getter = "allowed"; } catch (x) { out.getter = x.name + ": " + x.message; }
+          Object.defineProperty(e, "defined", { value: 5, enumerable: true });
+          out.keys = Object.keys(e).join(",");
+          out.defined = e.defined;
+          return out;
+        }
+    "# }));
+    let mut e = event(json!({"a": 1}));
+    p.process(&mut e).unwrap();
+    let out = fields(&e);
+    assert_eq!(out["proto"], true);
+    assert_eq!(out["isObject"], true);
+    assert_eq!(out["iterator"], "undefined");
+    assert_eq!(out["symbolIn"], false);
+    assert_eq!(out["symbolDelete"], true);
+    assert_eq!(out["ownSymbols"], 0);
+    assert_eq!(
+        out["descriptor"],
+        json!({"value": 1, "writable": true, "enumerable": true, "configurable": true})
+    );
+    assert_eq!(out["missing"], true);
+    assert_eq!(
+        out["symbolSet"],
+        "TypeError: an event field's name is a string; a symbol cannot be one"
+    );
+    assert_eq!(
+        out["getter"],
+        "TypeError: an event field holds a value; it cannot be a getter or setter"
+    );
+    assert_eq!(out["keys"], "a,defined");
+    assert_eq!(out["defined"], 5);
+}
+
+/// A name deleted and set again moves last, on the event as on a plain
+/// object: in `Object.keys` during the call and in the event written.
+#[test]
+fn a_field_deleted_and_set_again_moves_last_as_on_a_plain_object() {
+    let script = r#"
+        function edit(o) { o.x = 1; delete o.x; o.y = 2; o.x = 3; delete o.a; o.a = 4; return Object.keys(o).join(","); }
+        function process(e) {
+          const plain = edit({ a: 0, b: 0 });
+          const seen = edit(e);
+          e.plain = plain;
+          e.seen = seen;
+          return e;
+        }
+    "#;
+    let mut p = build(json!({ "script": script }));
+    let mut e = event(json!({"a": 0, "b": 0}));
+    p.process(&mut e).unwrap();
+    let out = fields(&e);
+    assert_eq!(out["plain"], "b,y,x,a");
+    assert_eq!(out["seen"], "b,y,x,a");
+    let keys: Vec<&String> = e.as_fields().unwrap().keys().collect();
+    assert_eq!(keys, ["b", "y", "x", "a", "plain", "seen"]);
+}
+
+/// An object kept from an earlier call refuses every use, not only reads.
+#[test]
+fn a_kept_event_object_refuses_writes_deletes_and_listing() {
+    let mut p = build(json!({ "script": r#"
+        let kept;
+        function process(e) {
+          if (kept === undefined) { kept = e; return e; }
+          const tries = [() => kept.a, () => { kept.a = 1; }, () => { delete kept.a; },
+                         () => "a" in kept, () => Object.keys(kept)];
+          return { errors: tries.map((t) => { try { t(); return "none"; } catch (x) { return x.name; } }) };
+        }
+    "# }));
+    p.process(&mut event(json!({"a": 1}))).unwrap();
+    let mut e = event(json!({}));
+    p.process(&mut e).unwrap();
+    assert_eq!(fields(&e)["errors"], json!(vec!["TypeError"; 5]));
+}
+
+/// The names a call touches are held outside the JS heap; they are charged
+/// against `memory_limit_mb` like the heap, and the worker goes on.
+#[test]
+fn touching_endless_names_runs_out_of_memory_not_the_host() {
+    let mut p = build(json!({
+        "script": "function process(e) { if (e.ok) return e; for (let i = 0; ; i++) { if (e.del) delete e['k' + i]; else e['k' + i] = i; } }",
+        "memory_limit_mb": 1,
+        "timeout_ms": 20000
+    }));
+    for hog in [json!({"set": true}), json!({"del": true})] {
+        let err = p.process(&mut event(hog)).unwrap_err();
+        assert!(err.0.contains("out of memory"), "{err}");
+        assert!(matches!(
+            p.process(&mut event(json!({"ok": 1}))),
+            Ok(Verdict::Keep)
+        ));
+    }
+}
