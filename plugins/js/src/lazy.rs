@@ -31,6 +31,10 @@ use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 
 use indexmap::IndexMap;
+
+/// Names are the script's to choose: a seeded hash (foldhash's, which is
+/// fast on short keys).
+type Touched = IndexMap<Box<str>, Seen, foldhash::fast::RandomState>;
 use logbus_plugin_api::{Event, Payload};
 use rquickjs::{Ctx, Exception, Value, qjs};
 
@@ -75,7 +79,7 @@ struct CallState {
     event: Option<Event>,
     /// By name, in the order the script touched them (a name deleted or
     /// set again after a delete moves last, as on a plain object).
-    touched: IndexMap<Box<str>, Seen>,
+    touched: Touched,
     /// Roughly what `touched` takes on the Rust heap.
     touched_bytes: usize,
     /// The most `touched` may take: the worker's `memory_limit_mb`.
@@ -89,6 +93,8 @@ pub struct LazyEvents {
     class_id: qjs::JSClassID,
     /// Boxed: each live event object points at it.
     state: Box<RefCell<CallState>>,
+    /// The map of the call before, emptied: its allocation is reused.
+    spare: RefCell<Touched>,
 }
 
 static HOOKS: qjs::JSClassExoticMethods = qjs::JSClassExoticMethods {
@@ -140,6 +146,7 @@ impl LazyEvents {
         Ok(LazyEvents {
             class_id,
             state: Box::new(RefCell::new(state)),
+            spare: RefCell::default(),
         })
     }
 
@@ -189,14 +196,14 @@ impl LazyEvents {
         payload: &mut Payload,
         limits: &ReadLimits<'_>,
     ) -> Result<(), ConvertError> {
-        let touched = self.take();
+        let mut touched = self.take();
         let walk = Walk {
             limits,
             event_object: Some(object),
             inside_event: true,
         };
         let mut outcome = Ok(());
-        for (name, seen) in touched {
+        for (name, seen) in touched.drain(..) {
             let value = match seen {
                 Seen::Deleted => {
                     if outcome.is_ok() {
@@ -231,25 +238,36 @@ impl LazyEvents {
                 (None, payload) => remove(payload, &name),
             });
         }
+        self.give_back(touched);
         outcome
     }
 
     /// Releases what the call held without applying it (the script
     /// returned something else, or failed).
     pub fn discard(&self, ctx: &Ctx<'_>) {
-        for seen in self.take().into_values() {
+        let mut touched = self.take();
+        for (_, seen) in touched.drain(..) {
             release(ctx, seen);
         }
+        self.give_back(touched);
     }
 
-    fn take(&self) -> IndexMap<Box<str>, Seen> {
+    /// The call's map, leaving the spare (empty) one in its place.
+    fn take(&self) -> Touched {
+        let spare = self.spare.take();
         match self.state.try_borrow_mut() {
             Ok(mut state) => {
                 state.touched_bytes = 0;
-                std::mem::take(&mut state.touched)
+                std::mem::replace(&mut state.touched, spare)
             }
-            Err(_) => IndexMap::new(),
+            Err(_) => spare,
         }
+    }
+
+    /// Keeps an emptied map for the next call.
+    fn give_back(&self, touched: Touched) {
+        debug_assert!(touched.is_empty());
+        *self.spare.borrow_mut() = touched;
     }
 }
 
@@ -312,14 +330,29 @@ unsafe fn hook<T>(
                 qjs::JS_AtomToValue(ctx.as_raw().as_ptr(), atom),
             )
         };
-        match key.as_string() {
-            Some(text) => {
-                let name = text.to_string()?;
-                f(&ctx, &mut state, Some(&name))
-            }
-            None if key.is_exception() => Err(rquickjs::Error::Exception),
-            None => f(&ctx, &mut state, None),
+        if key.is_exception() {
+            return Err(rquickjs::Error::Exception);
         }
+        if !key.is_string() {
+            return f(&ctx, &mut state, None);
+        }
+        // Borrowed from QuickJS (no copy for ASCII text) for the hook.
+        let raw = ctx.as_raw().as_ptr();
+        let mut len = 0;
+        // SAFETY: `key` is a live string; the text is freed below.
+        let text = unsafe { qjs::JS_ToCStringLen2(raw, &mut len, key.as_raw(), false) };
+        if text.is_null() {
+            return Err(rquickjs::Error::Exception);
+        }
+        // SAFETY: QuickJS gives `len` bytes at `text`.
+        let bytes = unsafe { std::slice::from_raw_parts(text.cast::<u8>(), len as usize) };
+        let outcome = match std::str::from_utf8(bytes) {
+            Ok(name) => f(&ctx, &mut state, Some(name)),
+            Err(_) => f(&ctx, &mut state, Some(&String::from_utf8_lossy(bytes))),
+        };
+        // SAFETY: from JS_ToCStringLen2 above.
+        unsafe { qjs::JS_FreeCString(raw, text) };
+        outcome
     })();
     match outcome {
         Ok(v) => Some(v),
