@@ -492,6 +492,59 @@ mod tests {
         assert_eq!(&out[EVENT_OVERHEAD..], b"hello");
     }
 
+    /// Each way an event's time is read: RFC 3339 text, seconds or
+    /// milliseconds since the epoch (told apart at 1e11), and the ingest
+    /// time, to the millisecond, where the field is missing or unreadable.
+    #[test]
+    fn the_time_field_is_read_as_text_seconds_or_milliseconds_else_ingest() {
+        let time = Some(FieldPath::parse("t").unwrap());
+        let ingest_ns = 1_700_000_000_123_456_789;
+        let at = |t: serde_json::Value| {
+            let fields = serde_json::json!({ "t": t });
+            let e = Event::fields(
+                fields.as_object().unwrap().clone(),
+                Meta::at("t", ingest_ns),
+            );
+            timestamp_ms(&time, &e)
+        };
+        assert_eq!(at("2026-12-04T10:00:00.250Z".into()), 1_796_378_400_250);
+        assert_eq!(
+            at("2026-12-04T11:00:00.250+01:00".into()),
+            1_796_378_400_250
+        );
+        assert_eq!(at(1_796_378_400.25.into()), 1_796_378_400_250, "seconds");
+        assert_eq!(
+            at(1_796_378_400_250u64.into()),
+            1_796_378_400_250,
+            "milliseconds"
+        );
+        assert_eq!(
+            at(99_999_999_999u64.into()),
+            99_999_999_999_000,
+            "below 1e11: seconds"
+        );
+        assert_eq!(
+            at(100_000_000_000u64.into()),
+            100_000_000_000,
+            "1e11: milliseconds"
+        );
+        assert_eq!(at((-5).into()), -5_000, "before the epoch");
+        let ingest_ms = 1_700_000_000_123;
+        assert_eq!(at("yesterday".into()), ingest_ms, "unreadable text");
+        assert_eq!(
+            at(serde_json::json!({"s": 1})),
+            ingest_ms,
+            "neither text nor number"
+        );
+        let e = Event::raw("no fields", Meta::at("t", ingest_ns));
+        assert_eq!(timestamp_ms(&time, &e), ingest_ms, "no such field");
+        assert_eq!(
+            timestamp_ms(&None, &e),
+            ingest_ms,
+            "no time field configured"
+        );
+    }
+
     #[test]
     fn a_message_that_is_not_utf8_is_refused_naming_why() {
         let e = Event::raw(vec![0xff, 0xfe], Meta::now("t".into()));

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use logbus_plugin_api::testing::{self, RunningSource};
-use logbus_plugin_api::{Outcome, Typed};
+use logbus_plugin_api::{Outcome, Typed, now_ns};
 use serde_json::{Value, json};
 
 mod common;
@@ -62,6 +62,7 @@ async fn a_prefix_is_read_decompressed_and_checkpointed() {
     put(&url, &b, "logs/skip.tmp", &lines("tmp", 5));
     put(&url, &b, "other/d.log", &lines("d", 5));
     let state = tempfile::tempdir().unwrap();
+    let started_ns = now_ns();
     let mut s = source(
         &url,
         &b,
@@ -69,8 +70,15 @@ async fn a_prefix_is_read_decompressed_and_checkpointed() {
         10_000,
     );
     let events = testing::take(&mut s.rx, 300).await;
+    let taken_ns = now_ns();
     let mut by_origin: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for e in &events {
+        // Stamped when read, not left at the template's zero.
+        let ingest_ns = e.meta().ingest_ns;
+        assert!(
+            (started_ns..=taken_ns).contains(&ingest_ns),
+            "ingest time {ingest_ns} outside the run ({started_ns}..={taken_ns})"
+        );
         by_origin
             .entry(e.meta().origin.as_deref().unwrap().to_string())
             .or_default()

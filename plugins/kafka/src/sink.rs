@@ -257,6 +257,31 @@ impl KafkaSinkOptions {
     }
 }
 
+impl KafkaSinkOptions {
+    /// The sink core's settings from these options.
+    fn driver_config(&self) -> DriverConfig {
+        DriverConfig {
+            limits: BatchLimits {
+                max_events: self.batch_max_events,
+                // Messages go one by one to librdkafka, which batches for
+                // the wire itself: bound a batch's memory, not its body.
+                max_bytes: 64 << 20,
+                max_age: Duration::from_millis(self.batch_timeout_ms),
+                ..BatchLimits::default()
+            },
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_millis(self.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(self.retry_max_backoff_ms),
+                max_attempts: self.retry_max_attempts,
+                max_elapsed: None,
+            },
+            in_flight: self.in_flight,
+            on_rejected: self.on_rejected,
+            destination: format!("kafka {} topic {}", self.brokers, self.topic),
+        }
+    }
+}
+
 impl TypedPlugin for KafkaSink {
     type Options = KafkaSinkOptions;
     const NAME: &'static str = "kafka";
@@ -287,25 +312,7 @@ impl TypedPlugin for KafkaSink {
             Duration::from_millis(options.replace_stuck_after_ms),
         )
         .map_err(|e| OptionError::at(&["librdkafka"], format!("creating the producer: {e}")))?;
-        let config = DriverConfig {
-            limits: BatchLimits {
-                max_events: options.batch_max_events,
-                // Messages go one by one to librdkafka, which batches for
-                // the wire itself: bound a batch's memory, not its body.
-                max_bytes: 64 << 20,
-                max_age: Duration::from_millis(options.batch_timeout_ms),
-                ..BatchLimits::default()
-            },
-            retry: RetryPolicy {
-                initial_backoff: Duration::from_millis(options.retry_initial_backoff_ms),
-                max_backoff: Duration::from_millis(options.retry_max_backoff_ms),
-                max_attempts: options.retry_max_attempts,
-                max_elapsed: None,
-            },
-            in_flight: options.in_flight,
-            on_rejected: options.on_rejected,
-            destination: format!("kafka {} topic {}", options.brokers, options.topic),
-        };
+        let config = options.driver_config();
         let service = KafkaService {
             producers,
             topic,
@@ -604,6 +611,45 @@ mod tests {
     fn replaced(service: &KafkaService) -> (u64, u64) {
         let p = &service.producers;
         (p.replaced.load(Ordering::Relaxed), p.current().0)
+    }
+
+    /// Every batching, retry and flow option reaches the sink core.
+    #[test]
+    fn the_options_set_the_sink_core() {
+        let options: KafkaSinkOptions = serde_json::from_value(serde_json::json!({
+            "brokers": "b:9092", "topic": "t",
+            "batch_max_events": 17, "batch_timeout_ms": 23,
+            "retry_initial_backoff_ms": 5, "retry_max_backoff_ms": 700, "retry_max_attempts": 9,
+            "in_flight": 3, "on_rejected": "drop",
+        }))
+        .unwrap();
+        let config = options.driver_config();
+        assert_eq!(
+            config.limits,
+            BatchLimits {
+                max_events: 17,
+                max_bytes: 64 << 20,
+                max_age: Duration::from_millis(23),
+                ..BatchLimits::default()
+            }
+        );
+        assert_ne!(
+            BatchLimits::default().max_bytes,
+            64 << 20,
+            "the test tells them apart"
+        );
+        assert_eq!(
+            config.retry,
+            RetryPolicy {
+                initial_backoff: Duration::from_millis(5),
+                max_backoff: Duration::from_millis(700),
+                max_attempts: Some(9),
+                max_elapsed: None,
+            }
+        );
+        assert_eq!(config.in_flight, 3);
+        assert_eq!(config.on_rejected, OnRejected::Drop);
+        assert_eq!(config.destination, "kafka b:9092 topic t");
     }
 
     #[tokio::test]
