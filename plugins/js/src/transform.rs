@@ -143,7 +143,7 @@ pub fn syntax_check(source: &str) -> Result<(), String> {
     context.with(|ctx| {
         compile_only(&ctx, source)
             .catch(&ctx)
-            .map_err(|e| describe(e, "syntax error", 0))
+            .map_err(|e| describe(e, "syntax error"))
     })
 }
 
@@ -178,7 +178,7 @@ fn compile_only(ctx: &Ctx<'_>, source: &str) -> rquickjs::Result<()> {
 /// "line N, column M: message" for an exception, as precisely as QuickJS
 /// tells: the position comes from the error's stack trace (`<eval>:L:C`),
 /// or from `lineNumber`/`columnNumber` where the engine sets them.
-fn describe(error: CaughtError<'_>, what: &str, line_offset: i32) -> String {
+fn describe(error: CaughtError<'_>, what: &str) -> String {
     match error {
         CaughtError::Exception(e) => {
             let message = e.message().unwrap_or_default();
@@ -190,8 +190,7 @@ fn describe(error: CaughtError<'_>, what: &str, line_offset: i32) -> String {
                 .ok()
                 .filter(|l| *l > 0)
                 .map(|l| (l, e.get::<_, i32>("columnNumber").ok().filter(|c| *c > 0)))
-                .or_else(|| e.stack().as_deref().and_then(stack_position))
-                .map(|(l, c)| (l - line_offset, c));
+                .or_else(|| e.stack().as_deref().and_then(stack_position));
             match position {
                 Some((l, Some(c))) => {
                     format!("{what} at script line {l}, column {c}: {name}: {message}")
@@ -255,6 +254,10 @@ fn thread_cpu_ns() -> u64 {
 /// thread's CPU clock is the script's.)
 struct CallBudget {
     budget_ns: u64,
+    /// The wall clock (`now_ns`) and the thread's CPU clock
+    /// (`thread_cpu_ns`); tests give their own.
+    wall: fn() -> u64,
+    cpu: fn() -> u64,
     /// Wall-clock nanoseconds (`now_ns`) after which the CPU clock is read;
     /// 0 when no call is running.
     check_at: AtomicU64,
@@ -266,8 +269,14 @@ struct CallBudget {
 
 impl CallBudget {
     fn new(budget: Duration) -> CallBudget {
+        CallBudget::with_clocks(budget, now_ns, thread_cpu_ns)
+    }
+
+    fn with_clocks(budget: Duration, wall: fn() -> u64, cpu: fn() -> u64) -> CallBudget {
         CallBudget {
             budget_ns: budget.as_nanos() as u64,
+            wall,
+            cpu,
             check_at: AtomicU64::new(0),
             cpu_start: AtomicU64::new(0),
             tripped: AtomicBool::new(false),
@@ -293,11 +302,11 @@ impl CallBudget {
         if check_at == 0 {
             return false;
         }
-        let now = now_ns();
+        let now = (self.wall)();
         if now <= check_at {
             return false;
         }
-        let cpu_now = thread_cpu_ns();
+        let cpu_now = (self.cpu)();
         let cpu_start = self.cpu_start.load(Ordering::Relaxed);
         if cpu_start == 0 {
             self.cpu_start.store(cpu_now.max(1), Ordering::Relaxed);
@@ -424,7 +433,7 @@ impl JsWorker {
             });
             let timeout_ms = options.timeout_ms;
             let timed = |what: &str, outcome: Result<Value, CaughtError<'_>>| {
-                let described = outcome.map(|_| ()).map_err(|e| describe(e, what, 0));
+                let described = outcome.map(|_| ()).map_err(|e| describe(e, what));
                 if budget.stop() {
                     return Err(format!("{what}: ran past timeout_ms ({timeout_ms} ms) and was stopped"));
                 }
@@ -559,7 +568,7 @@ impl JsWorker {
         };
         let result = called
             .catch(ctx)
-            .map_err(|e| EventError::new(describe(e, "process() threw", 0)))?;
+            .map_err(|e| EventError::new(describe(e, "process() threw")))?;
         if result == *object {
             // The common case: the event came back. Let go of the event
             // object's reference to the event first, so the change does
@@ -721,5 +730,94 @@ mod tests {
             objects_after <= objects_before,
             "{objects_before} objects after 60 calls, {objects_after} after 3060"
         );
+    }
+
+    /// The first frame with a position gives it, with or without a column.
+    #[test]
+    fn a_stack_trace_gives_the_first_position_it_has() {
+        assert_eq!(
+            stack_position("    at process (<eval>:3:11)\n    at <eval> (<eval>:9:1)"),
+            Some((3, Some(11)))
+        );
+        assert_eq!(
+            stack_position("    at f (native)\n    at process (script:12)"),
+            Some((12, None))
+        );
+        assert_eq!(stack_position("    at f (native)"), None);
+        assert_eq!(stack_position(""), None);
+    }
+
+    /// The thread's CPU clock, in nanoseconds: a fresh thread has used
+    /// less than a second, and some after spinning.
+    #[test]
+    fn the_thread_cpu_clock_reads_nanoseconds() {
+        let (start, spun) = std::thread::spawn(|| {
+            let start = thread_cpu_ns();
+            let began = Instant::now();
+            let mut x = 0u64;
+            while began.elapsed() < Duration::from_millis(30) {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+            (start, thread_cpu_ns())
+        })
+        .join()
+        .unwrap();
+        assert!(start < 1_000_000_000, "a fresh thread at {start} ns");
+        assert!(spun > start, "{start} then {spun}");
+        assert!(spun < 1_000_000_000, "30 ms of spinning read as {spun} ns");
+    }
+
+    thread_local! {
+        static WALL: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+        static CPU: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+        static CPU_READS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+
+    /// The budget on clocks the test moves: the CPU clock is read only at
+    /// the first check and once the wall-clock deadline passes; time off
+    /// the CPU moves the deadline by what is left; CPU time before the
+    /// call does not count.
+    #[test]
+    fn the_budget_reads_the_cpu_clock_only_when_the_deadline_passes() {
+        let (wall, cpu) = (
+            || WALL.get(),
+            || {
+                CPU_READS.set(CPU_READS.get() + 1);
+                CPU.get()
+            },
+        );
+        // Sets the clocks; how many times the CPU clock was read so far.
+        let at = |w: u64, c: u64| {
+            WALL.set(w);
+            CPU.set(c);
+        };
+        let reads = || CPU_READS.get();
+        let ms = 1_000_000;
+        let budget = CallBudget::with_clocks(Duration::from_millis(20), wall, cpu);
+        // 500 ms of CPU before the call: none of it counts.
+        at(1_000 * ms, 500 * ms);
+        budget.start();
+        assert!(!budget.spent(), "the first check starts the CPU clock");
+        assert_eq!(reads(), 1);
+        // Deadline: 20 ms of wall time from the first check.
+        at(1_019 * ms, 519 * ms);
+        assert!(!budget.spent(), "before the deadline");
+        assert_eq!(reads(), 1, "no read before the deadline");
+        // Off the CPU for most of it: 5 ms used, so the deadline moves
+        // to 15 ms from now.
+        at(1_030 * ms, 505 * ms);
+        assert!(!budget.spent(), "5 ms of CPU used");
+        assert_eq!(reads(), 2);
+        at(1_044 * ms, 519 * ms);
+        assert!(!budget.spent(), "before the moved deadline (1,045 ms)");
+        assert_eq!(reads(), 2, "no read before the moved deadline");
+        at(1_045 * ms + 1, 520 * ms);
+        assert!(budget.spent(), "20 ms of CPU used");
+        assert_eq!(reads(), 3);
+        assert!(budget.stop(), "the call ran out");
+        // A new call starts afresh.
+        budget.start();
+        assert!(!budget.spent());
+        assert!(!budget.stop());
     }
 }

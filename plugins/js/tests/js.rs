@@ -68,16 +68,21 @@ fn the_documented_script_drops_maps_and_deletes() {
     assert_eq!(fields(&e)["sev"], 7);
 }
 
+/// Every field is read into JS and written back (the event object
+/// converts only what a script touches): integers beyond 32 bits stay
+/// exact, floats stay floats.
 #[test]
 fn numbers_keep_their_kind_through_the_script() {
-    let mut p = build(json!({ "script": "function process(e) { return e; }" }));
+    let mut p = build(
+        json!({ "script": "function process(e) { for (const k of Object.keys(e)) e[k] = e[k]; e.sum = e.big - 1 + e.neg; return e; }" }),
+    );
     let mut e = event(
         json!({"i": 5, "big": 9007199254740991i64, "neg": -3_000_000_000i64, "f": 380.712, "z": 0.5}),
     );
     p.process(&mut e).unwrap();
     assert_eq!(
         fields(&e),
-        json!({"i": 5, "big": 9007199254740991i64, "neg": -3_000_000_000i64, "f": 380.712, "z": 0.5})
+        json!({"i": 5, "big": 9007199254740991i64, "neg": -3_000_000_000i64, "f": 380.712, "z": 0.5, "sum": 9007196254740990i64})
     );
 }
 
@@ -105,6 +110,16 @@ fn an_array_result_splits_and_other_results_are_errors() {
     );
     let err = p.process(&mut event(json!({"n": 3}))).unwrap_err();
     assert!(err.0.contains("item 0 is a number"), "{err}");
+    // Arrays, functions and promises are objects to QuickJS, not events.
+    let mut q = build(json!({ "script": r#"
+        function process(e) {
+          return [{}, [[1], () => 1, Promise.resolve(1)][e.n]];
+        }
+    "# }));
+    for (n, kind) in ["an array", "a function", "a Promise"].iter().enumerate() {
+        let err = q.process(&mut event(json!({"n": n}))).unwrap_err();
+        assert!(err.0.contains(&format!("item 1 is {kind}")), "{err}");
+    }
     let err = p.process(&mut event(json!({"n": 4}))).unwrap_err();
     assert!(err.0.contains("returned a string"), "{err}");
 }
@@ -229,6 +244,135 @@ fn syntax_errors_name_line_and_column() {
     assert!(err.contains("SyntaxError"), "{err}");
     // Compiling does not run the script.
     syntax_check("while (true) {}").unwrap();
+}
+
+/// `logbus validate`'s check: the script compiles (strict, as it runs),
+/// and its file can be read; each error names the option.
+#[test]
+fn the_check_compiles_the_script_and_names_the_option() {
+    let check = |options: Value| {
+        Typed(JsTransform)
+            .check(&options, &cx(std::path::Path::new(".")))
+            .into_iter()
+            .map(|e| format!("{}: {}", e.path.join("."), e.message))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        check(json!({ "script": "function process(e) { return e; }" })),
+        Vec::<String>::new()
+    );
+    let errors = check(json!({ "script": "function process(e) {\n  return e +;\n}" }));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("script: syntax error at script line 2"),
+        "{errors:?}"
+    );
+    let errors = check(json!({ "file": "no-such-file.js" }));
+    assert!(errors[0].starts_with("file: cannot read"), "{errors:?}");
+    // Strict mode, as at run time: `with` is a syntax error there.
+    let errors = check(json!({ "script": "function process(e) { with (e) { return a; } }" }));
+    assert!(
+        errors.iter().any(|e| e.contains("SyntaxError")),
+        "{errors:?}"
+    );
+}
+
+/// Hostile text for the syntax check: nesting deep enough to overflow a
+/// native stack is a clear error within the check's stack limit.
+#[test]
+fn deep_nesting_in_a_script_is_a_syntax_error_not_a_crash() {
+    let deep = format!("{}1{}", "(".repeat(100_000), ")".repeat(100_000));
+    let err = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || syntax_check(&deep))
+        .unwrap()
+        .join()
+        .expect("the check did not crash")
+        .unwrap_err();
+    assert!(err.contains("Maximum call stack size exceeded"), "{err}");
+}
+
+/// Where QuickJS says nothing of the position in the stack trace, the
+/// error's own `lineNumber` and `columnNumber` are used (a zero is no
+/// position).
+#[test]
+fn an_error_s_own_line_and_column_are_used_without_a_stack() {
+    let mut p = build(json!({ "script": r#"
+        function process(e) {
+          const err = new Error("placed");
+          Object.defineProperty(err, "stack", { value: undefined });
+          err.lineNumber = e.line;
+          err.columnNumber = e.column;
+          throw err;
+        }
+    "# }));
+    let mut threw = |line: i32, column: i32| {
+        p.process(&mut event(json!({"line": line, "column": column})))
+            .unwrap_err()
+            .0
+    };
+    assert_eq!(
+        threw(7, 3),
+        "process() threw at script line 7, column 3: Error: placed"
+    );
+    assert_eq!(
+        threw(7, 0),
+        "process() threw at script line 7: Error: placed"
+    );
+    assert_eq!(threw(0, 3), "process() threw: Error: placed");
+}
+
+/// A result nested exactly as deep as allowed is read; one level more is
+/// an error; so are cycles through plain objects and arrays (which would
+/// otherwise recurse without end).
+#[test]
+fn results_are_read_to_128_levels_and_cycles_are_errors() {
+    let mut p = build(json!({ "script": r#"
+        function process(e) {
+          if (e.cycle === "object") { const o = {}; o.o = o; return { x: o }; }
+          if (e.cycle === "array") { const a = []; a.push(a); return { x: a }; }
+          let v = 1;
+          for (let i = 0; i < e.levels; i++) v = e.arrays ? [v] : { v };
+          return { x: v };
+        }
+    "# }));
+    for arrays in [false, true] {
+        let ok = p.process(&mut event(json!({"levels": 127, "arrays": arrays})));
+        assert!(
+            matches!(ok, Ok(Verdict::Keep)),
+            "127 levels, arrays {arrays}: {ok:?}"
+        );
+        let err = p
+            .process(&mut event(json!({"levels": 128, "arrays": arrays})))
+            .unwrap_err();
+        assert!(
+            err.0.contains("more than 128 levels"),
+            "arrays {arrays}: {err}"
+        );
+    }
+    for cycle in ["object", "array"] {
+        let err = p.process(&mut event(json!({"cycle": cycle}))).unwrap_err();
+        assert!(err.0.contains("more than 128 levels"), "{cycle}: {err}");
+    }
+}
+
+/// Numbers read back as JSON would write them: integral values below 2^53
+/// as integers, others as floats, non-finite ones as null.
+#[test]
+fn numbers_read_back_as_integers_floats_or_null() {
+    let mut p = build(json!({ "script": r#"
+        function process(e) {
+          return { a: 2 ** 40, b: 0.5, c: 2 ** 53, d: 1e300, e: Infinity, f: NaN, g: -(2 ** 40), h: 2 ** 53 - 1 };
+        }
+    "# }));
+    let mut e = event(json!({}));
+    p.process(&mut e).unwrap();
+    let mut out = Vec::new();
+    assert!(e.payload().write_json(&mut out));
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        r#"{"a":1099511627776,"b":0.5,"c":9007199254740992.0,"d":1e+300,"e":null,"f":null,"g":-1099511627776,"h":9007199254740991}"#
+    );
 }
 
 #[test]
@@ -673,7 +817,7 @@ fn the_event_object_answers_symbols_accessors_and_prototypes_plainly() {
 #[test]
 fn a_field_deleted_and_set_again_moves_last_as_on_a_plain_object() {
     let script = r#"
-        function edit(o) { o.x = 1; delete o.x; o.y = 2; o.x = 3; delete o.a; o.a = 4; return Object.keys(o).join(","); }
+        function edit(o) { o.x = 1; delete o.x; o.y = 2; o.x = 3; delete o.a; o.a = 4; o.p = 1; o.q = 2; o.p = 3; return Object.keys(o).join(","); }
         function process(e) {
           const plain = edit({ a: 0, b: 0 });
           const seen = edit(e);
@@ -686,10 +830,10 @@ fn a_field_deleted_and_set_again_moves_last_as_on_a_plain_object() {
     let mut e = event(json!({"a": 0, "b": 0}));
     p.process(&mut e).unwrap();
     let out = fields(&e);
-    assert_eq!(out["plain"], "b,y,x,a");
-    assert_eq!(out["seen"], "b,y,x,a");
+    assert_eq!(out["plain"], "b,y,x,a,p,q");
+    assert_eq!(out["seen"], "b,y,x,a,p,q");
     let keys: Vec<&String> = e.as_fields().unwrap().keys().collect();
-    assert_eq!(keys, ["b", "y", "x", "a", "plain", "seen"]);
+    assert_eq!(keys, ["b", "y", "x", "a", "p", "q", "plain", "seen"]);
 }
 
 /// An object kept from an earlier call refuses every use, not only reads.
@@ -711,7 +855,8 @@ fn a_kept_event_object_refuses_writes_deletes_and_listing() {
 }
 
 /// The names a call touches are held outside the JS heap; they are charged
-/// against `memory_limit_mb` like the heap, and the worker goes on.
+/// against `memory_limit_mb` like the heap (each name its length plus 64
+/// bytes, as docs/plugins/js.md says), and the worker goes on.
 #[test]
 fn touching_endless_names_runs_out_of_memory_not_the_host() {
     let mut p = build(json!({
@@ -727,4 +872,22 @@ fn touching_endless_names_runs_out_of_memory_not_the_host() {
             Ok(Verdict::Keep)
         ));
     }
+    // Exactly as many names as the charge allows: 64-byte names cost 128
+    // bytes each, and 1 MiB holds 8,192 of them (the last one exactly).
+    let mut p = build(json!({
+        "script": r#"function process(e) {
+            let n = 0;
+            try { for (;;) { e["k" + String(n).padStart(63, "0")] = 1; n++; } }
+            catch (x) { return { n, why: String(x) }; }
+        }"#,
+        "memory_limit_mb": 1,
+    }));
+    let mut e = event(json!({}));
+    p.process(&mut e).unwrap();
+    assert_eq!(
+        fields(&e)["n"],
+        (1 << 20) / (64 + 64),
+        "{}",
+        fields(&e)["why"]
+    );
 }
