@@ -429,3 +429,35 @@ impl Mailer {
             .map_err(|e| format!("building the message: {e}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::Meta;
+
+    /// A template is text and `{{…}}` pieces, no empty text between them,
+    /// and renders with the text before, between and after them.
+    #[test]
+    fn a_template_keeps_its_text_around_the_pieces() {
+        let pieces = template("{{count}} events, {{ stage }}: {{level}} ok").unwrap();
+        assert!(
+            matches!(
+                pieces.as_slice(),
+                [Piece::Count, Piece::Text(a), Piece::Stage, Piece::Text(b), Piece::Field(_), Piece::Text(c)]
+                    if a == " events, " && b == ": " && c == " ok"
+            ),
+            "{pieces:?}"
+        );
+        let fields = serde_json::json!({"level": "warn"});
+        let event = Event::fields(fields.as_object().unwrap().clone(), Meta::at("t", 0));
+        assert_eq!(
+            render(&pieces, Some(&event), 3, "alerts"),
+            "3 events, alerts: warn ok"
+        );
+        assert!(matches!(
+            template("{{count}}").unwrap().as_slice(),
+            [Piece::Count]
+        ));
+        assert!(template("no {{end").unwrap_err().contains("without"));
+    }
+}

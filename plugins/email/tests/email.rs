@@ -209,6 +209,7 @@ async fn events_are_batched_into_few_messages() {
     let mail = received(&server.maildir);
     assert_eq!(mail.len(), 3, "{mail:#?}");
     let all = mail.concat();
+    assert!(!all.contains("held back"), "nothing was held back: {all}");
     for i in 0..25 {
         assert!(
             all.contains(&format!("error: boom {i}\n")),
@@ -376,7 +377,16 @@ fn bad_options_name_the_key() {
     let mut o = ok.clone();
     o["username"] = json!("u");
     assert!(errors(o).contains("password"));
-    let mut o = ok;
+    let mut o = ok.clone();
     o["subject"] = json!("{{unclosed");
     assert!(errors(o).starts_with("subject: "));
+    // The longest backoff may equal the first, not be below it.
+    let mut o = ok.clone();
+    o["retry_initial_backoff_ms"] = json!(500);
+    o["retry_max_backoff_ms"] = json!(500);
+    assert_eq!(errors(o), "");
+    let mut o = ok;
+    o["retry_initial_backoff_ms"] = json!(500);
+    o["retry_max_backoff_ms"] = json!(499);
+    assert!(errors(o).starts_with("retry_max_backoff_ms: "));
 }
