@@ -94,7 +94,6 @@ impl CheckOptions for ExecOptions {
                 &["interval_ms"],
                 "applies only with `mode: scheduled`",
             )),
-            (_, Some(0)) => errors.push(OptionError::at(&["interval_ms"], "must be at least 1")),
             _ => {}
         }
         if self.max_line_bytes == 0 {

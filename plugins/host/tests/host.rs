@@ -185,4 +185,62 @@ fn bad_options_name_the_key() {
         errors(&exec, json!({ "command": ["x"], "interval_ms": 5 }))
             .contains("only with `mode: scheduled`")
     );
+    assert_eq!(
+        errors(
+            &exec,
+            json!({ "command": ["x"], "mode": "scheduled", "interval_ms": 0 })
+        ),
+        "interval_ms: must be at least 1, got 0"
+    );
+    assert_eq!(
+        errors(
+            &exec,
+            json!({ "command": ["x"], "mode": "scheduled", "interval_ms": 1 })
+        ),
+        ""
+    );
+}
+
+/// A line goes on as soon as nothing more is waiting in the pipe (the
+/// command may print nothing else for a long time), and lines that come
+/// together go on together, in batches of at most 512.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_sends_a_lone_line_at_once_and_batches_lines_that_come_together() {
+    let s = source(
+        &Typed(logbus_host::exec::Exec),
+        json!({ "command": ["sh", "-c", "echo first; sleep 60"], "restart": "never" }),
+    );
+    let mut running = run_source(s, 10);
+    let got = tokio::time::timeout(std::time::Duration::from_secs(20), take(&mut running.rx, 1))
+        .await
+        .expect("the line arrived while the command still runs");
+    assert_eq!(text(&got[0]), "first");
+    // The command is killed at shutdown, not waited for.
+    running.stop().await.unwrap();
+
+    let s = source(
+        &Typed(logbus_host::exec::Exec),
+        json!({ "command": ["seq", "1", "3000"], "restart": "never" }),
+    );
+    let RunningSource {
+        mut rx,
+        shutdown: _stop,
+        task,
+        stop_on_drop: _guard,
+    } = run_source(s, 10_000);
+    let mut sizes = Vec::new();
+    let mut lines = Vec::new();
+    while lines.len() < 3000 {
+        let mut b = rx.recv().await.expect("more events");
+        let events = b.take();
+        sizes.push(events.len());
+        lines.extend(events.iter().map(text));
+    }
+    task.await.unwrap().unwrap();
+    assert_eq!(lines, (1..=3000).map(|i| i.to_string()).collect::<Vec<_>>());
+    assert!(sizes.iter().all(|n| *n <= 512), "{sizes:?}");
+    assert!(
+        sizes.iter().any(|n| *n > 1),
+        "lines read together are sent together: {sizes:?}"
+    );
 }
