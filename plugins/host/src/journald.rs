@@ -25,6 +25,9 @@ use logbus_plugin_api::{
 /// Batches sent and not yet finished, by the cursor of their last entry.
 type Acks = Arc<Mutex<OrderedCheckpoint<Option<String>>>>;
 
+/// The most entries sent as one batch.
+const MAX_BATCH: usize = 512;
+
 /// How long a stopping source waits for its last batches to be finished.
 const FINAL_ACK_WAIT: Duration = Duration::from_secs(30);
 
@@ -234,11 +237,16 @@ impl Source for Reader {
             .map_err(|e| StageError::io(format!("starting {}", o.journalctl.display()), e))?;
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
-        let errors = tokio::spawn(async move {
+        // journalctl's complaints are logged as they come; the last one
+        // names why it stopped, should it stop by itself.
+        let complaints = tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
+            let mut last = None;
             while let Ok(Some(line)) = lines.next_line().await {
                 tracing::warn!("journalctl: {line}");
+                last = Some(line);
             }
+            last
         });
         let mut reader = Entries::new(BufReader::with_capacity(256 * 1024, stdout));
         let acks: Acks = Arc::default();
@@ -246,25 +254,22 @@ impl Source for Reader {
         let mut saved: Option<String> = None;
         let mut saved_at = Instant::now();
         let every = Duration::from_millis(o.checkpoint_interval_ms);
+        // Whether journalctl's output ended (it exited, or closed it) rather
+        // than this source stopping reading it.
+        let mut output_ended = false;
         let result = loop {
-            let entry = tokio::select! {
+            let batch = tokio::select! {
                 _ = cx.shutdown.cancelled() => break Ok(()),
-                e = reader.next() => e,
+                b = reader.next_batch() => b,
             };
-            let mut batch = Vec::new();
-            match entry {
-                Ok(Some(fields)) => batch.push(fields),
-                Ok(None) => break Ok(()),
-                Err(e) => break Err(StageError::io("reading journalctl output", e)),
-            }
-            // Entries already buffered join the batch.
-            while batch.len() < 512 && reader.buffered() {
-                match reader.next().await {
-                    Ok(Some(fields)) => batch.push(fields),
-                    Ok(None) => break,
-                    Err(e) => return Err(StageError::io("reading journalctl output", e)),
+            let batch = match batch {
+                Ok(Some(batch)) => batch,
+                Ok(None) => {
+                    output_ended = true;
+                    break Ok(());
                 }
-            }
+                Err(e) => break Err(StageError::io("reading journalctl output", e)),
+            };
             let cursor = batch
                 .last()
                 .and_then(|f| f.get("__CURSOR"))
@@ -295,17 +300,23 @@ impl Source for Reader {
             );
         }
         self.save(committed_cursor(&acks, &metrics), &mut saved);
-        let _ = child.start_kill();
+        if !output_ended {
+            let _ = child.start_kill();
+        }
         let status = child.wait().await;
-        let _ = errors.await;
-        if !o.follow
+        let last_complaint = complaints.await.ok().flatten();
+        // journalctl stopping by itself with a failure (a cursor it cannot
+        // seek to, a directory it cannot read) fails the stage, following
+        // or not; one this source stopped is not asked.
+        if output_ended
+            && result.is_ok()
             && let Ok(status) = status
             && !status.success()
-            && !cx.shutdown.is_cancelled()
         {
             return Err(StageError::Other(format!(
-                "{} exited with {status}",
-                o.journalctl.display()
+                "{} exited with {status}{}",
+                o.journalctl.display(),
+                last_complaint.map(|l| format!(": {l}")).unwrap_or_default()
             )));
         }
         result
@@ -360,8 +371,20 @@ impl<R: tokio::io::AsyncRead + Unpin> Entries<R> {
         Entries { reader }
     }
 
-    fn buffered(&self) -> bool {
-        !self.reader.buffer().is_empty()
+    /// The next entry and those already read behind it, at most
+    /// [`MAX_BATCH`]; `None` once the output has ended.
+    async fn next_batch(&mut self) -> std::io::Result<Option<Vec<Fields>>> {
+        let Some(first) = self.next().await? else {
+            return Ok(None);
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH && !self.reader.buffer().is_empty() {
+            match self.next().await? {
+                Some(fields) => batch.push(fields),
+                None => break,
+            }
+        }
+        Ok(Some(batch))
     }
 
     async fn next(&mut self) -> std::io::Result<Option<Fields>> {
@@ -405,5 +428,78 @@ impl<R: tokio::io::AsyncRead + Unpin> Entries<R> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(export: &[u8]) -> Entries<&[u8]> {
+        Entries::new(BufReader::with_capacity(256 * 1024, export))
+    }
+
+    fn message(f: &Fields) -> &str {
+        f["MESSAGE"].as_str().unwrap()
+    }
+
+    #[tokio::test]
+    async fn entries_already_read_make_batches_of_at_most_512() {
+        let export: String = (0..1500)
+            .map(|i| format!("__CURSOR=s={i}\nMESSAGE=entry {i}\n\n"))
+            .collect();
+        assert!(export.len() < 256 * 1024, "all of it is read at once");
+        let mut reader = entries(export.as_bytes());
+        let mut sizes = Vec::new();
+        let mut next = 0;
+        while let Some(batch) = reader.next_batch().await.unwrap() {
+            sizes.push(batch.len());
+            for f in &batch {
+                assert_eq!(message(f), format!("entry {next}"));
+                next += 1;
+            }
+        }
+        assert_eq!(sizes, [512, 512, 476]);
+        assert!(reader.next_batch().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn binary_fields_blank_lines_and_a_last_entry_without_its_blank_line() {
+        let mut export = b"\n\nMESSAGE=first\nA=b=c\n\n\n".to_vec();
+        export.extend_from_slice(b"MESSAGE\n");
+        export.extend_from_slice(&5u64.to_le_bytes());
+        export.extend_from_slice(b"two\nx\nEMPTY=\n\n");
+        export.extend_from_slice(b"MESSAGE=\xffthird");
+        let mut reader = entries(&export);
+        let batch = reader.next_batch().await.unwrap().unwrap();
+        assert_eq!(batch.len(), 3);
+        assert_eq!(message(&batch[0]), "first");
+        // Only the first `=` separates the key.
+        assert_eq!(batch[0]["A"], "b=c");
+        assert_eq!(batch[0].len(), 2);
+        assert_eq!(message(&batch[1]), "two\nx");
+        assert_eq!(batch[1]["EMPTY"], "");
+        // Not UTF-8: kept, with the replacement character.
+        assert_eq!(message(&batch[2]), "\u{fffd}third");
+        assert!(reader.next_batch().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_binary_field_longer_than_64_mib_or_cut_short_is_an_error() {
+        let field = |len: u64, data: &[u8]| {
+            let mut export = b"MESSAGE=ok\n\nDATA\n".to_vec();
+            export.extend_from_slice(&len.to_le_bytes());
+            export.extend_from_slice(data);
+            export
+        };
+        // The limit itself is allowed (cut short here, so: unexpected end).
+        let at_limit = field(64 << 20, b"abc");
+        let mut reader = entries(&at_limit);
+        let err = reader.next_batch().await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+        let over = field((64 << 20) + 1, b"abc");
+        let err = entries(&over).next_batch().await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(err.to_string(), "field DATA claims 67108865 bytes");
     }
 }

@@ -260,3 +260,14 @@ impl Source for Sampler {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn figures_are_rounded_to_two_decimals() {
+        assert_eq!(super::round(1.234_567), 1.23);
+        assert_eq!(super::round(99.999), 100.0);
+        assert_eq!(super::round(-0.126), -0.13);
+        assert_eq!(super::round(20_971_520.0 / 0.5), 41_943_040.0);
+    }
+}

@@ -1,6 +1,10 @@
 //! `source: journald` reading real journal files, written by
 //! `systemd-journal-remote` from the export format: all entries, unit and
 //! priority filters, a cursor that resumes after a restart, following.
+//! The source's own behaviour (the journalctl command line it builds, how
+//! it ends, when it saves its cursor) is tested against a stand-in
+//! `journalctl` script that records its arguments and prints export-format
+//! entries when told to, so that each step happens when the test says.
 //! The tests that need journalctl and systemd-journal-remote are ignored
 //! unless run with `--include-ignored` (CI does); then a missing one fails
 //! them.
@@ -79,13 +83,25 @@ fn entries(from: usize, n: usize) -> Vec<(&'static str, u8, String)> {
         .collect()
 }
 
-fn start(
+type Started = (
+    Receiver,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), StageError>>,
+);
+
+fn start(options: serde_json::Value, base: &Path) -> Started {
+    let (rx, shutdown, task, _) = start_with_metrics(options, base);
+    (rx, shutdown, task)
+}
+
+fn start_with_metrics(
     options: serde_json::Value,
     base: &Path,
 ) -> (
     Receiver,
     CancellationToken,
     tokio::task::JoinHandle<Result<(), StageError>>,
+    Arc<StageMetrics>,
 ) {
     let cx = BuildContext {
         stage_id: "journal".into(),
@@ -99,16 +115,13 @@ fn start(
     };
     let (tx, rx) = channel(10_000);
     let shutdown = CancellationToken::new();
+    let metrics = Arc::new(StageMetrics::default());
     let task = tokio::spawn(source.run(SourceContext {
         id: "journal".into(),
-        output: Output::new(
-            vec![tx],
-            Arc::new(StageMetrics::default()),
-            OutputRole::Main,
-        ),
+        output: Output::new(vec![tx], metrics.clone(), OutputRole::Main),
         shutdown: shutdown.clone(),
     }));
-    (rx, shutdown, task)
+    (rx, shutdown, task, metrics)
 }
 
 /// Every message until the source ends, acknowledged as delivered (as a
@@ -241,4 +254,249 @@ fn bad_options_name_the_key() {
             .starts_with("files: ")
     );
     assert!(errors(json!({})).contains("state_dir"));
+    assert!(errors(json!({ "state_dir": "" })).starts_with("state_dir: must not be empty"));
+    // Priorities by name or 0-7.
+    for ok in ["emerg", "debug", "0", "7"] {
+        assert_eq!(
+            errors(json!({ "state_dir": "s", "priority": ok })),
+            "",
+            "{ok}"
+        );
+    }
+    for bad in ["8", "-1", "Info"] {
+        assert!(
+            errors(json!({ "state_dir": "s", "priority": bad }))
+                .starts_with(&format!("priority: `{bad}` is not a priority")),
+            "{bad}"
+        );
+    }
+    // A unit name is not empty and is not an option.
+    assert_eq!(
+        errors(json!({ "state_dir": "s", "units": ["a.service"] })),
+        ""
+    );
+    for bad in ["", "-f"] {
+        assert!(
+            errors(json!({ "state_dir": "s", "units": ["a.service", bad] }))
+                .starts_with(&format!("units: `{bad}` is not a unit name")),
+            "{bad}"
+        );
+    }
+}
+
+/// A stand-in `journalctl` in `dir`: it writes its arguments, one per line,
+/// to `dir/args`, then runs `body` (a shell script, with `entry N` printing
+/// an entry whose cursor is `s=N` and message `entry N`, and `await NAME`
+/// waiting until the test creates `dir/NAME`).
+fn fake_journalctl(dir: &Path, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("journalctl");
+    let d = dir.display();
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > '{d}/args.tmp' && mv '{d}/args.tmp' '{d}/args'\n\
+             entry() {{ printf '__CURSOR=s=%s\\nMESSAGE=entry %s\\n\\n' \"$1\" \"$1\"; }}\n\
+             await() {{ while [ ! -e '{d}/'\"$1\" ]; do sleep 0.01; done; }}\n{body}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+fn args(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("args"))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Polls `what` every 5 ms until it holds (at most 10 s).
+async fn until(what: &str, mut holds: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !holds() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 10 s for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn journalctl_is_asked_for_what_the_options_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let journalctl = fake_journalctl(dir.path(), "exit 0");
+    let base = ["--output=export", "--no-pager", "--quiet"];
+    let run = |options: serde_json::Value| {
+        let mut options = options;
+        options["journalctl"] = json!(journalctl);
+        options["state_dir"] = json!("state");
+        let dir = dir.path().to_path_buf();
+        async move {
+            let (mut rx, _stop, task) = start(options, &dir);
+            assert!(messages(&mut rx).await.is_empty());
+            task.await.unwrap().unwrap();
+            let args = args(&dir);
+            assert_eq!(args[..3], base, "{args:?}");
+            args[3..].to_vec()
+        }
+    };
+    // The whole journal, once.
+    assert!(run(json!({ "follow": false })).await.is_empty());
+    // Following from the start: `--follow` alone would begin with the last
+    // ten entries.
+    assert_eq!(run(json!({})).await, ["--follow", "--lines=all"]);
+    assert_eq!(
+        run(json!({ "read_from": "end" })).await,
+        ["--follow", "--lines=0"]
+    );
+    assert_eq!(
+        run(json!({ "read_from": "end", "follow": false })).await,
+        ["--lines=0"]
+    );
+    // Filters and where to read.
+    assert_eq!(
+        run(json!({ "follow": false, "units": ["a.service", "b.service"], "priority": "warning", "directory": "j" })).await,
+        [
+            "--unit=a.service".to_string(),
+            "--unit=b.service".into(),
+            "--priority=warning".into(),
+            format!("--directory={}", dir.path().join("j").display()),
+        ]
+    );
+    assert_eq!(
+        run(json!({ "follow": false, "files": ["x.journal", "/abs/y.journal"] })).await,
+        [
+            format!("--file={}", dir.path().join("x.journal").display()),
+            "--file=/abs/y.journal".into(),
+        ]
+    );
+    // A cursor file holding only white space is no cursor.
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    let cursor = dir.path().join("state/journal.journald.cursor");
+    std::fs::write(&cursor, " \n").unwrap();
+    assert_eq!(run(json!({})).await, ["--follow", "--lines=all"]);
+    // A saved cursor wins over `read_from`.
+    std::fs::write(&cursor, "s=7\n").unwrap();
+    assert_eq!(
+        run(json!({ "read_from": "end" })).await,
+        ["--follow", "--after-cursor=s=7"]
+    );
+    assert_eq!(
+        run(json!({ "follow": false })).await,
+        ["--after-cursor=s=7"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journalctl_that_fails_fails_the_stage_with_its_last_complaint() {
+    let dir = tempfile::tempdir().unwrap();
+    let journalctl = fake_journalctl(
+        dir.path(),
+        "entry 1; echo 'first complaint' >&2; echo 'Failed to seek to cursor: Invalid argument' >&2; exit 3",
+    );
+    for follow in [false, true] {
+        let (mut rx, _stop, task) = start(
+            json!({ "journalctl": journalctl, "state_dir": "state", "follow": follow }),
+            dir.path(),
+        );
+        // What it printed before failing is delivered and its cursor kept.
+        assert_eq!(messages(&mut rx).await, ["entry 1"]);
+        let err = task.await.unwrap().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{} exited with exit status: 3: Failed to seek to cursor: Invalid argument",
+                journalctl.display()
+            ),
+            "follow: {follow}"
+        );
+        let cursor = dir.path().join("state/journal.journald.cursor");
+        assert_eq!(std::fs::read_to_string(&cursor).unwrap(), "s=1");
+        std::fs::remove_file(cursor).unwrap();
+    }
+    // One that cannot start at all.
+    let (_rx, _stop, task) = start(
+        json!({ "journalctl": "/nonexistent/journalctl", "state_dir": "state" }),
+        dir.path(),
+    );
+    let err = task.await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("starting /nonexistent/journalctl"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journalctl_stopped_at_shutdown_is_not_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let journalctl = fake_journalctl(dir.path(), "entry 1; await never");
+    let (mut rx, stop, task) = start(
+        json!({ "journalctl": journalctl, "state_dir": "state" }),
+        dir.path(),
+    );
+    let mut batch = rx.recv().await.unwrap();
+    batch.settle(Outcome::Delivered);
+    drop(batch.take());
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let cursor = dir.path().join("state/journal.journald.cursor");
+    assert_eq!(std::fs::read_to_string(cursor).unwrap(), "s=1");
+}
+
+/// While running, the cursor is saved every `checkpoint_interval_ms` (when
+/// a batch is sent) and never past an unfinished batch; the metrics carry
+/// the age of the oldest unfinished one. Stopping waits for the sinks to
+/// finish what was sent, then saves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cursor_is_saved_while_running_and_waits_for_the_sinks_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let journalctl = fake_journalctl(
+        dir.path(),
+        "entry 1; await go2; entry 2; await go3; entry 3; exit 0",
+    );
+    let cursor = dir.path().join("state/journal.journald.cursor");
+    let saved = || std::fs::read_to_string(&cursor).ok();
+    let (mut rx, _stop, task, metrics) = start_with_metrics(
+        json!({ "journalctl": journalctl, "state_dir": "state", "checkpoint_interval_ms": 10 }),
+        dir.path(),
+    );
+    let mut first = rx.recv().await.unwrap();
+    let sent = std::time::Instant::now();
+    // The first batch stays unfinished for at least 40 ms; the second is
+    // sent after the interval, so the cursor is considered (and not moved).
+    tokio::time::sleep_until((sent + std::time::Duration::from_millis(40)).into()).await;
+    std::fs::write(dir.path().join("go2"), "").unwrap();
+    let mut second = rx.recv().await.unwrap();
+    until("the oldest unfinished batch's age", || {
+        metrics.snapshot().oldest_unacked_ms > 0
+    })
+    .await;
+    let age = metrics.snapshot().oldest_unacked_ms;
+    assert!(age >= 40, "oldest unfinished batch {age} ms old");
+    assert_eq!(saved(), None, "not past an unfinished batch");
+    // Both finished; the next batch, after the interval, saves the cursor
+    // while the source runs.
+    for b in [&mut first, &mut second] {
+        b.settle(Outcome::Delivered);
+        drop(b.take());
+    }
+    let finished = std::time::Instant::now();
+    tokio::time::sleep_until((finished + std::time::Duration::from_millis(20)).into()).await;
+    std::fs::write(dir.path().join("go3"), "").unwrap();
+    let mut third = rx.recv().await.unwrap();
+    until("the cursor of the second entry", || {
+        saved().as_deref() == Some("s=2")
+    })
+    .await;
+    assert_eq!(metrics.snapshot().acked_delivered, 2);
+    // journalctl has ended: the output closes, and the source waits for the
+    // last batch before its final save.
+    assert!(rx.recv().await.is_none());
+    assert!(!task.is_finished());
+    third.settle(Outcome::Delivered);
+    drop(third.take());
+    task.await.unwrap().unwrap();
+    assert_eq!(saved().as_deref(), Some("s=3"));
+    assert_eq!(metrics.snapshot().oldest_unacked_ms, 0);
 }

@@ -16,7 +16,7 @@ async fn host_metrics_match_what_the_kernel_says() {
     } = testing::run_source(
         testing::source(
             &Typed(logbus_host::sysinfo::SysInfo),
-            json!({ "interval_ms": 200, "count": 2, "top_processes": 3 }),
+            json!({ "interval_ms": 500, "count": 2, "top_processes": 3 }),
         ),
         10_000,
     );
@@ -33,7 +33,8 @@ async fn host_metrics_match_what_the_kernel_says() {
             .unwrap()
     };
     let before = lo_received();
-    // 4 MiB over loopback before the second sample.
+    // The first sample, then 4 MiB over loopback before the second.
+    let mut events = rx.recv().await.unwrap().take();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -43,7 +44,6 @@ async fn host_metrics_match_what_the_kernel_says() {
     let mut c = std::net::TcpStream::connect(addr).unwrap();
     std::io::Write::write_all(&mut c, &vec![0u8; 4 << 20]).unwrap();
     drop(c);
-    let mut events = Vec::new();
     while let Some(mut b) = rx.recv().await {
         events.extend(b.take());
     }
@@ -92,6 +92,13 @@ async fn host_metrics_match_what_the_kernel_says() {
         "{reported} < {before} + 4 MiB"
     );
     assert!(reported <= lo_received());
+    // The rate is what arrived since the first sample over the time since
+    // it (about the interval: 0.5 s).
+    let arrived = reported - lo[0]["received_bytes_total"].as_u64().unwrap();
+    assert!(arrived >= 4 << 20, "{arrived}");
+    let rate = lo[1]["received_bytes_per_second"].as_f64().unwrap();
+    let secs = arrived as f64 / rate;
+    assert!((0.4..3.0).contains(&secs), "{arrived} B at {rate} B/s");
     assert!(
         events
             .iter()
