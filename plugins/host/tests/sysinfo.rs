@@ -105,3 +105,19 @@ async fn host_metrics_match_what_the_kernel_says() {
             .all(|e| e.as_fields().unwrap()["host"].is_string())
     );
 }
+
+#[test]
+fn bad_options_name_the_key() {
+    let errors = |o: Value| testing::option_errors(&Typed(logbus_host::sysinfo::SysInfo), o);
+    assert_eq!(
+        errors(json!({ "interval_ms": 99 })),
+        "interval_ms: must be at least 100, got 99"
+    );
+    assert_eq!(errors(json!({ "interval_ms": 100 })), "");
+    assert_eq!(
+        errors(json!({ "collectors": [] })),
+        "collectors: name at least one"
+    );
+    assert_eq!(errors(json!({ "collectors": ["memory"] })), "");
+    assert!(errors(json!({ "top_processes": 1001 })).starts_with("top_processes: "));
+}
