@@ -76,9 +76,7 @@ impl CheckOptions for AvroSinkOptions {
         if let Err(e) = parse_schema(&self.schema) {
             errors.push(e);
         }
-        if self.block_events == 0 {
-            errors.push(OptionError::at(&["block_events"], "must be at least 1"));
-        }
+        // `block_events` of 0 is refused by the schema's range.
         errors
     }
 }
@@ -108,7 +106,10 @@ struct AvroFileSink {
 }
 
 impl AvroFileSink {
-    /// Opens the file: a new container, or the existing one continued.
+    /// Opens the file: a new container, or the existing one continued
+    /// after its last whole block (a block cut by an interrupted write held
+    /// only events never counted committed, so it is cut off and they are
+    /// written again).
     fn open(&self) -> Result<(File, Option<[u8; 16]>), StageError> {
         let what = self.path.display().to_string();
         let existing =
@@ -128,18 +129,89 @@ impl AvroFileSink {
                 "{what} was written with another schema; appending would corrupt it (use `append: false` or another path)"
             )));
         }
-        if bytes.len() <= 16 {
-            return Err(StageError::Other(format!(
-                "{what} is too short to continue"
-            )));
-        }
-        let marker = apache_avro::read_marker(&bytes);
+        let (marker, end) = whole_blocks(&bytes).ok_or_else(|| {
+            StageError::Other(format!(
+                "{what} is not an Avro container file: its header is cut"
+            ))
+        })?;
         let file = OpenOptions::new()
             .append(true)
             .open(&self.path)
             .map_err(|e| StageError::io(format!("opening {what}"), e))?;
+        if end < bytes.len() {
+            tracing::warn!(
+                file = %what,
+                "{} bytes after the last whole block (an interrupted write) are cut off; their events were never counted written",
+                bytes.len() - end
+            );
+            file.set_len(end as u64)
+                .map_err(|e| StageError::io(format!("cutting the torn end of {what}"), e))?;
+        }
         Ok((file, Some(marker)))
     }
+}
+
+/// A container file's sync marker (from its header) and where its last
+/// whole block ends, found by walking the blocks by their own lengths;
+/// `None` when the header itself is cut.
+pub(crate) fn whole_blocks(bytes: &[u8]) -> Option<([u8; 16], usize)> {
+    /// A zigzag-encoded varint `long` at `*at`.
+    fn long(bytes: &[u8], at: &mut usize) -> Option<i64> {
+        let mut n: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let b = *bytes.get(*at)?;
+            *at += 1;
+            n |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some((n >> 1) as i64 ^ -((n & 1) as i64));
+            }
+        }
+        None
+    }
+    fn skip(bytes: &[u8], at: &mut usize, len: i64) -> Option<()> {
+        let end = at.checked_add(usize::try_from(len).ok()?)?;
+        (end <= bytes.len()).then(|| *at = end)
+    }
+    let mut at = 4;
+    if bytes.get(..4)? != b"Obj\x01" {
+        return None;
+    }
+    // The metadata map: blocks of entries (a negative count is followed by
+    // the block's size in bytes), ended by a zero count.
+    loop {
+        let mut count = long(bytes, &mut at)?;
+        if count == 0 {
+            break;
+        }
+        if count < 0 {
+            count = count.checked_neg()?;
+            long(bytes, &mut at)?;
+        }
+        for _ in 0..count {
+            let key = long(bytes, &mut at)?;
+            skip(bytes, &mut at, key)?;
+            let value = long(bytes, &mut at)?;
+            skip(bytes, &mut at, value)?;
+        }
+    }
+    let marker: [u8; 16] = bytes.get(at..at + 16)?.try_into().ok()?;
+    at += 16;
+    // Blocks: a count, a size, the data, the marker.
+    let mut end = at;
+    while end < bytes.len() {
+        let mut at = end;
+        let whole = long(bytes, &mut at)
+            .filter(|&count| count >= 0)
+            .and_then(|_| long(bytes, &mut at))
+            .and_then(|size| skip(bytes, &mut at, size))
+            .is_some()
+            && bytes.get(at..at + 16) == Some(&marker[..]);
+        if !whole {
+            break;
+        }
+        end = at + 16;
+    }
+    Some((marker, end))
 }
 
 #[async_trait]
@@ -155,12 +227,29 @@ impl Sink for AvroFileSink {
             BlockCodec::None => Codec::Null,
             BlockCodec::Deflate => Codec::Deflate,
         };
-        let mut writer = match marker {
-            Some(marker) => Writer::append_to_with_codec(&self.schema, file, codec, marker),
-            None => Writer::with_codec(&self.schema, file, codec),
-        };
         let sync = self.options.sync;
         let io = |e: apache_avro::Error| StageError::Other(format!("writing {what}: {e}"));
+        // A new file gets its header at once, even if no event ever comes
+        // (apache-avro's writer would write it with the first block).
+        let marker = match marker {
+            Some(marker) => marker,
+            None => {
+                let header = Writer::with_codec(&self.schema, Vec::new(), codec)
+                    .into_inner()
+                    .map_err(io)?;
+                blocking(|| {
+                    use std::io::Write;
+                    (&file).write_all(&header)?;
+                    if sync {
+                        file.sync_data()?;
+                    }
+                    Ok::<(), std::io::Error>(())
+                })
+                .map_err(|e| StageError::io(format!("writing {what}"), e))?;
+                header[header.len() - 16..].try_into().expect("16 bytes")
+            }
+        };
+        let mut writer = Writer::append_to_with_codec(&self.schema, file, codec, marker);
         let mut held: Vec<InputBatch> = Vec::new();
         let mut pending = 0usize;
         let mut in_block = 0usize;
@@ -189,10 +278,6 @@ impl Sink for AvroFileSink {
             held.clear();
             Ok(())
         };
-        // A new file gets its header even if no event ever comes.
-        if marker.is_none() {
-            blocking(|| writer.flush().map_err(io))?;
-        }
         loop {
             let next = match cx.input.try_recv() {
                 Some(batch) => Some(batch),
@@ -203,6 +288,7 @@ impl Sink for AvroFileSink {
             };
             let Some(mut batch) = next else { break };
             cx.metrics.add_in(batch.len() as u64);
+            let mut cut = false;
             for event in batch.events_mut() {
                 let fields = match event.as_fields() {
                     Some(f) => Json::Object(f.clone()),
@@ -221,6 +307,14 @@ impl Sink for AvroFileSink {
                         writer.append(value).map_err(io)?;
                         pending += 1;
                         in_block += 1;
+                        // A block is cut at `block_events`, also inside a
+                        // batch; the batch counts committed once its last
+                        // block is written.
+                        if in_block >= self.options.block_events {
+                            blocking(|| writer.flush().map_err(io))?;
+                            in_block = 0;
+                            cut = true;
+                        }
                     }
                     Err(e) => {
                         if rejected == 0 {
@@ -233,7 +327,7 @@ impl Sink for AvroFileSink {
                 }
             }
             held.push(batch);
-            if in_block >= self.options.block_events {
+            if cut {
                 flush(&mut writer, &mut held, &mut pending, &mut in_block, cx)?;
             }
         }

@@ -1,0 +1,265 @@
+//! `sink: avro` on its own: blocks of at most `block_events`, events
+//! counted committed once written, events that do not fit counted as
+//! errored, and an existing file continued (same schema), refused (another
+//! schema, not Avro) or, when its end was cut by an interrupted write,
+//! cut back to its last whole block first. Files are read back with
+//! apache-avro's reader and walked block by block here; the engine's tests
+//! (`crates/logbus/tests/it/compress.rs`) read them with fastavro.
+
+use std::path::Path;
+
+use logbus_plugin_api::testing::{option_errors, run_sink, sink};
+use logbus_plugin_api::{Event, Meta, StageCounts, Typed};
+use serde_json::{Value, json};
+
+const SCHEMA: &str = r#"{"type": "record", "name": "Log", "fields": [{"name": "seq", "type": "long"}, {"name": "msg", "type": ["null", "string"]}]}"#;
+
+fn options(path: &Path, more: Value) -> Value {
+    let mut o = json!({ "path": path, "schema": serde_json::from_str::<Value>(SCHEMA).unwrap() });
+    o.as_object_mut()
+        .unwrap()
+        .extend(more.as_object().unwrap().clone());
+    o
+}
+
+fn event(seq: i64) -> Event {
+    let fields = json!({ "seq": seq, "msg": format!("m{seq}") });
+    Event::fields(fields.as_object().unwrap().clone(), Meta::now("t".into()))
+}
+
+fn events(seqs: std::ops::Range<i64>) -> Vec<Event> {
+    seqs.map(event).collect()
+}
+
+async fn write(
+    path: &Path,
+    more: Value,
+    batches: Vec<Vec<Event>>,
+) -> (Result<(), String>, StageCounts) {
+    let s = sink(&Typed(logbus_avro::sink::AvroSink), options(path, more));
+    let (result, metrics) = run_sink(s, batches).await;
+    (result.map_err(|e| e.to_string()), metrics.snapshot())
+}
+
+/// The `seq` of every record in the file, read with apache-avro.
+fn seqs(path: &Path) -> Vec<i64> {
+    let bytes = std::fs::read(path).unwrap();
+    apache_avro::Reader::new(&bytes[..])
+        .unwrap()
+        .map(|r| match r.unwrap() {
+            apache_avro::types::Value::Record(fields) => match &fields[0].1 {
+                apache_avro::types::Value::Long(n) => *n,
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+/// The number of records in each block, walking the container format by
+/// hand (header map, then count, size, data, marker per block).
+fn block_counts(path: &Path) -> Vec<i64> {
+    let bytes = std::fs::read(path).unwrap();
+    let long = |at: &mut usize| -> i64 {
+        let mut n = 0u64;
+        let mut shift = 0;
+        loop {
+            let b = bytes[*at];
+            *at += 1;
+            n |= u64::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                return (n >> 1) as i64 ^ -((n & 1) as i64);
+            }
+        }
+    };
+    assert_eq!(&bytes[..4], b"Obj\x01");
+    let mut at = 4;
+    loop {
+        let count = long(&mut at);
+        if count == 0 {
+            break;
+        }
+        for _ in 0..count.abs() {
+            let k = long(&mut at) as usize;
+            at += k;
+            let v = long(&mut at) as usize;
+            at += v;
+        }
+    }
+    let marker = bytes[at..at + 16].to_vec();
+    at += 16;
+    let mut counts = Vec::new();
+    while at < bytes.len() {
+        counts.push(long(&mut at));
+        let size = long(&mut at) as usize;
+        at += size;
+        assert_eq!(
+            bytes[at..at + 16],
+            marker[..],
+            "a block ends with the marker"
+        );
+        at += 16;
+    }
+    counts
+}
+
+#[tokio::test]
+async fn blocks_hold_at_most_block_events_and_every_event_is_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.avro");
+    // A batch of 7 with blocks of 3: cut inside the batch.
+    let (result, counts) = write(
+        &path,
+        json!({ "block_events": 3 }),
+        vec![events(0..7), events(7..9)],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(seqs(&path), (0..9).collect::<Vec<_>>());
+    let blocks = block_counts(&path);
+    assert!(blocks.iter().all(|&n| (1..=3).contains(&n)), "{blocks:?}");
+    assert_eq!(blocks.iter().sum::<i64>(), 9);
+    assert_eq!(
+        (counts.events_in, counts.events_out, counts.errored),
+        (9, 9, 0)
+    );
+    // With the default (4,096) both batches fit one block each at most.
+    let (result, _) = write(&path, json!({ "append": false }), vec![events(0..7)]).await;
+    result.unwrap();
+    assert_eq!(block_counts(&path), [7]);
+}
+
+#[tokio::test]
+async fn a_new_file_gets_its_header_even_with_no_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.avro");
+    let (result, counts) = write(&path, json!({ "codec": "deflate", "sync": true }), vec![]).await;
+    result.unwrap();
+    assert!(seqs(&path).is_empty());
+    assert!(block_counts(&path).is_empty());
+    assert_eq!(counts.events_out, 0);
+}
+
+#[tokio::test]
+async fn raw_events_and_events_that_do_not_fit_are_counted_as_errored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.avro");
+    let misfit = Event::fields(
+        json!({ "seq": "not a number" })
+            .as_object()
+            .unwrap()
+            .clone(),
+        Meta::now("t".into()),
+    );
+    let raw = Event::raw(b"{\"seq\":1}".to_vec(), Meta::now("t".into()));
+    let (result, counts) = write(
+        &path,
+        json!({}),
+        vec![vec![event(0), misfit, event(1), raw, event(2)]],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(seqs(&path), [0, 1, 2]);
+    assert_eq!(
+        (counts.events_in, counts.events_out, counts.errored),
+        (5, 3, 2)
+    );
+}
+
+#[tokio::test]
+async fn an_existing_file_is_continued_or_replaced_or_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.avro");
+    write(&path, json!({ "codec": "deflate" }), vec![events(0..3)])
+        .await
+        .0
+        .unwrap();
+    write(&path, json!({ "codec": "deflate" }), vec![events(3..5)])
+        .await
+        .0
+        .unwrap();
+    assert_eq!(seqs(&path), [0, 1, 2, 3, 4]);
+    assert_eq!(block_counts(&path), [3, 2]);
+    // `append: false` starts over.
+    write(&path, json!({ "append": false }), vec![events(7..8)])
+        .await
+        .0
+        .unwrap();
+    assert_eq!(seqs(&path), [7]);
+    // An empty file is a new one.
+    std::fs::write(&path, b"").unwrap();
+    write(&path, json!({}), vec![events(1..2)]).await.0.unwrap();
+    assert_eq!(seqs(&path), [1]);
+    // Another schema: refused, the file untouched.
+    let before = std::fs::read(&path).unwrap();
+    let other = SCHEMA.replace("\"Log\"", "\"Other\"");
+    let mut o = options(&path, json!({}));
+    o["schema"] = serde_json::from_str(&other).unwrap();
+    let (result, _) = run_sink(
+        sink(&Typed(logbus_avro::sink::AvroSink), o),
+        vec![events(0..1)],
+    )
+    .await;
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("was written with another schema"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    // Not Avro at all: refused, untouched.
+    std::fs::write(&path, b"{\"seq\":1}\n").unwrap();
+    let (result, _) = write(&path, json!({}), vec![events(0..1)]).await;
+    let err = result.unwrap_err();
+    assert!(err.contains("is not an Avro container file"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"{\"seq\":1}\n");
+}
+
+/// A write interrupted inside a block leaves part of it at the end of the
+/// file; its events were never counted committed (they come again), so the
+/// next run cuts the file back to its last whole block and continues.
+#[tokio::test]
+async fn a_torn_last_block_is_cut_off_before_appending() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.avro");
+    write(&path, json!({}), vec![events(0..3)]).await.0.unwrap();
+    let whole = std::fs::read(&path).unwrap();
+    write(&path, json!({}), vec![events(3..6)]).await.0.unwrap();
+    let two = std::fs::read(&path).unwrap();
+    // Every cut inside the second block, from its first byte to one short
+    // of its marker's end.
+    for cut in whole.len() + 1..two.len() {
+        std::fs::write(&path, &two[..cut]).unwrap();
+        write(&path, json!({}), vec![events(3..6)]).await.0.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), two, "cut at {cut}");
+    }
+    // A header cut short is not continued, at any length.
+    let header_only = dir.path().join("header.avro");
+    write(&header_only, json!({}), vec![]).await.0.unwrap();
+    let header = std::fs::read(&header_only).unwrap();
+    // Magic, metadata (schema and codec), marker.
+    assert!(header.starts_with(b"Obj\x01") && header.len() > 100, "{header:?}");
+    for cut in 1..header.len() {
+        std::fs::write(&path, &header[..cut]).unwrap();
+        let err = write(&path, json!({}), vec![events(0..1)])
+            .await
+            .0
+            .unwrap_err();
+        assert!(
+            err.contains("is not an Avro container file"),
+            "cut at {cut}: {err}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), header[..cut], "untouched");
+    }
+}
+
+#[test]
+fn bad_options_name_the_key() {
+    let errors = |o: Value| option_errors(&Typed(logbus_avro::sink::AvroSink), o);
+    let path = Path::new("out.avro");
+    assert_eq!(errors(options(path, json!({}))), "");
+    assert!(errors(options(Path::new(""), json!({}))).starts_with("path: must not be empty"));
+    assert_eq!(
+        errors(options(path, json!({ "block_events": 0 }))),
+        "block_events: must be at least 1, got 0"
+    );
+    assert_eq!(errors(options(path, json!({ "block_events": 1 }))), "");
+    assert!(errors(options(path, json!({ "schema": { "type": "nope" } }))).starts_with("schema: "));
+}
