@@ -253,3 +253,100 @@ fn a_forged_block_count_is_an_error_not_an_abort() {
     assert!(decode(&input[1..], Encoding::Datum, Some(&s)).is_err());
     assert!(decode(&input, Encoding::Datum, Some(&s)).is_err());
 }
+
+fn one_record() -> Fields {
+    json!({"seq": 1, "level": "info", "msg": "m", "latency": 1.5, "ok": true, "user": null,
+           "tags": ["a"], "counts": {"x": 2}, "host": {"name": "h", "port": 1}})
+    .as_object()
+    .unwrap()
+    .clone()
+}
+
+fn parser(options: Value) -> Box<dyn logbus_plugin_api::Processor> {
+    use logbus_plugin_api::{Built, Plugin, Typed, testing::context};
+    match Typed(logbus_avro::codec::AvroParser).build(&options, &context()) {
+        Ok(Built::Processor(p)) => p,
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("not a processor"),
+    }
+}
+
+fn raw(bytes: Vec<u8>) -> logbus_plugin_api::Event {
+    logbus_plugin_api::Event::raw(bytes, logbus_plugin_api::Meta::now("t".into()))
+}
+
+/// A single-object or datum event becomes the record in place; a container
+/// file becomes one event per record (also for one record); an event
+/// already parsed is an error naming why.
+#[test]
+fn the_parser_turns_raw_events_into_records() {
+    use logbus_plugin_api::Verdict;
+    let s = schema();
+    let schema_json: Value = serde_json::from_str(SCHEMA).unwrap();
+    for encoding in [Encoding::SingleObject, Encoding::Datum] {
+        let mut bytes = Vec::new();
+        encode(&one_record(), &s, encoding, &mut None, &mut bytes).unwrap();
+        let name = match encoding {
+            Encoding::SingleObject => "single-object",
+            _ => "datum",
+        };
+        let mut p = parser(json!({ "encoding": name, "schema": schema_json }));
+        let mut event = raw(bytes);
+        assert!(
+            matches!(p.process(&mut event).unwrap(), Verdict::Keep),
+            "{name}"
+        );
+        assert_eq!(event.as_fields().unwrap(), &one_record(), "{name}");
+        // Parsed already: refused, the event as it was.
+        let err = p.process(&mut event).unwrap_err();
+        assert!(err.to_string().contains("needs a raw event"), "{err}");
+    }
+    let mut p = parser(json!({}));
+    let mut file = Vec::new();
+    encode(&one_record(), &s, Encoding::Container, &mut None, &mut file).unwrap();
+    let mut event = raw(file);
+    match p.process(&mut event).unwrap() {
+        Verdict::Replace(events) => {
+            assert_eq!(events.len(), 1);
+            assert_eq!(events[0].as_fields().unwrap(), &one_record());
+        }
+        _ => panic!("a container file is replaced by its records"),
+    }
+    let err = p.process(&mut raw(b"not avro".to_vec())).unwrap_err();
+    assert!(err.to_string().starts_with("not Avro: "), "{err}");
+}
+
+#[test]
+fn parser_and_formatter_options_name_the_key() {
+    use logbus_plugin_api::Typed;
+    use logbus_plugin_api::testing::option_errors;
+    let parser = |o: Value| option_errors(&Typed(logbus_avro::codec::AvroParser), o);
+    let formatter = |o: Value| option_errors(&Typed(logbus_avro::codec::AvroFormatter), o);
+    let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+    assert_eq!(parser(json!({})), "");
+    for encoding in ["single-object", "datum"] {
+        assert_eq!(
+            parser(json!({ "encoding": encoding })),
+            "schema: `single-object` and `datum` need the schema"
+        );
+        assert_eq!(
+            parser(json!({ "encoding": encoding, "schema": schema })),
+            ""
+        );
+    }
+    assert!(
+        parser(json!({ "schema": { "type": "nope" } })).starts_with("schema: not an Avro schema"),
+    );
+    for encoding in ["single-object", "datum", "container"] {
+        assert_eq!(
+            formatter(json!({ "encoding": encoding, "schema": schema })),
+            ""
+        );
+        assert!(
+            formatter(json!({ "encoding": encoding, "schema": "{" }))
+                .starts_with("schema: not an Avro schema")
+        );
+    }
+    // A schema given as text works as well as one given as YAML.
+    assert_eq!(formatter(json!({ "schema": SCHEMA })), "");
+}

@@ -235,7 +235,10 @@ async fn a_torn_last_block_is_cut_off_before_appending() {
     write(&header_only, json!({}), vec![]).await.0.unwrap();
     let header = std::fs::read(&header_only).unwrap();
     // Magic, metadata (schema and codec), marker.
-    assert!(header.starts_with(b"Obj\x01") && header.len() > 100, "{header:?}");
+    assert!(
+        header.starts_with(b"Obj\x01") && header.len() > 100,
+        "{header:?}"
+    );
     for cut in 1..header.len() {
         std::fs::write(&path, &header[..cut]).unwrap();
         let err = write(&path, json!({}), vec![events(0..1)])
@@ -262,4 +265,52 @@ fn bad_options_name_the_key() {
     );
     assert_eq!(errors(options(path, json!({ "block_events": 1 }))), "");
     assert!(errors(options(path, json!({ "schema": { "type": "nope" } }))).starts_with("schema: "));
+}
+
+/// The object format (`format: avro` of the S3 sink): its options'
+/// defaults and check, and an object's blocks and size as it fills.
+#[cfg(feature = "object-avro")]
+#[test]
+fn objects_are_container_files_in_blocks_of_block_events() {
+    use logbus_avro::object::{AvroObjectOptions, AvroObjects};
+    use logbus_sink::ObjectFormat;
+    let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+    let defaults: AvroObjectOptions = serde_json::from_value(json!({ "schema": schema })).unwrap();
+    assert_eq!(defaults.block_events, 4096);
+    assert!(defaults.check("avro").is_empty());
+    let zero: AvroObjectOptions =
+        serde_json::from_value(json!({ "schema": schema, "block_events": 0 })).unwrap();
+    let errors: Vec<String> = zero
+        .check("avro")
+        .iter()
+        .map(|e| format!("{}: {}", e.path.join("."), e.message))
+        .collect();
+    assert_eq!(errors, ["avro.block_events: must be at least 1"]);
+    let bad: AvroObjectOptions = serde_json::from_value(json!({ "schema": "{" })).unwrap();
+    assert_eq!(bad.check("avro")[0].path, ["avro", "schema"]);
+
+    let options: AvroObjectOptions =
+        serde_json::from_value(json!({ "schema": schema, "block_events": 2, "codec": "deflate" }))
+            .unwrap();
+    let format = AvroObjects::new(&options, "avro").unwrap();
+    let mut object = format.open().unwrap();
+    let header = object.size();
+    assert_eq!(header, object.ready().len() as u64);
+    let mut taken = std::mem::take(object.ready());
+    for seq in 0..5 {
+        object.write(&event(seq)).unwrap();
+        // A block is encoded (and counted in the size) every second record.
+        let blocks = (seq + 1) / 2;
+        assert_eq!(object.size() > header, blocks > 0, "after {}", seq + 1);
+        taken.extend_from_slice(&std::mem::take(object.ready()));
+        assert_eq!(object.size(), taken.len() as u64, "after {}", seq + 1);
+    }
+    let raw = Event::raw(b"x".to_vec(), Meta::now("t".into()));
+    assert!(object.write(&raw).is_err());
+    taken.extend_from_slice(&object.finish().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("object.avro");
+    std::fs::write(&path, &taken).unwrap();
+    assert_eq!(seqs(&path), [0, 1, 2, 3, 4]);
+    assert_eq!(block_counts(&path), [2, 2, 1]);
 }
