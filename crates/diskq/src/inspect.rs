@@ -548,3 +548,229 @@ pub fn repair(dir: &Path) -> Result<Repaired, Error> {
         .map_err(err("syncing the directory"))?;
     Ok(repaired)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Saved;
+
+    fn scan(id: u64, first_seq: Option<u64>, records: u64) -> SegmentScan {
+        SegmentScan {
+            id,
+            header_ok: true,
+            first_seq,
+            records,
+            ..Default::default()
+        }
+    }
+
+    fn seqs(acked: u64, stored: u64) -> Option<Seqs> {
+        Some(Seqs { acked, stored })
+    }
+
+    #[test]
+    fn overlap_counts_only_what_the_ranges_cover_inside() {
+        let ranges = [(0, 10), (20, 30)];
+        assert_eq!(overlap(5, 25, &ranges), 10);
+        assert_eq!(overlap(10, 20, &ranges), 0);
+        assert_eq!(overlap(0, 30, &ranges), 20);
+        assert_eq!(overlap(9, 21, &ranges), 2);
+        assert_eq!(overlap(30, 40, &ranges), 0);
+    }
+
+    #[test]
+    fn reported_ranges_round_trip_and_damaged_lines_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(read_reported(dir.path()).is_empty(), "no file: nothing");
+        write_reported(dir.path(), &[(1, 5), (10, 12)]).unwrap();
+        assert_eq!(read_reported(dir.path()), [(1, 5), (10, 12)]);
+        assert!(!dir.path().join("lost.tmp").exists());
+        std::fs::write(reported_path(dir.path()), "1 5\nx y\n7 7\n9 3\n4\n10 12\n").unwrap();
+        assert_eq!(read_reported(dir.path()), [(1, 5), (10, 12)]);
+    }
+
+    #[test]
+    fn nothing_missing_counts_nothing() {
+        let scans = [scan(1, Some(0), 10), scan(2, Some(10), 5)];
+        let a = account(seqs(0, 15), &scans, &[]);
+        assert_eq!(a.lost, 0);
+        assert!(a.missing.is_empty() && a.notes.is_empty());
+        assert_eq!((a.next_seq, a.resume_seq), (15, Some(0)));
+        // Records stored after the last save that survived: counted on.
+        let a = account(seqs(0, 12), &scans, &[]);
+        assert_eq!((a.lost, a.next_seq), (0, 15));
+        // No sequence numbers saved (a format-1 state): no accounting, the
+        // numbering taken from the segments.
+        let a = account(None, &scans, &[]);
+        assert_eq!((a.lost, a.next_seq, a.resume_seq), (0, 15, Some(0)));
+        // A segment without a start record continues the count.
+        let a = account(seqs(0, 15), &[scan(1, Some(0), 10), scan(2, None, 5)], &[]);
+        assert_eq!((a.lost, a.next_seq), (0, 15));
+    }
+
+    #[test]
+    fn losses_are_counted_exactly_and_say_where() {
+        // A segment gone between two.
+        let a = account(
+            seqs(0, 30),
+            &[scan(1, Some(0), 10), scan(3, Some(20), 10)],
+            &[],
+        );
+        assert_eq!(a.lost, 10);
+        assert_eq!(a.missing, [(10, 20)]);
+        assert_eq!(
+            a.notes,
+            [
+                "10 records lost (sequence numbers 10..20): segments 2..2 are gone, or segment 1 was cut"
+            ]
+        );
+        // Records missing at the end of a segment followed by the next.
+        let a = account(
+            seqs(0, 30),
+            &[scan(1, Some(0), 8), scan(2, Some(10), 20)],
+            &[],
+        );
+        assert_eq!(
+            a.notes,
+            ["2 records lost (sequence numbers 8..10): damaged or cut in segment 1"]
+        );
+        // Segments before the first present, after the acknowledged position.
+        let a = account(seqs(5, 30), &[scan(4, Some(12), 18)], &[]);
+        assert_eq!(
+            a.notes,
+            ["7 records lost (sequence numbers 5..12): segments before 4 are gone"]
+        );
+        assert_eq!(a.resume_seq, Some(12));
+        // The end, stored and gone.
+        let a = account(
+            seqs(0, 40),
+            &[scan(1, Some(0), 10), scan(2, Some(10), 20)],
+            &[],
+        );
+        assert_eq!(
+            a.notes,
+            [
+                "10 records lost (sequence numbers 30..40): they were stored, and the end of the queue (segment 2) is cut or gone"
+            ]
+        );
+        assert_eq!(a.next_seq, 40);
+        // Every segment gone: the position's numbering, the end lost.
+        let a = account(seqs(7, 9), &[], &[]);
+        assert_eq!((a.lost, a.resume_seq, a.next_seq), (2, Some(7), 9));
+        assert_eq!(
+            a.notes,
+            [
+                "2 records lost (sequence numbers 7..9): they were stored, and the end of the queue is cut or gone"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_loss_reported_before_is_missing_but_not_counted_again() {
+        let scans = [scan(1, Some(0), 10), scan(3, Some(20), 10)];
+        let a = account(seqs(0, 30), &scans, &[(10, 20)]);
+        assert_eq!((a.lost, a.missing.as_slice()), (0, &[(10, 20)][..]));
+        assert!(a.notes.is_empty());
+        // Partly reported: only the rest is new.
+        let a = account(seqs(0, 30), &scans, &[(10, 14)]);
+        assert_eq!(a.lost, 6);
+        assert!(a.notes[0].starts_with("6 records lost (sequence numbers 10..20)"));
+    }
+
+    fn saved(segment: u64, offset: u64) -> Loaded {
+        Loaded::Valid(Saved {
+            generation: 3,
+            acked: Position { segment, offset },
+            seqs: None,
+        })
+    }
+
+    fn at(segment: u64, offset: u64) -> Position {
+        Position { segment, offset }
+    }
+
+    #[test]
+    fn the_resume_point_follows_the_state_and_says_what_it_could_not() {
+        let h = SEGMENT_HEADER;
+        assert_eq!(
+            resume_point(&saved(2, 100), &[1, 2, 3]),
+            (at(2, 100), vec![])
+        );
+        // Every segment acknowledged and removed.
+        assert_eq!(resume_point(&saved(4, 100), &[]), (at(4, h), vec![]));
+        assert_eq!(resume_point(&saved(0, 100), &[]), (at(1, h), vec![]));
+        // The acknowledged segment gone, nothing after it.
+        assert_eq!(
+            resume_point(&saved(5, 100), &[2, 3]),
+            (
+                at(5, h),
+                vec!["segment 5 (where the acknowledged position was) is missing and nothing follows it; starting a new segment there".to_string()]
+            )
+        );
+        // The acknowledged segment gone: the next one present.
+        assert_eq!(
+            resume_point(&saved(5, 100), &[4, 7, 9]),
+            (
+                at(7, h),
+                vec!["segment 5 (where the acknowledged position was) is missing; resuming at segment 7".to_string()]
+            )
+        );
+        assert_eq!(
+            resume_point(&Loaded::Garbage, &[3, 4]),
+            (
+                at(3, h),
+                vec![
+                    "the state file is damaged; every record present will be replayed".to_string()
+                ]
+            )
+        );
+        assert_eq!(
+            resume_point(&Loaded::Missing, &[3, 4]),
+            (
+                at(3, h),
+                vec![
+                    "the state file is missing; every record present will be replayed".to_string()
+                ]
+            )
+        );
+        assert_eq!(resume_point(&Loaded::Missing, &[]), (at(1, h), vec![]));
+    }
+
+    #[test]
+    fn a_scan_notes_each_problem_by_segment_and_offset() {
+        let clean = scan(4, Some(0), 3);
+        assert!(clean.is_clean() && clean.notes(4).is_empty());
+        let bad = SegmentScan {
+            header_ok: false,
+            damaged: vec![(100, 7), (300, 9)],
+            torn: Some((500, 12)),
+            ..clean.clone()
+        };
+        assert!(!bad.is_clean());
+        assert_eq!(
+            bad.notes(4),
+            [
+                "segment 4: bad or missing header",
+                "segment 4: 7 damaged bytes at offset 100 skipped",
+                "segment 4: 9 damaged bytes at offset 300 skipped",
+                "segment 4: torn record (12 bytes) at offset 500, the end of an interrupted write",
+            ]
+        );
+        for one in [
+            SegmentScan {
+                header_ok: false,
+                ..clean.clone()
+            },
+            SegmentScan {
+                damaged: vec![(1, 1)],
+                ..clean.clone()
+            },
+            SegmentScan {
+                torn: Some((1, 1)),
+                ..clean.clone()
+            },
+        ] {
+            assert!(!one.is_clean(), "{one:?}");
+        }
+    }
+}
