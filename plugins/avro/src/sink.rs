@@ -196,20 +196,17 @@ pub(crate) fn whole_blocks(bytes: &[u8]) -> Option<([u8; 16], usize)> {
     }
     let marker: [u8; 16] = bytes.get(at..at + 16)?.try_into().ok()?;
     at += 16;
-    // Blocks: a count, a size, the data, the marker.
+    // Blocks: a count, a size, the data, the marker. The end of the file
+    // ends the walk as any cut block does: nothing more is whole.
+    let block_after = |mut at: usize| -> Option<usize> {
+        long(bytes, &mut at).filter(|&count| count >= 0)?;
+        let size = long(bytes, &mut at)?;
+        skip(bytes, &mut at, size)?;
+        (bytes.get(at..at + 16)? == marker).then_some(at + 16)
+    };
     let mut end = at;
-    while end < bytes.len() {
-        let mut at = end;
-        let whole = long(bytes, &mut at)
-            .filter(|&count| count >= 0)
-            .and_then(|_| long(bytes, &mut at))
-            .and_then(|size| skip(bytes, &mut at, size))
-            .is_some()
-            && bytes.get(at..at + 16) == Some(&marker[..]);
-        if !whole {
-            break;
-        }
-        end = at + 16;
+    while let Some(next) = block_after(end) {
+        end = next;
     }
     Some((marker, end))
 }

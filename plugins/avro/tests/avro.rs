@@ -349,4 +349,25 @@ fn parser_and_formatter_options_name_the_key() {
     }
     // A schema given as text works as well as one given as YAML.
     assert_eq!(formatter(json!({ "schema": SCHEMA })), "");
+    // `logbus validate` checks options without building the stage: the
+    // same errors come from the check alone.
+    let checked = |plugin: &dyn logbus_plugin_api::Plugin, o: Value| -> Vec<String> {
+        plugin
+            .check(&o, &logbus_plugin_api::testing::context())
+            .into_iter()
+            .map(|e| format!("{}: {}", e.path.join("."), e.message))
+            .collect()
+    };
+    for plugin in [
+        &Typed(logbus_avro::codec::AvroParser) as &dyn logbus_plugin_api::Plugin,
+        &Typed(logbus_avro::codec::AvroFormatter),
+    ] {
+        let errors = checked(plugin, json!({ "schema": "{" }));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("schema: not an Avro schema"),
+            "{errors:?}"
+        );
+        assert!(checked(plugin, json!({ "schema": schema })).is_empty());
+    }
 }
