@@ -330,53 +330,64 @@ fn put_long(out: &mut Vec<u8>, v: i64) {
 
 /// The header's metadata map may come in blocks with a negative count
 /// followed by the block's size (as the specification allows, and other
-/// writers may do): such a file is continued all the same.
+/// writers may do), and may hold user entries with any bytes (zeros
+/// included): such a file is continued all the same.
 #[tokio::test]
-async fn a_header_whose_map_has_a_negative_count_is_continued() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("out.avro");
-    write(&path, json!({}), vec![events(0..3)]).await.0.unwrap();
-    let bytes = std::fs::read(&path).unwrap();
-    // Take the entries out of the header as written (one block, positive
-    // count), and write them back as one block with a negative count.
-    let long = |at: &mut usize| -> i64 {
-        let (mut n, mut shift) = (0u64, 0);
-        loop {
-            let b = bytes[*at];
-            *at += 1;
-            n |= u64::from(b & 0x7f) << shift;
-            shift += 7;
-            if b & 0x80 == 0 {
-                return (n >> 1) as i64 ^ -((n & 1) as i64);
+async fn a_header_with_binary_metadata_or_a_negative_count_is_continued() {
+    for negative in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.avro");
+        write(&path, json!({}), vec![events(0..3)]).await.0.unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        // Take the entries out of the header as written (one block,
+        // positive count) and write them back with one more entry.
+        let long = |at: &mut usize| -> i64 {
+            let (mut n, mut shift) = (0u64, 0);
+            loop {
+                let b = bytes[*at];
+                *at += 1;
+                n |= u64::from(b & 0x7f) << shift;
+                shift += 7;
+                if b & 0x80 == 0 {
+                    return (n >> 1) as i64 ^ -((n & 1) as i64);
+                }
             }
+        };
+        let mut at = 4;
+        let count = long(&mut at);
+        assert!(count > 0);
+        let entries_start = at;
+        for _ in 0..count {
+            let k = long(&mut at) as usize;
+            at += k;
+            let v = long(&mut at) as usize;
+            at += v;
         }
-    };
-    let mut at = 4;
-    let count = long(&mut at);
-    assert!(count > 0);
-    let entries_start = at;
-    for _ in 0..count {
-        let k = long(&mut at) as usize;
-        at += k;
-        let v = long(&mut at) as usize;
-        at += v;
+        let mut entries = bytes[entries_start..at].to_vec();
+        assert_eq!(long(&mut at), 0);
+        put_long(&mut entries, 5);
+        entries.extend_from_slice(b"x.bin");
+        put_long(&mut entries, 6);
+        entries.extend_from_slice(&[0, 0, 1, 0, 0x80, 0]);
+        let mut rewritten = b"Obj\x01".to_vec();
+        if negative {
+            put_long(&mut rewritten, -(count + 1));
+            put_long(&mut rewritten, entries.len() as i64);
+        } else {
+            put_long(&mut rewritten, count + 1);
+        }
+        rewritten.extend_from_slice(&entries);
+        put_long(&mut rewritten, 0);
+        rewritten.extend_from_slice(&bytes[at..]);
+        std::fs::write(&path, &rewritten).unwrap();
+        assert_eq!(seqs(&path), [0, 1, 2], "apache-avro reads it");
+        write(&path, json!({}), vec![events(3..5)]).await.0.unwrap();
+        assert_eq!(seqs(&path), [0, 1, 2, 3, 4], "negative: {negative}");
+        assert_eq!(block_counts(&path), [3, 2]);
+        // Torn after the rewritten header: cut back to it and continued.
+        let whole = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &whole[..whole.len() - 5]).unwrap();
+        write(&path, json!({}), vec![events(3..5)]).await.0.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), whole, "negative: {negative}");
     }
-    let entries = &bytes[entries_start..at];
-    assert_eq!(long(&mut at), 0);
-    let mut rewritten = b"Obj\x01".to_vec();
-    put_long(&mut rewritten, -count);
-    put_long(&mut rewritten, entries.len() as i64);
-    rewritten.extend_from_slice(entries);
-    put_long(&mut rewritten, 0);
-    rewritten.extend_from_slice(&bytes[at..]);
-    std::fs::write(&path, &rewritten).unwrap();
-    assert_eq!(seqs(&path), [0, 1, 2], "apache-avro reads it");
-    write(&path, json!({}), vec![events(3..5)]).await.0.unwrap();
-    assert_eq!(seqs(&path), [0, 1, 2, 3, 4]);
-    assert_eq!(block_counts(&path), [3, 2]);
-    // Torn after the rewritten header: cut back to it and continued.
-    let whole = std::fs::read(&path).unwrap();
-    std::fs::write(&path, &whole[..whole.len() - 5]).unwrap();
-    write(&path, json!({}), vec![events(3..5)]).await.0.unwrap();
-    assert_eq!(std::fs::read(&path).unwrap(), whole);
 }
