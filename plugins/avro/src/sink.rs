@@ -250,7 +250,7 @@ impl Sink for AvroFileSink {
         let mut held: Vec<InputBatch> = Vec::new();
         let mut pending = 0usize;
         let mut in_block = 0usize;
-        let mut rejected = 0u64;
+        let mut warned = false;
         let flush = |writer: &mut Writer<'_, File>,
                      held: &mut Vec<InputBatch>,
                      pending: &mut usize,
@@ -287,19 +287,13 @@ impl Sink for AvroFileSink {
             cx.metrics.add_in(batch.len() as u64);
             let mut cut = false;
             for event in batch.events_mut() {
-                let fields = match event.as_fields() {
-                    Some(f) => Json::Object(f.clone()),
-                    None => {
-                        if rejected == 0 {
-                            tracing::warn!(file = %what, "a raw event reached the avro sink and is counted as errored; parse it first");
-                        }
-                        rejected += 1;
-                        event.settle(logbus_plugin_api::Outcome::Rejected);
-                        cx.metrics.add_errored(1);
-                        continue;
-                    }
+                let resolved = match event.as_fields() {
+                    Some(f) => Avro::from(Json::Object(f.clone()))
+                        .resolve(&self.schema)
+                        .map_err(|e| format!("an event does not fit the schema: {e}")),
+                    None => Err("a raw event reached the avro sink; parse it first".into()),
                 };
-                match Avro::from(fields).resolve(&self.schema) {
+                match resolved {
                     Ok(value) => {
                         writer.append(value).map_err(io)?;
                         pending += 1;
@@ -313,11 +307,12 @@ impl Sink for AvroFileSink {
                             cut = true;
                         }
                     }
-                    Err(e) => {
-                        if rejected == 0 {
-                            tracing::warn!(file = %what, "an event does not fit the schema and is counted as errored: {e}");
+                    Err(why) => {
+                        // The first says why; all are counted as errored.
+                        if !warned {
+                            tracing::warn!(file = %what, "{why}; counted as errored (later ones are counted, not logged)");
+                            warned = true;
                         }
-                        rejected += 1;
                         event.settle(logbus_plugin_api::Outcome::Rejected);
                         cx.metrics.add_errored(1);
                     }
@@ -329,9 +324,6 @@ impl Sink for AvroFileSink {
             }
         }
         flush(&mut writer, &mut held, &mut pending, &mut in_block, cx)?;
-        if rejected > 0 {
-            tracing::warn!(file = %what, rejected, "events that did not fit the schema (or were raw) were not written");
-        }
         Ok(())
     }
 }
