@@ -773,4 +773,67 @@ mod tests {
             assert!(!one.is_clean(), "{one:?}");
         }
     }
+    /// A record framed around `body` as the writer frames it (valid CRC),
+    /// whatever the body holds.
+    fn frame(body: &[u8], out: &mut Vec<u8>) {
+        let len = (body.len() as u32).to_le_bytes();
+        out.extend_from_slice(&record::RECORD_MAGIC);
+        out.extend_from_slice(&len);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&len), body);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(body);
+    }
+
+    #[test]
+    fn a_segment_scan_counts_records_and_every_damaged_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg");
+        let mut seg = record::segment_header(7).to_vec();
+        record::encode_start(100, &mut seg);
+        let first_data = seg.len() as u64;
+        for payload in [&b"a"[..], b"bb", b"ccc"] {
+            record::encode(payload, false, &mut seg);
+        }
+        let after_three = seg.len() as u64;
+        // A record whose frame is whole but whose body is not a payload
+        // (flagged LZ4, not LZ4): damaged, by its body's length.
+        frame(&[record::FLAG_LZ4, 0xff, 0xff, 0xff, 0xff, 1, 2], &mut seg);
+        // Ten bytes of garbage between records.
+        let garbage_at = seg.len() as u64;
+        seg.extend_from_slice(&[0u8; 10]);
+        record::encode(b"dddd", false, &mut seg);
+        // A record cut by the end of the file.
+        let torn_at = seg.len() as u64;
+        let mut cut = Vec::new();
+        record::encode(b"eeeeeeeeee", false, &mut cut);
+        seg.extend_from_slice(&cut[..15]);
+        std::fs::write(&path, &seg).unwrap();
+
+        let scan = scan_segment(&path, 7, SEGMENT_HEADER).unwrap();
+        assert_eq!(scan.id, 7);
+        assert_eq!(scan.file_bytes, seg.len() as u64);
+        assert!(scan.header_ok);
+        assert_eq!(scan.first_seq, Some(100));
+        assert_eq!(scan.records, 4);
+        // Each data record: the 12-byte header, the flags byte, the payload.
+        assert_eq!(scan.record_bytes, (13 + 1) + (13 + 2) + (13 + 3) + (13 + 4));
+        assert_eq!(scan.damaged, [(garbage_at, 10)]);
+        assert_eq!(scan.torn, Some((torn_at, 15)));
+        assert_eq!(scan.damaged_regions, 3);
+        assert_eq!(scan.damaged_bytes, 7 + 10 + 15);
+        assert!(!scan.is_clean());
+
+        // From an offset: only what follows (no start record seen).
+        let scan = scan_segment(&path, 7, after_three).unwrap();
+        assert_eq!((scan.records, scan.first_seq), (1, None));
+        let scan = scan_segment(&path, 7, first_data).unwrap();
+        assert_eq!(scan.records, 4);
+        // Another segment's number in the header: not this segment's.
+        assert!(!scan_segment(&path, 8, SEGMENT_HEADER).unwrap().header_ok);
+        // A file shorter than a header.
+        std::fs::write(&path, &seg[..10]).unwrap();
+        let scan = scan_segment(&path, 7, SEGMENT_HEADER).unwrap();
+        assert!(!scan.header_ok);
+        assert_eq!((scan.records, scan.file_bytes), (0, 10));
+    }
 }
