@@ -281,19 +281,6 @@ pub(crate) fn resume_point(loaded: &Loaded, ids: &[u64]) -> (Position, Vec<Strin
                     },
                     Vec::new(),
                 )
-            } else if !ids.iter().any(|&id| id > saved.acked.segment) {
-                // Everything up to a segment that is gone was acknowledged
-                // and nothing after it exists: start afresh there.
-                (
-                    Position {
-                        segment: saved.acked.segment,
-                        offset: SEGMENT_HEADER,
-                    },
-                    vec![format!(
-                        "segment {} (where the acknowledged position was) is missing and nothing follows it; starting a new segment there",
-                        saved.acked.segment
-                    )],
-                )
             } else if let Some(&next) = ids.iter().find(|&&id| id > saved.acked.segment) {
                 (
                     Position {
@@ -306,7 +293,18 @@ pub(crate) fn resume_point(loaded: &Loaded, ids: &[u64]) -> (Position, Vec<Strin
                     )],
                 )
             } else {
-                (saved.acked, Vec::new())
+                // Everything up to a segment that is gone was acknowledged
+                // and nothing after it exists: start afresh there.
+                (
+                    Position {
+                        segment: saved.acked.segment,
+                        offset: SEGMENT_HEADER,
+                    },
+                    vec![format!(
+                        "segment {} (where the acknowledged position was) is missing and nothing follows it; starting a new segment there",
+                        saved.acked.segment
+                    )],
+                )
             }
         }
         Loaded::Garbage => (
