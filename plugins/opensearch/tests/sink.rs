@@ -348,6 +348,25 @@ fn bad_options_are_named() {
     }
     let err = testing::option_errors(&plugin, json!({"endpoints": [], "index": "x"}));
     assert!(err.contains("at least one URL"), "{err}");
+    // A scheme with nothing after it, or another scheme, is not a URL here.
+    for (i, bad) in ["http://", "ftp://h:9200", "https//h"].iter().enumerate() {
+        let err = testing::option_errors(
+            &plugin,
+            json!({"endpoints": ["https://h:9200", bad], "index": "x"}),
+        );
+        assert_eq!(
+            err,
+            format!("endpoints.1: `{bad}` is not an http:// or https:// URL"),
+            "{i}"
+        );
+    }
+    assert_eq!(
+        testing::option_errors(
+            &plugin,
+            json!({"endpoints": ["http://a:9200", "https://b"], "index": "x"})
+        ),
+        ""
+    );
     let err = testing::option_errors(
         &plugin,
         json!({"endpoints": ["http://h:9200"], "index": "x", "username": "u",
