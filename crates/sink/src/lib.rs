@@ -14,6 +14,7 @@ pub mod object;
 pub mod options;
 pub mod retry;
 pub mod template;
+pub mod time;
 
 pub use batch::{Batch, BatchLimits, Batcher};
 pub use driver::{Driver, DriverConfig, ItemResult, OnRejected, Response, Service};
@@ -22,3 +23,4 @@ pub use object::{Misfit, ObjectFormat, ObjectWriter};
 pub use options::{DeliveryOptions, error_chain};
 pub use retry::{RetryPolicy, parse_retry_after};
 pub use template::Template;
+pub use time::event_time_ms;

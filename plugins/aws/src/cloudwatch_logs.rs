@@ -22,10 +22,9 @@ use logbus_plugin_api::{
 };
 use logbus_sink::{
     Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
-    Template,
+    Template, event_time_ms,
 };
 use serde::Deserialize;
-use serde_json::Value;
 
 use crate::client::{AwsOptions, describe, sdk_config};
 
@@ -206,31 +205,9 @@ struct LogEventEncoder {
     time: Option<FieldPath>,
 }
 
-fn timestamp_ms(time: &Option<FieldPath>, event: &Event) -> i64 {
-    let ingest = (event.meta().ingest_ns / 1_000_000) as i64;
-    // Through the event: lazy fields parse only this entry.
-    let Some(value) = time.as_ref().and_then(|p| event.field(p)) else {
-        return ingest;
-    };
-    match &*value {
-        Value::String(s) => DateTime::parse_from_rfc3339(s)
-            .map(|t| t.timestamp_millis())
-            .unwrap_or(ingest),
-        Value::Number(n) => {
-            let n = n.as_f64().unwrap_or(0.0);
-            if n.abs() < 1e11 {
-                (n * 1000.0) as i64
-            } else {
-                n as i64
-            }
-        }
-        _ => ingest,
-    }
-}
-
 impl Encoder for LogEventEncoder {
     fn encode(&self, event: &Event, out: &mut Vec<u8>) -> Result<(), String> {
-        out.extend_from_slice(&timestamp_ms(&self.time, event).to_le_bytes());
+        out.extend_from_slice(&event_time_ms(event, self.time.as_ref()).to_le_bytes());
         out.extend_from_slice(&[0u8; EVENT_OVERHEAD - 8]);
         match event.payload() {
             Payload::Raw(b) => {
@@ -464,7 +441,7 @@ impl Sink for CloudWatchWriter {
         );
         let (group, stream, time) = (self.group.clone(), self.stream.clone(), self.time.clone());
         let driver = driver.partition_by(move |event| {
-            let ts = timestamp_ms(&time, event);
+            let ts = event_time_ms(event, time.as_ref());
             let at = || DateTime::<Utc>::from_timestamp_millis(ts).unwrap_or_default();
             format!(
                 "{}{SEP}{}{SEP}{}",
@@ -490,59 +467,6 @@ mod tests {
         LogEventEncoder { time: None }.encode(&e, &mut out).unwrap();
         assert_eq!(out.len(), EVENT_OVERHEAD + 5);
         assert_eq!(&out[EVENT_OVERHEAD..], b"hello");
-    }
-
-    /// Each way an event's time is read: RFC 3339 text, seconds or
-    /// milliseconds since the epoch (told apart at 1e11), and the ingest
-    /// time, to the millisecond, where the field is missing or unreadable.
-    #[test]
-    fn the_time_field_is_read_as_text_seconds_or_milliseconds_else_ingest() {
-        let time = Some(FieldPath::parse("t").unwrap());
-        let ingest_ns = 1_700_000_000_123_456_789;
-        let at = |t: serde_json::Value| {
-            let fields = serde_json::json!({ "t": t });
-            let e = Event::fields(
-                fields.as_object().unwrap().clone(),
-                Meta::at("t", ingest_ns),
-            );
-            timestamp_ms(&time, &e)
-        };
-        assert_eq!(at("2026-12-04T10:00:00.250Z".into()), 1_796_378_400_250);
-        assert_eq!(
-            at("2026-12-04T11:00:00.250+01:00".into()),
-            1_796_378_400_250
-        );
-        assert_eq!(at(1_796_378_400.25.into()), 1_796_378_400_250, "seconds");
-        assert_eq!(
-            at(1_796_378_400_250u64.into()),
-            1_796_378_400_250,
-            "milliseconds"
-        );
-        assert_eq!(
-            at(99_999_999_999u64.into()),
-            99_999_999_999_000,
-            "below 1e11: seconds"
-        );
-        assert_eq!(
-            at(100_000_000_000u64.into()),
-            100_000_000_000,
-            "1e11: milliseconds"
-        );
-        assert_eq!(at((-5).into()), -5_000, "before the epoch");
-        let ingest_ms = 1_700_000_000_123;
-        assert_eq!(at("yesterday".into()), ingest_ms, "unreadable text");
-        assert_eq!(
-            at(serde_json::json!({"s": 1})),
-            ingest_ms,
-            "neither text nor number"
-        );
-        let e = Event::raw("no fields", Meta::at("t", ingest_ns));
-        assert_eq!(timestamp_ms(&time, &e), ingest_ms, "no such field");
-        assert_eq!(
-            timestamp_ms(&None, &e),
-            ingest_ms,
-            "no time field configured"
-        );
     }
 
     #[test]

@@ -29,7 +29,7 @@ use logbus_plugin_api::{
 };
 use logbus_sink::{
     Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
-    Service, Template, error_chain, parse_retry_after,
+    Service, Template, error_chain, event_time_ms, parse_retry_after,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -396,24 +396,10 @@ struct BulkEncoder {
 }
 
 impl BulkEncoder {
-    /// The event's own time, for the date in the index name.
+    /// The event's own time, for the date in the index name (read as
+    /// every sink reads it: [`event_time_ms`]).
     fn time_of(&self, event: &Event) -> DateTime<Utc> {
-        let ingest = || DateTime::from_timestamp_nanos(event.meta().ingest_ns as i64);
-        // Through the event: lazy fields parse only this entry.
-        let Some(value) = event.field(&self.time) else {
-            return ingest();
-        };
-        match &*value {
-            Value::String(s) => DateTime::parse_from_rfc3339(s)
-                .map(|t| t.to_utc())
-                .unwrap_or_else(|_| ingest()),
-            Value::Number(n) => {
-                let n = n.as_f64().unwrap_or(0.0);
-                let ms = if n.abs() < 1e11 { n * 1000.0 } else { n };
-                DateTime::from_timestamp_millis(ms as i64).unwrap_or_else(ingest)
-            }
-            _ => ingest(),
-        }
+        DateTime::from_timestamp_millis(event_time_ms(event, Some(&self.time))).unwrap_or_default()
     }
 }
 
