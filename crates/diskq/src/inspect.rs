@@ -882,7 +882,10 @@ mod tests {
         let d = dir.path();
         write_segment(d, 1, 0, &[b"r0", b"r1"], 0);
         let (offsets, _) = write_segment(d, 2, 2, &[b"r2", b"r3", b"r4"], 0);
-        let (seg4_offsets, seg4) = write_segment(d, 4, 7, &[b"r7", b"r8"], 10);
+        let (seg4_offsets, mut seg4) = write_segment(d, 4, 7, &[b"r7", b"r8"], 10);
+        // And a whole frame whose body is not a record, at its end.
+        frame(&[record::FLAG_LZ4, 0xff, 0xff, 0xff, 0xff], &mut seg4);
+        std::fs::write(segment_path(d, 4), &seg4).unwrap();
         let resume = at(2, offsets[1]);
         write_state(d, resume, 3, 9);
 
@@ -901,7 +904,12 @@ mod tests {
         );
         assert_eq!(report.lost_records, 2);
         assert_eq!(report.writer_end, Some(at(4, seg4.len() as u64)));
-        let StateReport::Valid { acked, seqs: s, .. } = report.state else {
+        let StateReport::Valid {
+            acked,
+            seqs: s,
+            generation: generation_before,
+        } = report.state
+        else {
             panic!("{:?}", report.state)
         };
         assert_eq!((acked, s), (resume, seqs(3, 9)));
@@ -915,7 +923,8 @@ mod tests {
                 segments_renumbered: 1,
                 records_kept: 4,
                 records_lost: 2,
-                bytes_dropped: 10,
+                // The garbage and the bad frame's body.
+                bytes_dropped: 10 + 5,
                 state_rewritten: false,
                 notes: vec![
                     "2 records lost (sequence numbers 5..7): segments 3..3 are gone, or segment 2 was cut".into(),
@@ -932,6 +941,14 @@ mod tests {
         let report = check(d).unwrap();
         assert!(report.is_clean(), "{:?}", report.problems);
         assert_eq!((report.resume, report.unacked_records()), (resume, 4));
+        // The state was written anew with a later generation.
+        let StateReport::Valid { generation, .. } = report.state else {
+            panic!("{:?}", report.state)
+        };
+        assert!(
+            generation > generation_before,
+            "{generation} <= {generation_before}"
+        );
         // The loss was reported once: not again.
         assert_eq!(report.lost_records, 0);
         assert_eq!(read_reported(d), [(5, 7)]);

@@ -704,6 +704,30 @@ mod tests {
         }
     }
 
+    /// An id or routing key is a non-empty string, or a number or boolean
+    /// as its text; an empty string, null, an object or no field at all
+    /// gives none (OpenSearch then picks the id).
+    #[test]
+    fn ids_come_from_strings_numbers_and_booleans_only() {
+        let e = encoder(Action::Index, Some("uid"));
+        let id = |uid: Option<Value>| {
+            let mut v = json!({"@timestamp": "2026-03-04T00:00:00Z", "service": "api"});
+            if let Some(uid) = uid {
+                v["uid"] = uid;
+            }
+            let mut out = Vec::new();
+            e.encode(&event(v), &mut out).unwrap();
+            lines(&out)[0]["index"].get("_id").cloned()
+        };
+        assert_eq!(id(Some(json!("a-1"))), Some(json!("a-1")));
+        assert_eq!(id(Some(json!(7))), Some(json!("7")));
+        assert_eq!(id(Some(json!(true))), Some(json!("true")));
+        for none in [json!(""), json!(null), json!({"x": 1}), json!([1])] {
+            assert_eq!(id(Some(none.clone())), None, "{none}");
+        }
+        assert_eq!(id(None), None);
+    }
+
     #[test]
     fn without_a_readable_time_the_ingest_time_names_the_index() {
         let e = encoder(Action::Index, None);
