@@ -179,15 +179,16 @@ pub(crate) fn whole_blocks(bytes: &[u8]) -> Option<([u8; 16], usize)> {
     // The metadata map: blocks of entries (a negative count is followed by
     // the block's size in bytes), ended by a zero count.
     loop {
-        let mut count = long(bytes, &mut at)?;
-        if count == 0 {
-            break;
-        }
-        if count < 0 {
-            count = count.checked_neg()?;
-            long(bytes, &mut at)?;
-        }
-        for _ in 0..count {
+        let count = long(bytes, &mut at)?;
+        let entries = match count.signum() {
+            0 => break,
+            1 => count,
+            _ => {
+                long(bytes, &mut at)?;
+                count.checked_neg()?
+            }
+        };
+        for _ in 0..entries {
             let key = long(bytes, &mut at)?;
             skip(bytes, &mut at, key)?;
             let value = long(bytes, &mut at)?;
