@@ -56,23 +56,25 @@ fn seqs(path: &Path) -> Vec<i64> {
         .collect()
 }
 
+/// Avro's zigzag varint `long` at `*at`, moving `*at` past it.
+fn read_long(bytes: &[u8], at: &mut usize) -> i64 {
+    let (mut n, mut shift) = (0u64, 0);
+    loop {
+        let b = bytes[*at];
+        *at += 1;
+        n |= u64::from(b & 0x7f) << shift;
+        shift += 7;
+        if b & 0x80 == 0 {
+            return (n >> 1) as i64 ^ -((n & 1) as i64);
+        }
+    }
+}
+
 /// The number of records in each block, walking the container format by
 /// hand (header map, then count, size, data, marker per block).
 fn block_counts(path: &Path) -> Vec<i64> {
     let bytes = std::fs::read(path).unwrap();
-    let long = |at: &mut usize| -> i64 {
-        let mut n = 0u64;
-        let mut shift = 0;
-        loop {
-            let b = bytes[*at];
-            *at += 1;
-            n |= u64::from(b & 0x7f) << shift;
-            shift += 7;
-            if b & 0x80 == 0 {
-                return (n >> 1) as i64 ^ -((n & 1) as i64);
-            }
-        }
-    };
+    let long = |at: &mut usize| read_long(&bytes, at);
     assert_eq!(&bytes[..4], b"Obj\x01");
     let mut at = 4;
     loop {
@@ -341,18 +343,7 @@ async fn a_header_with_binary_metadata_or_a_negative_count_is_continued() {
         let bytes = std::fs::read(&path).unwrap();
         // Take the entries out of the header as written (one block,
         // positive count) and write them back with one more entry.
-        let long = |at: &mut usize| -> i64 {
-            let (mut n, mut shift) = (0u64, 0);
-            loop {
-                let b = bytes[*at];
-                *at += 1;
-                n |= u64::from(b & 0x7f) << shift;
-                shift += 7;
-                if b & 0x80 == 0 {
-                    return (n >> 1) as i64 ^ -((n & 1) as i64);
-                }
-            }
-        };
+        let long = |at: &mut usize| read_long(&bytes, at);
         let mut at = 4;
         let count = long(&mut at);
         assert!(count > 0);
