@@ -1,11 +1,15 @@
 //! What the Kafka source and sink share: how to reach the brokers (the
-//! list, TLS, SASL) and how librdkafka's own reports reach our log.
+//! list, TLS, SASL), how librdkafka's own reports reach our log, and a
+//! way back to the brokers for a client that lost them all.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use logbus_plugin_api::{BuildContext, OptionError};
 use rdkafka::ClientConfig;
-use rdkafka::client::ClientContext;
+use rdkafka::client::{Client, ClientContext};
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use serde::Deserialize;
@@ -193,5 +197,266 @@ impl ClientContext for ReportingContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         self.0.error(error, reason);
+    }
+}
+
+/// How often librdkafka reports its brokers' states (what [`BrokerWatch`]
+/// reads), in ms: `statistics.interval.ms`.
+pub const STATISTICS_INTERVAL_MS: u64 = 5_000;
+
+/// How long a client may be without a connection to any broker before it
+/// is given the configured brokers again.
+pub const REBOOTSTRAP_AFTER: Duration = Duration::from_secs(30);
+
+/// Notices a client that has had no connection to any broker for a while,
+/// so that it can be given the configured brokers again
+/// ([`add_brokers`]).
+///
+/// Why: a broker that is shutting down can answer a metadata request with
+/// a broker list that leaves itself out. A client that knew only that
+/// broker (librdkafka retires the bootstrap connections once it has
+/// learned the cluster) then forgets it and has nothing left to connect
+/// to; librdkafka's own re-bootstrap did not start in that state. Seen in
+/// CI after a single-broker restart, and reproduced under load with
+/// librdkafka's debug log: the consumer's group coordinator query waited
+/// on a "cluster connection already in progress" for minutes, reading
+/// nothing, until the test gave up.
+pub struct BrokerWatch {
+    after: Duration,
+    unconnected_since: Mutex<Option<Instant>>,
+    due: AtomicBool,
+}
+
+impl BrokerWatch {
+    pub fn new(after: Duration) -> Self {
+        BrokerWatch {
+            after,
+            unconnected_since: Mutex::new(None),
+            due: AtomicBool::new(false),
+        }
+    }
+
+    /// Reads one of librdkafka's statistics reports (JSON): a broker
+    /// connection that is up (a coordinator's included, librdkafka's
+    /// internal one not) ends a period without one; a period as long as
+    /// `after` makes the brokers due to be given again, and starts the
+    /// next period. A report that cannot be read says nothing.
+    pub fn observe(&self, report: &[u8], now: Instant) {
+        let Ok(report) = serde_json::from_slice::<BrokerStates>(report) else {
+            return;
+        };
+        let connected = report
+            .brokers
+            .values()
+            .any(|b| b.state == "UP" && b.source != "internal");
+        let mut since = self
+            .unconnected_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if connected {
+            *since = None;
+            return;
+        }
+        let began = *since.get_or_insert(now);
+        if now.duration_since(began) >= self.after {
+            self.due.store(true, Ordering::Relaxed);
+            *since = Some(now);
+        }
+    }
+
+    /// Whether the brokers are due to be given again (once per period).
+    pub fn take_due(&self) -> bool {
+        self.due.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// The part of a statistics report the watch reads.
+#[derive(Deserialize)]
+struct BrokerStates {
+    #[serde(default)]
+    brokers: HashMap<String, BrokerState>,
+}
+
+#[derive(Deserialize)]
+struct BrokerState {
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    source: String,
+}
+
+/// Gives `client` the brokers in `brokers` (the `bootstrap.servers`
+/// syntax) as configured brokers, which it connects to when it has
+/// nothing better; one it already has as configured is left alone.
+/// Returns how many of the list it now has (librdkafka's
+/// `rd_kafka_brokers_add`).
+#[allow(unsafe_code)]
+pub fn add_brokers<C: ClientContext>(client: &Client<C>, brokers: &str) -> i32 {
+    let Ok(list) = std::ffi::CString::new(brokers) else {
+        return 0;
+    };
+    // SAFETY: the handle lives as long as `client`, which outlives this
+    // call; librdkafka copies the list before returning.
+    unsafe { rdkafka::bindings::rd_kafka_brokers_add(client.native_ptr(), list.as_ptr()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+
+    /// A statistics report with brokers of these (source, state).
+    fn report(brokers: &[(&str, &str)]) -> Vec<u8> {
+        let brokers: serde_json::Map<String, serde_json::Value> = brokers
+            .iter()
+            .enumerate()
+            .map(|(i, (source, state))| {
+                (
+                    format!("127.0.0.1:{}/{i}", 9000 + i),
+                    serde_json::json!({ "nodeid": i, "source": source, "state": state, "stateage": 5 }),
+                )
+            })
+            .collect();
+        serde_json::to_vec(
+            &serde_json::json!({ "name": "c", "type": "consumer", "brokers": brokers }),
+        )
+        .unwrap()
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// Neither the learned broker nor the coordinator connected; the
+    /// internal pseudo-broker is always up and does not count.
+    fn unconnected() -> Vec<u8> {
+        report(&[
+            ("learned", "INIT"),
+            ("logical", "TRY_CONNECT"),
+            ("internal", "UP"),
+        ])
+    }
+
+    #[test]
+    fn a_client_without_a_connection_for_the_period_is_due_once_per_period() {
+        let watch = BrokerWatch::new(secs(30));
+        let t0 = Instant::now();
+        watch.observe(&unconnected(), t0);
+        watch.observe(&unconnected(), t0 + secs(29));
+        assert!(!watch.take_due(), "29 s without a connection");
+        watch.observe(&unconnected(), t0 + secs(30));
+        assert!(watch.take_due(), "30 s without a connection");
+        assert!(!watch.take_due(), "due once");
+        // The next period starts at the report that made it due.
+        watch.observe(&unconnected(), t0 + secs(59));
+        assert!(!watch.take_due());
+        watch.observe(&unconnected(), t0 + secs(60));
+        assert!(watch.take_due());
+    }
+
+    #[test]
+    fn any_connection_up_ends_the_period() {
+        for up in [("learned", "UP"), ("configured", "UP"), ("logical", "UP")] {
+            let watch = BrokerWatch::new(secs(30));
+            let t0 = Instant::now();
+            watch.observe(&unconnected(), t0);
+            watch.observe(&report(&[("learned", "DOWN"), up]), t0 + secs(20));
+            watch.observe(&unconnected(), t0 + secs(40));
+            assert!(!watch.take_due(), "{up:?} connected at 20 s");
+            watch.observe(&unconnected(), t0 + secs(70));
+            assert!(watch.take_due(), "{up:?}: 30 s without one since 40 s");
+        }
+        for not_up in [
+            "INIT",
+            "DOWN",
+            "CONNECT",
+            "APIVERSION_QUERY",
+            "AUTH_HANDSHAKE",
+        ] {
+            let watch = BrokerWatch::new(secs(30));
+            let t0 = Instant::now();
+            watch.observe(&report(&[("learned", not_up)]), t0);
+            watch.observe(&report(&[("learned", not_up)]), t0 + secs(30));
+            assert!(watch.take_due(), "{not_up} is not a connection");
+        }
+    }
+
+    #[test]
+    fn a_report_that_cannot_be_read_says_nothing_and_one_without_brokers_has_none() {
+        let watch = BrokerWatch::new(secs(30));
+        let t0 = Instant::now();
+        watch.observe(b"not json", t0);
+        watch.observe(br#"{"brokers": 5}"#, t0 + secs(40));
+        assert!(!watch.take_due(), "unreadable reports start no period");
+        watch.observe(&unconnected(), t0 + secs(50));
+        watch.observe(b"{", t0 + secs(60));
+        watch.observe(&report(&[("learned", "UP")])[..10], t0 + secs(70));
+        watch.observe(&unconnected(), t0 + secs(80));
+        assert!(watch.take_due(), "nor do they end one");
+        let watch = BrokerWatch::new(secs(30));
+        watch.observe(br#"{"name": "c"}"#, t0);
+        watch.observe(br#"{"name": "c", "brokers": {}}"#, t0 + secs(30));
+        assert!(watch.take_due(), "no brokers, no connection");
+    }
+
+    /// The statistics reports a client makes, kept.
+    struct Kept(Mutex<Vec<Vec<u8>>>);
+
+    impl ClientContext for Kept {
+        fn stats_raw(&self, report: &[u8]) {
+            self.0.lock().unwrap().push(report.to_vec());
+        }
+    }
+
+    impl ConsumerContext for Kept {}
+
+    /// The names of the brokers in `client`'s next statistics report.
+    fn brokers_reported(consumer: &BaseConsumer<Kept>) -> Vec<String> {
+        let began = Instant::now();
+        loop {
+            let _ = consumer.poll(Duration::from_millis(50));
+            if let Some(last) = consumer.client().context().0.lock().unwrap().pop() {
+                let report: serde_json::Value = serde_json::from_slice(&last).unwrap();
+                let mut names: Vec<String> = report["brokers"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .cloned()
+                    .collect();
+                names.sort();
+                return names;
+            }
+            assert!(began.elapsed() < secs(30), "no statistics report in 30 s");
+        }
+    }
+
+    #[test]
+    fn add_brokers_gives_a_client_configured_brokers_once() {
+        let consumer: BaseConsumer<Kept> = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .set("statistics.interval.ms", "100")
+            .create_with_context(Kept(Mutex::default()))
+            .unwrap();
+        let client = consumer.client();
+        assert_eq!(add_brokers(client, "127.0.0.1:2, 127.0.0.1:3"), 2);
+        assert_eq!(add_brokers(client, "127.0.0.1:1,127.0.0.1:2"), 2);
+        assert_eq!(add_brokers(client, ""), 0);
+        assert_eq!(add_brokers(client, "127.0.0.1:4\0,127.0.0.1:5"), 0);
+        // Drop a report made before the adds.
+        consumer.client().context().0.lock().unwrap().clear();
+        let _ = consumer.poll(Duration::from_millis(200));
+        consumer.client().context().0.lock().unwrap().clear();
+        let names = brokers_reported(&consumer);
+        let configured: Vec<&String> = names.iter().filter(|n| n.ends_with("/bootstrap")).collect();
+        assert_eq!(
+            configured,
+            [
+                "127.0.0.1:1/bootstrap",
+                "127.0.0.1:2/bootstrap",
+                "127.0.0.1:3/bootstrap"
+            ],
+            "{names:?}"
+        );
     }
 }

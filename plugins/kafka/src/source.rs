@@ -49,7 +49,10 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::client::{KafkaTls, Reports, Sasl, apply_security, check_connection};
+use crate::client::{
+    BrokerWatch, KafkaTls, REBOOTSTRAP_AFTER, Reports, STATISTICS_INTERVAL_MS, Sasl, add_brokers,
+    apply_security, check_connection,
+};
 
 /// Where a group with no committed offset for a partition starts.
 #[derive(
@@ -267,7 +270,10 @@ impl TypedPlugin for KafkaSource {
             .set(
                 "heartbeat.interval.ms",
                 (options.session_timeout_ms / 4).max(250).to_string(),
-            );
+            )
+            // The brokers' states, for the watch that gives a consumer
+            // left without any broker the configured ones again.
+            .set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
         apply_security(&mut config, options.tls.as_ref(), options.sasl.as_ref(), cx);
         for (k, v) in &options.librdkafka {
             config.set(k, v);
@@ -376,6 +382,8 @@ struct Shared {
     /// librdkafka's reports, and an error retrying cannot fix (the
     /// brokers refused our credentials).
     reports: Reports,
+    /// Whether the consumer has been without any broker for a while.
+    watch: BrokerWatch,
 }
 
 impl Shared {
@@ -454,6 +462,10 @@ impl ClientContext for GroupContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         self.shared.reports.error(error, reason);
+    }
+
+    fn stats_raw(&self, report: &[u8]) {
+        self.shared.watch.observe(report, Instant::now());
     }
 }
 
@@ -549,6 +561,8 @@ struct Polled {
 /// The consumer thread's state.
 struct Reader<'a> {
     id: Arc<str>,
+    /// The configured brokers, given again to a consumer that lost them.
+    brokers: &'a str,
     consumer: BaseConsumer<GroupContext>,
     shared: Arc<Shared>,
     handle: &'a tokio::runtime::Handle,
@@ -570,6 +584,7 @@ impl KafkaConsumerSource {
             redelivered: AtomicU64::new(0),
             paused: Mutex::default(),
             full: AtomicBool::new(false),
+            watch: BrokerWatch::new(REBOOTSTRAP_AFTER),
         });
         let consumer: BaseConsumer<GroupContext> = self
             .config
@@ -586,6 +601,7 @@ impl KafkaConsumerSource {
         })?;
         let mut reader = Reader {
             id: cx.id.clone(),
+            brokers: &self.brokers,
             consumer,
             shared,
             handle,
@@ -828,6 +844,14 @@ impl Reader<'_> {
     /// much in flight and resume those that caught up.
     fn maintain(&mut self, metrics: &logbus_plugin_api::StageMetrics) {
         self.commit_if_due();
+        if self.shared.watch.take_due() {
+            let known = add_brokers(self.consumer.client(), self.brokers);
+            tracing::warn!(
+                stage = %self.id,
+                "no connection to any Kafka broker for {REBOOTSTRAP_AFTER:?}: the consumer is given the configured brokers ({}) again ({known} taken)",
+                self.brokers
+            );
+        }
         self.shared.publish(metrics);
         metrics.add_redelivered(self.shared.redelivered.swap(0, Ordering::Relaxed));
         let tracks = self.shared.tracks().clone();

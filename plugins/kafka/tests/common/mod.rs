@@ -84,12 +84,24 @@ pub fn produce(brokers: &str, topic: &str, first: usize, count: usize, partition
 }
 
 /// The group's committed offset per partition of `topic` (absent: none).
+/// An answer the broker marks retriable (its group coordinator still
+/// loading after a restart, say) is asked again for up to 30 s.
 pub fn committed(brokers: &str, group: &str, topic: &str) -> std::collections::BTreeMap<i32, i64> {
     let out = python(
         brokers,
-        "from kafka.admin import KafkaAdminClient\n\
-         a = KafkaAdminClient(bootstrap_servers=BROKERS)\n\
-         offsets = a.list_group_offsets(ARGS[0])[ARGS[0]]\n\
+        "import time\n\
+         from kafka.admin import KafkaAdminClient\n\
+         from kafka.errors import KafkaError\n\
+         give_up = time.monotonic() + 30\n\
+         while True:\n\
+         \x20   try:\n\
+         \x20       a = KafkaAdminClient(bootstrap_servers=BROKERS)\n\
+         \x20       offsets = a.list_group_offsets(ARGS[0])[ARGS[0]]\n\
+         \x20       break\n\
+         \x20   except KafkaError as e:\n\
+         \x20       if not e.retriable or time.monotonic() > give_up:\n\
+         \x20           raise\n\
+         \x20       time.sleep(0.5)\n\
          print(json.dumps({str(tp.partition): m.offset for tp, m in offsets.items() if tp.topic == ARGS[1]}))",
         &[group, topic],
     );
