@@ -108,11 +108,13 @@ pub fn apply_security(
 }
 
 /// What librdkafka reports about a client, in our log under the stage's
-/// id, and the first error retrying cannot fix.
+/// id, the first error retrying cannot fix, and whether the client has
+/// been without any broker for a while.
 pub struct Reports {
     pub stage: Arc<str>,
     fatal: Mutex<Option<String>>,
     noticed: tokio::sync::Notify,
+    pub watch: BrokerWatch,
 }
 
 impl Reports {
@@ -121,6 +123,7 @@ impl Reports {
             stage,
             fatal: Mutex::new(None),
             noticed: tokio::sync::Notify::new(),
+            watch: BrokerWatch::new(REBOOTSTRAP_AFTER),
         }
     }
 
@@ -197,6 +200,10 @@ impl ClientContext for ReportingContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         self.0.error(error, reason);
+    }
+
+    fn stats_raw(&self, report: &[u8]) {
+        self.0.watch.observe(report, Instant::now());
     }
 }
 
@@ -283,6 +290,18 @@ struct BrokerState {
     state: String,
     #[serde(default)]
     source: String,
+}
+
+/// Gives `client` the configured `brokers` again if its watch says so,
+/// saying so in the log.
+pub fn give_brokers_if_due<C: ClientContext>(client: &Client<C>, reports: &Reports, brokers: &str) {
+    if reports.watch.take_due() {
+        let known = add_brokers(client, brokers);
+        tracing::warn!(
+            stage = %reports.stage,
+            "no connection to any Kafka broker for {REBOOTSTRAP_AFTER:?}: the client is given the configured brokers ({brokers}) again ({known} taken)"
+        );
+    }
 }
 
 /// Gives `client` the brokers in `brokers` (the `bootstrap.servers`
@@ -410,8 +429,23 @@ mod tests {
 
     impl ConsumerContext for Kept {}
 
-    /// The names of the brokers in `client`'s next statistics report.
+    /// A consumer whose only broker cannot be reached, reporting every
+    /// 100 ms.
+    fn kept_consumer() -> BaseConsumer<Kept> {
+        ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .set("statistics.interval.ms", "100")
+            .create_with_context(Kept(Mutex::default()))
+            .unwrap()
+    }
+
+    /// The names of the brokers in a statistics report `consumer` makes
+    /// from now on (the reports made before, queued or kept, are dropped).
     fn brokers_reported(consumer: &BaseConsumer<Kept>) -> Vec<String> {
+        consumer.client().context().0.lock().unwrap().clear();
+        let _ = consumer.poll(Duration::from_millis(200));
+        consumer.client().context().0.lock().unwrap().clear();
         let began = Instant::now();
         loop {
             let _ = consumer.poll(Duration::from_millis(50));
@@ -432,21 +466,12 @@ mod tests {
 
     #[test]
     fn add_brokers_gives_a_client_configured_brokers_once() {
-        let consumer: BaseConsumer<Kept> = ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("group.id", "g")
-            .set("statistics.interval.ms", "100")
-            .create_with_context(Kept(Mutex::default()))
-            .unwrap();
+        let consumer = kept_consumer();
         let client = consumer.client();
         assert_eq!(add_brokers(client, "127.0.0.1:2, 127.0.0.1:3"), 2);
         assert_eq!(add_brokers(client, "127.0.0.1:1,127.0.0.1:2"), 2);
         assert_eq!(add_brokers(client, ""), 0);
         assert_eq!(add_brokers(client, "127.0.0.1:4\0,127.0.0.1:5"), 0);
-        // Drop a report made before the adds.
-        consumer.client().context().0.lock().unwrap().clear();
-        let _ = consumer.poll(Duration::from_millis(200));
-        consumer.client().context().0.lock().unwrap().clear();
         let names = brokers_reported(&consumer);
         let configured: Vec<&String> = names.iter().filter(|n| n.ends_with("/bootstrap")).collect();
         assert_eq!(
@@ -458,5 +483,39 @@ mod tests {
             ],
             "{names:?}"
         );
+    }
+
+    #[test]
+    fn a_client_is_given_the_brokers_when_its_watch_says_so_once() {
+        let consumer = kept_consumer();
+        let reports = Reports::new("s".into());
+        give_brokers_if_due(consumer.client(), &reports, "127.0.0.1:7");
+        let t0 = Instant::now();
+        reports.watch.observe(&unconnected(), t0);
+        reports
+            .watch
+            .observe(&unconnected(), t0 + REBOOTSTRAP_AFTER);
+        give_brokers_if_due(consumer.client(), &reports, "127.0.0.1:8");
+        assert!(!reports.watch.take_due(), "the watch's due was taken");
+        give_brokers_if_due(consumer.client(), &reports, "127.0.0.1:9");
+        let names = brokers_reported(&consumer);
+        let configured: Vec<&String> = names.iter().filter(|n| n.ends_with("/bootstrap")).collect();
+        assert_eq!(
+            configured,
+            ["127.0.0.1:1/bootstrap", "127.0.0.1:8/bootstrap"],
+            "not before it was due, once when due: {names:?}"
+        );
+    }
+
+    /// The producer's statistics reach its watch.
+    #[test]
+    fn statistics_reach_the_producers_watch() {
+        let mut reports = Reports::new("s".into());
+        reports.watch = BrokerWatch::new(Duration::ZERO);
+        let context = ReportingContext(Arc::new(reports));
+        context.stats_raw(&report(&[("configured", "UP")]));
+        assert!(!context.0.watch.take_due());
+        context.stats_raw(&unconnected());
+        assert!(context.0.watch.take_due());
     }
 }

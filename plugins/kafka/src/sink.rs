@@ -40,7 +40,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::client::{KafkaTls, ReportingContext, Reports, Sasl, apply_security, check_connection};
+use crate::client::{
+    KafkaTls, ReportingContext, Reports, STATISTICS_INTERVAL_MS, Sasl, apply_security,
+    check_connection, give_brokers_if_due,
+};
 
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
@@ -244,7 +247,10 @@ impl KafkaSinkOptions {
             .set("linger.ms", self.linger_ms.to_string())
             .set("message.timeout.ms", self.message_timeout_ms.to_string())
             .set("message.max.bytes", self.max_message_bytes.to_string())
-            .set("client.id", format!("logbus-{}", cx.stage_id));
+            .set("client.id", format!("logbus-{}", cx.stage_id))
+            // The brokers' states, for the watch that gives a producer
+            // left without any broker the configured ones again.
+            .set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
         match self.acks {
             Acks::All => c.set("acks", "all").set("enable.idempotence", "true"),
             Acks::Leader => c.set("acks", "1").set("enable.idempotence", "false"),
@@ -484,6 +490,12 @@ impl Service for KafkaService {
 
     async fn send(&self, messages: &Vec<Message>) -> Response {
         let (generation, producer) = self.producers.current();
+        let producers = &self.producers;
+        let brokers = producers
+            .config
+            .get("bootstrap.servers")
+            .unwrap_or_default();
+        give_brokers_if_due(producer.client(), &producers.reports, brokers);
         let mut waiting = Vec::with_capacity(messages.len());
         for m in messages {
             if m.payload.len() > self.max_message_bytes {

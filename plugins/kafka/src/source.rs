@@ -50,8 +50,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::client::{
-    BrokerWatch, KafkaTls, REBOOTSTRAP_AFTER, Reports, STATISTICS_INTERVAL_MS, Sasl, add_brokers,
-    apply_security, check_connection,
+    KafkaTls, Reports, STATISTICS_INTERVAL_MS, Sasl, apply_security, check_connection,
+    give_brokers_if_due,
 };
 
 /// Where a group with no committed offset for a partition starts.
@@ -235,6 +235,22 @@ impl TypedPlugin for KafkaSource {
     const DESCRIPTION: &'static str = "Kafka consumer-group member (librdkafka): topics by name or pattern, offsets committed only for finished events, rebalances, bounded prefetch; topic, partition, offset, key, headers and timestamp as attributes.";
 
     fn build(&self, options: KafkaSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Source(Box::new(KafkaConsumerSource {
+            config: options.client_config(cx),
+            brokers: options.brokers,
+            topics: options.topics,
+            batch_max_events: options.batch_max_events,
+            commit_interval: Duration::from_millis(options.commit_interval_ms),
+            max_in_flight: options.max_in_flight_per_partition,
+            drain: Duration::from_millis(options.drain_timeout_ms),
+        })))
+    }
+}
+
+impl KafkaSourceOptions {
+    /// The consumer's librdkafka properties.
+    fn client_config(&self, cx: &BuildContext) -> ClientConfig {
+        let options = self;
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", &options.brokers)
@@ -278,15 +294,7 @@ impl TypedPlugin for KafkaSource {
         for (k, v) in &options.librdkafka {
             config.set(k, v);
         }
-        Ok(Built::Source(Box::new(KafkaConsumerSource {
-            config,
-            brokers: options.brokers,
-            topics: options.topics,
-            batch_max_events: options.batch_max_events,
-            commit_interval: Duration::from_millis(options.commit_interval_ms),
-            max_in_flight: options.max_in_flight_per_partition,
-            drain: Duration::from_millis(options.drain_timeout_ms),
-        })))
+        config
     }
 }
 
@@ -379,14 +387,25 @@ struct Shared {
     paused: Mutex<HashSet<PartitionKey>>,
     /// Every partition is paused: the pipeline is full.
     full: AtomicBool,
-    /// librdkafka's reports, and an error retrying cannot fix (the
-    /// brokers refused our credentials).
+    /// librdkafka's reports, an error retrying cannot fix (the brokers
+    /// refused our credentials), and whether the consumer has been without
+    /// any broker for a while.
     reports: Reports,
-    /// Whether the consumer has been without any broker for a while.
-    watch: BrokerWatch,
 }
 
 impl Shared {
+    fn new(stage: Arc<str>, reports: Reports) -> Self {
+        Shared {
+            stage,
+            reports,
+            tracks: Mutex::default(),
+            gone: Mutex::default(),
+            redelivered: AtomicU64::new(0),
+            paused: Mutex::default(),
+            full: AtomicBool::new(false),
+        }
+    }
+
     fn tracks(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionKey, Arc<Track>>> {
         self.tracks.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -465,7 +484,7 @@ impl ClientContext for GroupContext {
     }
 
     fn stats_raw(&self, report: &[u8]) {
-        self.shared.watch.observe(report, Instant::now());
+        self.shared.reports.watch.observe(report, Instant::now());
     }
 }
 
@@ -576,16 +595,7 @@ struct Reader<'a> {
 
 impl KafkaConsumerSource {
     fn consume(self, handle: &tokio::runtime::Handle, cx: SourceContext) -> Result<(), StageError> {
-        let shared = Arc::new(Shared {
-            stage: cx.id.clone(),
-            reports: Reports::new(cx.id.clone()),
-            tracks: Mutex::default(),
-            gone: Mutex::default(),
-            redelivered: AtomicU64::new(0),
-            paused: Mutex::default(),
-            full: AtomicBool::new(false),
-            watch: BrokerWatch::new(REBOOTSTRAP_AFTER),
-        });
+        let shared = Arc::new(Shared::new(cx.id.clone(), Reports::new(cx.id.clone())));
         let consumer: BaseConsumer<GroupContext> = self
             .config
             .create_with_context(GroupContext {
@@ -844,14 +854,7 @@ impl Reader<'_> {
     /// much in flight and resume those that caught up.
     fn maintain(&mut self, metrics: &logbus_plugin_api::StageMetrics) {
         self.commit_if_due();
-        if self.shared.watch.take_due() {
-            let known = add_brokers(self.consumer.client(), self.brokers);
-            tracing::warn!(
-                stage = %self.id,
-                "no connection to any Kafka broker for {REBOOTSTRAP_AFTER:?}: the consumer is given the configured brokers ({}) again ({known} taken)",
-                self.brokers
-            );
-        }
+        give_brokers_if_due(self.consumer.client(), &self.shared.reports, self.brokers);
         self.shared.publish(metrics);
         metrics.add_redelivered(self.shared.redelivered.swap(0, Ordering::Relaxed));
         let tracks = self.shared.tracks().clone();
@@ -936,5 +939,69 @@ impl Source for KafkaConsumerSource {
         tokio::task::spawn_blocking(move || self.consume(&handle, cx))
             .await
             .map_err(|e| StageError::Other(format!("the Kafka consumer thread panicked: {e}")))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::BrokerWatch;
+
+    fn options(extra: Value) -> KafkaSourceOptions {
+        let mut o = serde_json::json!({ "brokers": "b:9092", "group_id": "g", "topics": ["t"] });
+        o.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(o).unwrap()
+    }
+
+    fn property(options: &KafkaSourceOptions, key: &str) -> Option<String> {
+        let config = options.client_config(&logbus_plugin_api::testing::context());
+        config.get(key).map(str::to_string)
+    }
+
+    /// The heartbeat is a quarter of the session (at least 250 ms), and
+    /// librdkafka reports its brokers' states every 5 s unless told not
+    /// to.
+    #[test]
+    fn the_consumer_properties() {
+        for (session, heartbeat) in [
+            (1000, "250"),
+            (6000, "1500"),
+            (10_000, "2500"),
+            (60_001, "15000"),
+        ] {
+            let o = options(serde_json::json!({ "session_timeout_ms": session }));
+            assert_eq!(
+                property(&o, "session.timeout.ms"),
+                Some(session.to_string())
+            );
+            assert_eq!(
+                property(&o, "heartbeat.interval.ms").as_deref(),
+                Some(heartbeat),
+                "{session}"
+            );
+        }
+        let o = options(serde_json::json!({}));
+        assert_eq!(
+            property(&o, "statistics.interval.ms").as_deref(),
+            Some("5000")
+        );
+        let o = options(serde_json::json!({ "librdkafka": { "statistics.interval.ms": "0" } }));
+        assert_eq!(property(&o, "statistics.interval.ms").as_deref(), Some("0"));
+    }
+
+    /// The consumer's statistics reach its watch.
+    #[test]
+    fn statistics_reach_the_watch() {
+        let mut reports = Reports::new("s".into());
+        reports.watch = BrokerWatch::new(Duration::ZERO);
+        let context = GroupContext {
+            shared: Arc::new(Shared::new("s".into(), reports)),
+        };
+        context.stats_raw(br#"{"brokers": {"b:9092/1": {"source": "learned", "state": "UP"}}}"#);
+        assert!(!context.shared.reports.watch.take_due());
+        context.stats_raw(br#"{"brokers": {"b:9092/1": {"source": "learned", "state": "DOWN"}}}"#);
+        assert!(context.shared.reports.watch.take_due());
     }
 }
