@@ -292,6 +292,16 @@ struct BrokerState {
     source: String,
 }
 
+/// The brokers a client was configured with: `bootstrap.servers` as
+/// finally set (a `librdkafka:` entry may override the `brokers` option),
+/// what [`give_brokers_if_due`] gives a client that lost them.
+pub fn bootstrap_servers(config: &ClientConfig) -> String {
+    config
+        .get("bootstrap.servers")
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Gives `client` the configured `brokers` again if its watch says so,
 /// saying so in the log.
 pub fn give_brokers_if_due<C: ClientContext>(client: &Client<C>, reports: &Reports, brokers: &str) {

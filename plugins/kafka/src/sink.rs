@@ -42,7 +42,7 @@ use serde_json::Value;
 
 use crate::client::{
     KafkaTls, ReportingContext, Reports, STATISTICS_INTERVAL_MS, Sasl, apply_security,
-    check_connection, give_brokers_if_due,
+    bootstrap_servers, check_connection, give_brokers_if_due,
 };
 
 #[derive(
@@ -374,6 +374,8 @@ impl Sink for KafkaWriter {
 /// The producer in use, and what it takes to replace it.
 struct Producers {
     config: ClientConfig,
+    /// The configured brokers, given again to a producer that lost them.
+    brokers: String,
     reports: Arc<Reports>,
     /// `Duration::ZERO`: never replace.
     stuck_after: Duration,
@@ -392,6 +394,7 @@ impl Producers {
     ) -> Result<Self, KafkaError> {
         let producer = config.create_with_context(ReportingContext(reports.clone()))?;
         Ok(Producers {
+            brokers: bootstrap_servers(&config),
             config,
             reports,
             stuck_after,
@@ -491,11 +494,7 @@ impl Service for KafkaService {
     async fn send(&self, messages: &Vec<Message>) -> Response {
         let (generation, producer) = self.producers.current();
         let producers = &self.producers;
-        let brokers = producers
-            .config
-            .get("bootstrap.servers")
-            .unwrap_or_default();
-        give_brokers_if_due(producer.client(), &producers.reports, brokers);
+        give_brokers_if_due(producer.client(), &producers.reports, &producers.brokers);
         let mut waiting = Vec::with_capacity(messages.len());
         for m in messages {
             if m.payload.len() > self.max_message_bytes {

@@ -50,8 +50,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::client::{
-    KafkaTls, Reports, STATISTICS_INTERVAL_MS, Sasl, apply_security, check_connection,
-    give_brokers_if_due,
+    KafkaTls, Reports, STATISTICS_INTERVAL_MS, Sasl, apply_security, bootstrap_servers,
+    check_connection, give_brokers_if_due,
 };
 
 /// Where a group with no committed offset for a partition starts.
@@ -235,9 +235,10 @@ impl TypedPlugin for KafkaSource {
     const DESCRIPTION: &'static str = "Kafka consumer-group member (librdkafka): topics by name or pattern, offsets committed only for finished events, rebalances, bounded prefetch; topic, partition, offset, key, headers and timestamp as attributes.";
 
     fn build(&self, options: KafkaSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        let config = options.client_config(cx);
         Ok(Built::Source(Box::new(KafkaConsumerSource {
-            config: options.client_config(cx),
-            brokers: options.brokers,
+            brokers: bootstrap_servers(&config),
+            config,
             topics: options.topics,
             batch_max_events: options.batch_max_events,
             commit_interval: Duration::from_millis(options.commit_interval_ms),
@@ -250,28 +251,27 @@ impl TypedPlugin for KafkaSource {
 impl KafkaSourceOptions {
     /// The consumer's librdkafka properties.
     fn client_config(&self, cx: &BuildContext) -> ClientConfig {
-        let options = self;
         let mut config = ClientConfig::new();
         config
-            .set("bootstrap.servers", &options.brokers)
-            .set("group.id", &options.group_id)
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", &self.group_id)
             .set("client.id", format!("logbus-{}", cx.stage_id))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set(
                 "auto.offset.reset",
-                match options.start_from {
+                match self.start_from {
                     StartFrom::Earliest => "earliest",
                     StartFrom::Latest => "latest",
                 },
             )
             .set(
                 "queued.max.messages.kbytes",
-                options.fetch_queue_max_kib.to_string(),
+                self.fetch_queue_max_kib.to_string(),
             )
             .set(
                 "max.partition.fetch.bytes",
-                options.max_partition_fetch_bytes.to_string(),
+                self.max_partition_fetch_bytes.to_string(),
             )
             // Once the prefetch queue is full, librdkafka waits this long
             // before fetching again (1 s by default): a pipeline that
@@ -282,16 +282,16 @@ impl KafkaSourceOptions {
             // pattern) is found at the next metadata refresh: 10 s, not
             // librdkafka's 5 minutes.
             .set("topic.metadata.refresh.interval.ms", "10000")
-            .set("session.timeout.ms", options.session_timeout_ms.to_string())
+            .set("session.timeout.ms", self.session_timeout_ms.to_string())
             .set(
                 "heartbeat.interval.ms",
-                (options.session_timeout_ms / 4).max(250).to_string(),
+                (self.session_timeout_ms / 4).max(250).to_string(),
             )
             // The brokers' states, for the watch that gives a consumer
             // left without any broker the configured ones again.
             .set("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string());
-        apply_security(&mut config, options.tls.as_ref(), options.sasl.as_ref(), cx);
-        for (k, v) in &options.librdkafka {
+        apply_security(&mut config, self.tls.as_ref(), self.sasl.as_ref(), cx);
+        for (k, v) in &self.librdkafka {
             config.set(k, v);
         }
         config
@@ -989,6 +989,18 @@ mod tests {
         );
         let o = options(serde_json::json!({ "librdkafka": { "statistics.interval.ms": "0" } }));
         assert_eq!(property(&o, "statistics.interval.ms").as_deref(), Some("0"));
+    }
+
+    /// The brokers a stranded consumer is given are the ones it was
+    /// configured with: the `brokers` option, or a `librdkafka:` entry
+    /// overriding it.
+    #[test]
+    fn the_brokers_given_again_are_the_configured_ones() {
+        let cx = logbus_plugin_api::testing::context();
+        let o = options(serde_json::json!({}));
+        assert_eq!(bootstrap_servers(&o.client_config(&cx)), "b:9092");
+        let o = options(serde_json::json!({ "librdkafka": { "bootstrap.servers": "c:1,d:2" } }));
+        assert_eq!(bootstrap_servers(&o.client_config(&cx)), "c:1,d:2");
     }
 
     /// The consumer's statistics reach its watch.
