@@ -305,7 +305,9 @@ fn graph_plugins_and_version() {
             .find(|l| l.trim_start().starts_with("acknowledgements: "))
             .unwrap_or_else(|| panic!("{name} says nothing about acknowledgements"));
         match name {
-            "source tail" | "source journald" => assert!(line.contains("end to end"), "{line}"),
+            "source tail" | "source journald" | "source kafka" => {
+                assert!(line.contains("end to end"), "{line}")
+            }
             "source http" | "source otlp" => assert!(line.contains("ack: sink"), "{line}"),
             "source file" | "source s3" => assert!(line.contains("with state_dir"), "{line}"),
             _ => assert!(line.contains("none — events in flight"), "{name}: {line}"),
