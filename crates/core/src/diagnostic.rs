@@ -89,3 +89,38 @@ impl fmt::Display for DisplayDiagnostic<'_> {
         f.write_str(&d.message)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_diagnostic_prints_what_it_knows_in_a_fixed_order() {
+        let d = Diagnostic::error("code", "message");
+        assert!(d.is_error());
+        assert_eq!(
+            d.display("f.yml").to_string(),
+            "f.yml: error[code]: message"
+        );
+        let d = Diagnostic::warning("w", "careful")
+            .stage("s")
+            .at(Pos { line: 3, col: 4 });
+        assert!(!d.is_error());
+        assert_eq!(
+            (d.severity, d.stage.as_deref(), d.line, d.col),
+            (Severity::Warning, Some("s"), Some(3), Some(4))
+        );
+        assert_eq!(
+            d.display("f.yml").to_string(),
+            "f.yml:3:4: warning[w]: stage `s`: careful"
+        );
+        assert!(Severity::Error < Severity::Warning);
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            serde_json::json!({
+                "severity": "warning", "code": "w", "message": "careful",
+                "stage": "s", "line": 3, "col": 4
+            })
+        );
+    }
+}

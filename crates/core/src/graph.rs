@@ -97,3 +97,78 @@ fn walk(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::pipeline;
+
+    const ROUTED: &str = "\
+stages:
+  in: { source: gen, codec: p, on_error: route }
+  r: { transform: t, inputs: [in], routes: [a, b] }
+  x: { transform: t, inputs: [r.a, in.errors] }
+  s: { sink: out, inputs: [x, r.b] }
+  d: { sink: outer, inputs: [s.dead] }
+";
+
+    #[test]
+    fn dot_draws_shapes_and_every_edge_by_its_kind() {
+        assert_eq!(
+            to_dot(&pipeline(ROUTED)),
+            r#"digraph logbus {
+  rankdir=LR;
+  node [fontname="monospace"];
+  "in.source" [shape=invhouse, label="in.source\nsource gen"];
+  "in" [shape=box, label="in\nparser p"];
+  "r" [shape=box, label="r\ntransform t"];
+  "x" [shape=box, label="x\ntransform t"];
+  "s" [shape=house, label="s\nsink out"];
+  "d" [shape=house, label="d\nsink outer"];
+  "in.source" -> "in";
+  "in" -> "r";
+  "r" -> "x" [style=solid, label="a"];
+  "in" -> "x" [style=dashed, label="errors"];
+  "x" -> "s";
+  "r" -> "s" [style=solid, label="b"];
+  "s" -> "d" [style=dashed, label="dead"];
+}
+"#
+        );
+    }
+
+    #[test]
+    fn text_is_a_tree_from_each_source_with_fan_in_said_once() {
+        assert_eq!(
+            to_text(&pipeline(ROUTED)),
+            "\
+in.source [source gen]
+  └─ in [parser p]
+    └─ r [transform t]
+      └─ (a) x [transform t]
+        └─ s [sink out]
+          └─ (dead) d [sink outer]
+      └─ (b) s (see above)
+    └─ (errors) x (see above)
+"
+        );
+        let two_sources = "\
+stages:
+  a: { source: gen }
+  b: { source: gen }
+  t: { transform: t, inputs: [a, b], on_error: route }
+  s: { sink: out, inputs: [t, t.errors] }
+";
+        assert_eq!(
+            to_text(&pipeline(two_sources)),
+            "\
+a [source gen]
+  └─ t [transform t]
+    └─ s [sink out]
+    └─ (errors) s (see above)
+b [source gen]
+  └─ t (see above)
+"
+        );
+    }
+}

@@ -268,3 +268,242 @@ pub fn process_cpu_seconds() -> Option<f64> {
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     Some(ticks as f64 / 100.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::LocalQueueSnapshot;
+
+    fn stage(id: &str, kind: StageKind, counts: StageCounts) -> StageReport {
+        StageReport {
+            id: id.into(),
+            kind,
+            counts,
+            blocked_seconds: 0.0,
+            bytes_out: 0,
+            outputs: Default::default(),
+            fused_into: None,
+        }
+    }
+
+    fn channel(stage: &str, sent: u64, received: u64) -> ChannelReport {
+        ChannelReport {
+            stage: stage.into(),
+            capacity: 8,
+            occupancy: 0,
+            max_occupancy: 0,
+            sent,
+            received,
+            abandoned: 0,
+            batch_sizes: Default::default(),
+            wait_seconds: 0.0,
+            ingest_latency_us: None,
+            local: None,
+            disk: None,
+        }
+    }
+
+    /// Sources' output is what was emitted, sinks' what was committed;
+    /// every stage's discards, errors and splits add up; what a stage or
+    /// a channel cannot account for is lost.
+    #[test]
+    fn the_totals_add_up_every_stage_and_channel() {
+        let counts = |events_in, events_out, discarded, errored, routed, created| StageCounts {
+            events_in,
+            events_out,
+            discarded,
+            errored,
+            routed,
+            created,
+            ..Default::default()
+        };
+        let stages = vec![
+            // A source's own counts never make it lose anything.
+            stage("in", StageKind::Source, counts(0, 100, 1, 2, 0, 0)),
+            stage("t", StageKind::Transform, counts(100, 90, 3, 4, 5, 2)),
+            stage("s", StageKind::Sink, counts(90, 85, 0, 6, 0, 0)),
+        ];
+        let channels = vec![channel("t", 100, 100), channel("s", 90, 89)];
+        let r = RunReport::new(stages, channels, vec![], Duration::from_millis(1500));
+        assert_eq!(
+            r.totals,
+            Totals {
+                emitted: 100,
+                committed: 85,
+                discarded: 4,
+                errored: 12,
+                created: 2,
+                // t: 102 in, 102 out; s: 90 in, 91 out (-1); channel s: 1.
+                lost: 0,
+            }
+        );
+        assert!(r.is_clean());
+        assert_eq!(r.elapsed_seconds, 1.5);
+        assert!(r.peak_rss_bytes.is_some_and(|b| b > 0));
+        assert!(r.cpu_seconds.is_some_and(|s| s >= 0.0));
+        assert_eq!(r.worker_threads, None, "outside a runtime");
+
+        let stages = vec![
+            stage("in", StageKind::Source, counts(0, 10, 0, 0, 0, 0)),
+            stage("s", StageKind::Sink, counts(10, 7, 0, 0, 0, 0)),
+        ];
+        let r = RunReport::new(stages, vec![channel("s", 10, 9)], vec![], Duration::ZERO);
+        assert_eq!(r.totals.lost, 3 + 1);
+        assert!(!r.is_clean());
+        // Nothing lost, but a stage failed.
+        let r = RunReport::new(
+            vec![],
+            vec![],
+            vec![StageFailure {
+                stage: "s".into(),
+                message: "boom".into(),
+            }],
+            Duration::ZERO,
+        );
+        assert!(!r.is_clean());
+    }
+
+    #[test]
+    fn a_durable_queue_accounts_for_what_it_recovered_kept_and_lost_at_open() {
+        let mut ch = channel("s", 10, 12);
+        ch.disk = Some(DurableSnapshot {
+            recovered: 5,
+            unread: 1,
+            dropped_newest: 1,
+            dropped_oldest: 1,
+            undecodable: 0,
+            lost_at_open: 2,
+            ..Default::default()
+        });
+        // (10 sent + 5 recovered) - (12 received + 3 kept) + 2 gone at open.
+        let r = RunReport::new(vec![], vec![ch], vec![], Duration::ZERO);
+        assert_eq!(r.totals.lost, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+    async fn the_report_names_the_runtimes_worker_threads() {
+        let r = RunReport::new(vec![], vec![], vec![], Duration::ZERO);
+        assert_eq!(r.worker_threads, Some(3));
+    }
+
+    #[test]
+    fn the_printed_report_says_everything_that_happened() {
+        let sink = StageCounts {
+            events_in: 9,
+            events_out: 7,
+            errored: 1,
+            routed: 1,
+            retried: 4,
+            ..Default::default()
+        };
+        let source = StageCounts {
+            events_out: 10,
+            acked_delivered: 7,
+            acked_rejected: 1,
+            acked_errored: 2,
+            oldest_unacked_ms: 30,
+            redelivered: 3,
+            ..Default::default()
+        };
+        let quiet_source = StageCounts {
+            acked_delivered: 1,
+            ..Default::default()
+        };
+        let mut disk = channel("s", 9, 9);
+        disk.disk = Some(DurableSnapshot {
+            kind: "disk",
+            recovered: 1,
+            spilled: 2,
+            queued: 3,
+            dropped_newest: 4,
+            dropped_oldest: 5,
+            damaged_regions: 6,
+            damaged_bytes: 7,
+            lost_at_open: 8,
+            unreadable: 9,
+            writes: 10,
+            fsyncs: 11,
+            bytes_written: 3 << 19,
+            ..Default::default()
+        });
+        let mut local = channel("t", 0, 0);
+        local.local = Some(LocalQueueSnapshot {
+            frontend_events: 20,
+            backend_events: logbus_plugin_api::local::BackendRouting {
+                no_fit: 1,
+                oversized: 2,
+                exhausted: 3,
+                shutdown: 4,
+                direct: 5,
+            },
+            help_events_completed: 6,
+            registrations: 2,
+            max_frontends: 8,
+            registration_failures: 1,
+            ..Default::default()
+        });
+        let mut r = RunReport::new(
+            vec![
+                stage("in", StageKind::Source, source),
+                stage("in2", StageKind::Source, quiet_source),
+                stage("s", StageKind::Sink, sink),
+            ],
+            vec![disk, local, channel("u", 0, 0)],
+            vec![StageFailure {
+                stage: "s".into(),
+                message: "refused".into(),
+            }],
+            Duration::from_millis(2500),
+        );
+        r.peak_rss_bytes = Some(3 << 20);
+        r.totals.lost = -2;
+        let text = r.to_string();
+        let expected = "\
+logbus: emitted=10 committed=7 discarded=0 errored=1 created=0 lost=-2 in 2.500s
+  stage                kind                 in          out  discarded    errored     routed
+  in                   source                0           10          0          0          0
+  in2                  source                0            0          0          0          0
+  s                    sink                  9            7          0          1          1
+  retried s: 4 events sent again after a failed attempt
+  acknowledged in: delivered=7 rejected=1 errored=2 oldest-unacknowledged=30ms redelivered=3 (may arrive twice)
+  acknowledged in2: delivered=1 rejected=0 errored=0 oldest-unacknowledged=0ms
+  queue s (disk): recovered 1, to disk 2, kept on disk 3, dropped 9, damaged 6 regions (7 bytes), lost to damage 17; 10 writes, 11 fsyncs, 1.5 MiB written
+  queue t (local): frontends 20 events, backend 15 (no_fit 1, oversized 2, exhausted 3, shutdown 4, direct 5); helped 6; frontends registered 2/8, refused 1
+  peak RSS 3.0 MiB
+  FAILED stage `s`: refused
+  RECONCILIATION FAILED: -2 events unaccounted for
+";
+        assert_eq!(text, expected);
+        // A clean run says none of the optional lines.
+        r.totals.lost = 0;
+        r.failures.clear();
+        r.peak_rss_bytes = None;
+        let text = r.to_string();
+        assert!(!text.contains("RECONCILIATION"), "{text}");
+        assert!(!text.contains("FAILED"), "{text}");
+        assert!(!text.contains("peak RSS"), "{text}");
+    }
+
+    #[test]
+    fn the_process_reports_its_memory_and_time() {
+        let rss = peak_rss_bytes().unwrap();
+        // This test process has at least its own binary mapped.
+        assert!(rss > 1 << 20, "{rss}");
+        assert_eq!(rss % 1024, 0);
+        // Spin until the process's CPU time moves on (however busy the
+        // machine is), or give up after 20 s of wall time.
+        let before = process_cpu_seconds().unwrap();
+        assert!((0.0..1e6).contains(&before), "{before}");
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        let mut after = before;
+        while after < before + 0.05 && start.elapsed() < Duration::from_secs(20) {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            after = process_cpu_seconds().unwrap();
+        }
+        assert!(after >= before + 0.05, "{before} -> {after}");
+        assert!(after < before + 1e5, "{after}");
+    }
+}

@@ -27,3 +27,6 @@ const COMMON_KEYS: [&str; 4] = ["inputs", "on_error", "workers", "queue"];
 
 /// Most workers one stage may have.
 pub const MAX_WORKERS: usize = 256;
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -303,7 +303,8 @@ impl ByteSize {
             .parse()
             .map_err(|_| format!("`{text}` is not a size like 64MiB, 10GiB or 4096"))?;
         let bytes = value * factor as f64;
-        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        // `u64::MAX as f64` is 2^64, itself out of range.
+        if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
             return Err(format!("`{text}` is out of range"));
         }
         Ok(ByteSize(bytes as u64))
