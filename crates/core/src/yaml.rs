@@ -525,4 +525,180 @@ mod tests {
         // A whole-value reference is typed by its value even when quoted; a partial one stays text.
         assert_eq!(doc.to_json(), json!({"cap": 64, "q": 64, "r": "n64"}));
     }
+
+    #[test]
+    fn plain_scalars_are_typed_at_every_edge() {
+        let cases = [
+            ("", json!(null)),
+            ("Null", json!(null)),
+            ("NULL", json!(null)),
+            ("True", json!(true)),
+            ("TRUE", json!(true)),
+            ("False", json!(false)),
+            ("FALSE", json!(false)),
+            ("yes", json!("yes")),
+            ("-0x10", json!(-16)),
+            ("+0x10", json!(16)),
+            ("0o17", json!(15)),
+            ("-0o17", json!(-15)),
+            ("0X10", json!("0X10")),
+            ("0xzz", json!("0xzz")),
+            ("+7", json!(7)),
+            ("-9223372036854775808", json!(i64::MIN)),
+            ("18446744073709551615", json!(u64::MAX)),
+            ("18446744073709551616", json!(18446744073709551616.0)),
+            ("1e3", json!(1000.0)),
+            ("-1.5E-1", json!(-0.15)),
+            ("1-2", json!("1-2")),
+            ("e", json!("e")),
+            ("+", json!("+")),
+            (".", json!(".")),
+            ("1.2.3", json!("1.2.3")),
+            ("1.5x", json!("1.5x")),
+            ("nan", json!("nan")),
+        ];
+        for (text, want) in cases {
+            assert_eq!(resolve_plain(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn quoted_block_and_tagged_scalars_stay_text() {
+        let doc = parse("a: \"1\"\nb: !!str 2\nc: |\n  3\nd: 4\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            doc.to_json(),
+            json!({"a": "1", "b": "2", "c": "3\n", "d": 4})
+        );
+        // A key that is not a scalar becomes its JSON text.
+        let doc = parse("? [a, 1]\n: x\n").unwrap().unwrap();
+        assert_eq!(doc.to_json(), json!({"[\"a\",1]": "x"}));
+    }
+
+    #[test]
+    fn nodes_are_found_by_key_and_path() {
+        let doc = parse("a:\n  b: [x, {c: 1}]\n  b: 2\nd: text\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(doc.get("d").and_then(Node::as_str), Some("text"));
+        assert!(doc.get("zz").is_none());
+        assert!(doc.get("a").unwrap().as_str().is_none());
+        assert!(doc.get("d").unwrap().entries().is_none());
+        assert!(doc.get("d").unwrap().get("x").is_none());
+        // The first of duplicate keys; JSON takes the last.
+        assert_eq!(
+            doc.get("a").unwrap().get("b").unwrap().pos,
+            Pos { line: 2, col: 6 }
+        );
+        assert_eq!(doc.to_json()["a"]["b"], json!(2));
+        let path = |p: &[&str]| doc.pos_of(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(path(&[]), doc.pos);
+        assert_eq!(path(&["a", "b", "1", "c"]), Pos { line: 2, col: 11 });
+        // Past the end of a list, or a non-number index: the list's key.
+        assert_eq!(path(&["a", "b", "2"]), Pos { line: 2, col: 3 });
+        assert_eq!(path(&["a", "b", "x"]), Pos { line: 2, col: 3 });
+        // Below a scalar: the scalar's key.
+        assert_eq!(path(&["d", "e", "f"]), Pos { line: 4, col: 1 });
+        assert_eq!(Pos { line: 3, col: 9 }.to_string(), "3:9");
+    }
+
+    #[test]
+    fn variables_expand_in_values_and_never_in_keys() {
+        let mut doc =
+            parse("${K}: ${V}\nlist: [a$$b, '${V}x', {n: '${N}'}]\nbad: ${NOPE}\nalso: ${NOPE2}\n")
+                .unwrap()
+                .unwrap();
+        let mut errors = Vec::new();
+        let env = |k: &str| match k {
+            "V" => Some("v".to_string()),
+            "N" => Some("5".to_string()),
+            _ => None,
+        };
+        doc.expand_env(&env, &mut errors);
+        let errors: Vec<(String, Pos)> = errors.into_iter().map(|e| (e.message, e.pos)).collect();
+        assert_eq!(
+            errors,
+            [
+                (
+                    "environment variable `NOPE` is not set (use `${NOPE:-default}` for a fallback)".to_string(),
+                    Pos { line: 3, col: 6 }
+                ),
+                (
+                    "environment variable `NOPE2` is not set (use `${NOPE2:-default}` for a fallback)".to_string(),
+                    Pos { line: 4, col: 7 }
+                ),
+            ]
+        );
+        assert_eq!(
+            doc.to_json(),
+            json!({"${K}": "v", "list": ["a$b", "vx", {"n": 5}], "bad": "${NOPE}", "also": "${NOPE2}"})
+        );
+        // Only a value that is one whole reference is typed by what it
+        // expands to.
+        for (text, want) in [
+            ("'${N}'", json!(5)),
+            ("'${N}}'", json!("5}")),
+            ("'x${N}'", json!("x5")),
+            ("'$N'", json!("$N")),
+        ] {
+            let mut doc = parse(&format!("k: {text}\n")).unwrap().unwrap();
+            doc.expand_env(&env, &mut Vec::new());
+            assert_eq!(doc.to_json()["k"], want, "{text}");
+        }
+        assert_eq!(
+            expand_vars("${OPEN", &env),
+            Err("unterminated `${` in `${OPEN`".to_string())
+        );
+        assert_eq!(
+            expand_vars("${}", &env),
+            Err("`${}` is not a valid variable reference".to_string())
+        );
+        assert_eq!(
+            expand_vars("${a-b:-x}", &env),
+            Err("`${a-b:-x}` is not a valid variable reference".to_string())
+        );
+        assert_eq!(expand_vars("${V:-d}${N}$", &env).unwrap(), "v5$");
+        assert_eq!(expand_vars("a_1${V_:-}", &env).unwrap(), "a_1");
+    }
+
+    #[test]
+    fn an_alias_to_nothing_and_the_exact_alias_budget() {
+        let err = parse("a: *nope\n").unwrap_err();
+        assert_eq!(err.pos.line, 1);
+        assert!(!err.message.is_empty());
+        // An anchored scalar weighs NODE_WEIGHT plus its text; the budget
+        // is 1 MiB plus ten times the file: aliases may copy exactly that.
+        let text_len = |n: usize| {
+            format!(
+                "a: &x {}\nb: [{}]\n",
+                "y".repeat(1000),
+                vec!["*x"; n].join(", ")
+            )
+            .len()
+        };
+        let weight = NODE_WEIGHT + 1000;
+        let mut n = 1;
+        while n * weight <= ALIAS_ALLOWANCE + text_len(n) * 10 {
+            n += 1;
+        }
+        // `n` aliases weigh more than the budget of their file; `n - 1` fit.
+        let doc = |n: usize| {
+            parse(&format!(
+                "a: &x {}\nb: [{}]\n",
+                "y".repeat(1000),
+                vec!["*x"; n].join(", ")
+            ))
+        };
+        assert!(doc(n - 1).is_ok());
+        let err = doc(n).unwrap_err();
+        assert_eq!(
+            err.message,
+            format!(
+                "aliases copy more than the {} KiB this file may expand to (1 MiB plus ten times its size)",
+                (ALIAS_ALLOWANCE + text_len(n) * 10) / 1024
+            )
+        );
+        assert_eq!(err.pos.line, 2);
+    }
 }
