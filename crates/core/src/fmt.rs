@@ -221,7 +221,8 @@ pub fn format(text: &str) -> Result<String, FmtError> {
         comments: &mut comments,
     };
     match &root.kind {
-        NodeKind::Map(entries) => w.map(entries, 0, Context::Top),
+        NodeKind::Map(entries) if !entries.is_empty() => w.map(entries, 0, Context::Top),
+        NodeKind::Seq(items) if !items.is_empty() => w.seq(items, 0),
         _ => w.value_line(&root, 0),
     }
     for c in comments.rest() {
@@ -349,11 +350,12 @@ impl Writer<'_> {
         for item in items {
             self.comments_before(item.pos.line, at);
             self.out.push_str(&indent(at));
-            self.out.push_str("- ");
+            self.out.push('-');
             match &item.kind {
                 NodeKind::Map(entries) if !entries.is_empty() => {
                     // The first entry shares the dash's line.
                     let (first, rest) = entries.split_first().expect("not empty");
+                    self.out.push(' ');
                     let mut tmp = String::new();
                     {
                         let mut inner = Writer {
@@ -370,6 +372,7 @@ impl Writer<'_> {
                     self.seq(inner, at + 2);
                 }
                 _ => {
+                    self.out.push(' ');
                     self.value_line_inline(item, at + 2);
                 }
             }
@@ -516,5 +519,116 @@ mod tests {
         assert!(matches!(format("a: &x 1\nb: *x\n"), Err(FmtError::Anchors)));
         assert!(matches!(format("a: [1,\n"), Err(FmtError::Yaml { .. })));
         assert_eq!(format("").unwrap(), "");
+    }
+
+    /// Formats `text`, checks the result is a fixed point, returns it.
+    fn formatted(text: &str) -> String {
+        let got = format(text).unwrap();
+        assert_eq!(format(&got).unwrap(), got, "idempotent");
+        got
+    }
+
+    #[test]
+    fn a_stages_keys_come_in_the_fixed_order_then_as_written() {
+        let text = "stages:\n  s:\n    queue: { size: 3 }\n    workers: 2\n    on_error: drop\n    format: json\n    codec: lines\n    inputs: [a]\n    sink: x\n    transform: t\n    formatter: f\n    parser: p\n    source: q\n    zeta: 1\n    alpha: 2\n    nested: { b: 1, a: 2 }\ntests: []\nsettings: {}\nextra: 1\n";
+        assert_eq!(
+            formatted(text),
+            "settings: {}\nstages:\n  s:\n    source: q\n    parser: p\n    transform: t\n    formatter: f\n    sink: x\n    inputs: [a]\n    codec: lines\n    format: json\n    on_error: drop\n    workers: 2\n    queue:\n      size: 3\n    zeta: 1\n    alpha: 2\n    nested:\n      b: 1\n      a: 2\ntests: []\nextra: 1\n"
+        );
+        // Below `stages`, only a stage's own keys are ordered.
+        let text = "stages:\n  s:\n    queue:\n      workers: 1\n      size: 2\n";
+        assert_eq!(formatted(text), text);
+    }
+
+    #[test]
+    fn lists_go_in_flow_style_only_when_short_and_flat() {
+        let text = "list:\n  - a: 1\n    b: [x, y]\n  - - 1\n    - 2\n  - []\n  - {}\n  - plain\n  - - nested: {}\nempty_map: {}\nempty_seq: []\n";
+        assert_eq!(
+            formatted(text),
+            "list:\n  - a: 1\n    b: [x, y]\n  -\n    - 1\n    - 2\n  - []\n  - {}\n  - plain\n  -\n    - nested: {}\nempty_map: {}\nempty_seq: []\n"
+        );
+        // The flow form must stay under 80 columns, counting the indent
+        // of its key.
+        let x = |n: usize| "x".repeat(n);
+        let text = format!("k:\n  l: [{}]\n", x(75));
+        assert_eq!(formatted(&text), text);
+        let text = format!("k:\n  l: [{}]\n", x(76));
+        assert_eq!(formatted(&text), format!("k:\n  l:\n    - {}\n", x(76)));
+        let text = format!("l: [{}]\n", x(77));
+        assert_eq!(formatted(&text), text);
+        let text = format!("l: [{}]\n", x(78));
+        assert_eq!(formatted(&text), format!("l:\n  - {}\n", x(78)));
+        // A multi-line string keeps a list in block style.
+        assert_eq!(
+            formatted("l: [\"a\\nb\", c]\n"),
+            "l:\n  - |-\n      a\n      b\n  - c\n"
+        );
+    }
+
+    #[test]
+    fn scalars_are_quoted_only_when_they_must_be() {
+        let text = "a: \"no newline at end\"\nb: \"two\\n\\n\"\nc: \"ends\\nwithout\"\nd: \"  starts indented\\nnext\\n\"\ne: \"ctl\\u0001char\"\nf: \"multi\\nwith\\ttab\\n\"\ng: \"\"\nh: \"- dash\"\ni: \"a: b\"\nj: \"x #y\"\nk: \"ends:\"\nl: \"1.5\"\nm: [\",\", \"a b\", \"{x}\", \"[\", \"'q'\", \"ok\", \"a,b\", \"}\", \"]\"]\nn: \"x \"\no: \"?\"\n";
+        assert_eq!(
+            formatted(text),
+            "a: no newline at end\nb: |+\n  two\n\nc: |-\n  ends\n  without\nd: |2\n    starts indented\n  next\ne: \"ctl\\u0001char\"\nf: \"multi\\nwith\\ttab\\n\"\ng: ''\nh: '- dash'\ni: 'a: b'\nj: 'x #y'\nk: 'ends:'\nl: '1.5'\nm: [',', a b, '{x}', '[', '''q''', ok, 'a,b', '}', ']']\nn: 'x '\no: '?'\n"
+        );
+        // A plain scalar with flow characters is quoted inside a flow list
+        // only; keys are written as they read.
+        assert_eq!(
+            formatted("a: x,y\nb: [\"x,y\"]\n\"k k\": 1\n"),
+            "a: x,y\nb: ['x,y']\nk k: 1\n"
+        );
+    }
+
+    #[test]
+    fn comments_stay_with_what_they_annotate() {
+        let text = "# head one\n\n# head two\na: 1 # one\n# before b\nb:\n  - x # on x\n  - y\nlist_flow: [1,\n  2, # two\n  3]\n# tail one\n# tail two\n";
+        assert_eq!(
+            formatted(text),
+            "# head one\n# head two\na: 1  # one\n# before b\nb: [x, y]  # on x\nlist_flow: [1, 2, 3]  # two\n# tail one\n# tail two\n"
+        );
+        // `#` inside quotes, or not after a space, is text.
+        let text = "k: 'it''s # not'\nl: \"say \\\"hi\\\" # x\"  # real\nm: a#b\nn: \"a\\\\\" # after a backslash\n";
+        assert_eq!(
+            formatted(text),
+            "k: 'it''s # not'\nl: 'say \"hi\" # x'  # real\nm: a#b\nn: a\\  # after a backslash\n"
+        );
+        // A comment after the last node of a nested map trails the file.
+        assert_eq!(
+            formatted("a:\n  b: 1\n  # end of a\n"),
+            "a:\n  b: 1\n# end of a\n"
+        );
+        // Comments before a key that moves go with it.
+        assert_eq!(
+            formatted("stages:\n  s:\n    inputs: [a]\n    # the plugin\n    sink: x\n"),
+            "stages:\n  s:\n    # the plugin\n    sink: x\n    inputs: [a]\n"
+        );
+    }
+
+    #[test]
+    fn a_document_that_is_not_a_map_is_formatted_too() {
+        assert_eq!(formatted("- 1\n-   two\n"), "- 1\n- two\n");
+        assert_eq!(formatted("just a scalar\n"), "just a scalar\n");
+        assert_eq!(formatted("[]\n"), "[]\n");
+        assert_eq!(formatted("{}\n"), "{}\n");
+    }
+
+    #[test]
+    fn refusals_say_why() {
+        assert_eq!(
+            format("a: &x 1\n").unwrap_err().to_string(),
+            "the file uses YAML anchors or aliases, which formatting would expand; left as it is"
+        );
+        assert!(matches!(format("a: [&x 1]\n"), Err(FmtError::Anchors)));
+        assert!(matches!(format("a: &x [1]\n"), Err(FmtError::Anchors)));
+        assert!(matches!(format("a: &x {b: 1}\n"), Err(FmtError::Anchors)));
+        assert_eq!(
+            format("a: [1,\n").unwrap_err().to_string(),
+            "2:1: invalid YAML: while parsing a node, did not find expected node content"
+        );
+        assert_eq!(
+            FmtError::Changed.to_string(),
+            "formatting would change the file's meaning (a bug: please report it); left as it is"
+        );
     }
 }
