@@ -106,8 +106,8 @@ mod tests {
     const ROUTED: &str = "\
 stages:
   in: { source: gen, codec: p, on_error: route }
-  r: { transform: t, inputs: [in], routes: [a, b] }
-  x: { transform: t, inputs: [r.a, in.errors] }
+  r: { transform: t, inputs: [in], routes: [a, b], on_error: route }
+  x: { transform: t, inputs: [r.a, in.errors, r.errors] }
   s: { sink: out, inputs: [x, r.b] }
   d: { sink: outer, inputs: [s.dead] }
 ";
@@ -129,6 +129,7 @@ stages:
   "in" -> "r";
   "r" -> "x" [style=solid, label="a"];
   "in" -> "x" [style=dashed, label="errors"];
+  "r" -> "x" [style=dashed, label="errors"];
   "x" -> "s";
   "r" -> "s" [style=solid, label="b"];
   "s" -> "d" [style=dashed, label="dead"];
@@ -145,9 +146,10 @@ stages:
 in.source [source gen]
   └─ in [parser p]
     └─ r [transform t]
-      └─ (a) x [transform t]
+      └─ (errors) x [transform t]
         └─ s [sink out]
           └─ (dead) d [sink outer]
+      └─ (a) x (see above)
       └─ (b) s (see above)
     └─ (errors) x (see above)
 "
