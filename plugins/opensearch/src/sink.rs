@@ -630,10 +630,12 @@ impl Service for OpenSearchService {
             };
         }
         let shown = &text[..text.len().min(REASON_BYTES)];
-        let reason = format!(
-            "{url}: HTTP {status}: {}",
-            String::from_utf8_lossy(shown).trim()
-        );
+        let shown = String::from_utf8_lossy(shown);
+        let reason = match shown.trim() {
+            // A node refusing a request too large answers with no body.
+            "" => format!("{url}: HTTP {status}"),
+            body => format!("{url}: HTTP {status}: {body}"),
+        };
         match status {
             // Wrong credentials or permissions: retrying holds the
             // pipeline (nothing is lost) until they are fixed.

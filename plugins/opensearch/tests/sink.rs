@@ -310,6 +310,47 @@ async fn a_restart_and_429s_are_retried_until_everything_is_stored() {
     );
 }
 
+/// A bulk larger than the node accepts (`http.max_content_length`, 16 MiB
+/// on the test node) is refused whole with HTTP 413: its events go to
+/// `ship.dead` with the node's answer and what to change, and the sink
+/// carries on with the next batch.
+#[ignore = "needs an OpenSearch node and opensearch-py (.ci/services up opensearch; pip install opensearch-py); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_over_the_nodes_limit_is_refused_with_what_to_change() {
+    let url = node();
+    let _shared = NODE.read().await;
+    let index = unique("too-large");
+    let big = events(0, 20, |_| json!({ "blob": "x".repeat(1 << 20) }));
+    let small = events(100, 5, |_| json!({}));
+    let (result, metrics, refused) = run(
+        json!({"endpoints": [url], "index": index, "id_field": "uid", "compression": "none",
+               "batch_max_bytes": 64 << 20, "batch_max_events": 20}),
+        vec![big, small],
+        true,
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(refused.len(), 20);
+    for e in &refused {
+        let reason = e.as_fields().unwrap()["_error"]["message"]
+            .as_str()
+            .unwrap();
+        assert!(
+            reason.starts_with(&format!("{url}/_bulk"))
+                && reason.ends_with(
+                    ": HTTP 413 (the bulk is larger than the cluster's http.max_content_length: lower batch_max_bytes)"
+                ),
+            "{reason}"
+        );
+    }
+    assert_eq!(metrics.snapshot().events_out, 5);
+    let stored: BTreeSet<u64> = documents(&url, &index)
+        .iter()
+        .map(|(_, _, d)| d["source"]["uid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(stored, (100..105).collect());
+}
+
 /// No node where the options say: the stage retries, then fails naming
 /// the URL and the cause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
