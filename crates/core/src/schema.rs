@@ -196,3 +196,186 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
         "$defs": Value::Object(defs)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::{BuildContext, Built, CheckOptions, OptionError, Typed, TypedPlugin};
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[allow(dead_code)]
+    struct Inner {
+        n: u32,
+    }
+
+    /// Options whose schema has definitions of its own, referred to from
+    /// inside a list (`anyOf`) and an object (`items`).
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[allow(dead_code)]
+    struct Options {
+        path: String,
+        one: Option<Inner>,
+        #[serde(default)]
+        many: Vec<Inner>,
+    }
+    impl CheckOptions for Options {}
+
+    macro_rules! plugin {
+        ($t:ident, $name:literal, $kind:expr) => {
+            struct $t;
+            impl TypedPlugin for $t {
+                type Options = Options;
+                const NAME: &'static str = $name;
+                const KIND: StageKind = $kind;
+                const DESCRIPTION: &'static str = concat!("the ", $name);
+                fn build(&self, _: Options, _: &BuildContext) -> Result<Built, OptionError> {
+                    Err(OptionError::at(&[], "not built"))
+                }
+            }
+        };
+    }
+    plugin!(Gen, "gen", StageKind::Source);
+    plugin!(Lines, "lines", StageKind::Parser);
+    plugin!(Edit, "edit", StageKind::Transform);
+    plugin!(Csv, "csv", StageKind::Formatter);
+    plugin!(Out, "out", StageKind::Sink);
+
+    fn schema() -> Value {
+        let mut r = Registry::new();
+        r.add(Typed(Gen));
+        r.add(Typed(Lines));
+        r.add(Typed(Edit));
+        r.add(Typed(Csv));
+        r.add(Typed(Out));
+        pipeline_schema(&r)
+    }
+
+    #[test]
+    fn each_plugin_is_a_stage_variant_with_its_definitions_hoisted() {
+        let s = schema();
+        let defs = &s["$defs"];
+        assert_eq!(s["required"], json!(["stages"]));
+        assert_eq!(s["additionalProperties"], json!(false));
+        assert_eq!(
+            s["properties"]["stages"]["additionalProperties"],
+            json!({ "$ref": "#/$defs/stage" })
+        );
+        let variants: Vec<&str> = defs["stage"]["oneOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["$ref"].as_str().unwrap())
+            .collect();
+        assert_eq!(variants.len(), 5);
+        for name in [
+            "source-gen",
+            "parser-lines",
+            "transform-edit",
+            "formatter-csv",
+            "sink-out",
+        ] {
+            assert!(
+                variants.contains(&format!("#/$defs/{name}").as_str()),
+                "{variants:?}"
+            );
+            let v = &defs[name];
+            assert_eq!(v["type"], json!("object"), "{name}");
+            assert_eq!(v["additionalProperties"], json!(false), "{name}");
+            // The plugin's own definitions, under its name, referred to
+            // there from inside lists and objects alike.
+            assert!(defs[format!("{name}-Inner")].is_object(), "{name}");
+            let props = &v["properties"];
+            assert_eq!(
+                props["many"]["items"]["$ref"],
+                json!(format!("#/$defs/{name}-Inner")),
+                "{name}"
+            );
+            assert!(
+                props["one"]
+                    .to_string()
+                    .contains(&format!("\"#/$defs/{name}-Inner\"")),
+                "{name}: {}",
+                props["one"]
+            );
+            assert_eq!(props["path"]["type"], json!("string"), "{name}");
+        }
+        assert!(defs.get("Inner").is_none());
+        let transform = &defs["transform-edit"];
+        assert_eq!(
+            transform["description"],
+            json!("transform `edit`: the edit")
+        );
+        assert_eq!(
+            transform["required"],
+            json!(["path", "transform", "inputs"])
+        );
+        let props = transform["properties"].as_object().unwrap();
+        assert_eq!(
+            props["transform"],
+            json!({ "const": "edit", "description": "the edit" })
+        );
+        assert_eq!(props["workers"]["maximum"], json!(MAX_WORKERS));
+        assert_eq!(props["queue"], json!({ "$ref": "#/$defs/queue" }));
+        assert_eq!(props["on_error"]["enum"], json!(["drop", "fail", "route"]));
+        assert!(transform.get("dependentRequired").is_none());
+        for key in ["codec", "format"] {
+            assert!(!props.contains_key(key), "{key}");
+        }
+
+        // A source reads nothing and has no queue; its `on_error` is its
+        // codec's, which it then needs.
+        let source = &defs["source-gen"];
+        assert_eq!(source["required"], json!(["path", "source"]));
+        let props = source["properties"].as_object().unwrap();
+        for key in ["inputs", "workers", "queue", "format"] {
+            assert!(!props.contains_key(key), "{key}");
+        }
+        assert_eq!(props["codec"]["oneOf"][0], json!({ "enum": ["lines"] }));
+        assert_eq!(
+            props["codec"]["oneOf"][1]["propertyNames"],
+            json!({ "enum": ["lines"] })
+        );
+        assert_eq!(
+            source["dependentRequired"],
+            json!({ "on_error": ["codec"] })
+        );
+        assert!(
+            props["on_error"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("`codec`")
+        );
+        // A sink takes a formatter and has no `on_error`.
+        let sink = &defs["sink-out"];
+        let props = sink["properties"].as_object().unwrap();
+        assert_eq!(props["format"]["oneOf"][0], json!({ "enum": ["csv"] }));
+        assert!(!props.contains_key("on_error"));
+        assert!(!props.contains_key("codec"));
+        assert!(props.contains_key("inputs"));
+    }
+
+    #[test]
+    fn settings_and_queue_come_with_their_definitions() {
+        let s = schema();
+        let settings = &s["properties"]["settings"];
+        assert!(settings.get("$schema").is_none());
+        assert!(settings.get("title").is_none());
+        assert!(settings.get("$defs").is_none());
+        assert!(
+            settings["properties"]["api"]
+                .to_string()
+                .contains("\"#/$defs/settings-ApiSettings\""),
+            "{}",
+            settings["properties"]["api"]
+        );
+        assert!(s["$defs"]["settings-ApiSettings"]["properties"]["listen"].is_object());
+        let queue = &s["$defs"]["queue"];
+        assert!(
+            queue["properties"]["local"]
+                .to_string()
+                .contains("#/$defs/queue-LocalSpec")
+        );
+        assert!(s["$defs"]["queue-LocalSpec"].is_object());
+        assert!(queue.get("$defs").is_none());
+    }
+}
