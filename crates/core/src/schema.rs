@@ -377,5 +377,14 @@ mod tests {
         );
         assert!(s["$defs"]["queue-LocalSpec"].is_object());
         assert!(queue.get("$defs").is_none());
+        // Sizes take a number or a text with a unit.
+        assert_eq!(
+            queue["properties"]["max_disk_bytes"]["anyOf"][0],
+            json!({ "$ref": "#/$defs/queue-ByteSize" })
+        );
+        assert_eq!(
+            s["$defs"]["queue-ByteSize"]["oneOf"][0],
+            json!({ "type": "integer", "minimum": 0 })
+        );
     }
 }

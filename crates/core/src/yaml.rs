@@ -704,8 +704,17 @@ mod tests {
         assert_eq!(err.pos.line, 2);
         // 1123 copies of a 918-byte scalar spend the budget of their file
         // to the byte: allowed; one more is not.
-        let doc = |n: usize| format!("a: &x {}\nb: [{}]\n", "y".repeat(918), vec!["*x"; n].join(", "));
-        assert_eq!(1123 * (NODE_WEIGHT + 918), ALIAS_ALLOWANCE + doc(1123).len() * 10);
+        let doc = |n: usize| {
+            format!(
+                "a: &x {}\nb: [{}]\n",
+                "y".repeat(918),
+                vec!["*x"; n].join(", ")
+            )
+        };
+        assert_eq!(
+            1123 * (NODE_WEIGHT + 918),
+            ALIAS_ALLOWANCE + doc(1123).len() * 10
+        );
         assert!(parse(&doc(1123)).is_ok());
         assert!(parse(&doc(1124)).is_err());
     }

@@ -201,6 +201,7 @@ fn an_unusable_file_says_why_at_its_start() {
     );
     for yaml in ["", "- a\n", "settings: {}\n", "stages: [a]\n"] {
         assert!(load(yaml).pipeline.is_none(), "{yaml}");
+        assert!(load(yaml).has_errors(), "{yaml}");
     }
 }
 
@@ -347,6 +348,27 @@ stages:
     );
     assert_eq!(p.stages[4].queue.as_ref().unwrap().size, Some(7));
     assert_eq!(p.stages[3].queue, None);
+}
+
+#[test]
+fn an_empty_input_name_is_not_an_input() {
+    let yaml = "stages:\n  in: { source: gen }\n  s: { sink: out, inputs: '' }\n";
+    assert_eq!(
+        diags(yaml),
+        [
+            "p.yml:2:3: warning[no-sink]: stage `in`: output reaches no sink; its events would be discarded",
+            "p.yml:3:3: error[no-inputs]: stage `s`: `inputs` is empty; a sink needs at least one input stage",
+            "p.yml:3:19: error[bad-input]: stage `s`: `inputs` must be a list of stage ids",
+        ]
+    );
+    let yaml = "stages:\n  in: { source: gen, codec: '' }\n  i2: { source: gen, codec: { '': {} } }\n  s: { sink: out, inputs: [in, i2] }\n";
+    assert_eq!(
+        diags(yaml),
+        [
+            "p.yml:2:29: error[bad-option]: stage `in`: `codec` must name a parser plugin, or be a map of one name to its options",
+            "p.yml:3:29: error[bad-option]: stage `i2`: `codec` must name a parser plugin, or be a map of one name to its options",
+        ]
+    );
 }
 
 #[test]
@@ -573,6 +595,14 @@ stages:
         "stages:\n  in: { source: gen }\n  r: { transform: t, inputs: [in], routes: [one] }\n  a: { sink: out, inputs: [r.one] }\n",
     );
     assert_eq!(p.stages[1].outputs, ["one"]);
+    assert_eq!(
+        diags(
+            "stages:\n  in: { source: gen }\n  r: { transform: t, inputs: [in], routes: [one] }\n  a: { sink: out, inputs: [r.one, r.two] }\n"
+        ),
+        [
+            "p.yml:4:35: error[unknown-output]: stage `a`: `r` has no output `two`; its outputs are `r.one`"
+        ]
+    );
     assert_eq!(
         diags(
             "stages:\n  in: { source: gen }\n  r: { transform: t, inputs: [in], routes: [one, two] }\n  a: { sink: out, inputs: [r] }\n"
