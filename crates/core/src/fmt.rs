@@ -133,21 +133,40 @@ fn node_lines(node: &Node, out: &mut Vec<usize>) {
 }
 
 /// Where a comment starts on a line: a `#` at the start or after
-/// whitespace, outside quotes.
+/// whitespace, outside quoted scalars. A quote opens one only where a
+/// scalar can begin (first on the line, or after `:`, `-`, `?`, `[`, `{`
+/// or `,`); inside a word (`it's`, `a "b`) it is text, and a comment after
+/// it is still a comment.
 fn comment_start(line: &str) -> Option<usize> {
-    let (mut single, mut double, mut prev_space) = (false, false, true);
     let bytes = line.as_bytes();
+    let mut quote: Option<u8> = None;
+    // The last byte before this one that was not a space or a tab.
+    let mut last: Option<u8> = None;
+    let mut prev_space = true;
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
-        match b {
-            b'\'' if !double => single = !single,
-            b'"' if !single => double = !double,
-            b'\\' if double => i += 1,
-            b'#' if !single && !double && prev_space => return Some(i),
-            _ => {}
+        match quote {
+            // A backslash escapes the next byte in a double-quoted scalar.
+            Some(b'"') if b == b'\\' => i += 1,
+            // `''` is a quote inside a single-quoted scalar.
+            Some(b'\'') if b == b'\'' && bytes.get(i + 1) == Some(&b'\'') => i += 1,
+            Some(q) if b == q => quote = None,
+            Some(_) => {}
+            None => match b {
+                b'\'' | b'"'
+                    if matches!(last, None | Some(b':' | b'-' | b'?' | b'[' | b'{' | b',')) =>
+                {
+                    quote = Some(b)
+                }
+                b'#' if prev_space => return Some(i),
+                _ => {}
+            },
         }
         prev_space = b == b' ' || b == b'\t';
+        if !prev_space {
+            last = Some(b);
+        }
         i += 1;
     }
     None
@@ -588,10 +607,15 @@ mod tests {
             "# head one\n# head two\na: 1  # one\n# before b\nb: [x, y]  # on x\nlist_flow: [1, 2, 3]  # two\n# tail one\n# tail two\n"
         );
         // `#` inside quotes, or not after a space, is text.
-        let text = "k: 'it''s # not'\nl: \"say \\\"hi\\\" # x\"  # real\nm: a#b\nn: \"a\\\\\" # after a backslash\n";
+        let text = "k: 'it''s # not'\nl: \"say \\\"hi\\\" # x\"  # real\nm: a#b\nn: \"a\\\\\" # after a backslash\no: \"it's\" # real\np: 'a \"b' # real\nq: \"say \\\"hi # x\\\"\"  # real\nr: a\\ # real\n";
         assert_eq!(
             formatted(text),
-            "k: 'it''s # not'\nl: 'say \"hi\" # x'  # real\nm: a#b\nn: a\\  # after a backslash\n"
+            "k: 'it''s # not'\nl: 'say \"hi\" # x'  # real\nm: a#b\nn: a\\  # after a backslash\no: it's  # real\np: a \"b  # real\nq: 'say \"hi # x\"'  # real\nr: a\\  # real\n"
+        );
+        // Quotes open a scalar in flow collections too.
+        assert_eq!(
+            formatted("s: ['a # b', \"c # d\"] # real\nu: {k: 'v # w'} # real\n"),
+            "s: ['a # b', 'c # d']  # real\nu:  # real\n  k: 'v # w'\n"
         );
         // A comment after the last node of a nested map trails the file.
         assert_eq!(
