@@ -172,35 +172,47 @@ fn comment_start(line: &str) -> Option<usize> {
     None
 }
 
-/// Lines that hold the content of multi-line scalars (where `#` is text).
-fn content_lines(node: &Node, lines: &mut Vec<bool>) {
+/// Lines that hold the content of block scalars (where `#` is text): from
+/// the first line of text (the scalar's position) while lines are blank or
+/// indented at least as far as it. A scalar that starts after other text
+/// on its line (a quoted one) is not a block.
+fn content_lines(node: &Node, source: &[&str], lines: &mut [bool]) {
     match &node.kind {
-        NodeKind::Scalar { text, .. } => {
-            let extra = text.trim_end_matches('\n').matches('\n').count() + 1;
-            if text.contains('\n') {
-                for l in node.pos.line + 1..=node.pos.line + extra {
-                    if l < lines.len() {
-                        lines[l] = true;
-                    }
+        NodeKind::Scalar { text, plain } => {
+            let Some(first) = source.get(node.pos.line.wrapping_sub(1)) else {
+                return;
+            };
+            let indent = node.pos.col - 1;
+            let starts_line = first
+                .get(..indent)
+                .is_some_and(|before| before.trim().is_empty());
+            if *plain || !text.contains('\n') || !starts_line {
+                return;
+            }
+            for (l, line) in source.iter().enumerate().skip(node.pos.line - 1) {
+                let blank = line.trim().is_empty();
+                if !blank && line.len() - line.trim_start().len() < indent {
+                    break;
                 }
+                lines[l + 1] = true;
             }
         }
-        NodeKind::Seq(items) => items.iter().for_each(|n| content_lines(n, lines)),
+        NodeKind::Seq(items) => items.iter().for_each(|n| content_lines(n, source, lines)),
         NodeKind::Map(entries) => entries.iter().for_each(|(k, v)| {
-            content_lines(k, lines);
-            content_lines(v, lines);
+            content_lines(k, source, lines);
+            content_lines(v, source, lines);
         }),
     }
 }
 
-/// Whether the text uses anchors or aliases (which the tree resolves).
+/// Whether the text uses anchors (which the tree resolves; an alias needs
+/// one before it).
 fn uses_anchors(text: &str) -> bool {
     use yaml_rust2::parser::{Event, Parser};
     let mut parser = Parser::new_from_str(text);
     while let Ok((event, _)) = parser.next_token() {
         match event {
             Event::StreamEnd => break,
-            Event::Alias(_) => return true,
             Event::Scalar(_, _, anchor, _)
             | Event::SequenceStart(anchor, _)
             | Event::MappingStart(anchor, _)
@@ -222,8 +234,9 @@ pub fn format(text: &str) -> Result<String, FmtError> {
     if uses_anchors(text) {
         return Err(FmtError::Anchors);
     }
-    let mut lines = vec![false; text.lines().count() + 2];
-    content_lines(&root, &mut lines);
+    let source: Vec<&str> = text.lines().collect();
+    let mut lines = vec![false; source.len() + 2];
+    content_lines(&root, &source, &mut lines);
     let mut comments = Comments::scan(text, &lines);
     let mut anchors = Vec::new();
     node_lines(&root, &mut anchors);
@@ -325,10 +338,6 @@ impl Writer<'_> {
                 self.end_line(key_line);
                 self.map(entries, at + 2, cx);
             }
-            NodeKind::Seq(items) if items.is_empty() => {
-                self.out.push_str(" []");
-                self.end_line(key_line);
-            }
             NodeKind::Seq(items) => match flow_seq(items, at) {
                 Some(flow) => {
                     self.out.push(' ');
@@ -343,7 +352,7 @@ impl Writer<'_> {
             },
             NodeKind::Scalar { .. } => {
                 self.out.push(' ');
-                self.scalar_value(value, at);
+                self.scalar_value(value, at, Some(key_line));
                 self.end_line(value.pos.line.max(key_line));
             }
         }
@@ -402,7 +411,7 @@ impl Writer<'_> {
         match &node.kind {
             NodeKind::Map(_) => self.out.push_str("{}"),
             NodeKind::Seq(_) => self.out.push_str("[]"),
-            NodeKind::Scalar { .. } => self.scalar_value(node, at),
+            NodeKind::Scalar { .. } => self.scalar_value(node, at, None),
         }
         self.end_line(node.pos.line);
     }
@@ -412,19 +421,21 @@ impl Writer<'_> {
         self.value_line_inline(node, at);
     }
 
-    fn scalar_value(&mut self, node: &Node, at: usize) {
+    /// A scalar after its key (`header`: the key's line, whose comment a
+    /// literal block takes after its indicator) or as a list item.
+    fn scalar_value(&mut self, node: &Node, at: usize, header: Option<usize>) {
         let NodeKind::Scalar { text, plain } = &node.kind else {
             unreachable!("a scalar")
         };
         if !*plain && text.contains('\n') && text.chars().all(|c| c == '\n' || !c.is_control()) {
-            self.literal_block(text, at);
+            self.literal_block(text, at, header);
         } else {
             self.out.push_str(&scalar_text(node, false));
         }
     }
 
     /// `|`, `|-` or `|+` with the content indented under the key.
-    fn literal_block(&mut self, text: &str, at: usize) {
+    fn literal_block(&mut self, text: &str, at: usize, header: Option<usize>) {
         let trailing = text.len() - text.trim_end_matches('\n').len();
         let chomp = match trailing {
             0 => "-",
@@ -438,6 +449,10 @@ impl Writer<'_> {
             self.out.push('2');
         }
         self.out.push_str(chomp);
+        if let Some(c) = header.and_then(|line| self.comments.trailing.remove(&line)) {
+            self.out.push_str("  ");
+            self.out.push_str(&c);
+        }
         let pad = indent(at + 2);
         for line in body.split('\n') {
             self.out.push('\n');
@@ -616,6 +631,25 @@ mod tests {
         assert_eq!(
             formatted("s: ['a # b', \"c # d\"] # real\nu: {k: 'v # w'} # real\n"),
             "s: ['a # b', 'c # d']  # real\nu:  # real\n  k: 'v # w'\n"
+        );
+        // A block scalar's text ends where a line is indented less than
+        // its first line; a comment on its key's line stays after `|`.
+        assert_eq!(
+            formatted("a: 1  # keep\nh: |  # header\n  one\n  two # text\nz: 2\n"),
+            "a: 1  # keep\nh: |  # header\n  one\n  two # text\nz: 2\n"
+        );
+        assert_eq!(
+            formatted("h: |\n\n    one # text\n  # two\n# after\nz: 2\n"),
+            "h: |\n\n  one # text\n# two\n# after\nz: 2\n"
+        );
+        assert_eq!(
+            formatted("l:\n  - |\n    x # text\n  # c\n  - y\n"),
+            "l:\n  - |\n      x # text\n  # c\n  - y\n"
+        );
+        // A quoted string written as a block takes its line's comment along.
+        assert_eq!(
+            formatted("f: \"a\\nb\"  # c\n# d\n"),
+            "f: |-  # c\n  a\n  b\n# d\n"
         );
         // A comment after the last node of a nested map trails the file.
         assert_eq!(
