@@ -666,6 +666,10 @@ mod tests {
     #[test]
     fn a_document_that_is_not_a_map_is_formatted_too() {
         assert_eq!(formatted("- 1\n-   two\n"), "- 1\n- two\n");
+        assert_eq!(
+            formatted("- a: 1\n  b: [x]\n- - c: 1\n    d: |\n      e\n"),
+            "- a: 1\n  b: [x]\n-\n  - c: 1\n    d: |\n      e\n"
+        );
         assert_eq!(formatted("just a scalar\n"), "just a scalar\n");
         assert_eq!(formatted("[]\n"), "[]\n");
         assert_eq!(formatted("{}\n"), "{}\n");
