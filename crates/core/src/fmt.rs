@@ -646,6 +646,8 @@ mod tests {
             formatted("l:\n  - |\n    x # text\n  # c\n  - y\n"),
             "l:\n  - |\n      x # text\n  # c\n  - y\n"
         );
+        // A one-line string on a line of its own is no block.
+        assert_eq!(formatted("k:\n  'a b'  # c\n"), "k: a b  # c\n");
         // A quoted string written as a block takes its line's comment along.
         assert_eq!(
             formatted("f: \"a\\nb\"  # c\n# d\n"),
