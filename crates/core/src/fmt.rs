@@ -672,6 +672,10 @@ mod tests {
             formatted("- a: 1\n  b: [x]\n- - c: 1\n    d: |\n      e\n"),
             "- a: 1\n  b: [x]\n-\n  - c: 1\n    d: |\n      e\n"
         );
+        assert_eq!(
+            formatted("- a:\n    b: 1\n  c: 2\n- |\n  x\n"),
+            "- a:\n    b: 1\n  c: 2\n- |\n    x\n"
+        );
         assert_eq!(formatted("just a scalar\n"), "just a scalar\n");
         assert_eq!(formatted("[]\n"), "[]\n");
         assert_eq!(formatted("{}\n"), "{}\n");
