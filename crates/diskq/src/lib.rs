@@ -740,7 +740,8 @@ impl DiskQueue {
     pub fn snapshot(&self) -> Snapshot {
         let inner = &self.inner;
         let c = &inner.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // Acquire: a count read here comes with what it counts (`fsyncs`).
+        let get = |a: &AtomicU64| a.load(Ordering::Acquire);
         let stored = get(&inner.stored);
         let gone = get(&c.acked) + get(&c.dropped_oldest);
         Snapshot {
@@ -835,8 +836,11 @@ impl Inner {
     fn caught_up(&self) -> bool {
         let tail = *lock(&self.tail);
         let reader = lock(&self.reader);
+        // Before the first data record of a segment lie only its header
+        // and start record: a reader there has nothing left to read.
         reader.pos.segment > tail.active
-            || (reader.pos.segment == tail.active && reader.pos.offset >= tail.end)
+            || (reader.pos.segment == tail.active
+                && reader.pos.offset.max(FIRST_RECORD) >= tail.end)
     }
 
     /// The writer thread: group commit.
@@ -963,13 +967,15 @@ impl Inner {
                     && last_sync.elapsed() >= self.config.sync_interval
                     || self.stop.load(Ordering::Acquire))
             {
-                self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
+                // Counted once its effect is published: whoever sees the
+                // count sees what it synced.
                 match file.sync_data() {
                     Ok(()) => self.synced_seq.store(next_seq, Ordering::Release),
                     Err(e) => {
                         tracing::warn!(dir = %self.config.dir.display(), "queue sync failed: {e}")
                     }
                 }
+                self.counters.fsyncs.fetch_add(1, Ordering::Release);
                 last_sync = Instant::now();
                 dirty = false;
             }

@@ -3,13 +3,16 @@
 //! to a queue (printing `acked N` once record N is acknowledged) while
 //! consumers write what they read to a file before acknowledging it.
 //!
-//! Usage: `logbus-diskq-crash-child DIR FROM COUNT CONSUMERS DELIVERED [hold]`
-//! (`hold`: consume only once the disk is full).
+//! Usage: `logbus-diskq-crash-child DIR FROM COUNT CONSUMERS DELIVERED [hold|abandon]`
+//! (`hold`: consume only once the disk has been full for two seconds,
+//! longer than the writer's retry pause grows to; `abandon`: append until
+//! the disk is full, give up waiting for an append, and drop the queue
+//! while the disk is still full).
 
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use logbus_diskq::{Config, DiskQueue};
 
@@ -18,11 +21,21 @@ mod records;
 
 use records::{batch, seqs};
 
+/// How long `hold` keeps the disk full: past the point where the writer's
+/// pause between retries (10 ms, doubling) exceeds a second.
+const HOLD_FULL: Duration = Duration::from_secs(2);
+
 fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
     if a.len() < 5 {
-        eprintln!("usage: logbus-diskq-crash-child DIR FROM COUNT CONSUMERS DELIVERED [hold]");
+        eprintln!(
+            "usage: logbus-diskq-crash-child DIR FROM COUNT CONSUMERS DELIVERED [hold|abandon]"
+        );
         std::process::exit(2);
+    }
+    if a.get(5).map(String::as_str) == Some("abandon") {
+        abandon(Path::new(&a[0]), a[1].parse().expect("FROM"));
+        return;
     }
     child_main(
         Path::new(&a[0]),
@@ -68,14 +81,18 @@ fn child_main(
                     .open(delivered)
                     .unwrap();
                 let mut spin = c as u64;
-                // The disk-full test: consume only once the disk is full.
-                while hold_until_full
-                    && q.counters()
+                // The disk-full test: consume only once the disk is full,
+                // and keep it full a while (the outage the test is about).
+                if hold_until_full {
+                    while q
+                        .counters()
                         .write_errors
                         .load(std::sync::atomic::Ordering::Relaxed)
                         == 0
-                {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    tokio::time::sleep(HOLD_FULL).await;
                 }
                 loop {
                     let readable = q.readable();
@@ -117,4 +134,48 @@ fn child_main(
             .write_errors
             .load(std::sync::atomic::Ordering::Relaxed)
     );
+}
+
+/// Appends from `from` until an append cannot be stored in half a second
+/// (the disk is full), waits for the writer to fail that write again
+/// (printing `retrying=true` when it has), and drops the queue with that
+/// append's records unwritten: the drop must end (the writer stops
+/// retrying once told to stop), not hang on a disk that stays full.
+/// Prints `dropped write_errors=N` when it has.
+fn abandon(dir: &Path, from: u64) {
+    let cfg = Config {
+        segment_bytes: 64 << 10,
+        ..Config::new(dir)
+    };
+    let (q, _) = DiskQueue::open(cfg).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let errors = || {
+        q.counters()
+            .write_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    rt.block_on(async {
+        let mut next = from;
+        loop {
+            let append = q.append(batch(next, 37));
+            match tokio::time::timeout(Duration::from_millis(500), append).await {
+                Ok(stored) => stored.unwrap(),
+                Err(_) => break,
+            };
+            next += 37;
+        }
+        // The write is being retried: the error count goes on rising
+        // (the pause between tries is 2 s at most).
+        let (failed, deadline) = (errors(), Instant::now() + Duration::from_secs(10));
+        while errors() == failed && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        println!("retrying={}", errors() > failed);
+    });
+    let errors = errors();
+    drop(q);
+    println!("dropped write_errors={errors}");
 }
