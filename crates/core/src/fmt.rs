@@ -103,6 +103,39 @@ impl Comments {
         }
     }
 
+    /// A comment after a line that continues a node begun on an earlier
+    /// line (a plain or quoted scalar folded over lines) goes to the line
+    /// that node starts on, where the writer ends it; one already there
+    /// comes first. `starts` are the lines nodes start on, sorted.
+    fn move_to_node_lines(&mut self, starts: &[usize]) {
+        let mut moved: Vec<(usize, usize)> = self
+            .trailing
+            .keys()
+            .filter_map(|&line| {
+                let at = starts.partition_point(|&s| s <= line).checked_sub(1)?;
+                (starts[at] != line).then_some((line, starts[at]))
+            })
+            .collect();
+        moved.sort_unstable();
+        for (line, to) in moved {
+            self.move_trailing(line, to);
+        }
+    }
+
+    /// Moves the comment at the end of line `from` to line `to`; where both
+    /// have one, they are joined in the order of their lines.
+    fn move_trailing(&mut self, from: usize, to: usize) {
+        let Some(moved) = self.trailing.remove(&from) else {
+            return;
+        };
+        let joined = match self.trailing.remove(&to) {
+            Some(there) if to < from => format!("{there}  {moved}"),
+            Some(there) => format!("{moved}  {there}"),
+            None => moved,
+        };
+        self.trailing.insert(to, joined);
+    }
+
     /// The whole-line comments that precede the node on `line`.
     fn before(&mut self, line: usize) -> Vec<String> {
         self.attached.remove(&line).unwrap_or_default()
@@ -128,6 +161,19 @@ fn node_lines(node: &Node, out: &mut Vec<usize>) {
         NodeKind::Map(entries) => entries.iter().for_each(|(k, v)| {
             out.push(k.pos.line);
             node_lines(v, out);
+        }),
+    }
+}
+
+/// Lines where any node starts, scalars included.
+fn start_lines(node: &Node, out: &mut Vec<usize>) {
+    out.push(node.pos.line);
+    match &node.kind {
+        NodeKind::Scalar { .. } => {}
+        NodeKind::Seq(items) => items.iter().for_each(|n| start_lines(n, out)),
+        NodeKind::Map(entries) => entries.iter().for_each(|(k, v)| {
+            start_lines(k, out);
+            start_lines(v, out);
         }),
     }
 }
@@ -243,6 +289,10 @@ pub fn format(text: &str) -> Result<String, FmtError> {
     anchors.sort_unstable();
     anchors.dedup();
     comments.attach(&anchors);
+    let mut starts = Vec::new();
+    start_lines(&root, &mut starts);
+    starts.sort_unstable();
+    comments.move_to_node_lines(&starts);
     let mut out = String::new();
     for c in std::mem::take(&mut comments.head) {
         out.push_str(&c);
@@ -353,6 +403,10 @@ impl Writer<'_> {
             NodeKind::Scalar { .. } => {
                 self.out.push(' ');
                 self.scalar_value(value, at, Some(key_line));
+                // `key:  # note` with the text below: one line now.
+                if value.pos.line > key_line {
+                    self.comments.move_trailing(key_line, value.pos.line);
+                }
                 self.end_line(value.pos.line.max(key_line));
             }
         }
@@ -546,6 +600,18 @@ mod tests {
         let got = format(text).unwrap();
         let want = "a: '3'\nb: yes sir\nc: 'true'\nd: ${X:-1}\ne: ' padded'\nf: it's\ng: '#no'\nh: |\n  line one\n  # not a comment\n  line three\ni: \"tab\\there\"\nj: x  # trailing\n";
         assert_eq!(got, want, "\n{got}");
+    }
+
+    /// A comment after the last line of a scalar folded over lines stays
+    /// with it (it was dropped): on the key's line, or on the line the
+    /// value starts on, after a comment already there.
+    #[test]
+    fn a_comment_after_a_scalar_folded_over_lines_is_kept() {
+        let text = "a: a long\n  plain text  # one\nb:\n  starts below\n  and goes on  # two\nc: \"quoted\n  too\"  # three\ne: 1  # six\nf:  # seven\n  below  # eight\ng:  # nine\n  - x\n";
+        let got = format(text).unwrap();
+        let want = "a: a long plain text  # one\nb: starts below and goes on  # two\nc: quoted too  # three\ne: 1  # six\nf: below  # seven  # eight\ng: [x]  # nine\n";
+        assert_eq!(got, want, "\n{got}");
+        assert_eq!(format(&got).unwrap(), got, "idempotent");
     }
 
     #[test]

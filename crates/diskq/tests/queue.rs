@@ -1017,6 +1017,67 @@ fn a_read_error_hands_out_nothing_and_the_same_records_come_back_once_it_clears(
     assert_eq!((s.unreadable, s.damaged_regions, s.unread), (0, 0, 0));
 }
 
+/// A segment that cannot even be opened (a symbolic link to itself here)
+/// is an error of the read, retried, not a segment gone: once it clears,
+/// every record comes, none counted as lost.
+#[test]
+fn a_segment_that_cannot_be_opened_is_an_error_not_a_missing_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open_with_500(dir.path());
+    let first = list_segments(dir.path()).unwrap()[0];
+    let path = segment_path(dir.path(), first);
+    let aside = dir.path().join("aside.seg");
+    std::fs::rename(&path, &aside).unwrap();
+    std::os::unix::fs::symlink(&path, &path).unwrap();
+    for _ in 0..3 {
+        match q.try_read(7) {
+            Err(e) => assert!(
+                e.to_string()
+                    .contains(&format!("opening segment {first}: ")),
+                "{e}"
+            ),
+            Ok(b) => panic!(
+                "read {:?} from a segment that cannot be opened",
+                b.map(|b| seqs(&b))
+            ),
+        }
+    }
+    std::fs::remove_file(&path).unwrap();
+    std::fs::rename(&aside, &path).unwrap();
+    assert_eq!(drain(&q), (0..500).collect::<Vec<_>>());
+    let s = q.snapshot();
+    assert_eq!((s.unreadable, s.damaged_regions), (0, 0));
+}
+
+/// A segment removed from outside while the queue runs: the reader skips
+/// it as one damaged region and counts exactly the records it held as
+/// unreadable (from the next segment's start record); the rest arrive.
+#[test]
+fn a_segment_removed_while_running_is_skipped_and_its_records_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = open_with_500(dir.path());
+    let ids = list_segments(dir.path()).unwrap();
+    assert!(ids.len() >= 4, "{ids:?}");
+    let held = q.try_read(7).unwrap().unwrap();
+    assert_eq!(seqs(&held), (0..7).collect::<Vec<_>>());
+    drop(held);
+    let gone = ids[1];
+    let scan = inspect::scan_segment(
+        &segment_path(dir.path(), gone),
+        gone,
+        logbus_diskq::record::SEGMENT_HEADER,
+    )
+    .unwrap();
+    let from = scan.first_seq.unwrap();
+    std::fs::remove_file(segment_path(dir.path(), gone)).unwrap();
+    let want: Vec<u64> = (7..500)
+        .filter(|n| !(from..from + scan.records).contains(n))
+        .collect();
+    assert_eq!(drain(&q), want);
+    let s = q.snapshot();
+    assert_eq!((s.damaged_regions, s.unreadable), (1, scan.records));
+}
+
 #[test]
 fn a_segment_that_keeps_failing_is_skipped_and_counted_so_the_queue_goes_on() {
     let dir = tempfile::tempdir().unwrap();
