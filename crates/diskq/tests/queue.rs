@@ -69,6 +69,52 @@ fn records_come_back_in_order_and_acked_segments_are_deleted() {
     assert!(drain(&q).is_empty());
 }
 
+/// Caught up means nothing is left to read, in the segment being written
+/// too: a fresh queue is, one with records in it is not, until they are read.
+#[test]
+fn caught_up_means_nothing_is_left_to_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+    assert!(q.caught_up());
+    rt().block_on(q.append(batch(0, 5))).unwrap();
+    assert_eq!(list_segments(dir.path()).unwrap().len(), 1);
+    assert!(!q.caught_up());
+    let b = q.try_read(3).unwrap().unwrap();
+    assert!(!q.caught_up());
+    drop(b);
+    assert_eq!(drain(&q), (3..5).collect::<Vec<_>>());
+    assert!(q.caught_up());
+}
+
+/// A batch larger than `max_disk_bytes` is stored when nothing stored is
+/// waiting (it could never fit otherwise), and refused (here: dropped, as
+/// configured) while something is.
+#[test]
+fn a_batch_larger_than_the_queue_fits_only_when_nothing_is_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        max_disk_bytes: 4096,
+        when_full: WhenFull::DropNewest,
+        ..config(dir.path())
+    };
+    let (q, _) = DiskQueue::open(cfg).unwrap();
+    let big = |from| {
+        let b = batch(from, 150);
+        assert!(b.bytes() > 4096 + 2048, "{}", b.bytes());
+        b
+    };
+    rt().block_on(async {
+        assert_eq!(q.append(big(0)).await.unwrap(), Appended::Stored);
+        assert_eq!(q.append(batch(500, 1)).await.unwrap(), Appended::Dropped);
+    });
+    assert_eq!(drain(&q), (0..150).collect::<Vec<_>>());
+    rt().block_on(async {
+        assert_eq!(q.append(big(1000)).await.unwrap(), Appended::Stored);
+    });
+    assert_eq!(drain(&q), (1000..1150).collect::<Vec<_>>());
+    assert_eq!(q.snapshot().dropped_newest, 1);
+}
+
 #[test]
 fn unacknowledged_records_are_replayed_after_a_restart_and_acked_ones_are_not() {
     let dir = tempfile::tempdir().unwrap();
@@ -496,8 +542,11 @@ fn a_missing_segment_or_a_garbage_state_file_never_stops_the_queue() {
         "{:?}",
         report.problems
     );
-    let (q, _) = DiskQueue::open(config(dir.path())).unwrap();
+    let (q, recovery) = DiskQueue::open(config(dir.path())).unwrap();
+    assert_eq!(recovery.lost_records, gone_records);
     assert_eq!(drain(&q).len() as u64, 1000 - gone_records);
+    // Reported once, at the start: reading past the gap counts nothing more.
+    assert_eq!(q.snapshot().unreadable, 0);
     drop(q);
 
     // The segment the state points at is missing: resume at the next one.
