@@ -139,10 +139,6 @@ impl RunningPipeline {
             .map(|(_, _, m)| m)
     }
 
-    pub fn channel(&self, id: &str) -> Option<&ChannelHandle> {
-        self.channels.iter().find(|(s, _)| s == id).map(|(_, c)| c)
-    }
-
     pub fn reloader(&self) -> Reloader {
         self.reloader.clone()
     }
@@ -1504,46 +1500,110 @@ struct WarnLimiter {
     suppressed: u64,
 }
 
+/// What one more error at a given moment calls for.
+#[derive(Debug, PartialEq, Eq)]
+struct WarnTurn {
+    /// Errors kept quiet in the window that just ended, to be reported.
+    quiet_before: u64,
+    /// Whether this error is logged.
+    log: bool,
+}
+
 impl WarnLimiter {
     const PER_WINDOW: u32 = 5;
     const WINDOW: Duration = Duration::from_secs(10);
 
-    fn warn(&mut self, stage: &str, error: &EventError) {
-        let now = Instant::now();
+    fn turn(&mut self, now: Instant) -> WarnTurn {
+        let mut quiet_before = 0;
         if self
             .window_start
             .is_none_or(|s| now.duration_since(s) >= Self::WINDOW)
         {
-            if self.suppressed > 0 {
-                tracing::warn!(
-                    stage,
-                    suppressed = self.suppressed,
-                    "{} similar event errors were not logged",
-                    self.suppressed
-                );
-            }
+            quiet_before = std::mem::take(&mut self.suppressed);
             self.window_start = Some(now);
             self.logged = 0;
-            self.suppressed = 0;
         }
-        if self.logged < Self::PER_WINDOW {
+        let log = self.logged < Self::PER_WINDOW;
+        if log {
             self.logged += 1;
-            tracing::warn!(stage, "dropped an event: {error}");
         } else {
             self.suppressed += 1;
+        }
+        WarnTurn { quiet_before, log }
+    }
+
+    fn warn(&mut self, stage: &str, error: &EventError) {
+        let turn = self.turn(Instant::now());
+        if turn.quiet_before > 0 {
+            tracing::warn!(
+                stage,
+                suppressed = turn.quiet_before,
+                "{} similar event errors were not logged",
+                turn.quiet_before
+            );
+        }
+        if turn.log {
+            tracing::warn!(stage, "dropped an event: {error}");
         }
     }
 
     /// Logs how many were kept quiet, if any (at a window's end and at exit).
     fn flush(&mut self, stage: &str) {
-        if self.suppressed > 0 {
+        let suppressed = std::mem::take(&mut self.suppressed);
+        if suppressed > 0 {
             tracing::warn!(
                 stage,
-                suppressed = self.suppressed,
-                "{} more dropped events were not logged",
-                self.suppressed
+                suppressed,
+                "{suppressed} more dropped events were not logged"
             );
-            self.suppressed = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line the supervisor logs after a reload.
+    #[test]
+    fn a_reload_summary_reads_as_one_line() {
+        let summary = ReloadSummary {
+            added: vec!["a".into(), "b".into()],
+            removed: vec!["c".into()],
+            changed: vec![],
+            rewired: vec!["d".into()],
+            unchanged: 3,
+        };
+        assert_eq!(
+            summary.to_string(),
+            "added [a, b], removed [c], changed [], rewired [d], 3 unchanged"
+        );
+    }
+
+    /// Five errors a window are logged, the rest counted and reported
+    /// when the next window starts (ten seconds after the last one began)
+    /// or at a flush, which starts the count again.
+    #[test]
+    fn five_errors_a_window_are_logged_and_the_rest_counted() {
+        let mut limiter = WarnLimiter::default();
+        let t0 = Instant::now();
+        let turn = |log, quiet_before| WarnTurn { quiet_before, log };
+        for _ in 0..5 {
+            assert_eq!(limiter.turn(t0), turn(true, 0));
+        }
+        assert_eq!(limiter.turn(t0), turn(false, 0));
+        assert_eq!(
+            limiter.turn(t0 + Duration::from_millis(9_999)),
+            turn(false, 0)
+        );
+        assert_eq!(limiter.turn(t0 + Duration::from_secs(10)), turn(true, 2));
+        for _ in 0..4 {
+            assert_eq!(limiter.turn(t0 + Duration::from_secs(10)), turn(true, 0));
+        }
+        assert_eq!(limiter.turn(t0 + Duration::from_secs(11)), turn(false, 0));
+        assert_eq!(limiter.suppressed, 1);
+        limiter.flush("stage");
+        assert_eq!(limiter.suppressed, 0);
+        assert_eq!(limiter.turn(t0 + Duration::from_secs(20)), turn(true, 0));
     }
 }
