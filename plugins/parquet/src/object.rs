@@ -180,7 +180,9 @@ impl ParquetObject {
     }
 }
 
-/// Encodes the decoder's rows as one row group and closes it.
+/// Encodes the decoder's rows as one row group and closes it; all of its
+/// bytes are then ready (the writer's own buffer is emptied too, or up to
+/// 8 KiB of each row group, all of a small one, would wait for the next).
 fn close_row_group(open: &mut Open) -> Result<(), String> {
     if open.rows == 0 {
         return Ok(());
@@ -190,6 +192,7 @@ fn close_row_group(open: &mut Open) -> Result<(), String> {
     if let Some(batch) = batch {
         open.writer.write(&batch).map_err(|e| e.to_string())?;
         open.writer.flush().map_err(|e| e.to_string())?;
+        open.writer.sync().map_err(|e| e.to_string())?;
     }
     Ok(())
 }

@@ -344,3 +344,87 @@ fn rows_that_come_to_more_than_the_limit_are_refused_as_they_are_decoded() {
         "refused: its row groups declare 1000 rows, more than max_rows (999)"
     );
 }
+
+/// `parser: parquet` as the engine builds it: a raw event holding a whole
+/// file becomes one event per row, each with the file event's meta (its
+/// source, ingest time and origin); the options' limits are the reader's;
+/// an event that is already parsed is an error for `on_error`.
+#[cfg(feature = "sink-parquet")]
+#[test]
+fn the_parser_replaces_a_file_with_its_rows_keeping_the_meta() {
+    use logbus_parquet::reader::ParquetParser;
+    use logbus_parquet::writer::{PageCompression, encode_file};
+    use logbus_plugin_api::testing::context;
+    use logbus_plugin_api::{Built, Event, Meta, Plugin, Processor, Typed, Verdict};
+
+    let parser = |options: Value| -> Box<dyn Processor> {
+        match Typed(ParquetParser).build(&options, &context()) {
+            Ok(Built::Processor(p)) => p,
+            _ => panic!("the parser does not build"),
+        }
+    };
+    let rows = vec![json!({"seq": 1, "msg": "a"}), json!({"seq": 2, "msg": "b"})];
+    let file = encode_file(&rows, PageCompression::Zstd, None).unwrap();
+    let mut meta = Meta::at("read", 42);
+    meta.origin = Some("/data/in.parquet".into());
+    let mut event = Event::raw(file.clone(), meta.clone());
+    let Ok(Verdict::Replace(out)) = parser(json!({})).process(&mut event) else {
+        panic!("the rows replace the file");
+    };
+    assert_eq!(out.len(), 2);
+    for (e, want) in out.iter().zip(&rows) {
+        assert_eq!(e.meta(), &meta);
+        assert_eq!(&Value::Object(e.as_fields().unwrap().clone()), want);
+    }
+
+    let mut event = Event::raw(file.clone(), meta.clone());
+    let err = parser(json!({"max_rows": 1}))
+        .process(&mut event)
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.0,
+        "refused: its row groups declare 2 rows, more than max_rows (1)"
+    );
+    let mut event = Event::raw(file.clone(), meta.clone());
+    let err = parser(json!({"max_decoded_bytes": 10}))
+        .process(&mut event)
+        .err()
+        .unwrap();
+    assert!(
+        err.0.starts_with("refused: ") && err.0.contains("max_decoded_bytes (10 bytes)"),
+        "{}",
+        err.0
+    );
+    // The defaults are the reader's.
+    let mut event = Event::raw(file, meta.clone());
+    assert!(
+        matches!(parser(json!({"max_rows": 2, "max_decoded_bytes": 1000})).process(&mut event), Ok(Verdict::Replace(v)) if v.len() == 2)
+    );
+
+    let mut parsed = Event::fields(rows[0].as_object().unwrap().clone(), meta);
+    let err = parser(json!({})).process(&mut parsed).err().unwrap();
+    assert_eq!(
+        err.0,
+        "the parquet parser needs a raw event (a whole file); this one is already parsed"
+    );
+}
+
+/// The parser's options default to the reader's limits and refuse 0.
+#[test]
+fn the_parsers_options_default_to_the_readers_limits() {
+    use logbus_parquet::reader::{
+        DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ROWS, ParquetParserOptions,
+    };
+    let o = ParquetParserOptions::default();
+    assert_eq!((o.max_decoded_bytes, o.max_rows), (256 << 20, 1_000_000));
+    assert_eq!(
+        (DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_ROWS),
+        (256 << 20, 1_000_000)
+    );
+    let d = logbus_parquet::reader::Limits::default();
+    assert_eq!((d.bytes, d.rows), (256 << 20, 1_000_000));
+    let p = logbus_plugin_api::Typed(logbus_parquet::reader::ParquetParser);
+    let e = logbus_plugin_api::testing::option_errors(&p, json!({"max_rows": 0}));
+    assert!(e.starts_with("max_rows: "), "{e}");
+}
