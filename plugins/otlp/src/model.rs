@@ -8,7 +8,7 @@
 //! ```json
 //! {"body": "GET /", "severity_number": 9, "severity_text": "INFO",
 //!  "time_unix_nano": 1796168975078394997, "observed_time_unix_nano": …,
-//!  "timestamp": "2026-12-01T21:49:35.078394997Z",
+//!  "timestamp": "2026-12-01T23:49:35.078394997Z",
 //!  "trace_id": "5b8efff798038103d269b633813fc60c", "span_id": "eee19b7ec3c1b174", "flags": 1,
 //!  "attributes": {"http.method": "GET"},
 //!  "resource": {"service.name": "api"},
