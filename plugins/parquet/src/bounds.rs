@@ -639,4 +639,505 @@ mod tests {
         // Snappy stops at the declared size by itself: not checked here.
         assert!(inflates_within(Compression::SNAPPY, &body, 0, 1).is_ok());
     }
+
+    /// The column chunk metadata of one column `c` of `kind` whose pages
+    /// lie at `start..start + len`, compressed with `codec`.
+    fn column(kind: PhysicalType, start: i64, len: i64, codec: Compression) -> ColumnChunkMetaData {
+        use parquet::schema::types::{ColumnDescriptor, ColumnPath, Type};
+        let t = Type::primitive_type_builder("c", kind)
+            .with_length(if kind == PhysicalType::FIXED_LEN_BYTE_ARRAY {
+                6
+            } else {
+                -1
+            })
+            .build()
+            .unwrap();
+        let descr = ColumnDescriptor::new(std::sync::Arc::new(t), 1, 0, ColumnPath::from("c"));
+        ColumnChunkMetaData::builder(std::sync::Arc::new(descr))
+            .set_data_page_offset(start)
+            .set_total_compressed_size(len)
+            .set_compression(codec)
+            .build()
+            .unwrap()
+    }
+
+    /// A Thrift compact zigzag varint.
+    fn varint(n: i64) -> Vec<u8> {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        let mut out = Vec::new();
+        loop {
+            let b = (z & 0x7f) as u8;
+            z >>= 7;
+            if z == 0 {
+                out.push(b);
+                return out;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    /// A page header: type, sizes, and for a data page (v1 or v2) or a
+    /// dictionary page its values.
+    fn header(kind: i32, uncompressed: i32, compressed: i32, values: i32) -> Vec<u8> {
+        let mut h = Vec::new();
+        for v in [kind, uncompressed, compressed] {
+            h.push(0x15); // the next field id, an i32
+            h.extend(varint(v.into()));
+        }
+        // The page type's own header (a struct field), with its required
+        // fields, each the next id and an i32: the number of values first,
+        // then encodings (PLAIN, RLE levels) or v2's counts and level sizes.
+        let (field, rest): (u8, &[i32]) = match kind {
+            DATA_PAGE => (0x2c, &[0, 3, 3]),          // field 5
+            DICTIONARY_PAGE => (0x4c, &[0]),          // field 7
+            DATA_PAGE_V2 => (0x5c, &[0, 0, 0, 0, 0]), // field 8
+            _ => (0, &[]),
+        };
+        if field != 0 {
+            h.push(field);
+            for v in std::iter::once(values).chain(rest.iter().copied()) {
+                h.push(0x15);
+                h.extend(varint(v.into()));
+            }
+            h.push(0x00);
+        }
+        h.push(0x00);
+        h
+    }
+
+    /// A page: its header, then `body`.
+    fn page(kind: i32, uncompressed: i32, values: i32, body: &[u8]) -> Vec<u8> {
+        let mut p = header(kind, uncompressed, body.len() as i32, values);
+        p.extend(body);
+        p
+    }
+
+    /// What the pages of a chunk of `kind` in `file` at `start..start +
+    /// len` come to.
+    fn walk(
+        file: &[u8],
+        kind: PhysicalType,
+        start: usize,
+        len: usize,
+        max: u64,
+    ) -> Result<u64, String> {
+        let column = column(kind, start as i64, len as i64, Compression::UNCOMPRESSED);
+        let mut cost = Cost { total: 0, max };
+        chunk_cost(file, &column, &|| Bytes::copy_from_slice(file), &mut cost)?;
+        Ok(cost.total)
+    }
+
+    /// Each page adds its uncompressed size and eight bytes a value; the
+    /// walk follows the chunk's length to its last byte (a page whose body
+    /// ends exactly there is counted) and no further.
+    #[test]
+    fn a_chunk_costs_its_pages_sizes_and_eight_bytes_a_value() {
+        let first = page(DATA_PAGE, 100, 5, &[0; 10]);
+        let second = page(DATA_PAGE_V2, 50, 3, &[0; 4]);
+        let file = [b"PAR1".as_slice(), &first, &second, b"tail"].concat();
+        let int = PhysicalType::INT64;
+        let both = first.len() + second.len();
+        assert_eq!(
+            walk(&file, int, 4, both, u64::MAX),
+            Ok(100 + 5 * 8 + 50 + 3 * 8)
+        );
+        // The chunk ends one byte before the second page's body does: the
+        // second page is not walked.
+        assert_eq!(walk(&file, int, 4, both - 1, u64::MAX), Ok(140));
+        assert_eq!(walk(&file, int, 4, first.len(), u64::MAX), Ok(140));
+        // Ends inside the first page's header: nothing.
+        let head = first.len() - 10;
+        assert_eq!(walk(&file, int, 4, head - 1, u64::MAX), Ok(0));
+        // A limit of exactly the total is within it; one byte less is not,
+        // and the message names the page that broke it.
+        assert_eq!(walk(&file, int, 4, both, 214), Ok(214));
+        let err = walk(&file, int, 4, both, 213).unwrap_err();
+        let second_body = 4 + first.len() + second.len() - 4;
+        assert_eq!(
+            err,
+            format!(
+                "the page at byte {second_body} declares 3 values of up to 8 bytes, so its rows would come to more than max_decoded_bytes (213 bytes)"
+            )
+        );
+        let err = walk(&file, int, 4, both, 100 + 5 * 8 + 49).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "the page at byte {second_body} declares 50 bytes, so"
+            )),
+            "{err}"
+        );
+    }
+
+    /// A page with no body whose header ends the chunk is still a page.
+    #[test]
+    fn a_page_with_an_empty_body_at_the_chunks_end_counts() {
+        let only = header(DATA_PAGE, 7, 0, 1);
+        assert_eq!(
+            walk(&only, PhysicalType::INT64, 0, only.len(), u64::MAX),
+            Ok(15)
+        );
+    }
+
+    /// Where the chunk or a page lies outside the file, or a size is
+    /// negative, the walk stops (the parquet crate then says why).
+    #[test]
+    fn a_chunk_or_page_outside_the_file_ends_the_walk() {
+        let p = page(DATA_PAGE, 100, 5, &[0; 10]);
+        let int = PhysicalType::INT64;
+        // The chunk starts at the file's end, or past it.
+        assert_eq!(walk(&p, int, p.len(), 10, u64::MAX), Ok(0));
+        assert_eq!(walk(&p, int, p.len() + 1, 10, u64::MAX), Ok(0));
+        // The body runs past the file's end though the chunk is longer.
+        assert_eq!(walk(&p[..p.len() - 1], int, 0, 100, u64::MAX), Ok(0));
+        // A negative compressed size.
+        let negative = header(DATA_PAGE, 100, -1, 5);
+        assert_eq!(walk(&negative, int, 0, 100, u64::MAX), Ok(0));
+        // A negative uncompressed size.
+        let mut negative = header(DATA_PAGE, -1, 2, 5);
+        negative.extend([0, 0]);
+        assert_eq!(walk(&negative, int, 0, negative.len(), u64::MAX), Ok(0));
+        // A negative value count counts none.
+        let p = page(DATA_PAGE, 10, -4, &[0; 2]);
+        assert_eq!(walk(&p, int, 0, p.len(), u64::MAX), Ok(10));
+        // A header that cannot be read is named by its byte.
+        let err = walk(&[0u8, 0x15], int, 1, 5, u64::MAX).unwrap_err();
+        assert_eq!(err, "the page header at byte 1 ends inside a value");
+    }
+
+    /// Index pages cost nothing and the walk goes on past them; a
+    /// dictionary page costs its size, and for a column of numbers its
+    /// entries add nothing to each value.
+    #[test]
+    fn index_and_dictionary_pages() {
+        let index = page(INDEX_PAGE, 1_000, 0, &[0; 3]);
+        let dictionary = page(DICTIONARY_PAGE, 20, 2, &[0; 3]);
+        let data = page(DATA_PAGE, 30, 4, &[0; 3]);
+        let file = [index, dictionary, data].concat();
+        assert_eq!(
+            walk(&file, PhysicalType::INT64, 0, file.len(), u64::MAX),
+            Ok(20 + 30 + 4 * 8)
+        );
+    }
+
+    /// Each value of a dictionary-encoded byte-array column may copy the
+    /// dictionary's longest entry; a fixed-length column's entries are
+    /// its length.
+    #[test]
+    fn dictionary_entries_cost_per_value() {
+        let mut entries = Vec::new();
+        for s in ["ab", "abcdefghij"] {
+            entries.extend((s.len() as u32).to_le_bytes());
+            entries.extend(s.as_bytes());
+        }
+        let dictionary = page(DICTIONARY_PAGE, entries.len() as i32, 2, &entries);
+        let data = page(DATA_PAGE, 30, 4, &[0; 3]);
+        let file = [dictionary.clone(), data.clone()].concat();
+        let d = entries.len() as u64;
+        assert_eq!(
+            walk(&file, PhysicalType::BYTE_ARRAY, 0, file.len(), u64::MAX),
+            Ok(d + 30 + 4 * (8 + 10))
+        );
+        assert_eq!(
+            walk(
+                &file,
+                PhysicalType::FIXED_LEN_BYTE_ARRAY,
+                0,
+                file.len(),
+                u64::MAX
+            ),
+            Ok(d + 30 + 4 * (8 + 6))
+        );
+        // Data before the dictionary: no entry yet.
+        let file = [data.clone(), dictionary.clone()].concat();
+        assert_eq!(
+            walk(&file, PhysicalType::BYTE_ARRAY, 0, file.len(), u64::MAX),
+            Ok(30 + 4 * 8 + d)
+        );
+        // A second, longer dictionary after a data page (read past the
+        // pages before it): the values after it may copy its longest entry.
+        let longer = {
+            let mut e = 20u32.to_le_bytes().to_vec();
+            e.extend([b'x'; 20]);
+            e
+        };
+        let second = page(DICTIONARY_PAGE, longer.len() as i32, 1, &longer);
+        let more = page(DATA_PAGE, 40, 3, &[0; 3]);
+        let file = [dictionary, data, second, more].concat();
+        assert_eq!(
+            walk(&file, PhysicalType::BYTE_ARRAY, 0, file.len(), u64::MAX),
+            Ok(d + 30 + 4 * (8 + 10) + longer.len() as u64 + 40 + 3 * (8 + 20))
+        );
+    }
+
+    /// A file of `rows` rows `{"abc": n, "de": "s<n>"}` in row groups of
+    /// four, written by the crate's object format.
+    #[cfg(feature = "object-parquet")]
+    fn file_of(rows: u64) -> Bytes {
+        use logbus_sink::ObjectFormat;
+        let options = crate::object::ParquetObjectOptions {
+            compression: crate::writer::PageCompression::None,
+            row_group_rows: 4,
+            schema: None,
+        };
+        let mut object = crate::object::ParquetObjects::new(&options, "p")
+            .unwrap()
+            .open()
+            .unwrap();
+        let mut bytes = Vec::new();
+        for n in 0..rows {
+            let row = serde_json::json!({"abc": n, "de": format!("s{n}")});
+            let event = logbus_plugin_api::Event::fields(
+                row.as_object().unwrap().clone(),
+                logbus_plugin_api::Meta::at("t", 0),
+            );
+            object.write(&event).unwrap();
+            bytes.extend(std::mem::take(object.ready()));
+        }
+        bytes.extend(object.finish().unwrap());
+        Bytes::from(bytes)
+    }
+
+    /// Besides its pages, every row of every row group costs each column's
+    /// name and four bytes, and two more; the rows of all row groups are
+    /// held against `max_rows`, and the total against `max_decoded_bytes`
+    /// (a limit of exactly the total passes).
+    #[cfg(feature = "object-parquet")]
+    #[test]
+    fn every_row_costs_its_columns_names_over_all_row_groups() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let file = file_of(10);
+        let reader = SerializedFileReader::new(file.clone()).unwrap();
+        let meta = reader.metadata();
+        assert_eq!(meta.num_row_groups(), 3);
+        let pages: u64 = meta
+            .row_groups()
+            .iter()
+            .flat_map(|g| g.columns())
+            .map(|c| {
+                let mut cost = Cost {
+                    total: 0,
+                    max: u64::MAX,
+                };
+                chunk_cost(&file, c, &|| file.clone(), &mut cost).unwrap();
+                cost.total
+            })
+            .sum();
+        assert!(pages > 0);
+        let limits = |bytes, rows| Limits { bytes, rows };
+        let total = declared_cost(&file, meta, || file.clone(), limits(u64::MAX, 10)).unwrap();
+        assert_eq!(total, pages + 10 * ((3 + 4) + (2 + 4) + 2));
+        assert_eq!(
+            declared_cost(&file, meta, || file.clone(), limits(total, 10)),
+            Ok(total)
+        );
+        let err = declared_cost(&file, meta, || file.clone(), limits(total - 1, 10)).unwrap_err();
+        assert!(err.starts_with("row group 2, column "), "{err}");
+        assert_eq!(
+            declared_cost(&file, meta, || file.clone(), limits(u64::MAX, 9)).unwrap_err(),
+            "its row groups declare 10 rows, more than max_rows (9)"
+        );
+        // The rows' own cost is checked per row group, before its pages.
+        let err = declared_cost(&file, meta, || file.clone(), limits(4 * 15, 10)).unwrap_err();
+        assert!(
+            err.starts_with("row group 0, column 0: the page at byte "),
+            "{err}"
+        );
+        let err = declared_cost(&file, meta, || file.clone(), limits(4 * 15 - 1, 10)).unwrap_err();
+        assert_eq!(
+            err,
+            "row group 0 declares 4 rows, so its rows would come to more than max_decoded_bytes (59 bytes)"
+        );
+    }
+
+    fn compressed(format: logbus_compress::Compression, n: usize) -> Vec<u8> {
+        let mut w = logbus_compress::CompressWriter::new(Vec::new(), format).unwrap();
+        std::io::Write::write_all(&mut w, &vec![b'a'; n]).unwrap();
+        w.finish().unwrap()
+    }
+
+    /// zstd and LZ4 frames decompress to their end in the crate, so they
+    /// are held to their page's size too (after a v2 page's levels); LZ4
+    /// without a frame's magic, and raw LZ4, stop at the size by themselves.
+    #[test]
+    fn zstd_and_lz4_frame_bodies_may_inflate_to_their_size_and_no_further() {
+        use logbus_compress::Compression as Format;
+        let zstd = Compression::ZSTD(Default::default());
+        let body = compressed(Format::Zstd, 10_000);
+        assert!(inflates_within(zstd, &body, 0, 10_000).is_ok());
+        assert_eq!(
+            inflates_within(zstd, &body, 0, 9_999).unwrap_err(),
+            "inflates past the 9999 bytes its header declares"
+        );
+        let frame = compressed(Format::Lz4, 10_000);
+        assert_eq!(frame[..4], [0x04, 0x22, 0x4d, 0x18]);
+        assert!(inflates_within(Compression::LZ4, &frame, 0, 10_000).is_ok());
+        assert!(inflates_within(Compression::LZ4, &frame, 0, 9_999).is_err());
+        let mut v2 = vec![0u8; 6];
+        v2.extend(&frame);
+        assert!(inflates_within(Compression::LZ4, &v2, 6, 10_006).is_ok());
+        assert!(inflates_within(Compression::LZ4, &v2, 6, 10_005).is_err());
+        // The frame's magic is looked for after the levels only.
+        assert!(inflates_within(Compression::LZ4, &v2, 0, 1).is_ok());
+        assert!(inflates_within(Compression::LZ4_RAW, &frame, 0, 1).is_ok());
+        // A body shorter than its levels has nothing to check.
+        assert!(inflates_within(zstd, &body[..3], 4, 1).is_ok());
+    }
+
+    /// Fields the walk knows are read as the types the crate expects,
+    /// whatever their headers declare (the crate's decoder goes by field
+    /// id); reading them by their declared types would walk other bytes.
+    #[test]
+    fn known_fields_are_read_as_the_crate_reads_them_whatever_their_declared_type() {
+        let well_typed = [
+            &SIZES[..],
+            &[0x15, 0x08],                                     // 4: crc, i32
+            &[0x1c, 0x15, 0x0e, 0x15, 0x04, 0x00],             // 5: values 7, encoding
+            &[0x1c, 0x15, 0x02, 0x00],                         // 6: a struct
+            &[0x1c, 0x15, 0x06, 0x15, 0x00, 0x00],             // 7: values 3, encoding
+            &[0x1c, 0x15, 0x0e, 0x15, 0x04, 0x35, 0x08, 0x00], // 8: values 7, nulls, def 4
+            &[0x00],
+        ]
+        .concat();
+        let declared_otherwise = [
+            &SIZES[..],
+            &[0x18, 0x08],                                     // 4 declared binary
+            &[0x1c, 0x15, 0x0e, 0x18, 0x04, 0x00],             // 5.2 declared binary
+            &[0x15, 0x15, 0x02, 0x00],                         // 6 declared i32
+            &[0x1c, 0x18, 0x06, 0x15, 0x00, 0x00],             // 7.1 declared binary
+            &[0x1c, 0x15, 0x0e, 0x18, 0x04, 0x35, 0x08, 0x00], // 8.2 declared binary
+            &[0x00],
+        ]
+        .concat();
+        for h in [well_typed, declared_otherwise] {
+            let head = page_header(&[&h[..], b"body"].concat()).unwrap();
+            let want = PageHead {
+                kind: DATA_PAGE,
+                uncompressed: 100,
+                compressed: 50,
+                values: 7,
+                levels: 4,
+                compressed_body: true,
+                len: h.len(),
+            };
+            assert_eq!(head, want, "{h:02x?}");
+        }
+    }
+
+    /// The footer is walked only where there is one: at least 12 bytes
+    /// ending in the magic, with a length that fits before it (the footer
+    /// may take every byte before its length); otherwise the crate says
+    /// what is wrong.
+    #[test]
+    fn the_footer_is_walked_only_where_there_is_one() {
+        // FileMetaData { 4: a list of 2^31 - 1 structs }, and nothing after.
+        let claims = [0x49, 0xfc, 0xff, 0xff, 0xff, 0xff, 0x07];
+        let file = |head: &[u8], footer: &[u8], len: u32, magic: &[u8]| {
+            [head, footer, &len.to_le_bytes()[..], magic].concat()
+        };
+        let refused = "not a Parquet file: its footer declares a list of 2147483647 elements where 0 bytes remain (at byte 7 of the 7-byte footer)";
+        assert_eq!(
+            footer_lists_fit(&file(b"PAR1", &claims, 7, b"PAR1")).unwrap_err(),
+            refused
+        );
+        // The footer takes every byte before its length.
+        assert_eq!(
+            footer_lists_fit(&file(b"", &claims, 7, b"PAR1")).unwrap_err(),
+            refused
+        );
+        // A length past the bytes before it, or no magic at the end: left
+        // to the crate.
+        assert_eq!(footer_lists_fit(&file(b"", &claims, 8, b"PAR1")), Ok(()));
+        assert_eq!(
+            footer_lists_fit(&file(b"PAR1", &claims, 7, b"PAR0")),
+            Ok(())
+        );
+        // Twelve bytes are a file with an empty footer, which is walked.
+        assert_eq!(
+            footer_lists_fit(&file(b"PAR1", b"", 0, b"PAR1")).unwrap_err(),
+            "not a Parquet file: its footer ends inside a value (at byte 0 of the 0-byte footer)"
+        );
+        // Fewer are not a file.
+        assert_eq!(footer_lists_fit(b"xxPAR1"), Ok(()));
+        assert_eq!(footer_lists_fit(&file(b"", b"", 0, b"PAR")), Ok(()));
+        assert_eq!(
+            footer_lists_fit(&[&[0u8; 3][..], &0u32.to_le_bytes(), b"PAR1"].concat()),
+            Ok(())
+        );
+    }
+
+    /// Skips a value of Thrift type `kind`; how far it got.
+    fn skipped(bytes: &[u8], kind: u8) -> Result<usize, String> {
+        let mut t = Thrift { bytes, at: 0 };
+        t.skip(kind, 0).map(|()| t.at)
+    }
+
+    #[test]
+    fn thrift_values_are_walked_by_their_types() {
+        // Booleans and bytes, then i16, i32 and i64 varints, then a double.
+        assert_eq!(skipped(&[0x01, 0x09], 1), Ok(1));
+        assert_eq!(skipped(&[0x80, 0x01, 0x09], 6), Ok(2));
+        assert_eq!(skipped(&[0; 9], 7), Ok(8));
+        assert_eq!(
+            skipped(&[0; 7], 7),
+            Err("declares 8 bytes where 7 remain".into())
+        );
+        assert_eq!(
+            skipped(&[0xff; 11], 5),
+            Err("holds a varint longer than ten bytes".into())
+        );
+        // Binary: a length, then its bytes, to the last one and no further.
+        assert_eq!(skipped(&[0x03, b'a', b'b', b'c'], 8), Ok(4));
+        assert_eq!(
+            skipped(&[0x04, b'a', b'b', b'c'], 8),
+            Err("declares 4 bytes where 3 remain".into())
+        );
+        // Lists and sets: at least a byte an element, counted from the
+        // header's high nibble or, at 15, a varint.
+        assert_eq!(skipped(&[0x25, 0x02, 0x04], 9), Ok(3));
+        assert_eq!(skipped(&[0x25, 0x02, 0x04], 10), Ok(3));
+        assert_eq!(
+            skipped(&[0x35, 0x02, 0x04], 9),
+            Err("declares a list of 3 elements where 2 bytes remain".into())
+        );
+        assert_eq!(skipped(&[0xf5, 0x02, 0x02, 0x04], 9), Ok(4));
+        // Maps: a count, then (if any) the key and value types in a byte.
+        assert_eq!(skipped(&[0x00, 0x99], 11), Ok(1));
+        assert_eq!(skipped(&[0x01, 0x85, 0x02, b'a', b'b', 0x04], 11), Ok(6));
+        assert_eq!(
+            skipped(&[0x09, 0x85, 0x02, b'a'], 11),
+            Err("declares a list of 9 elements where 3 bytes remain".into())
+        );
+        assert_eq!(
+            skipped(&[], 13),
+            Err("holds an unknown Thrift type 13".into())
+        );
+        // Negative numbers, zigzag-decoded.
+        let head = page_header(&header(DATA_PAGE, -3, -7, -9)).unwrap();
+        assert_eq!(
+            (head.kind, head.uncompressed, head.compressed, head.values),
+            (0, -3, -7, -9)
+        );
+    }
+
+    /// Structures, lists and maps may nest 64 deep, not deeper.
+    #[test]
+    fn nesting_is_allowed_to_64_levels_and_refused_past() {
+        let deep = "nests structures more than 64 deep".to_string();
+        // Structs whose field 1 is a struct, `n` deep, then their stops.
+        let structs = |n: usize| [vec![0x1c; n], vec![0x00; n + 1]].concat();
+        assert_eq!(skipped(&structs(64), 12), Ok(129));
+        assert_eq!(skipped(&structs(65), 12), Err(deep.clone()));
+        // Lists of one list, `n` deep, the innermost empty.
+        let lists = |n: usize| [vec![0x19; n], vec![0x05]].concat();
+        assert_eq!(skipped(&lists(64), 9), Ok(65));
+        assert_eq!(skipped(&lists(65), 9), Err(deep.clone()));
+        // Maps of one entry, `n` deep through their keys (a map to a byte)
+        // or through their values (a byte to a map), the innermost empty.
+        let by_keys = |n: usize| [[0x01, 0xb3].repeat(n), vec![0x00], vec![0x07; n]].concat();
+        assert_eq!(skipped(&by_keys(64), 11), Ok(3 * 64 + 1));
+        assert_eq!(skipped(&by_keys(65), 11), Err(deep.clone()));
+        let by_values = |n: usize| [[0x01, 0x3b, 0x07].repeat(n), vec![0x00]].concat();
+        assert_eq!(skipped(&by_values(64), 11), Ok(3 * 64 + 1));
+        assert_eq!(skipped(&by_values(65), 11), Err(deep));
+    }
 }

@@ -269,10 +269,13 @@ impl ObjectWriter for ParquetObject {
         }
     }
 
+    /// Bytes encoded so far: every row group is closed as soon as it is
+    /// written, so nothing is ever in progress inside the writer (rows not
+    /// yet in a row group are still JSON in the decoder, and not counted).
     fn size(&self) -> u64 {
-        self.open.as_ref().map_or(0, |open| {
-            (open.writer.bytes_written() + open.writer.in_progress_size()) as u64
-        })
+        self.open
+            .as_ref()
+            .map_or(0, |open| open.writer.bytes_written() as u64)
     }
 
     fn finish(mut self: Box<Self>) -> Result<Vec<u8>, String> {

@@ -118,20 +118,21 @@ fn an_object_smaller_than_a_row_group_is_one_row_group() {
 /// string column, lists and structs widen inside, new fields are added.
 #[test]
 fn the_first_row_group_widens_its_schema() {
+    // `k` has the same type in every row that widens: it stays an integer.
     let rows = [
-        json!({ "n": 1, "s": 1, "l": [1], "o": { "x": 1 } }),
-        json!({ "n": 2.5, "s": true, "l": [2.5], "o": { "y": "a" } }),
-        json!({ "s": "t", "extra": null }),
+        json!({ "k": 1, "n": 1, "s": 1, "l": [1], "o": { "x": 1 } }),
+        json!({ "k": 2, "n": 2.5, "s": true, "l": [2.5], "o": { "y": "a" } }),
+        json!({ "k": 3, "s": "t", "extra": null }),
         json!({ "extra": "e" }),
     ];
     let (bytes, _) = write_all(&format(10, None), &rows);
     assert_eq!(
         rows_of(&bytes),
         [
-            json!({ "n": 1.0, "s": "1", "l": [1.0], "o": { "x": 1, "y": null }, "extra": null }),
-            json!({ "n": 2.5, "s": "true", "l": [2.5], "o": { "x": null, "y": "a" }, "extra": null }),
-            json!({ "n": null, "s": "t", "l": null, "o": null, "extra": null }),
-            json!({ "n": null, "s": null, "l": null, "o": null, "extra": "e" }),
+            json!({ "k": 1, "n": 1.0, "s": "1", "l": [1.0], "o": { "x": 1, "y": null }, "extra": null }),
+            json!({ "k": 2, "n": 2.5, "s": "true", "l": [2.5], "o": { "x": null, "y": "a" }, "extra": null }),
+            json!({ "k": 3, "n": null, "s": "t", "l": null, "o": null, "extra": null }),
+            json!({ "k": null, "n": null, "s": null, "l": null, "o": null, "extra": "e" }),
         ]
     );
 }
@@ -175,7 +176,7 @@ fn after_the_first_row_group_a_row_must_fit_the_fixed_schema() {
     ];
     let fitting = [
         json!({ "i": null, "f": 3, "s": 7, "l": [2, 3], "o": { "x": null } }),
-        json!({ "s": false, "o": {} }),
+        json!({ "s": false, "b": true, "o": {} }),
         json!({}),
     ];
     let misfits = [
@@ -214,6 +215,7 @@ fn after_the_first_row_group_a_row_must_fit_the_fixed_schema() {
     assert_eq!(back[2]["f"], 3.0);
     assert_eq!(back[2]["l"], json!([2, 3]));
     assert_eq!(back[3]["s"], "false");
+    assert_eq!(back[3]["b"], true);
     assert_eq!(row_group_sizes(&bytes), [2, 2, 1]);
 }
 

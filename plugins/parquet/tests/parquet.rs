@@ -428,3 +428,17 @@ fn the_parsers_options_default_to_the_readers_limits() {
     let e = logbus_plugin_api::testing::option_errors(&p, json!({"max_rows": 0}));
     assert!(e.starts_with("max_rows: "), "{e}");
 }
+
+/// The rows' own size is held to `max_decoded_bytes` as they are decoded,
+/// to the byte: 1000 rows of `{"msg":"\u0001…"}` (100 escapes) and a line
+/// end come to 611,000 bytes.
+#[test]
+fn decoded_rows_may_come_to_exactly_the_limit() {
+    let file = hostile("control-characters.parquet");
+    let limits = |bytes| Limits { bytes, rows: 1000 };
+    assert_eq!(decode(file.clone(), limits(611_000)).unwrap().len(), 1000);
+    assert_eq!(
+        decode(file, limits(610_999)).unwrap_err(),
+        "refused: the file's rows come to more than max_decoded_bytes (610999 bytes) by row 1000"
+    );
+}
