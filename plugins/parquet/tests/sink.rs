@@ -406,18 +406,30 @@ async fn pages_are_compressed_as_configured() {
 
 /// A configured schema fixes the columns' order and types, whatever the
 /// events hold: an integer written to a `float64` column reads back as a
-/// float, a missing field as null.
+/// float, a missing field as null. A value its column's type cannot hold
+/// (an integer past `int32`, text in a `boolean` column) is an event that
+/// does not fit: errored, not written.
 #[tokio::test]
 async fn a_configured_schema_types_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let events = [json!({ "b": 2, "a": "x" }), json!({ "a": "y" })]
-        .into_iter()
-        .map(|v| Event::fields(v.as_object().unwrap().clone(), Meta::now("t".into())))
-        .collect();
-    let schema = json!({ "schema": { "a": "string", "b": "float64", "c": "int32" } });
+    let events = [
+        json!({ "b": 2, "a": "x", "c": -5, "d": 1.5, "e": true, "f": 1_i64 << 40 }),
+        json!({ "a": "y", "c": i32::MAX, "e": false }),
+        json!({ "c": i64::from(i32::MAX) + 1 }),
+        json!({ "c": 1.5 }),
+        json!({ "e": "yes" }),
+        json!({ "d": "1.5" }),
+    ]
+    .into_iter()
+    .map(|v| Event::fields(v.as_object().unwrap().clone(), Meta::now("t".into())))
+    .collect();
+    let schema = json!({ "schema": {
+        "a": "string", "b": "float64", "c": "int32", "d": "float32", "e": "boolean", "f": "int64"
+    } });
     let s = sink(&Typed(ParquetSink), options(dir.path(), schema));
-    let (result, _) = run_sink(s, vec![events]).await;
+    let (result, metrics) = run_sink(s, vec![events]).await;
     result.unwrap();
+    assert_eq!(metrics.snapshot().errored, 4);
     let path = dir.path().join("part-000000.parquet");
     let rows = decode(
         Bytes::from(std::fs::read(&path).unwrap()),
@@ -427,8 +439,8 @@ async fn a_configured_schema_types_the_file() {
     assert_eq!(
         rows.into_iter().map(Value::Object).collect::<Vec<_>>(),
         [
-            json!({ "a": "x", "b": 2.0, "c": null }),
-            json!({ "a": "y", "b": null, "c": null })
+            json!({ "a": "x", "b": 2.0, "c": -5, "d": 1.5, "e": true, "f": 1_i64 << 40 }),
+            json!({ "a": "y", "b": null, "c": i32::MAX, "d": null, "e": false, "f": null })
         ]
     );
     let meta = metadata(&path);
@@ -439,5 +451,15 @@ async fn a_configured_schema_types_the_file() {
         .iter()
         .map(|c| format!("{}:{}", c.name(), c.physical_type()))
         .collect();
-    assert_eq!(types, ["a:BYTE_ARRAY", "b:DOUBLE", "c:INT32"]);
+    assert_eq!(
+        types,
+        [
+            "a:BYTE_ARRAY",
+            "b:DOUBLE",
+            "c:INT32",
+            "d:FLOAT",
+            "e:BOOLEAN",
+            "f:INT64"
+        ]
+    );
 }
