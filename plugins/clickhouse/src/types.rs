@@ -571,4 +571,447 @@ mod tests {
         assert_eq!(zero("Enum8('x' = 5, 'y' = 0)"), [0]);
         assert_eq!(zero("Enum8('x' = 5)"), [5]);
     }
+
+    #[test]
+    fn every_supported_type_parses_and_others_say_why_not() {
+        use ColumnType as T;
+        for (text, want) in [
+            ("String", T::String),
+            (" String ", T::String),
+            ("FixedString(16)", T::FixedString(16)),
+            ("UInt8", T::UInt(1)),
+            ("UInt16", T::UInt(2)),
+            ("UInt32", T::UInt(4)),
+            ("UInt64", T::UInt(8)),
+            ("Int8", T::Int(1)),
+            ("Int16", T::Int(2)),
+            ("Int32", T::Int(4)),
+            ("Int64", T::Int(8)),
+            ("Float32", T::Float32),
+            ("Float64", T::Float64),
+            ("Bool", T::Bool),
+            ("Date", T::Date),
+            ("Date32", T::Date32),
+            ("DateTime", T::DateTime),
+            ("DateTime('UTC')", T::DateTime),
+            ("DateTime64(9)", T::DateTime64(9)),
+            ("DateTime64(0)", T::DateTime64(0)),
+            ("UUID", T::Uuid),
+            ("IPv4", T::Ipv4),
+            ("IPv6", T::Ipv6),
+            ("Enum16('a' = 1000)", T::Enum(2, vec![("a".into(), 1000)])),
+            (
+                "LowCardinality(Nullable(String))",
+                T::Nullable(Box::new(T::String)),
+            ),
+            (
+                "Map(String, Map(String, Array(Enum8('x(' = 1, 'y,' = 2))))",
+                T::Map(
+                    Box::new(T::String),
+                    Box::new(T::Map(
+                        Box::new(T::String),
+                        Box::new(T::Array(Box::new(T::Enum(
+                            1,
+                            vec![("x(".into(), 1), ("y,".into(), 2)],
+                        )))),
+                    )),
+                ),
+            ),
+        ] {
+            assert_eq!(ColumnType::parse(text), Ok(want), "{text}");
+        }
+        for (text, err) in [
+            ("FixedString(n)", "`FixedString(n)`: not a length"),
+            (
+                "DateTime64(10)",
+                "`DateTime64(10)`: the precision must be 0 to 9",
+            ),
+            (
+                "DateTime64(x)",
+                "`DateTime64(x)`: the precision must be 0 to 9",
+            ),
+            ("Enum8('a')", "`Enum8('a')`: `'a'` is not 'name' = value"),
+            ("Enum8(a = 1)", "`Enum8(a = 1)`: `a` is not quoted"),
+            ("Enum8('a = 1)", "`Enum8('a = 1)`: `'a` is not quoted"),
+            ("Enum8('a' = x)", "`Enum8('a' = x)`: ` x` is not a number"),
+            ("Nullable", "`Nullable` needs a type argument"),
+            ("Array", "`Array` needs a type argument"),
+            (
+                "Map(String)",
+                "`Map(String)`: a map has a key and a value type",
+            ),
+            (
+                "Map(String, Int8, Int8)",
+                "`Map(String, Int8, Int8)`: a map has a key and a value type",
+            ),
+            ("UInt8(3)", "type `UInt8(3)` is not supported"),
+            ("String(", "type `String(` is not supported"),
+            (
+                "Array(Decimal(9, 2))",
+                "type `Decimal(9, 2)` is not supported",
+            ),
+        ] {
+            let e = ColumnType::parse(text).unwrap_err();
+            assert!(e.starts_with(err), "{text}: {e}");
+        }
+        assert_eq!(
+            split_args(r"'a\'b,c' = 1, f(x, y), z"),
+            ["'a\\'b,c' = 1", "f(x, y)", "z"]
+        );
+        assert_eq!(split_args(""), [""]);
+    }
+
+    #[test]
+    fn integers_fit_their_width_to_the_edge() {
+        for (t, lo, hi) in [
+            ("Int8", -128i64, 127i64),
+            ("Int16", -32_768, 32_767),
+            ("Int32", i64::from(i32::MIN), i64::from(i32::MAX)),
+        ] {
+            let width = bytes(t, json!(lo)).unwrap().len();
+            assert_eq!(
+                bytes(t, json!(lo)).unwrap(),
+                lo.to_le_bytes()[..width],
+                "{t}"
+            );
+            assert_eq!(
+                bytes(t, json!(hi)).unwrap(),
+                hi.to_le_bytes()[..width],
+                "{t}"
+            );
+            assert_eq!(
+                bytes(t, json!(lo - 1)).unwrap_err(),
+                format!("{} does not fit {t}", lo - 1)
+            );
+            assert_eq!(
+                bytes(t, json!(hi + 1)).unwrap_err(),
+                format!("{} does not fit {t}", hi + 1)
+            );
+        }
+        assert_eq!(
+            bytes("Int64", json!(i64::MIN)).unwrap(),
+            i64::MIN.to_le_bytes()
+        );
+        assert_eq!(
+            bytes("Int64", json!(i64::MAX)).unwrap(),
+            i64::MAX.to_le_bytes()
+        );
+        for (t, hi) in [
+            ("UInt8", 255u64),
+            ("UInt16", 65_535),
+            ("UInt32", u64::from(u32::MAX)),
+        ] {
+            let width = bytes(t, json!(0)).unwrap().len();
+            assert_eq!(
+                bytes(t, json!(hi)).unwrap(),
+                hi.to_le_bytes()[..width],
+                "{t}"
+            );
+            assert_eq!(
+                bytes(t, json!(hi + 1)).unwrap_err(),
+                format!("{} does not fit {t}", hi + 1)
+            );
+        }
+        // Whole floats, text and booleans are integers; fractions are not.
+        assert_eq!(bytes("UInt8", json!(3.0)).unwrap(), [3]);
+        assert_eq!(bytes("UInt8", json!(" 4 ")).unwrap(), [4]);
+        assert_eq!(bytes("UInt8", json!(true)).unwrap(), [1]);
+        assert_eq!(bytes("Int8", json!(-3.0)).unwrap(), [0xfd]);
+        assert_eq!(bytes("Int8", json!("-5")).unwrap(), [0xfb]);
+        assert_eq!(bytes("Int8", json!(false)).unwrap(), [0]);
+        assert_eq!(
+            bytes("UInt64", json!(1.8e19)).unwrap_err(),
+            "1.8e+19 is not an unsigned integer"
+        );
+        assert_eq!(
+            bytes("UInt64", json!(1.79e19)).unwrap(),
+            (1.79e19 as u64).to_le_bytes()
+        );
+        assert_eq!(
+            bytes("UInt8", json!(-0.5)).unwrap_err(),
+            "-0.5 is not an unsigned integer"
+        );
+        assert_eq!(
+            bytes("UInt8", json!(1.5)).unwrap_err(),
+            "1.5 is not an unsigned integer"
+        );
+        assert_eq!(
+            bytes("Int64", json!(9.1e18)).unwrap(),
+            (9.1e18 as i64).to_le_bytes()
+        );
+        assert_eq!(
+            bytes("Int64", json!(-9.1e18)).unwrap(),
+            (-9.1e18 as i64).to_le_bytes()
+        );
+        assert_eq!(
+            bytes("Int64", json!(9.3e18)).unwrap_err(),
+            "9.3e+18 is not an integer"
+        );
+        assert_eq!(
+            bytes("Int8", json!(0.5)).unwrap_err(),
+            "0.5 is not an integer"
+        );
+        assert_eq!(
+            bytes("Int8", json!([1])).unwrap_err(),
+            "[1] is not an integer"
+        );
+        assert_eq!(
+            bytes("UInt8", json!({})).unwrap_err(),
+            "{} is not an unsigned integer"
+        );
+    }
+
+    #[test]
+    fn floats_booleans_and_text() {
+        assert_eq!(bytes("Float32", json!(1.5)).unwrap(), 1.5f32.to_le_bytes());
+        assert_eq!(
+            bytes("Float32", json!("2.5")).unwrap(),
+            2.5f32.to_le_bytes()
+        );
+        assert_eq!(
+            bytes("Float64", json!(" -3 ")).unwrap(),
+            (-3f64).to_le_bytes()
+        );
+        assert_eq!(
+            bytes("Float64", json!(true)).unwrap_err(),
+            "true is not a number"
+        );
+        for (v, b) in [
+            (json!(false), 0),
+            (json!("true"), 1),
+            (json!("false"), 0),
+            (json!(0), 0),
+            (json!(1), 1),
+        ] {
+            assert_eq!(bytes("Bool", v.clone()).unwrap(), [b], "{v}");
+        }
+        for v in [json!(2), json!("yes"), json!(1.0)] {
+            assert_eq!(
+                bytes("Bool", v.clone()).unwrap_err(),
+                format!("{v} is not a boolean")
+            );
+        }
+        assert_eq!(
+            bytes("String", json!({"a": [1]})).unwrap(),
+            b"\x09{\"a\":[1]}"
+        );
+        assert_eq!(bytes("FixedString(2)", json!("ab")).unwrap(), b"ab");
+        assert_eq!(
+            bytes("FixedString(2)", json!("abc")).unwrap_err(),
+            "3 bytes do not fit FixedString(2)"
+        );
+        // Lengths of 127 and 128 bytes: one varint byte, then two.
+        assert_eq!(bytes("String", json!("x".repeat(127))).unwrap()[0], 127);
+        assert_eq!(
+            &bytes("String", json!("x".repeat(128))).unwrap()[..2],
+            [0x80, 0x01]
+        );
+        assert_eq!(
+            &bytes("String", json!("x".repeat(16_384))).unwrap()[..3],
+            [0x80, 0x80, 0x01]
+        );
+    }
+
+    #[test]
+    fn times_and_dates() {
+        let secs = |t: &str, v: Value| -> i64 {
+            let b = bytes(t, v).unwrap();
+            match b.len() {
+                2 => i64::from(u16::from_le_bytes(b.try_into().unwrap())),
+                4 if t == "Date32" => i64::from(i32::from_le_bytes(b.try_into().unwrap())),
+                4 => i64::from(u32::from_le_bytes(b.try_into().unwrap())),
+                _ => i64::from_le_bytes(b.try_into().unwrap()),
+            }
+        };
+        // Seconds below 1e11, milliseconds below 1e16, nanoseconds above.
+        assert_eq!(secs("DateTime64(3)", json!(1.5)), 1_500);
+        assert_eq!(
+            secs("DateTime64(3)", json!(99_999_999_999u64)),
+            99_999_999_999_000
+        );
+        assert_eq!(
+            secs("DateTime64(3)", json!(100_000_000_000u64)),
+            100_000_000_000
+        );
+        assert_eq!(
+            secs("DateTime64(3)", json!(9_999_999_999_999i64)),
+            9_999_999_999_999
+        );
+        assert_eq!(
+            bytes("DateTime64(3)", json!(9_999_999_999_999_000i64)).unwrap_err(),
+            "9999999999999000 is not a time (RFC 3339 or epoch seconds)"
+        );
+        assert_eq!(
+            secs("DateTime64(9)", json!(10_000_000_000_000_000u64)),
+            10_000_000_000_000_000
+        );
+        assert_eq!(secs("DateTime64(3)", json!(-1.5)), -1_500);
+        assert_eq!(
+            secs("DateTime64(3)", json!(-100_000_000_000i64)),
+            -100_000_000_000
+        );
+        assert_eq!(
+            secs("DateTime64(6)", json!("1970-01-01T00:00:01.000002Z")),
+            1_000_002
+        );
+        assert_eq!(secs("DateTime64(0)", json!("1970-01-01T00:00:01.9Z")), 1);
+        assert_eq!(
+            secs("DateTime64(9)", json!("1970-01-01 00:00:02.5")),
+            2_500_000_000
+        );
+        assert_eq!(secs("DateTime", json!("1970-01-01T01:00:00+01:00")), 0);
+        assert_eq!(secs("DateTime", json!(60)), 60);
+        assert_eq!(
+            bytes("DateTime", json!("1969-12-31T23:59:59Z")).unwrap_err(),
+            "\"1969-12-31T23:59:59Z\" is out of DateTime's range"
+        );
+        assert_eq!(
+            bytes("DateTime64(9)", json!("2300-01-01T00:00:00Z")).unwrap_err(),
+            "\"2300-01-01T00:00:00Z\" is out of DateTime64's range"
+        );
+        assert_eq!(
+            bytes("DateTime", json!(true)).unwrap_err(),
+            "true is not a time (RFC 3339 or epoch seconds)"
+        );
+        assert_eq!(secs("Date", json!("1970-01-03")), 2);
+        assert_eq!(secs("Date", json!("1970-01-02T23:00:00Z")), 1);
+        assert_eq!(secs("Date", json!(86_400 * 3)), 3);
+        assert_eq!(secs("Date", json!("2149-06-06")), 65_535);
+        assert_eq!(
+            bytes("Date", json!("2149-06-07")).unwrap_err(),
+            "\"2149-06-07\" is out of Date's range"
+        );
+        assert_eq!(
+            bytes("Date", json!("1969-12-31")).unwrap_err(),
+            "\"1969-12-31\" is out of Date's range"
+        );
+        assert_eq!(secs("Date32", json!("1969-12-31")), -1);
+        assert_eq!(secs("Date32", json!("2026-12-06")), 20_793);
+        assert_eq!(
+            bytes("Date", json!("soon")).unwrap_err(),
+            "\"soon\" is not a time (RFC 3339 or epoch seconds)"
+        );
+    }
+
+    #[test]
+    fn addresses_ids_and_enums() {
+        assert_eq!(
+            bytes("IPv6", json!("::1")).unwrap(),
+            std::net::Ipv6Addr::LOCALHOST.octets()
+        );
+        assert_eq!(
+            bytes("IPv6", json!("1.2.3.4")).unwrap(),
+            std::net::Ipv4Addr::new(1, 2, 3, 4)
+                .to_ipv6_mapped()
+                .octets()
+        );
+        assert_eq!(
+            bytes("IPv6", json!("x")).unwrap_err(),
+            "\"x\" is not an IP address"
+        );
+        assert_eq!(
+            bytes("IPv6", json!(1)).unwrap_err(),
+            "1 is not an IP address"
+        );
+        assert_eq!(
+            bytes("IPv4", json!(1)).unwrap_err(),
+            "1 is not an IPv4 address"
+        );
+        assert_eq!(bytes("UUID", json!(1)).unwrap_err(), "1 is not a UUID");
+        assert_eq!(
+            bytes("UUID", json!("00112233-4455-6677-8899-aabbccddeef")).unwrap_err(),
+            "`00112233-4455-6677-8899-aabbccddeef` is not a UUID"
+        );
+        assert_eq!(
+            bytes("UUID", json!("0011223344556677-8899aabbccddeexx")).unwrap_err(),
+            "`0011223344556677-8899aabbccddeexx` is not a UUID"
+        );
+        let e16 = "Enum16('a' = -300, 'b' = 2)";
+        assert_eq!(bytes(e16, json!("a")).unwrap(), (-300i16).to_le_bytes());
+        assert_eq!(bytes(e16, json!(2)).unwrap(), 2i16.to_le_bytes());
+        assert_eq!(bytes("Enum8('a' = -3)", json!(-3)).unwrap(), [0xfd]);
+        assert_eq!(
+            bytes(e16, json!(3)).unwrap_err(),
+            "3 is not one of the enum's values"
+        );
+        assert_eq!(
+            bytes(e16, json!("c")).unwrap_err(),
+            "`c` is not one of the enum's names (a, b)"
+        );
+        assert_eq!(bytes(e16, json!([1])).unwrap_err(), "[1] is not an integer");
+        assert_eq!(
+            bytes("Map(String, UInt8)", json!([1])).unwrap_err(),
+            "[1] is not an object"
+        );
+        assert_eq!(
+            bytes("Map(UInt8, UInt8)", json!({"300": 1})).unwrap_err(),
+            "300 does not fit UInt8"
+        );
+        assert_eq!(
+            bytes("Array(Array(UInt8))", json!([[1], [2, 3]])).unwrap(),
+            [2, 1, 1, 2, 2, 3]
+        );
+        assert_eq!(
+            bytes("Array(UInt8)", json!([1, "x"])).unwrap_err(),
+            "\"x\" is not an unsigned integer"
+        );
+        // A long value is cut short in the message, on a character boundary.
+        let long = "é".repeat(40);
+        let e = bytes("Array(UInt8)", json!(long)).unwrap_err();
+        assert_eq!(e, format!("\"{}...", "é".repeat(30)) + " is not an array");
+        let e = bytes("Array(UInt8)", json!("x".repeat(62))).unwrap_err();
+        assert_eq!(e, format!("\"{}\" is not an array", "x".repeat(62)));
+        let e = bytes("Array(UInt8)", json!("x".repeat(63))).unwrap_err();
+        assert_eq!(e, format!("\"{}... is not an array", "x".repeat(60)));
+    }
+
+    #[test]
+    fn every_missing_value_has_its_types_zero() {
+        let zero = |t: &str| {
+            let mut out = vec![9];
+            ColumnType::parse(t)
+                .unwrap()
+                .encode(None, &mut out)
+                .map(|()| out)
+        };
+        for (t, n) in [
+            ("String", 1),
+            ("Array(UInt8)", 1),
+            ("Map(String, String)", 1),
+            ("FixedString(5)", 5),
+            ("UInt8", 1),
+            ("Int16", 2),
+            ("Float32", 4),
+            ("IPv4", 4),
+            ("Float64", 8),
+            ("DateTime64(3)", 8),
+            ("Bool", 1),
+            ("Date", 2),
+            ("Date32", 4),
+            ("DateTime", 4),
+            ("UUID", 16),
+            ("IPv6", 16),
+        ] {
+            let mut want = vec![9];
+            want.resize(1 + n, 0);
+            assert_eq!(zero(t), Ok(want), "{t}");
+        }
+        assert_eq!(zero("Enum16('x' = 300, 'y' = 0)"), Ok(vec![9, 0, 0]));
+        assert_eq!(zero("Enum16('x' = 300)"), Ok(vec![9, 0x2c, 0x01]));
+        // A null is absent too.
+        let mut out = Vec::new();
+        ColumnType::Int(2)
+            .encode(Some(&Value::Null), &mut out)
+            .unwrap();
+        assert_eq!(out, [0, 0]);
+        assert_eq!(
+            ColumnType::Enum(1, vec![]).encode(None, &mut Vec::new()),
+            Err("an enum without values".into())
+        );
+        let mut out = Vec::new();
+        ColumnType::Nullable(Box::new(ColumnType::Nullable(Box::new(ColumnType::Bool))))
+            .encode(Some(&json!(true)), &mut out)
+            .unwrap();
+        assert_eq!(out, [0, 0, 1]);
+    }
 }
