@@ -659,6 +659,10 @@ mod tests {
             ["'a\\'b,c' = 1", "f(x, y)", "z"]
         );
         assert_eq!(split_args(""), [""]);
+        // A quote hides parentheses and commas; a backslash escapes only
+        // inside quotes.
+        assert_eq!(split_args("'a)', b"), ["'a)'", "b"]);
+        assert_eq!(split_args(r"x\,y"), ["x\\", "y"]);
     }
 
     #[test]
@@ -746,6 +750,10 @@ mod tests {
         assert_eq!(
             bytes("Int64", json!(9.3e18)).unwrap_err(),
             "9.3e+18 is not an integer"
+        );
+        assert_eq!(
+            bytes("Int64", json!(9.2e18)).unwrap_err(),
+            "9.2e+18 is not an integer"
         );
         assert_eq!(
             bytes("Int8", json!(0.5)).unwrap_err(),
@@ -959,6 +967,9 @@ mod tests {
         let long = "é".repeat(40);
         let e = bytes("Array(UInt8)", json!(long)).unwrap_err();
         assert_eq!(e, format!("\"{}...", "é".repeat(30)) + " is not an array");
+        // Byte 61 inside a character: cut before it.
+        let e = bytes("Array(UInt8)", json!(format!("x{long}"))).unwrap_err();
+        assert_eq!(e, format!("\"x{}...", "é".repeat(29)) + " is not an array");
         let e = bytes("Array(UInt8)", json!("x".repeat(62))).unwrap_err();
         assert_eq!(e, format!("\"{}\" is not an array", "x".repeat(62)));
         let e = bytes("Array(UInt8)", json!("x".repeat(63))).unwrap_err();
