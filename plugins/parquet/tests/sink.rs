@@ -17,8 +17,8 @@ use logbus_parquet::reader::{Limits, decode};
 use logbus_parquet::writer::{ParquetSink, ParquetSinkOptions};
 use logbus_plugin_api::testing::{option_errors, run_sink, sink};
 use logbus_plugin_api::{
-    AckReceiver, BatchAck, CheckOptions, Event, Meta, Outcome, SinkContext, StageMetrics, Typed,
-    channel,
+    AckReceiver, BatchAck, CheckOptions, Event, Meta, Outcome, SinkContext, StageCounts,
+    StageMetrics, Typed, channel,
 };
 use parquet::basic::Compression;
 use parquet::file::reader::{FileReader, SerializedFileReader};
@@ -82,6 +82,18 @@ fn options(dir: &Path, more: Value) -> Value {
         o[k] = v.clone();
     }
     o
+}
+
+/// Runs `sink: parquet` into `dir` (with the options in `more`) over
+/// `batches`: how it ended, and its counters.
+async fn write(
+    dir: &Path,
+    more: Value,
+    batches: Vec<Vec<Event>>,
+) -> (Result<(), String>, StageCounts) {
+    let s = sink(&Typed(ParquetSink), options(dir, more));
+    let (result, metrics) = run_sink(s, batches).await;
+    (result.map_err(|e| e.to_string()), metrics.snapshot())
 }
 
 /// The files in `dir`, by name.
@@ -164,11 +176,7 @@ async fn a_file_holds_at_most_max_rows_and_is_closed_before_a_batch_overfills_it
         batch(&heard, 2, 5..8),
         batch(&heard, 3, 8..11),
     ];
-    let s = sink(
-        &Typed(ParquetSink),
-        options(dir.path(), json!({ "max_rows": 5 })),
-    );
-    let (result, metrics) = run_sink(s, batches).await;
+    let (result, counts) = write(dir.path(), json!({ "max_rows": 5 }), batches).await;
     result.unwrap();
     assert_eq!(
         files(dir.path()),
@@ -184,7 +192,6 @@ async fn a_file_holds_at_most_max_rows_and_is_closed_before_a_batch_overfills_it
     );
     assert_eq!(seqs(&dir.path().join("part-000001.parquet")), [5, 6, 7]);
     assert_eq!(seqs(&dir.path().join("part-000002.parquet")), [8, 9, 10]);
-    let counts = metrics.snapshot();
     assert_eq!(
         (counts.events_in, counts.events_out, counts.errored),
         (11, 11, 0)
@@ -202,11 +209,7 @@ async fn a_batch_larger_than_max_rows_is_one_file() {
     let dir = tempfile::tempdir().unwrap();
     let heard = Arc::new(Heard::default());
     let batches = vec![batch(&heard, 0, 0..7), batch(&heard, 1, 7..8)];
-    let s = sink(
-        &Typed(ParquetSink),
-        options(dir.path(), json!({ "max_rows": 5 })),
-    );
-    let (result, metrics) = run_sink(s, batches).await;
+    let (result, counts) = write(dir.path(), json!({ "max_rows": 5 }), batches).await;
     result.unwrap();
     assert_eq!(
         files(dir.path()),
@@ -217,7 +220,7 @@ async fn a_batch_larger_than_max_rows_is_one_file() {
         [0, 1, 2, 3, 4, 5, 6]
     );
     assert_eq!(seqs(&dir.path().join("part-000001.parquet")), [7]);
-    assert_eq!(metrics.snapshot().events_out, 8);
+    assert_eq!(counts.events_out, 8);
 }
 
 /// While input keeps coming the file stays open; when none is ready the
@@ -286,10 +289,8 @@ async fn events_that_cannot_be_rows_are_errored_and_rejected() {
     );
     drop(misfit_ack);
     let schema = json!({ "schema": { "seq": "int64", "msg": "string" } });
-    let s = sink(&Typed(ParquetSink), options(dir.path(), schema));
-    let (result, metrics) = run_sink(s, vec![vec![raw], mixed]).await;
+    let (result, counts) = write(dir.path(), schema, vec![vec![raw], mixed]).await;
     result.unwrap();
-    let counts = metrics.snapshot();
     assert_eq!(
         (counts.events_in, counts.events_out, counts.errored),
         (5, 2, 3)
@@ -322,11 +323,10 @@ async fn events_that_cannot_be_rows_are_errored_and_rejected() {
 async fn no_rows_no_file() {
     let dir = tempfile::tempdir().unwrap();
     let raw = Event::raw(&b"x"[..], Meta::now("t".into()));
-    let s = sink(&Typed(ParquetSink), options(dir.path(), json!({})));
-    let (result, metrics) = run_sink(s, vec![vec![raw]]).await;
+    let (result, counts) = write(dir.path(), json!({}), vec![vec![raw]]).await;
     result.unwrap();
     assert!(files(dir.path()).is_empty());
-    assert_eq!(metrics.snapshot().errored, 1);
+    assert_eq!(counts.errored, 1);
 }
 
 /// Numbering continues after the highest file of this template: files of
@@ -346,17 +346,15 @@ async fn numbering_continues_after_the_highest_existing_file() {
         std::fs::write(dir.path().join(name), b"").unwrap();
     }
     let heard = Arc::new(Heard::default());
-    let s = sink(&Typed(ParquetSink), options(dir.path(), json!({})));
-    let (result, _) = run_sink(s, vec![batch(&heard, 0, 0..1)]).await;
+    let (result, _) = write(dir.path(), json!({}), vec![batch(&heard, 0, 0..1)]).await;
     result.unwrap();
     assert_eq!(seqs(&dir.path().join("part-000004.parquet")), [0]);
     assert!(!dir.path().join("part-000004.parquet.tmp").exists());
     // A folder that does not exist yet numbers from 0 (and then fails to
     // create the file: nothing is created on the sink's behalf).
     let missing = dir.path().join("missing");
-    let s = sink(&Typed(ParquetSink), options(&missing, json!({})));
-    let (result, _) = run_sink(s, vec![batch(&heard, 1, 0..1)]).await;
-    let err = result.unwrap_err().to_string();
+    let (result, _) = write(&missing, json!({}), vec![batch(&heard, 1, 0..1)]).await;
+    let err = result.unwrap_err();
     let tmp: PathBuf = missing.join("part-000000.parquet.tmp");
     assert!(
         err.contains(&format!("creating {}", tmp.display())),
@@ -383,8 +381,7 @@ async fn pages_are_compressed_as_configured() {
             Some(n) => json!({ "compression": n }),
             None => json!({}),
         };
-        let s = sink(&Typed(ParquetSink), options(dir.path(), more));
-        let (result, _) = run_sink(s, vec![batch(&heard, 0, 0..50)]).await;
+        let (result, _) = write(dir.path(), more, vec![batch(&heard, 0, 0..50)]).await;
         result.unwrap();
         let path = dir.path().join("part-000000.parquet");
         let meta = metadata(&path);
@@ -426,10 +423,9 @@ async fn a_configured_schema_types_the_file() {
     let schema = json!({ "schema": {
         "a": "string", "b": "float64", "c": "int32", "d": "float32", "e": "boolean", "f": "int64"
     } });
-    let s = sink(&Typed(ParquetSink), options(dir.path(), schema));
-    let (result, metrics) = run_sink(s, vec![events]).await;
+    let (result, counts) = write(dir.path(), schema, vec![events]).await;
     result.unwrap();
-    assert_eq!(metrics.snapshot().errored, 4);
+    assert_eq!(counts.errored, 4);
     let path = dir.path().join("part-000000.parquet");
     let rows = decode(
         Bytes::from(std::fs::read(&path).unwrap()),
