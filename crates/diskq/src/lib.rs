@@ -771,7 +771,14 @@ impl DiskQueue {
 impl Drop for DiskQueue {
     fn drop(&mut self) {
         self.inner.closed.store(true, Ordering::Release);
-        self.inner.stop.store(true, Ordering::Release);
+        {
+            // Under the writer's lock: the writer checks `stop` and then
+            // waits with the lock held throughout, so a flag set (and a
+            // wake-up sent) outside it could fall between the two, and the
+            // join below would wait for ever (seen once in CI's queue tests).
+            let _pending = lock(&self.inner.pending);
+            self.inner.stop.store(true, Ordering::Release);
+        }
         self.inner.wake_writer.notify_one();
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
