@@ -356,11 +356,7 @@ async fn a_missing_bucket_is_named() {
 /// `retry_max_attempts`, then the stage ends naming the endpoint's error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_retried_then_given_up() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = logbus_test_ports::free_port();
     let heard = Arc::new(Heard::default());
     let (result, metrics) = testing::run_sink(
         sink(options(

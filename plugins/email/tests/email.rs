@@ -29,13 +29,7 @@ impl Drop for Smtpd {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use logbus_test_ports::free_port;
 
 /// Fails the test unless python3 can import aiosmtpd.
 fn require_aiosmtpd() {

@@ -274,9 +274,7 @@ async fn retry_after_is_honoured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_that_is_down_holds_the_batch_until_it_comes_up() {
     // A port nothing listens on yet: connections are refused.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], logbus_test_ports::free_port()));
     let server = Arc::new(Server::default());
     let url = format!("http://{addr}/ingest");
     let metrics = Arc::new(StageMetrics::default());

@@ -19,11 +19,7 @@ struct Running {
 }
 
 async fn start(options: serde_json::Value, capacity: usize) -> Running {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = logbus_test_ports::free_port();
     let mut options = options;
     options["address"] = json!(format!("127.0.0.1:{port}"));
     let RunningSource {

@@ -16,11 +16,7 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
     let key = dir.path().join("key.pem");
     std::fs::write(&cert, ck.cert.pem()).unwrap();
     std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = logbus_test_ports::free_port();
     let mut server = testing::run_source(
         testing::source(
             &Typed(logbus_http::source::HttpSource),

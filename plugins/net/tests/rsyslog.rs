@@ -42,13 +42,7 @@ fn require_logger() {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use logbus_test_ports::free_port;
 
 fn wait_port(port: u16) {
     let start = Instant::now();

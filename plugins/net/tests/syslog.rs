@@ -13,13 +13,7 @@ use logbus_plugin_api::testing::{
 use logbus_plugin_api::{Event, Meta, Plugin, StageMetrics, Typed};
 use serde_json::json;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use logbus_test_ports::free_port;
 
 /// The syslog source running, once it listens.
 async fn source(options: serde_json::Value, capacity: usize) -> RunningSource {

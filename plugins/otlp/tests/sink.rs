@@ -10,13 +10,7 @@ use logbus_plugin_api::testing::{self, RunningSource};
 use logbus_plugin_api::{Event, Meta, Typed};
 use serde_json::{Value, json};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use logbus_test_ports::free_port;
 
 async fn receiver(grpc: u16, http: u16, capacity: usize) -> RunningSource {
     let source = testing::run_source(

@@ -28,13 +28,7 @@ fn require_python_sdk() {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use logbus_test_ports::free_port;
 
 struct Running {
     grpc: u16,

@@ -670,11 +670,7 @@ fn sighup_reloads_a_valid_file_and_refuses_an_invalid_one() {
 #[test]
 fn the_http_intake_example_accepts_posts_and_routes_what_is_not_json() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::free_port();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/http-intake.yml");
     let child = logbus()
         .arg("run")
@@ -687,11 +683,7 @@ fn the_http_intake_example_accepts_posts_and_routes_what_is_not_json() {
         .spawn()
         .unwrap();
     let engine = crate::api::Engine::from_child(child);
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(30), "never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    crate::support::wait_for_port(port);
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
@@ -746,14 +738,7 @@ fn the_syslog_relay_example_forwards_logger_messages_to_another_logbus() {
         "util-linux logger (with --octet-count) is required here (apt install bsdutils)"
     );
     let dir = tempfile::tempdir().unwrap();
-    let port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let (relay_port, receiver_port) = (port(), port());
+    let (relay_port, receiver_port) = (crate::support::free_port(), crate::support::free_port());
     // The receiving LogBus: syslog in, JSON lines out.
     let receiver_yml = write(
         dir.path(),
@@ -762,16 +747,6 @@ fn the_syslog_relay_example_forwards_logger_messages_to_another_logbus() {
             "stages:\n  in: {{ source: syslog, address: \"127.0.0.1:{receiver_port}\", codec: syslog }}\n  fmt: {{ formatter: json, inputs: [in] }}\n  out: {{ sink: file, inputs: [fmt], path: received.ndjson }}\n"
         ),
     );
-    let wait_listening = |port: u16| {
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "port {port} never listened"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
     let receiver = crate::api::Engine::from_child(
         logbus()
             .arg("run")
@@ -780,7 +755,7 @@ fn the_syslog_relay_example_forwards_logger_messages_to_another_logbus() {
             .spawn()
             .unwrap(),
     );
-    wait_listening(receiver_port);
+    crate::support::wait_for_port(receiver_port);
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/syslog-relay.yml");
     let relay = crate::api::Engine::from_child(
         logbus()
@@ -795,7 +770,7 @@ fn the_syslog_relay_example_forwards_logger_messages_to_another_logbus() {
             .spawn()
             .unwrap(),
     );
-    wait_listening(relay_port);
+    crate::support::wait_for_port(relay_port);
     let p = relay_port.to_string();
     for (framing, text) in [("--octet-count", "counted"), ("--tcp", "newline")] {
         let status = Command::new("logger")

@@ -217,44 +217,7 @@ pub fn append(path: &std::path::Path, text: &str) {
         .unwrap();
 }
 
-/// A free loopback port, below the kernel's ephemeral range (32768 and
-/// up). A port bound to 0 comes from that range, which outgoing
-/// connections also draw from: a client elsewhere in the run could hold it
-/// when the engine binds, and a probe `connect` to a port in that range
-/// can connect to itself (TCP simultaneous open) before anything listens.
-/// Ports are handed out once per test process, from a start that differs
-/// between processes. Another process could still take one before the
-/// test binds it, a race these tests accept.
-pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const FIRST: u32 = 20_000;
-    const SPAN: u32 = 12_000;
-    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let _ = NEXT.compare_exchange(
-        u32::MAX,
-        (std::process::id().wrapping_mul(7919)) % SPAN,
-        Ordering::Relaxed,
-        Ordering::Relaxed,
-    );
-    loop {
-        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
-
-/// Waits (up to 20 s) until something listens on loopback `port`.
-pub fn wait_for_port(port: u16) {
-    let began = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            began.elapsed() < std::time::Duration::from_secs(20),
-            "nothing ever listened on port {port}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
+pub use logbus_test_ports::{free_port, wait_for_port};
 
 /// Resident memory of a process, in bytes (0 once it is gone).
 pub fn rss(pid: u32) -> u64 {
