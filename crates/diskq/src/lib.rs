@@ -262,6 +262,12 @@ struct Pending {
     buf: Vec<u8>,
     records: u64,
     waiters: Vec<oneshot::Sender<Result<(), String>>>,
+    /// The queue is being dropped: write what is pending, then end. Kept
+    /// under the lock the writer waits with, not in an atomic of its own:
+    /// a flag set outside that lock could land between the writer's check
+    /// and its wait, and the wake-up be lost (dropping a queue hung so in
+    /// CI once); here setting it needs the lock, so it cannot.
+    stop: bool,
 }
 
 struct ReadState {
@@ -318,7 +324,6 @@ struct Inner {
     counters: Counters,
     recovered: u64,
     closed: AtomicBool,
-    stop: AtomicBool,
     /// The consumer failed: nothing will free space in this process, so
     /// appends no longer wait for it (the upstream is being stopped; what
     /// it still sends is bounded by its channels).
@@ -566,6 +571,7 @@ impl DiskQueue {
                 buf: Vec::new(),
                 records: 0,
                 waiters: Vec::new(),
+                stop: false,
             }),
             wake_writer: Condvar::new(),
             tail: Mutex::new(Tail {
@@ -596,7 +602,6 @@ impl DiskQueue {
             counters: Counters::default(),
             recovered: recovery.records,
             closed: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
             consumer_failed: AtomicBool::new(false),
             config,
         });
@@ -771,14 +776,7 @@ impl DiskQueue {
 impl Drop for DiskQueue {
     fn drop(&mut self) {
         self.inner.closed.store(true, Ordering::Release);
-        {
-            // Under the writer's lock: the writer checks `stop` and then
-            // waits with the lock held throughout, so a flag set (and a
-            // wake-up sent) outside it could fall between the two, and the
-            // join below would wait for ever (seen once in CI's queue tests).
-            let _pending = lock(&self.inner.pending);
-            self.inner.stop.store(true, Ordering::Release);
-        }
+        lock(&self.inner.pending).stop = true;
         self.inner.wake_writer.notify_one();
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
@@ -857,10 +855,10 @@ impl Inner {
         let mut dirty = false;
         let mut backoff = Duration::from_millis(10);
         loop {
-            let (buf, records, waiters) = {
+            let (buf, records, waiters, stopping) = {
                 let mut pending = lock(&self.pending);
                 loop {
-                    if !pending.buf.is_empty() || self.stop.load(Ordering::Acquire) {
+                    if !pending.buf.is_empty() || pending.stop {
                         break;
                     }
                     if self.config.sync == SyncMode::Interval && dirty {
@@ -883,13 +881,14 @@ impl Inner {
                             .unwrap_or_else(|e| e.into_inner());
                     }
                 }
-                if pending.buf.is_empty() && self.stop.load(Ordering::Acquire) {
+                if pending.buf.is_empty() && pending.stop {
                     break;
                 }
                 (
                     std::mem::take(&mut pending.buf),
                     std::mem::take(&mut pending.records),
                     std::mem::take(&mut pending.waiters),
+                    pending.stop,
                 )
             };
             if !buf.is_empty() {
@@ -928,8 +927,7 @@ impl Inner {
                                     Err(e) => tracing::warn!("starting a new segment: {e}"),
                                 }
                             }
-                            if self.stop.load(Ordering::Acquire) && backoff > Duration::from_secs(1)
-                            {
+                            if lock(&self.pending).stop && backoff > Duration::from_secs(1) {
                                 let message = e.to_string();
                                 for w in waiters {
                                     let _ = w.send(Err(message.clone()));
@@ -972,7 +970,7 @@ impl Inner {
             if dirty
                 && (self.config.sync == SyncMode::Interval
                     && last_sync.elapsed() >= self.config.sync_interval
-                    || self.stop.load(Ordering::Acquire))
+                    || stopping)
             {
                 // Counted once its effect is published: whoever sees the
                 // count sees what it synced.

@@ -27,7 +27,7 @@ pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
     let _ = NEXT.compare_exchange(
         u32::MAX,
-        std::process::id().wrapping_mul(7919) % SPAN,
+        first_offset(std::process::id()),
         Ordering::Relaxed,
         Ordering::Relaxed,
     );
@@ -37,6 +37,12 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// Where in the span process `pid` starts: spread over the whole span, so
+/// that test processes running side by side rarely try the same ports.
+fn first_offset(pid: u32) -> u32 {
+    pid.wrapping_mul(7919) % SPAN
 }
 
 /// Waits until something listens on loopback `port`; panics after 30 s.
@@ -80,8 +86,31 @@ mod tests {
     }
 
     #[test]
+    fn processes_start_at_different_places_within_the_span() {
+        let starts: Vec<u32> = [1, 2, 4242, 65_537, u32::MAX].map(first_offset).into();
+        assert!(starts.iter().all(|&s| s < SPAN), "{starts:?}");
+        assert_eq!(first_offset(1), 7919);
+        assert_eq!(first_offset(2), 2 * 7919 - SPAN);
+    }
+
+    #[test]
     fn waiting_returns_once_a_listener_is_there() {
-        let listener = TcpListener::bind(("127.0.0.1", free_port())).unwrap();
-        wait_for_port(listener.local_addr().unwrap().port());
+        let port = free_port();
+        let listening = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server = {
+            let listening = listening.clone();
+            std::thread::spawn(move || {
+                // Late on purpose: the wait must outlast it (a wait that
+                // returned at once would find nothing listening yet).
+                std::thread::sleep(Duration::from_millis(100));
+                listening.store(true, Ordering::SeqCst);
+                let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+                listener.accept().unwrap(); // the probe's connection
+            })
+        };
+        wait_for_port(port);
+        // Something listened, so the flag (set before the bind) is set.
+        assert!(listening.load(Ordering::SeqCst));
+        server.join().unwrap();
     }
 }

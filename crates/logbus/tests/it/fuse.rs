@@ -3,8 +3,14 @@
 //! order, routed errors, taps, failures by stage — except the queues the
 //! chain no longer reads. A reload that touches a chain splits it.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
 use logbus_core::{RunReport, start};
-use logbus_plugin_api::CancellationToken;
+use logbus_plugin_api::{
+    BuildContext, Built, CancellationToken, Event, EventError, NoOptions, OptionError, StageKind,
+    Typed, TypedPlugin, Verdict,
+};
 
 use crate::reload::pipeline;
 use crate::support::{TestPlugins, seqs, valid, wait_until};
@@ -334,4 +340,127 @@ stages:
         let last = out.last().and_then(|e| e.as_fields()).expect("events");
         assert_eq!(last["counted"], 7, "fuse {fuse}: seq 0..=6 went through");
     }
+}
+
+/// `transform: hold`: the first instance built stops on the event whose
+/// `seq` is 50 until the test releases it (a chain worker caught in the
+/// middle of a batch); every later instance notes whether it ever handled
+/// an event while that first one was still held.
+#[derive(Clone, Default)]
+struct Hold {
+    built: Arc<AtomicUsize>,
+    holding: Arc<AtomicBool>,
+    release: Arc<(Mutex<bool>, Condvar)>,
+    successor_ran: Arc<AtomicBool>,
+    successor_overlapped: Arc<AtomicBool>,
+}
+
+impl TypedPlugin for Hold {
+    type Options = NoOptions;
+    const NAME: &'static str = "hold";
+    const KIND: StageKind = StageKind::Transform;
+    const DESCRIPTION: &'static str = "test: the first instance stops on seq 50 until released";
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        let first = self.built.fetch_add(1, Ordering::SeqCst) == 0;
+        let hold = self.clone();
+        Ok(Built::Processor(Box::new(
+            move |e: &mut Event| -> Result<Verdict, EventError> {
+                let seq = e.as_fields().and_then(|f| f.get("seq")?.as_u64());
+                if first && seq == Some(50) {
+                    hold.holding.store(true, Ordering::SeqCst);
+                    // Off the runtime's worker: the tasks queued behind this
+                    // one (the generator among them) go on elsewhere.
+                    tokio::task::block_in_place(|| {
+                        let (released, wake) = &*hold.release;
+                        let mut released = released.lock().unwrap();
+                        while !*released {
+                            released = wake.wait(released).unwrap();
+                        }
+                    });
+                    hold.holding.store(false, Ordering::SeqCst);
+                } else if !first {
+                    if hold.holding.load(Ordering::SeqCst) {
+                        hold.successor_overlapped.store(true, Ordering::SeqCst);
+                    }
+                    hold.successor_ran.store(true, Ordering::SeqCst);
+                }
+                Ok(Verdict::Keep)
+            },
+        )))
+    }
+}
+
+struct ReleaseOnDrop(Arc<(Mutex<bool>, Condvar)>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let (released, wake) = &*self.0;
+        *released.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        wake.notify_all();
+    }
+}
+
+/// The workers that take over from a split chain start only once its
+/// workers have ended: while a chain worker is still inside a batch, no
+/// successor handles an event (else the new instances' output could
+/// overtake the old worker's batch, and what the old instances hold could
+/// be handed on after events that came later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn the_stages_of_a_split_chain_wait_for_its_workers_to_end() {
+    let text = |v: u32| {
+        format!(
+            "settings: {{ channel_capacity: 64, fuse: true }}
+stages:
+  gen: {{ source: generator, count: 2000, batch_size: 10, template: '{{\"seq\":{{{{seq}}}}}}' }}
+  json: {{ parser: json, inputs: [gen] }}
+  held: {{ transform: hold, inputs: [json] }}
+  tag: {{ transform: fields, inputs: [held], set: {{ v: {v} }} }}
+  out: {{ sink: collect, inputs: [tag] }}
+"
+        )
+    };
+    let plugins = TestPlugins::default();
+    let hold = Hold::default();
+    let mut registry = plugins.registry();
+    registry.add(Typed(hold.clone()));
+    let running = start(&valid(&text(1), &registry), CancellationToken::new()).unwrap();
+    // Lets the held worker go when dropped: at the end of the wait below,
+    // or when an assertion fails (else the runtime would wait for ever).
+    let release = ReleaseOnDrop(hold.release.clone());
+    wait_until("the chain worker to hold seq 50", || {
+        hold.holding.load(Ordering::SeqCst)
+    })
+    .await;
+    let summary = running.reload(valid(&text(2), &registry)).await.unwrap();
+    assert_eq!(summary.changed, ["tag"]);
+    assert_eq!(hold.built.load(Ordering::SeqCst), 2, "`held` rebuilt");
+    // The successors are spawned; give them every chance to start early.
+    // (A correct run cannot fail here; a successor that does not wait is
+    // caught as soon as it handles its first event.)
+    let began = std::time::Instant::now();
+    while began.elapsed() < std::time::Duration::from_millis(500) {
+        assert!(
+            !hold.successor_ran.load(Ordering::SeqCst),
+            "a successor handled an event while the split chain's worker held a batch"
+        );
+        tokio::task::yield_now().await;
+    }
+    drop(release);
+    let report = running.wait().await;
+    assert!(report.is_clean(), "{report}");
+    assert!(hold.successor_ran.load(Ordering::SeqCst));
+    assert!(!hold.successor_overlapped.load(Ordering::SeqCst));
+    let events = plugins.events("out");
+    assert_eq!(
+        seqs(&events),
+        (0..2000).collect::<Vec<_>>(),
+        "once each, in order"
+    );
+    let tags: Vec<u64> = events
+        .iter()
+        .map(|e| e.as_fields().unwrap()["v"].as_u64().unwrap())
+        .collect();
+    // The held batch (seq 50..59) went out through the old `tag`.
+    assert!(tags[..60].iter().all(|v| *v == 1), "{tags:?}");
+    assert!(tags[60..].iter().all(|v| *v == 2), "{tags:?}");
 }

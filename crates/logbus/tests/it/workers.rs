@@ -249,3 +249,50 @@ async fn workers_that_end_early_do_not_close_the_stages_readers() {
         );
     }
 }
+
+/// `transform: note_worker`: records the worker index each instance was
+/// built with, and keeps every event.
+#[derive(Clone, Default)]
+struct NoteWorker(std::sync::Arc<std::sync::Mutex<Vec<usize>>>);
+
+impl logbus_plugin_api::TypedPlugin for NoteWorker {
+    type Options = logbus_plugin_api::NoOptions;
+    const NAME: &'static str = "note_worker";
+    const KIND: logbus_plugin_api::StageKind = logbus_plugin_api::StageKind::Transform;
+    const DESCRIPTION: &'static str = "test: stamps the worker index it was built with";
+    fn build(
+        &self,
+        _o: logbus_plugin_api::NoOptions,
+        cx: &logbus_plugin_api::BuildContext,
+    ) -> Result<logbus_plugin_api::Built, logbus_plugin_api::OptionError> {
+        self.0.lock().unwrap().push(cx.worker);
+        Ok(logbus_plugin_api::Built::Processor(Box::new(
+            |_: &mut Event| -> Result<logbus_plugin_api::Verdict, logbus_plugin_api::EventError> {
+                Ok(logbus_plugin_api::Verdict::Keep)
+            },
+        )))
+    }
+}
+
+/// Each of a stage's instances is built with its own worker index, 0 to
+/// `workers - 1` (what a plugin uses to shard state or name files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_worker_is_built_with_its_own_index() {
+    let plugins = TestPlugins::default();
+    let noted = NoteWorker::default();
+    let mut registry = plugins.registry();
+    registry.add(logbus_plugin_api::Typed(noted.clone()));
+    let text = "stages:
+  gen: { source: generator, count: 3000, batch_size: 10, template: '{\"seq\":{{seq}}}' }
+  json: { parser: json, inputs: [gen] }
+  note: { transform: note_worker, inputs: [json], workers: 3 }
+  out: { sink: collect, inputs: [note] }
+";
+    let report = start(&valid(text, &registry), CancellationToken::new())
+        .unwrap()
+        .wait()
+        .await;
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(*noted.0.lock().unwrap(), [0, 1, 2]);
+    assert_eq!(plugins.events("out").len(), 3000);
+}
