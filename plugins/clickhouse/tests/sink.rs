@@ -396,6 +396,12 @@ fn bad_options_are_named() {
     for expected in ["url", "in_flight", "columns.a", "columns.b.type"] {
         assert!(err.contains(expected), "{expected}: {err}");
     }
+    // A scheme with nothing after it names no server.
+    let err = testing::option_errors(&plugin, json!({"url": "http://", "table": "t"}));
+    assert!(
+        err.contains("`http://` is not an http:// or https:// URL"),
+        "{err}"
+    );
     let err = testing::option_errors(
         &plugin,
         json!({"url": "http://h:8123", "table": "t", "username": "u",
