@@ -566,3 +566,75 @@ async fn https_with_a_private_ca() {
     let err = result.unwrap_err();
     assert!(err.to_lowercase().contains("certificate"), "{err}");
 }
+
+/// An insert the server refuses for a reason that is not the rows' (here
+/// the table is gone: `UNKNOWN_TABLE`) is retried, not sent to `dead`:
+/// once the table is back, the rows land.
+#[ignore = "needs a ClickHouse server (.ci/services up clickhouse); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_refused_for_a_reason_not_in_the_rows_is_retried() {
+    let url = server(MODERN);
+    let _shared = SERVER.read().await;
+    let t = table("dropped");
+    let create = format!("CREATE TABLE {t} (id UInt64) ENGINE = MergeTree ORDER BY id");
+    sql(&url, &create);
+    let count = |url: &str| -> u64 {
+        sql(url, &format!("SELECT count() FROM {t}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let sink = testing::sink(
+        &Typed(logbus_clickhouse::sink::ClickHouseSink),
+        json!({"url": url, "table": t, "batch_max_events": 10, "batch_timeout_ms": 10,
+               "retry_initial_backoff_ms": 20, "retry_max_backoff_ms": 100}),
+    );
+    let (tx, rx) = channel(100);
+    let metrics = Arc::new(StageMetrics::default());
+    let mut cx = SinkContext::new("ship", rx, metrics.clone());
+    let (dead_tx, mut dead_rx) = channel(100);
+    cx.dead = Output::new(vec![dead_tx], metrics.clone(), OutputRole::Errors);
+    let running = tokio::spawn(async move {
+        let result = sink.run(&mut cx).await.map_err(|e| e.to_string());
+        drop(cx);
+        result
+    });
+    let batch = |ids: std::ops::Range<u64>| -> Vec<Event> {
+        ids.map(|i| event(json!({ "id": i }))).collect()
+    };
+    tx.send(batch(0..10)).await.unwrap();
+    let began = std::time::Instant::now();
+    while count(&url) < 10 {
+        assert!(
+            began.elapsed().as_secs() < 30,
+            "the first rows never landed"
+        );
+    }
+    sql(&url, &format!("DROP TABLE {t} SYNC"));
+    tx.send(batch(10..20)).await.unwrap();
+    while metrics.snapshot().retried == 0 {
+        assert_eq!(metrics.snapshot().routed, 0, "the rows were sent to dead");
+        assert!(
+            began.elapsed().as_secs() < 30,
+            "the refused insert was not retried: {:?}",
+            metrics.snapshot()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    sql(&url, &create);
+    drop(tx);
+    running.await.unwrap().unwrap();
+    let mut refused = Vec::new();
+    while let Some(mut b) = dead_rx.recv().await {
+        refused.extend(b.take());
+    }
+    assert!(refused.is_empty(), "sent to dead: {}", refused.len());
+    let ids = rows(
+        &url,
+        &format!("SELECT min(id) AS lo, max(id) AS hi, count() AS n FROM {t}"),
+    );
+    assert_eq!(ids[0]["lo"], "10", "{ids:?}");
+    assert_eq!(ids[0]["hi"], "19", "{ids:?}");
+    assert_eq!(ids[0]["n"], "10", "{ids:?}");
+    assert_eq!(metrics.snapshot().events_out, 20);
+}
