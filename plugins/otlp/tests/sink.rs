@@ -707,4 +707,62 @@ fn option_errors_name_the_option() {
         e(json!({"endpoint": "http://c:4317", "body_field": ""})),
         "body_field: must not be empty"
     );
+    assert_eq!(
+        e(json!({"endpoint": "http://"})),
+        "endpoint: `http://` is not an http:// or https:// URL"
+    );
+}
+
+/// `protocol: http` posts to OTLP's `/v1/logs` under an endpoint without
+/// a path, and to the endpoint as given when it has one (a collector
+/// behind a proxy's path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_endpoint_with_a_path_is_posted_to_as_given() {
+    for (path, expected) in [
+        ("", "/v1/logs"),
+        ("/", "/v1/logs"),
+        ("/ingest/otlp", "/ingest/otlp"),
+    ] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // A one-request HTTP server: reads the request, answers 200 with
+        // an empty (valid) protobuf answer, returns the request line.
+        let server = std::thread::spawn(move || {
+            use std::io::{BufRead, BufReader, Read, Write};
+            let (conn, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut request_line = String::new();
+            reader.read_line(&mut request_line).unwrap();
+            let mut length = 0;
+            loop {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                if header == "\r\n" {
+                    break;
+                }
+                if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            (&conn)
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
+                .unwrap();
+            request_line
+        });
+        let (result, metrics) = testing::run_sink(
+            sink(json!({"endpoint": format!("http://127.0.0.1:{port}{path}"), "protocol": "http"})),
+            vec![events()[..1].to_vec()],
+        )
+        .await;
+        result.unwrap();
+        assert_eq!(metrics.snapshot().events_out, 1);
+        let request_line = server.join().unwrap();
+        assert_eq!(
+            request_line.split(' ').take(2).collect::<Vec<_>>(),
+            ["POST", expected],
+            "endpoint path {path:?}"
+        );
+    }
 }
