@@ -5,8 +5,9 @@
 //!   lines from a seeded generator, printed with its SHA-256.
 //! - `bench [--reps N] [--repeat K] [--pipeline FILE] [--compare label=BIN]...`:
 //!   builds the release binary, feeds the corpus (repeated K times) on stdin
-//!   from a file, so no feeder competes for CPU, and reports events/s and peak
-//!   RSS per run and the median. Compared binaries run alternately with it.
+//!   from a file, so no feeder competes for CPU, and reports events/s, peak
+//!   RSS and CPU seconds per run and the median. Compared binaries run
+//!   alternately with it and are paired with it rep by rep.
 //!   `--cpus LIST` pins every run with `taskset`.
 //! - `dist [--profile minimal|default|full] [--plugins a,b]`: a static,
 //!   LTO-optimised binary with chosen plugins in `target/dist/`, a manifest,
@@ -26,8 +27,8 @@
 //! - `load profile|quick [--pipeline FILE] [--reps N] [--out DIR]
 //!   [--peer NAME[@tcp]=COMMAND]... [--quorum Q] [--start-rate R]`: the
 //!   open-loop load profile (docs/load-testing.md); `load sweep
-//!   [--capacities 256,1024,...] [--reps N] [--events N]`: peak RSS against
-//!   the computed in-flight bound.
+//!   [--capacities 256,1024,...] [--reps N] [--events N] [--compare
+//!   label=BIN]...`: peak RSS against the computed in-flight bound.
 //! - `disk-bench [--reps N] [--events N] [--dir DIR]`: durable queues under
 //!   each `sync` policy and a spilling disk-assisted queue, against the
 //!   disk's own `dd` bandwidth measured in the same sitting.
@@ -77,30 +78,10 @@ fn main() -> anyhow::Result<()> {
                 .map_or_else(|| root.join("pipelines/reference.yml"), PathBuf::from);
             // `--compare label=PATH` (repeatable): other binaries, run
             // alternately with this build so noise hits every variant alike.
-            let compare: Vec<(String, PathBuf)> = args
-                .windows(2)
-                .filter(|w| w[0] == "--compare")
-                .map(|w| match w[1].split_once('=') {
-                    Some((label, path)) => Ok((label.to_string(), PathBuf::from(path))),
-                    None => Err(anyhow::anyhow!(
-                        "--compare takes label=PATH, got `{}`",
-                        w[1]
-                    )),
-                })
-                .collect::<anyhow::Result<_>>()?;
+            let compare = labelled(&args, "--compare")?;
             // `--compare-pipeline label=FILE` (repeatable): other pipelines
             // run by this build, alternately with the main one.
-            let compare_pipelines: Vec<(String, PathBuf)> = args
-                .windows(2)
-                .filter(|w| w[0] == "--compare-pipeline")
-                .map(|w| match w[1].split_once('=') {
-                    Some((label, path)) => Ok((label.to_string(), PathBuf::from(path))),
-                    None => Err(anyhow::anyhow!(
-                        "--compare-pipeline takes label=FILE, got `{}`",
-                        w[1]
-                    )),
-                })
-                .collect::<anyhow::Result<_>>()?;
+            let compare_pipelines = labelled(&args, "--compare-pipeline")?;
             // `--cpus LIST`: every run pinned with `taskset -c LIST`, so a
             // watcher (xtask/watched-run.sh, WATCHER_CPUS) can have the others.
             let cpus = opt("--cpus");
@@ -248,7 +229,10 @@ fn main() -> anyhow::Result<()> {
                         .collect::<anyhow::Result<_>>()?;
                     let reps: usize = opt("--reps").map_or(Ok(3), |v| v.parse())?;
                     let events: u64 = opt("--events").map_or(Ok(1_000_000), |v| v.parse())?;
-                    load::sweep_task(&root, &pipeline, &capacities, reps, events, out)?;
+                    // `--compare label=PATH`: other binaries flooded alternately
+                    // with this build, their peaks paired against its peaks.
+                    let compare = labelled(&args, "--compare")?;
+                    load::sweep_task(&root, &pipeline, &capacities, reps, events, &compare, out)?;
                 }
                 other => bail!(
                     "usage: cargo xtask load <profile|quick|sweep|report> [options], not `{other}` (see docs/load-testing.md)"
@@ -311,6 +295,19 @@ impl Rng {
 }
 
 /// One ~1 KiB JSON object per line.
+/// Every `FLAG label=PATH` pair of the command line, in order.
+fn labelled(args: &[String], flag: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    args.windows(2)
+        .filter(|w| w[0] == flag)
+        .map(|w| match w[1].split_once('=') {
+            Some((label, path)) if !label.is_empty() && !path.is_empty() => {
+                Ok((label.to_string(), PathBuf::from(path)))
+            }
+            _ => Err(anyhow::anyhow!("{flag} takes label=PATH, got `{}`", w[1])),
+        })
+        .collect()
+}
+
 fn corpus_line(rng: &mut Rng, seq: usize) -> String {
     const LEVELS: &[&str] = &["debug", "info", "info", "info", "warn", "error"];
     const SERVICES: &[&str] = &["checkout", "search", "auth", "billing", "inventory"];
@@ -402,6 +399,30 @@ fn median(mut v: Vec<f64>) -> f64 {
 struct RunResult {
     rate: f64,
     rss_mib: f64,
+    /// User + system CPU seconds of the run (its waited-for process tree);
+    /// less disturbed by a noisy neighbour than the wall clock.
+    cpu_s: f64,
+}
+
+/// User + system CPU seconds of this process's waited-for children so far,
+/// from `/proc/self/stat` (`cutime`, `cstime`, in the 100 Hz ticks `/proc`
+/// always counts in); 0 where there is no `/proc`.
+fn children_cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| children_cpu_from_stat(&stat))
+        .unwrap_or(0.0)
+}
+
+/// `cutime + cstime` of a `/proc/PID/stat` line, in seconds. The command
+/// name (field 2) is in parentheses and may hold spaces, so fields are
+/// counted from the last `)`.
+fn children_cpu_from_stat(stat: &str) -> Option<f64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the name: state is field 3; cutime and cstime are 16 and 17.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some((ticks(16)? + ticks(17)?) as f64 / 100.0)
 }
 
 fn run_once(
@@ -413,6 +434,7 @@ fn run_once(
     cpus: Option<&str>,
 ) -> anyhow::Result<RunResult> {
     let started = Instant::now();
+    let cpu_before = children_cpu_seconds();
     let mut command = match cpus {
         Some(list) => {
             let mut c = Command::new("taskset");
@@ -432,6 +454,7 @@ fn run_once(
         .stderr(Stdio::piped())
         .output()?;
     let secs = started.elapsed().as_secs_f64();
+    let cpu_s = children_cpu_seconds() - cpu_before;
     if !out.status.success() {
         bail!(
             "{} failed: {}",
@@ -455,6 +478,7 @@ fn run_once(
         // Input events per second: what the pipeline consumed.
         rate: emitted as f64 / secs,
         rss_mib: v["peak_rss_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
+        cpu_s,
     })
 }
 
@@ -515,10 +539,11 @@ fn bench(
                 cpus,
             )?;
             println!(
-                "rep {rep} {label}: {:.0} events/s, {:.1} MiB/s, peak RSS {:.1} MiB",
+                "rep {rep} {label}: {:.0} events/s, {:.1} MiB/s, peak RSS {:.1} MiB, CPU {:.2} s",
                 r.rate,
                 r.rate * bytes as f64 / expected as f64 / 1048576.0,
-                r.rss_mib
+                r.rss_mib,
+                r.cpu_s
             );
             results[i].push(r);
         }
@@ -535,13 +560,101 @@ fn bench(
             median(rs.iter().map(|r| r.rss_mib).collect()),
             rs.iter().map(|r| r.rss_mib).fold(0.0, f64::max)
         );
+        if !std::ptr::eq(rs, &results[0]) {
+            println!("  {}", paired_line(&results[0], rs));
+        }
     }
     Ok(())
+}
+
+/// `runs` against `base`, rep by rep (the runs of one rep ran back to
+/// back, so they share the machine's mood): the medians of the ratios.
+fn paired_line(base: &[RunResult], runs: &[RunResult]) -> String {
+    let spread = |ratios: Vec<f64>| {
+        let (lo, hi) = ratios.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
+            (lo.min(*r), hi.max(*r))
+        });
+        format!("{:.3}x ({lo:.3}-{hi:.3})", median(ratios))
+    };
+    let pairs = || runs.iter().zip(base);
+    format!(
+        "paired by rep against this build, median (min-max): events/s {}, CPU per run {}",
+        spread(pairs().map(|(r, b)| r.rate / b.rate).collect()),
+        spread(pairs().map(|(r, b)| r.cpu_s / b.cpu_s.max(0.01)).collect()),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn children_cpu_is_read_after_a_name_with_spaces_and_parentheses() {
+        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
+        // majflt cmajflt utime stime cutime cstime ...
+        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 10 20 0 0 7 8 150 25 20 0 1 0";
+        assert_eq!(children_cpu_from_stat(stat), Some(1.75));
+        assert_eq!(children_cpu_from_stat("42 (x) S 1 2"), None);
+        assert_eq!(children_cpu_from_stat("no name"), None);
+        // This process's own file parses.
+        let before = children_cpu_seconds();
+        let spin = Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+            .status()
+            .unwrap();
+        assert!(spin.success());
+        assert!(
+            children_cpu_seconds() > before,
+            "a waited-for child's CPU is counted"
+        );
+    }
+
+    #[test]
+    fn pairs_are_taken_rep_by_rep() {
+        let run = |rate, cpu_s| RunResult {
+            rate,
+            rss_mib: 0.0,
+            cpu_s,
+        };
+        let base = [run(100.0, 1.0), run(200.0, 2.0), run(50.0, 1.0)];
+        let runs = [run(110.0, 1.0), run(180.0, 2.2), run(60.0, 0.5)];
+        assert_eq!(
+            paired_line(&base, &runs),
+            "paired by rep against this build, median (min-max): events/s 1.100x (0.900-1.200), CPU per run 1.000x (0.500-1.100)"
+        );
+    }
+
+    #[test]
+    fn labelled_options_are_read_in_order_and_malformed_ones_refused() {
+        let args: Vec<String> = [
+            "bench",
+            "--compare",
+            "a=/x",
+            "--reps",
+            "3",
+            "--compare",
+            "b=/y",
+        ]
+        .map(String::from)
+        .into();
+        let got = labelled(&args, "--compare").unwrap();
+        assert_eq!(
+            got,
+            [
+                ("a".into(), PathBuf::from("/x")),
+                ("b".into(), PathBuf::from("/y"))
+            ]
+        );
+        assert!(labelled(&args, "--compare-pipeline").unwrap().is_empty());
+        for bad in ["a", "=/x", "a="] {
+            let args = vec!["--compare".to_string(), bad.to_string()];
+            let e = labelled(&args, "--compare").unwrap_err().to_string();
+            assert!(
+                e.contains("--compare takes label=PATH") && e.contains(bad),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn corpus_lines_are_about_one_kib_of_valid_json_and_deterministic() {

@@ -43,8 +43,9 @@ const MAX_KEYS: usize = 256;
 pub struct LazyFields {
     text: Bytes,
     entries: Vec<Entry>,
-    /// The ordinary fields, built on the first deep read.
-    built: OnceLock<Fields>,
+    /// The ordinary fields, built on the first deep read (boxed: most
+    /// events never build them, and every in-flight event carries the slot).
+    built: OnceLock<Box<Fields>>,
 }
 
 #[derive(Clone, Debug)]
@@ -65,8 +66,10 @@ enum Key {
 enum Slot {
     /// The value's JSON text.
     Text(u32, u32),
-    /// A value set by an edit.
-    Set(Value),
+    /// A value set by an edit. Boxed: an ordered-map `Value` is 72 bytes
+    /// inline, and every entry of every in-flight event would pay for it
+    /// (issue 22's memory goal; a test holds an entry to 32 bytes).
+    Set(Box<Value>),
     /// Deleted: skipped when written; a later set of the key appends.
     Gone,
 }
@@ -94,12 +97,14 @@ impl LazyFields {
 
     /// The ordinary fields (built on the first call, then kept).
     pub fn fields(&self) -> &Fields {
-        self.built.get_or_init(|| self.build())
+        self.built.get_or_init(|| Box::new(self.build()))
     }
 
     /// The ordinary fields, owned.
     pub fn into_fields(mut self) -> Fields {
-        self.built.take().unwrap_or_else(|| self.build())
+        self.built
+            .take()
+            .map_or_else(|| self.build(), |fields| *fields)
     }
 
     /// Whether the ordinary fields were built (a stage read them).
@@ -112,10 +117,10 @@ impl LazyFields {
     pub fn set(&mut self, key: &str, value: Value) {
         self.built = OnceLock::new();
         match self.position(key) {
-            Some(i) => self.entries[i].value = Slot::Set(value),
+            Some(i) => self.entries[i].value = Slot::Set(Box::new(value)),
             None => self.entries.push(Entry {
                 key: Key::Owned(key.into()),
-                value: Slot::Set(value),
+                value: Slot::Set(Box::new(value)),
             }),
         }
     }
@@ -145,7 +150,7 @@ impl LazyFields {
         }
         Some(match &self.entries[self.position(key)?].value {
             Slot::Text(a, b) => self.parse_text(*a, *b),
-            Slot::Set(v) => v.clone(),
+            Slot::Set(v) => (**v).clone(),
             Slot::Gone => unreachable!("position skips deleted entries"),
         })
     }
@@ -224,7 +229,7 @@ impl LazyFields {
         for entry in &self.entries {
             let value = match &entry.value {
                 Slot::Gone => continue,
-                Slot::Set(v) => v.clone(),
+                Slot::Set(v) => (**v).clone(),
                 Slot::Text(a, b) => self.parse_text(*a, *b),
             };
             fields.insert(self.key_of(&entry.key), value);
@@ -354,7 +359,7 @@ impl Scan<'_> {
                     entries.push(Entry {
                         key: Key::Text(ka as u32, kb as u32),
                         value: match rewritten {
-                            Some(value) => Slot::Set(value),
+                            Some(value) => Slot::Set(Box::new(value)),
                             None => Slot::Text(va as u32, vb as u32),
                         },
                     });
@@ -514,6 +519,16 @@ impl Scan<'_> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Every entry of every in-flight event pays for the largest slot, so
+    /// a set value is boxed; an inline ordered-map `Value` (72 bytes) made
+    /// an entry 88 bytes and a corpus event's 16 entries 1.4 KiB, more than
+    /// its line (docs/benchmarks.md, "Peak RSS under a flood").
+    #[test]
+    fn an_entry_and_the_lazy_fields_stay_small() {
+        assert!(size_of::<Entry>() <= 32, "{}", size_of::<Entry>());
+        assert!(size_of::<LazyFields>() <= 72, "{}", size_of::<LazyFields>());
+    }
 
     /// What the eager path makes of `text`: sonic-rs parses it into fields
     /// and writes them back.

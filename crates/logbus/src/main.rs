@@ -2,6 +2,7 @@
 //! codes meet the engine. Everything with logic lives in the libraries.
 
 use logbus::catalog;
+mod allocator;
 mod huge_pages;
 mod plugins_cmd;
 mod queue_cmd;
@@ -154,6 +155,7 @@ enum QueueCommand {
 
 fn main() -> ExitCode {
     huge_pages::limit();
+    allocator::tune();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match dispatch(cli.command) {

@@ -1431,6 +1431,7 @@ pub fn sweep_task(
     capacities: &[usize],
     reps: usize,
     events: u64,
+    compare: &[(String, PathBuf)],
     out: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let setup = setup(root, out, 100_000)?;
@@ -1448,14 +1449,17 @@ pub fn sweep_task(
             "capacities": capacities,
             "reps": reps,
             "events_per_run": events,
+            "compare": compare.iter().map(|(l, b)| json!({"label": l, "binary": b})).collect::<Vec<_>>(),
         }),
     );
     std::fs::write(
         setup.out.join("provenance.json"),
         serde_json::to_string_pretty(&provenance)?,
     )?;
+    let mut binaries = vec![("this build".to_string(), setup.binary.clone())];
+    binaries.extend(compare.iter().cloned());
     sweep::sweep(
-        &setup.binary,
+        &binaries,
         &pipeline,
         &setup.corpus,
         capacities,

@@ -142,8 +142,20 @@ fn flood(
     })
 }
 
+/// One pipeline file at one capacity, run by one binary.
+struct Variant {
+    label: String,
+    binary: PathBuf,
+    capacity: usize,
+    file: PathBuf,
+    bound: u64,
+}
+
+/// Floods every binary (the first is this build; the others are compared
+/// against it) at every capacity, `reps` times, the order reversed every
+/// other rep so drift on a noisy machine hits every variant alike.
 pub fn sweep(
-    binary: &Path,
+    binaries: &[(String, PathBuf)],
     pipeline: &Path,
     corpus: &Arc<feeder::Corpus>,
     capacities: &[usize],
@@ -153,30 +165,43 @@ pub fn sweep(
 ) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(pipeline)
         .with_context(|| format!("reading {}", pipeline.display()))?;
-    let mut variants: Vec<(usize, PathBuf, u64)> = Vec::new();
+    let mut variants: Vec<Variant> = Vec::new();
     for &capacity in capacities {
         let file = out.join(format!("sweep-{capacity}.yml"));
         std::fs::write(&file, with_capacity(&text, capacity)?)?;
-        let (bound, _) = validate_bound(binary, &file)?;
-        variants.push((capacity, file, bound));
+        for (label, binary) in binaries {
+            let (bound, _) = validate_bound(binary, &file)?;
+            variants.push(Variant {
+                label: label.clone(),
+                binary: binary.clone(),
+                capacity,
+                file: file.clone(),
+                bound,
+            });
+        }
     }
+    let compared = binaries.len() > 1;
     let mut results: Vec<Vec<Flood>> = variants.iter().map(|_| Vec::new()).collect();
     let mut jsonl = String::new();
     for rep in 1..=reps {
-        // Alternate the order so drift on a noisy machine hits every size.
         let order: Vec<usize> = if rep % 2 == 1 {
             (0..variants.len()).collect()
         } else {
             (0..variants.len()).rev().collect()
         };
         for i in order {
-            let (capacity, file, bound) = &variants[i];
+            let v = &variants[i];
             let spec = TargetSpec::LogBus {
-                binary: binary.to_path_buf(),
-                pipeline: file.clone(),
+                binary: v.binary.clone(),
+                pipeline: v.file.clone(),
                 api: true,
             };
-            let tag = format!("sweep-{capacity}-rep{rep}");
+            let name = if compared {
+                format!("{}-", v.label.replace(' ', "-"))
+            } else {
+                String::new()
+            };
+            let tag = format!("sweep-{name}{}-rep{rep}", v.capacity);
             let f = flood(&spec, corpus, &out.join("work"), &tag, events)?;
             if f.fed != f.committed {
                 bail!(
@@ -186,63 +211,149 @@ pub fn sweep(
                 );
             }
             println!(
-                "[sweep rep {rep}] channel_capacity {capacity:>6} bound {bound:>7} events: idle {:.1} MiB, peak {:.1} MiB",
+                "[sweep rep {rep}] {}channel_capacity {:>6} bound {:>7} events: idle {:.1} MiB, peak {:.1} MiB",
+                if compared {
+                    format!("{}: ", v.label)
+                } else {
+                    String::new()
+                },
+                v.capacity,
+                v.bound,
                 f.idle_rss as f64 / 1048576.0,
                 f.peak_rss as f64 / 1048576.0
             );
             let _ = writeln!(
                 jsonl,
                 "{}",
-                serde_json::json!({"rep": rep, "channel_capacity": capacity, "bound_events": bound,
-                    "idle_rss": f.idle_rss, "peak_rss": f.peak_rss, "events": f.committed})
+                serde_json::json!({"rep": rep, "binary": v.label, "channel_capacity": v.capacity,
+                    "bound_events": v.bound, "idle_rss": f.idle_rss, "peak_rss": f.peak_rss,
+                    "events": f.committed})
             );
             results[i].push(f);
         }
     }
     std::fs::write(out.join("sweep.jsonl"), jsonl)?;
-    let mut md = String::from(
-        "| channel_capacity | in-flight bound (events) | bound × 1 KiB (MiB) | idle RSS (MiB) | peak RSS, median (min–max) MiB | peak − idle (MiB) | (peak − idle) / bound (bytes per event) |\n|---|---|---|---|---|---|---|\n",
+    let md = summary(binaries, &variants, &results);
+    std::fs::write(out.join("sweep.md"), &md)?;
+    println!("\n{md}\nwritten to {}", out.join("sweep.md").display());
+    Ok(())
+}
+
+/// The sweep's table per binary, the slope of peak RSS over the bound, and
+/// each compared binary's peaks paired rep by rep against this build's.
+fn summary(binaries: &[(String, PathBuf)], variants: &[Variant], results: &[Vec<Flood>]) -> String {
+    let compared = binaries.len() > 1;
+    let mut md = String::new();
+    if compared {
+        md.push_str("| binary ");
+    }
+    md.push_str(
+        "| channel_capacity | in-flight bound (events) | bound × 1 KiB (MiB) | idle RSS (MiB) | peak RSS, median (min–max) MiB | peak − idle (MiB) | (peak − idle) / bound (bytes per event) |\n",
     );
+    if compared {
+        md.push_str("|---");
+    }
+    md.push_str("|---|---|---|---|---|---|---|\n");
     let mib = |b: f64| b / 1048576.0;
-    let mut points = Vec::new();
-    for ((capacity, _, bound), fs) in variants.iter().zip(&results) {
+    for (v, fs) in variants.iter().zip(results) {
         let peaks: Vec<f64> = fs.iter().map(|f| f.peak_rss as f64).collect();
         let idle = crate::median(fs.iter().map(|f| f.idle_rss as f64).collect());
         let peak = crate::median(peaks.clone());
-        points.push((*bound as f64, peak));
+        if compared {
+            let _ = write!(md, "| {} ", v.label);
+        }
         let _ = writeln!(
             md,
-            "| {capacity} | {bound} | {:.1} | {:.1} | {:.1} ({:.1}–{:.1}) | {:.1} | {:.0} |",
-            mib(*bound as f64 * 1024.0),
+            "| {} | {} | {:.1} | {:.1} | {:.1} ({:.1}–{:.1}) | {:.1} | {:.0} |",
+            v.capacity,
+            v.bound,
+            mib(v.bound as f64 * 1024.0),
             mib(idle),
             mib(peak),
             mib(peaks.iter().copied().fold(f64::INFINITY, f64::min)),
             mib(peaks.iter().copied().fold(0.0, f64::max)),
             mib(peak - idle),
-            (peak - idle) / *bound as f64,
+            (peak - idle) / v.bound as f64,
         );
     }
-    // Least-squares slope of peak RSS over the bound: memory per in-flight event.
-    let n = points.len() as f64;
-    if n >= 2.0 {
-        let (sx, sy) = points
+    for (label, _) in binaries {
+        // Least-squares slope of peak RSS over the bound: memory per in-flight event.
+        let points: Vec<(f64, f64)> = variants
             .iter()
-            .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-        let (mx, my) = (sx / n, sy / n);
-        let num: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
-        let den: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
-        if den > 0.0 {
-            let slope = num / den;
+            .zip(results)
+            .filter(|(v, _)| &v.label == label)
+            .map(|(v, fs)| {
+                let peak = crate::median(fs.iter().map(|f| f.peak_rss as f64).collect());
+                (v.bound as f64, peak)
+            })
+            .collect();
+        if let Some((slope, intercept)) = least_squares(&points) {
+            let whose = if compared {
+                format!("{label}: ")
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 md,
-                "\nPeak RSS grows by {slope:.0} bytes per event of in-flight bound (least squares over the medians); the intercept, {:.1} MiB, is the engine with empty channels.",
-                mib(my - slope * mx)
+                "\n{whose}peak RSS grows by {slope:.0} bytes per event of in-flight bound (least squares over the medians); the intercept, {:.1} MiB, is the engine with empty channels.",
+                mib(intercept)
             );
         }
     }
-    std::fs::write(out.join("sweep.md"), &md)?;
-    println!("\n{md}\nwritten to {}", out.join("sweep.md").display());
-    Ok(())
+    for (label, _) in binaries.iter().skip(1) {
+        for base in variants
+            .iter()
+            .zip(results)
+            .filter(|(v, _)| v.label == binaries[0].0)
+        {
+            let (base, base_runs) = base;
+            let Some((_, runs)) = variants
+                .iter()
+                .zip(results)
+                .find(|(v, _)| &v.label == label && v.capacity == base.capacity)
+            else {
+                continue;
+            };
+            let ratios: Vec<f64> = runs
+                .iter()
+                .zip(base_runs)
+                .map(|(c, b)| c.peak_rss as f64 / b.peak_rss.max(1) as f64)
+                .collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            let (lo, hi) = ratios.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
+                (lo.min(*r), hi.max(*r))
+            });
+            let _ = writeln!(
+                md,
+                "\n{label} against {} at channel_capacity {}: peak RSS {:.3}× (paired by rep, median; {lo:.3}–{hi:.3})",
+                binaries[0].0,
+                base.capacity,
+                crate::median(ratios.clone()),
+            );
+        }
+    }
+    md
+}
+
+/// Slope and intercept of the least-squares line through `points`; `None`
+/// for fewer than two distinct x.
+fn least_squares(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let n = points.len() as f64;
+    if n < 2.0 {
+        return None;
+    }
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let num: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let den: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    (den > 0.0).then(|| {
+        let slope = num / den;
+        (slope, my - slope * mx)
+    })
 }
 
 #[cfg(test)]
@@ -255,5 +366,55 @@ mod tests {
         let got = with_capacity(text, 256).unwrap();
         assert_eq!(got, "# c\nsettings:\n  channel_capacity: 256\nstages: {}\n");
         assert!(with_capacity("stages: {}\n", 256).is_err());
+    }
+
+    #[test]
+    fn the_slope_is_the_least_squares_line_and_needs_two_distinct_points() {
+        let (slope, intercept) = least_squares(&[(1.0, 3.0), (2.0, 5.0), (3.0, 7.0)]).unwrap();
+        assert!((slope - 2.0).abs() < 1e-9 && (intercept - 1.0).abs() < 1e-9);
+        assert!(least_squares(&[(1.0, 3.0)]).is_none());
+        assert!(least_squares(&[(1.0, 3.0), (1.0, 4.0)]).is_none());
+    }
+
+    fn flood(peak: u64) -> Flood {
+        Flood {
+            idle_rss: 1 << 20,
+            peak_rss: peak,
+            fed: 1,
+            committed: 1,
+        }
+    }
+
+    #[test]
+    fn a_compared_binary_is_paired_rep_by_rep_at_each_capacity() {
+        let binaries = [
+            ("this build".to_string(), PathBuf::from("/a")),
+            ("old".to_string(), PathBuf::from("/b")),
+        ];
+        let variant = |label: &str, capacity| Variant {
+            label: label.into(),
+            binary: PathBuf::new(),
+            capacity,
+            file: PathBuf::new(),
+            bound: capacity as u64 * 6,
+        };
+        let variants = [
+            variant("this build", 256),
+            variant("old", 256),
+            variant("this build", 4096),
+            variant("old", 4096),
+        ];
+        let m = 1u64 << 20;
+        let results = vec![
+            vec![flood(10 * m), flood(20 * m), flood(10 * m)],
+            vec![flood(12 * m), flood(22 * m), flood(13 * m)],
+            vec![flood(40 * m), flood(50 * m), flood(44 * m)],
+            vec![flood(50 * m), flood(55 * m), flood(44 * m)],
+        ];
+        let md = summary(&binaries, &variants, &results);
+        assert!(md.contains("| old | 4096 | 24576 |"), "{md}");
+        assert!(md.contains("old against this build at channel_capacity 256: peak RSS 1.200× (paired by rep, median; 1.100–1.300)"), "{md}");
+        assert!(md.contains("old against this build at channel_capacity 4096: peak RSS 1.100× (paired by rep, median; 1.000–1.250)"), "{md}");
+        assert!(md.contains("this build: peak RSS grows by"), "{md}");
     }
 }
