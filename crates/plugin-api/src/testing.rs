@@ -145,8 +145,18 @@ pub async fn run_sink(
     run_sink_counting(sink, batches, Arc::new(StageMetrics::default())).await
 }
 
+/// How long [`run_sink`] lets a sink take over its input before failing the
+/// test. A sink that cannot deliver (a wrong URL, a refused request taken
+/// for a transient one) retries for ever by design; a test should fail
+/// saying so, well before a mutation run's or CI's own timeout kills it
+/// with no message.
+pub const RUN_SINK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(45);
+
 /// [`run_sink`] counting into `metrics`, which a test can watch while the
 /// sink runs (to start a server only once the sink has retried).
+///
+/// # Panics
+/// When the sink has not finished its input within [`RUN_SINK_DEADLINE`].
 pub async fn run_sink_counting(
     sink: Box<dyn Sink>,
     batches: Vec<Vec<Event>>,
@@ -158,7 +168,14 @@ pub async fn run_sink_counting(
         tx.send(batch).await.expect("the sink's input is open");
     }
     drop(tx);
-    let result = sink.run(&mut cx).await;
+    let Ok(result) = tokio::time::timeout(RUN_SINK_DEADLINE, sink.run(&mut cx)).await else {
+        let m = metrics.snapshot();
+        panic!(
+            "the sink had not finished its input after {RUN_SINK_DEADLINE:?} \
+             ({} events in, {} committed, {} errored): is it retrying for ever?",
+            m.events_in, m.events_out, m.errored
+        );
+    };
     (result, metrics)
 }
 
@@ -718,5 +735,35 @@ mod tests {
                 .unwrap()
                 .contains("`path`: the table says optional, the schema required")
         );
+    }
+
+    /// A sink that never finishes fails the test with what it did, instead
+    /// of hanging until an outer timeout kills it without a word.
+    #[tokio::test(start_paused = true)]
+    #[should_panic(
+        expected = "the sink had not finished its input after 45s (0 events in, 0 committed, 0 errored)"
+    )]
+    async fn a_sink_that_never_finishes_fails_the_test_at_the_deadline() {
+        struct Stuck;
+        #[async_trait::async_trait]
+        impl Sink for Stuck {
+            async fn run(self: Box<Self>, _: &mut SinkContext) -> Result<(), StageError> {
+                std::future::pending().await
+            }
+        }
+        let _ = run_sink(Box::new(Stuck), vec![]).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sink_that_finishes_just_before_the_deadline_passes() {
+        struct Slow;
+        #[async_trait::async_trait]
+        impl Sink for Slow {
+            async fn run(self: Box<Self>, _: &mut SinkContext) -> Result<(), StageError> {
+                tokio::time::sleep(RUN_SINK_DEADLINE - std::time::Duration::from_millis(1)).await;
+                Ok(())
+            }
+        }
+        assert!(run_sink(Box::new(Slow), vec![]).await.0.is_ok());
     }
 }
