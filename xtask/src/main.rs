@@ -294,7 +294,6 @@ impl Rng {
     }
 }
 
-/// One ~1 KiB JSON object per line.
 /// Every `FLAG label=PATH` pair of the command line, in order.
 fn labelled(args: &[String], flag: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
     args.windows(2)
@@ -308,6 +307,7 @@ fn labelled(args: &[String], flag: &str) -> anyhow::Result<Vec<(String, PathBuf)
         .collect()
 }
 
+/// One ~1 KiB JSON object per line.
 fn corpus_line(rng: &mut Rng, seq: usize) -> String {
     const LEVELS: &[&str] = &["debug", "info", "info", "info", "warn", "error"];
     const SERVICES: &[&str] = &["checkout", "search", "auth", "billing", "inventory"];

@@ -4,6 +4,7 @@
 //! instead of one per plugin crate.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -138,6 +139,9 @@ pub async fn take_text(rx: &mut Receiver, n: usize) -> Vec<String> {
 
 /// Runs `sink` over `batches` (sent in order, then the input ends);
 /// returns how it ended and its counters.
+///
+/// # Panics
+/// When the sink has not finished its input within [`RUN_SINK_DEADLINE`].
 pub async fn run_sink(
     sink: Box<dyn Sink>,
     batches: Vec<Vec<Event>>,
@@ -150,33 +154,60 @@ pub async fn run_sink(
 /// for a transient one) retries for ever by design; a test should fail
 /// saying so, well before a mutation run's or CI's own timeout kills it
 /// with no message.
-pub const RUN_SINK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(45);
+pub const RUN_SINK_DEADLINE: Duration = Duration::from_secs(45);
 
 /// [`run_sink`] counting into `metrics`, which a test can watch while the
 /// sink runs (to start a server only once the sink has retried).
-///
-/// # Panics
-/// When the sink has not finished its input within [`RUN_SINK_DEADLINE`].
 pub async fn run_sink_counting(
     sink: Box<dyn Sink>,
     batches: Vec<Vec<Event>>,
     metrics: Arc<StageMetrics>,
 ) -> (Result<(), StageError>, Arc<StageMetrics>) {
+    let mut cx = sink_context(batches, metrics.clone()).await;
+    let result = within(RUN_SINK_DEADLINE, &metrics, sink.run(&mut cx)).await;
+    (result, metrics)
+}
+
+/// [`run_sink`] with a deadline of the test's own, for a sink given much
+/// more to do than a test usually gives it.
+pub async fn run_sink_within(
+    deadline: Duration,
+    sink: Box<dyn Sink>,
+    batches: Vec<Vec<Event>>,
+) -> (Result<(), StageError>, Arc<StageMetrics>) {
+    let metrics = Arc::new(StageMetrics::default());
+    let mut cx = sink_context(batches, metrics.clone()).await;
+    let result = within(deadline, &metrics, sink.run(&mut cx)).await;
+    (result, metrics)
+}
+
+/// A context whose input holds `batches`, then ends.
+async fn sink_context(batches: Vec<Vec<Event>>, metrics: Arc<StageMetrics>) -> SinkContext {
     let (tx, rx) = channel(batches.iter().map(Vec::len).sum::<usize>().max(1));
-    let mut cx = SinkContext::new("s", rx, metrics.clone());
+    let cx = SinkContext::new("s", rx, metrics);
     for batch in batches {
         tx.send(batch).await.expect("the sink's input is open");
     }
-    drop(tx);
-    let Ok(result) = tokio::time::timeout(RUN_SINK_DEADLINE, sink.run(&mut cx)).await else {
+    cx
+}
+
+/// `run`'s output, or a panic naming `metrics` once `deadline` has passed:
+/// for a test driving a sink (or anything that retries for ever by design)
+/// without [`run_sink`].
+pub async fn within<T>(
+    deadline: Duration,
+    metrics: &StageMetrics,
+    run: impl std::future::Future<Output = T>,
+) -> T {
+    let Ok(out) = tokio::time::timeout(deadline, run).await else {
         let m = metrics.snapshot();
         panic!(
-            "the sink had not finished its input after {RUN_SINK_DEADLINE:?} \
+            "the sink had not finished its input after {deadline:?} \
              ({} events in, {} committed, {} errored): is it retrying for ever?",
             m.events_in, m.events_out, m.errored
         );
     };
-    (result, metrics)
+    out
 }
 
 /// Asserts that `register` adds one plugin per enabled feature, each named
@@ -760,10 +791,27 @@ mod tests {
         #[async_trait::async_trait]
         impl Sink for Slow {
             async fn run(self: Box<Self>, _: &mut SinkContext) -> Result<(), StageError> {
-                tokio::time::sleep(RUN_SINK_DEADLINE - std::time::Duration::from_millis(1)).await;
+                tokio::time::sleep(RUN_SINK_DEADLINE - Duration::from_millis(1)).await;
                 Ok(())
             }
         }
         assert!(run_sink(Box::new(Slow), vec![]).await.0.is_ok());
+    }
+
+    /// A deadline of the test's own replaces the usual one.
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "after 2s")]
+    async fn a_deadline_of_its_own_is_kept() {
+        struct Slow;
+        #[async_trait::async_trait]
+        impl Sink for Slow {
+            async fn run(self: Box<Self>, _: &mut SinkContext) -> Result<(), StageError> {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                Ok(())
+            }
+        }
+        let (ok, _) = run_sink_within(Duration::from_secs(4), Box::new(Slow), vec![]).await;
+        assert!(ok.is_ok());
+        let _ = run_sink_within(Duration::from_secs(2), Box::new(Slow), vec![]).await;
     }
 }

@@ -159,7 +159,10 @@ async fn a_large_object_is_uploaded_in_parts() {
                 .collect()
         })
         .collect();
-    let (result, metrics) = testing::run_sink(
+    // 24 MiB signed and checksummed in a debug build: more than the usual
+    // deadline allows on a slow machine.
+    let (result, metrics) = testing::run_sink_within(
+        std::time::Duration::from_secs(180),
         sink(options(
             &url,
             &b,

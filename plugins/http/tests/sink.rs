@@ -198,7 +198,9 @@ async fn run_sink_counting(
             i += k;
         }
     });
-    let result = sink.run(&mut sink_cx).await.map_err(|e| e.to_string());
+    let result = testing::within(testing::RUN_SINK_DEADLINE, &metrics, sink.run(&mut sink_cx))
+        .await
+        .map_err(|e| e.to_string());
     drop(sink_cx);
     feeder.await.unwrap();
     result

@@ -68,6 +68,7 @@ pub fn validate_bound(binary: &Path, pipeline: &Path) -> anyhow::Result<(u64, us
     Ok((events, capacity))
 }
 
+#[derive(Clone)]
 struct Flood {
     idle_rss: u64,
     peak_rss: u64,
@@ -289,13 +290,13 @@ fn summary(binaries: &[(String, PathBuf)], variants: &[Variant], results: &[Vec<
             .collect();
         if let Some((slope, intercept)) = least_squares(&points) {
             let whose = if compared {
-                format!("{label}: ")
+                format!("{label}: peak")
             } else {
-                String::new()
+                "Peak".into()
             };
             let _ = writeln!(
                 md,
-                "\n{whose}peak RSS grows by {slope:.0} bytes per event of in-flight bound (least squares over the medians); the intercept, {:.1} MiB, is the engine with empty channels.",
+                "\n{whose} RSS grows by {slope:.0} bytes per event of in-flight bound (least squares over the medians); the intercept, {:.1} MiB, is the engine with empty channels.",
                 mib(intercept)
             );
         }
@@ -416,5 +417,17 @@ mod tests {
         assert!(md.contains("old against this build at channel_capacity 256: peak RSS 1.200× (paired by rep, median; 1.100–1.300)"), "{md}");
         assert!(md.contains("old against this build at channel_capacity 4096: peak RSS 1.100× (paired by rep, median; 1.000–1.250)"), "{md}");
         assert!(md.contains("this build: peak RSS grows by"), "{md}");
+        let alone = summary(&binaries[..1], &variants[..1], &results[..1]);
+        assert!(
+            !alone.contains("| binary |") && !alone.contains("against"),
+            "{alone}"
+        );
+        let two = [variant("this build", 256), variant("this build", 4096)];
+        let alone = summary(
+            &binaries[..1],
+            &two,
+            &[results[0].clone(), results[2].clone()],
+        );
+        assert!(alone.contains("\nPeak RSS grows by"), "{alone}");
     }
 }
