@@ -723,34 +723,10 @@ async fn an_http_endpoint_with_a_path_is_posted_to_as_given() {
         ("/", "/v1/logs"),
         ("/ingest/otlp", "/ingest/otlp"),
     ] {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        // A one-request HTTP server: reads the request, answers 200 with
-        // an empty (valid) protobuf answer, returns the request line.
-        let server = std::thread::spawn(move || {
-            use std::io::{BufRead, BufReader, Read, Write};
-            let (conn, _) = listener.accept().unwrap();
-            let mut reader = BufReader::new(conn.try_clone().unwrap());
-            let mut request_line = String::new();
-            reader.read_line(&mut request_line).unwrap();
-            let mut length = 0;
-            loop {
-                let mut header = String::new();
-                reader.read_line(&mut header).unwrap();
-                if header == "\r\n" {
-                    break;
-                }
-                if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            (&conn)
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
-                .unwrap();
-            request_line
-        });
+        let (port, server) = serve_once(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n"
+                .to_vec(),
+        ]);
         let (result, metrics) = testing::run_sink(
             sink(json!({"endpoint": format!("http://127.0.0.1:{port}{path}"), "protocol": "http"})),
             vec![events()[..1].to_vec()],
@@ -764,5 +740,175 @@ async fn an_http_endpoint_with_a_path_is_posted_to_as_given() {
             ["POST", expected],
             "endpoint path {path:?}"
         );
+    }
+}
+
+/// A one-request HTTP server on loopback: reads the request, writes
+/// `answer`'s parts one `write` each (so a chunked body's chunks reach the
+/// client as separate reads), and returns the request line.
+fn serve_once(answer: Vec<Vec<u8>>) -> (u16, std::thread::JoinHandle<String>) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", free_port())).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let (conn, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut request_line = String::new();
+        reader.read_line(&mut request_line).unwrap();
+        let mut length = 0;
+        loop {
+            let mut header = String::new();
+            reader.read_line(&mut header).unwrap();
+            if header == "\r\n" {
+                break;
+            }
+            if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        for part in answer {
+            (&conn).write_all(&part).unwrap();
+            (&conn).flush().unwrap();
+        }
+        request_line
+    });
+    (port, server)
+}
+
+/// An HTTP answer with `status` and a chunked body of `chunks`, as the
+/// parts [`serve_once`] writes one by one.
+fn chunked(status: &str, content_type: &str, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+    let mut parts = vec![
+        format!("HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n")
+            .into_bytes(),
+    ];
+    for chunk in chunks {
+        let mut part = format!("{:x}\r\n", chunk.len()).into_bytes();
+        part.extend_from_slice(chunk);
+        part.extend_from_slice(b"\r\n");
+        parts.push(part);
+    }
+    parts.push(b"0\r\n\r\n".to_vec());
+    parts
+}
+
+/// What this test binary logged at `warn` and above, for the tests that
+/// check what the sink says; each looks for its own port in it.
+fn logged() -> String {
+    use std::sync::{Mutex, OnceLock};
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    let logs = LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let writer = logs.clone();
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_ansi(false)
+                .with_writer(move || Buffer(writer.clone()))
+                .finish(),
+        )
+        .expect("no other subscriber in this test binary");
+        logs
+    });
+    String::from_utf8_lossy(&logs.lock().unwrap()).into_owned()
+}
+
+/// A 2xx answer with a partial success is delivery, and the records the
+/// receiver refused are logged with their count and its message: the
+/// whole body is read (its first chunk alone is over the 512 bytes read
+/// of an error's body), and a partial success refusing nothing (a
+/// warning) logs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_success_is_logged_with_what_the_receiver_refused() {
+    use opentelemetry_proto::tonic::collector::logs::v1::{
+        ExportLogsPartialSuccess, ExportLogsServiceResponse,
+    };
+    use prost::Message;
+    logged();
+    for (rejected, message) in [(2, "m".repeat(900)), (0, "w".repeat(900))] {
+        let body = ExportLogsServiceResponse {
+            partial_success: Some(ExportLogsPartialSuccess {
+                rejected_log_records: rejected,
+                error_message: message.clone(),
+            }),
+        }
+        .encode_to_vec();
+        assert!(body.len() > 700);
+        let (first, rest) = body.split_at(600);
+        let (port, server) =
+            serve_once(chunked("200 OK", "application/x-protobuf", &[first, rest]));
+        let (result, metrics) = testing::run_sink(
+            sink(json!({"endpoint": format!("http://127.0.0.1:{port}"), "protocol": "http"})),
+            vec![events()[..1].to_vec()],
+        )
+        .await;
+        result.unwrap();
+        server.join().unwrap();
+        assert_eq!(metrics.snapshot().events_out, 1);
+        let said: Vec<String> = logged()
+            .lines()
+            .filter(|l| l.contains(&format!("127.0.0.1:{port}/")))
+            .map(String::from)
+            .collect();
+        if rejected > 0 {
+            assert_eq!(said.len(), 1, "{said:?}");
+            assert!(
+                said[0].contains(&format!(
+                    "refused {rejected} log records for good: {message}"
+                )),
+                "{said:?}"
+            );
+        } else {
+            assert!(
+                said.is_empty(),
+                "a partial success refusing nothing: {said:?}"
+            );
+        }
+    }
+}
+
+/// An HTTP error's reason is the receiver's: the message of a
+/// `google.rpc.Status` body, or a text body read whole across chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_error_carries_the_receivers_message() {
+    // google.rpc.Status { code: 3, message: "attribute too long" }, by hand.
+    let message = b"attribute too long";
+    let mut status = vec![0x08, 3, 0x12, message.len() as u8];
+    status.extend_from_slice(message);
+    for (answer, reason) in [
+        (
+            chunked("400 Bad Request", "application/x-protobuf", &[&status]),
+            "HTTP 400: attribute too long",
+        ),
+        (
+            chunked(
+                "400 Bad Request",
+                "text/plain",
+                &[b"first half, ", b"second half"],
+            ),
+            "HTTP 400: first half, second half",
+        ),
+    ] {
+        let (port, server) = serve_once(answer);
+        let (result, _) = testing::run_sink(
+            sink(json!({"endpoint": format!("http://127.0.0.1:{port}"), "protocol": "http"})),
+            vec![events()[..1].to_vec()],
+        )
+        .await;
+        server.join().unwrap();
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains(reason), "{e}");
     }
 }
