@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use logbus_plugin_api::testing::{self, RunningSource};
 use logbus_plugin_api::{Event, Meta, Typed};
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
 use serde_json::{Value, json};
 
 use logbus_test_ports::free_port;
@@ -832,9 +835,7 @@ fn logged() -> String {
 /// warning) logs nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_success_is_logged_with_what_the_receiver_refused() {
-    use opentelemetry_proto::tonic::collector::logs::v1::{
-        ExportLogsPartialSuccess, ExportLogsServiceResponse,
-    };
+    use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsPartialSuccess;
     use prost::Message;
     logged();
     for (rejected, message) in [(2, "m".repeat(900)), (0, "w".repeat(900))] {
@@ -911,4 +912,124 @@ async fn an_http_error_carries_the_receivers_message() {
         let e = result.unwrap_err().to_string();
         assert!(e.contains(reason), "{e}");
     }
+}
+
+/// An OTLP/gRPC receiver that answers each export with the next of
+/// `answers` (then plain success); returns its port, a count of the
+/// exports it answered, and the token that stops it.
+async fn scripted_grpc(
+    answers: Vec<Result<ExportLogsServiceResponse, tonic::Status>>,
+) -> (
+    u16,
+    Arc<std::sync::atomic::AtomicUsize>,
+    logbus_plugin_api::CancellationToken,
+) {
+    use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
+        LogsService, LogsServiceServer,
+    };
+    type Script = std::sync::Mutex<
+        std::collections::VecDeque<Result<ExportLogsServiceResponse, tonic::Status>>,
+    >;
+    struct Scripted(Script, Arc<std::sync::atomic::AtomicUsize>);
+    #[tonic::async_trait]
+    impl LogsService for Scripted {
+        async fn export(
+            &self,
+            _: tonic::Request<ExportLogsServiceRequest>,
+        ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let next = self.0.lock().unwrap().pop_front();
+            next.unwrap_or_else(|| Ok(ExportLogsServiceResponse::default()))
+                .map(tonic::Response::new)
+        }
+    }
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let service = Scripted(std::sync::Mutex::new(answers.into()), answered.clone());
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", free_port()))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let shutdown = logbus_plugin_api::CancellationToken::new();
+    let server = logbus_connections::http::HttpConnections {
+        app: tonic::service::Routes::new(
+            LogsServiceServer::new(service)
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+        )
+        .into_axum_router(),
+        version: logbus_connections::http::HttpVersion::Http2,
+        tls: None,
+        table: logbus_connections::ConnectionTable::new(logbus_connections::Limits {
+            max_connections: 16,
+            idle_timeout: Duration::from_secs(60),
+        }),
+        header_timeout: Duration::from_secs(10),
+        shutdown: shutdown.clone(),
+    };
+    tokio::spawn(server.serve(listener));
+    (port, answered, shutdown)
+}
+
+/// RESOURCE_EXHAUSTED is retried when the receiver says when to come back
+/// (RetryInfo, as OTLP asks), after that delay, and then delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_exhausted_with_retry_info_is_retried_after_its_delay() {
+    use tonic_types::{ErrorDetails, StatusExt};
+    let full = tonic::Status::with_error_details(
+        tonic::Code::ResourceExhausted,
+        "the receiver is full",
+        ErrorDetails::with_retry_info(Some(Duration::from_millis(300))),
+    );
+    let (port, answered, shutdown) = scripted_grpc(vec![Err(full)]).await;
+    let began = std::time::Instant::now();
+    let (result, metrics) = testing::run_sink(
+        sink(
+            json!({"endpoint": format!("http://127.0.0.1:{port}"), "retry_initial_backoff_ms": 1}),
+        ),
+        vec![events()[..1].to_vec()],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let m = metrics.snapshot();
+    assert_eq!((m.events_out, m.retried), (1, 1));
+    assert!(
+        began.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        began.elapsed()
+    );
+    shutdown.cancel();
+}
+
+/// Over gRPC too, a partial success is delivery and what the receiver
+/// refused is logged (the answer's body is decoded, not assumed empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_success_over_grpc_is_logged() {
+    use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsPartialSuccess;
+    logged();
+    let partial = ExportLogsServiceResponse {
+        partial_success: Some(ExportLogsPartialSuccess {
+            rejected_log_records: 3,
+            error_message: "records too old".into(),
+        }),
+    };
+    let (port, answered, shutdown) = scripted_grpc(vec![Ok(partial)]).await;
+    let (result, metrics) = testing::run_sink(
+        sink(json!({"endpoint": format!("http://127.0.0.1:{port}")})),
+        vec![events()[..1].to_vec()],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(metrics.snapshot().events_out, 1);
+    let said: Vec<String> = logged()
+        .lines()
+        .filter(|l| l.contains(&format!("127.0.0.1:{port}")))
+        .map(String::from)
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("refused 3 log records for good: records too old"),
+        "{said:?}"
+    );
+    shutdown.cancel();
 }
