@@ -557,6 +557,71 @@ async fn http_limits_and_a_full_pipeline() {
     r.source.stop().await.unwrap();
 }
 
+/// With `ack: sink` a request is answered only once every one of its
+/// records is settled: one of two delivered is not yet an answer (the
+/// request times out), both are a 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_sink_answers_once_every_record_is_settled() {
+    let mut r = start(json!({"ack": "sink", "ack_timeout_ms": 1000}), 10).await;
+    let url = format!("http://127.0.0.1:{}/v1/logs", r.http);
+    let two = json!({"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"body": {"stringValue": "a"}}, {"body": {"stringValue": "b"}}]}]}]})
+    .to_string()
+    .into_bytes();
+    let answer = tokio::spawn(post(url.clone(), json_headers(), two.clone()));
+    let mut batch = r.source.rx.recv().await.unwrap();
+    let mut events = batch.take();
+    assert_eq!(events.len(), 2);
+    events[0].settle(Outcome::Delivered);
+    let (status, _, body) = answer.await.unwrap();
+    assert_eq!(status, 504, "{}", String::from_utf8_lossy(&body));
+    assert!(
+        String::from_utf8_lossy(&body).contains("the 2 log records were not confirmed delivered"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    events[1].settle(Outcome::Delivered);
+    drop((events, batch));
+
+    let answer = tokio::spawn(post(url, json_headers(), two));
+    let mut batch = r.source.rx.recv().await.unwrap();
+    let mut events = batch.take();
+    for e in &mut events {
+        e.settle(Outcome::Delivered);
+    }
+    drop((events, batch));
+    assert_eq!(answer.await.unwrap().0, 200);
+    r.source.stop().await.unwrap();
+}
+
+/// `max_records_per_request` is the most a request may hold: that many
+/// are taken, one more is refused naming the option.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_at_the_record_limit_is_taken_and_one_over_it_refused() {
+    let mut r = start(json!({"max_records_per_request": 2}), 10).await;
+    let url = format!("http://127.0.0.1:{}/v1/logs", r.http);
+    let records = |n: usize| {
+        let records: Vec<Value> = (0..n)
+            .map(|i| json!({"body": {"stringValue": format!("r{i}")}}))
+            .collect();
+        json!({"resourceLogs": [{"scopeLogs": [{"logRecords": records}]}]})
+            .to_string()
+            .into_bytes()
+    };
+    let (status, _, body) = post(url.clone(), json_headers(), records(2)).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(testing::take(&mut r.source.rx, 2).await.len(), 2);
+    let (status, _, body) = post(url, json_headers(), records(3)).await;
+    assert_eq!(status, 413);
+    assert!(
+        String::from_utf8_lossy(&body)
+            .contains("3 log records, more than 2 (max_records_per_request)"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    r.source.stop().await.unwrap();
+}
+
 #[test]
 fn option_errors_name_the_option() {
     let e = |o: Value| option_errors(&Typed(logbus_otlp::source::OtlpSource), o);
