@@ -487,10 +487,7 @@ impl Source for Receiver {
                 header_timeout: Duration::from_millis(header_timeout_ms),
                 shutdown: cx.shutdown.clone(),
             };
-            servers.spawn(async move {
-                server.serve(listener).await;
-                Ok(())
-            });
+            servers.spawn(server.serve(listener));
         }
         if let Some(listener) = http_listener {
             tracing::info!(address = ?http, tls = tls.is_some(), "OTLP/HTTP source listening");
@@ -508,26 +505,22 @@ impl Source for Receiver {
                 header_timeout: Duration::from_millis(header_timeout_ms),
                 shutdown: cx.shutdown.clone(),
             };
-            servers.spawn(async move {
-                server.serve(listener).await;
-                Ok(())
-            });
+            servers.spawn(server.serve(listener));
         }
-        let mut result = Ok(());
+        // A server ends only when the shutdown is asked for, or by
+        // panicking: then the other one is stopped too, and the first
+        // panic is the stage's error once both have ended.
+        let mut failed = None;
         while let Some(done) = servers.join_next().await {
-            match done {
-                Ok(Err(e)) if result.is_ok() => {
-                    result = Err(e);
-                    cx.shutdown.cancel();
-                }
-                Err(e) if result.is_ok() => {
-                    result = Err(StageError::Other(format!("an OTLP server failed: {e}")));
-                    cx.shutdown.cancel();
-                }
-                _ => {}
+            if let Err(e) = done {
+                cx.shutdown.cancel();
+                failed.get_or_insert(e);
             }
         }
-        result
+        match failed {
+            None => Ok(()),
+            Some(e) => Err(StageError::Other(format!("an OTLP server failed: {e}"))),
+        }
     }
 }
 
@@ -685,4 +678,48 @@ fn response_json(r: &ExportLogsServiceResponse) -> Vec<u8> {
         }}),
     };
     serde_json::to_vec(&v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: &str, message: &str) -> http::Response<()> {
+        let mut r = http::Response::new(());
+        r.headers_mut()
+            .insert("grpc-status", status.parse().unwrap());
+        r.headers_mut()
+            .insert("grpc-message", message.parse().unwrap());
+        r
+    }
+
+    fn status(r: &http::Response<()>) -> &str {
+        r.headers()["grpc-status"].to_str().unwrap()
+    }
+
+    /// Only tonic's own "too large" OUT_OF_RANGE becomes RESOURCE_EXHAUSTED:
+    /// another OUT_OF_RANGE, or the words under another status, stay.
+    #[test]
+    fn only_an_oversized_message_s_out_of_range_is_exhausted() {
+        let too_large =
+            "Error, decoded message length too large: found 9 bytes, the limit is: 4 bytes";
+        let escaped = "Error,%20decoded%20message%20length%20too%20large:%20found%209%20bytes";
+        assert_eq!(
+            status(&too_large_is_exhausted(answer("11", too_large))),
+            "8"
+        );
+        assert_eq!(status(&too_large_is_exhausted(answer("11", escaped))), "8");
+        assert_eq!(
+            status(&too_large_is_exhausted(answer("11", "offset past the end"))),
+            "11"
+        );
+        assert_eq!(
+            status(&too_large_is_exhausted(answer("13", too_large))),
+            "13"
+        );
+        let mut bare = http::Response::new(());
+        bare.headers_mut()
+            .insert("grpc-status", "11".parse().unwrap());
+        assert_eq!(status(&too_large_is_exhausted(bare)), "11");
+    }
 }
