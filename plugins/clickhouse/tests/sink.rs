@@ -17,7 +17,7 @@ use logbus_plugin_api::{
 use serde_json::{Value, json};
 
 mod common;
-use common::{MODERN, OLD, rows, server, sql, table};
+use common::{MODERN, OLD, count, rows, server, sql, table};
 
 /// The test that restarts the modern server runs alone (writing); the
 /// others share it (reading).
@@ -329,12 +329,9 @@ async fn a_server_restarted_mid_run_loses_nothing() {
     ));
     // Restart once some rows are in.
     loop {
-        let count: u64 = sql(&url, &format!("SELECT count() FROM {t}"))
-            .trim()
-            .parse()
-            .unwrap();
-        if count > 0 {
-            assert!(count < n, "finished before the restart");
+        let stored = count(&url, &t);
+        if stored > 0 {
+            assert!(stored < n, "finished before the restart");
             break;
         }
     }
@@ -578,12 +575,6 @@ async fn an_insert_refused_for_a_reason_not_in_the_rows_is_retried() {
     let t = table("dropped");
     let create = format!("CREATE TABLE {t} (id UInt64) ENGINE = MergeTree ORDER BY id");
     sql(&url, &create);
-    let count = |url: &str| -> u64 {
-        sql(url, &format!("SELECT count() FROM {t}"))
-            .trim()
-            .parse()
-            .unwrap()
-    };
     let sink = testing::sink(
         &Typed(logbus_clickhouse::sink::ClickHouseSink),
         json!({"url": url, "table": t, "batch_max_events": 10, "batch_timeout_ms": 10,
@@ -604,7 +595,7 @@ async fn an_insert_refused_for_a_reason_not_in_the_rows_is_retried() {
     };
     tx.send(batch(0..10)).await.unwrap();
     let began = std::time::Instant::now();
-    while count(&url) < 10 {
+    while count(&url, &t) < 10 {
         assert!(
             began.elapsed().as_secs() < 30,
             "the first rows never landed"

@@ -49,6 +49,14 @@ pub fn rows(url: &str, query: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The rows in `table` now.
+pub fn count(url: &str, table: &str) -> u64 {
+    let text = sql(url, &format!("SELECT count() FROM {table}"));
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("count of {table}: {text:?}: {e}"))
+}
+
 pub fn table(name: &str) -> String {
     format!(
         "{name}_{}_{}",
