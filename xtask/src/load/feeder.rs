@@ -80,6 +80,15 @@ impl Corpus {
         }
         Ok(Corpus { tails })
     }
+
+    /// The mean size of a line as the feeder writes it: its tail, newline
+    /// included, after `{"t_sched":N,` (a 16-digit N, the width of a
+    /// schedule in microseconds since the run began, bounds it above).
+    pub fn mean_line_bytes(&self) -> f64 {
+        let prefix = r#"{"t_sched":,"#.len() + 16;
+        let total: usize = self.tails.iter().map(|t| t.len() + prefix).sum();
+        total as f64 / self.tails.len() as f64
+    }
 }
 
 /// Writes the scheduled events to `out` until the command channel closes

@@ -234,10 +234,68 @@ pub fn sweep(
         }
     }
     std::fs::write(out.join("sweep.jsonl"), jsonl)?;
-    let md = summary(binaries, &variants, &results);
+    let line_bytes = corpus.mean_line_bytes();
+    let mut md = summary(binaries, &variants, &results);
+    let broken = bound_rule(&variants, &results, line_bytes, &mut md);
     std::fs::write(out.join("sweep.md"), &md)?;
     println!("\n{md}\nwritten to {}", out.join("sweep.md").display());
+    if broken > 0 {
+        bail!("{broken} run(s) used more memory than the in-flight bound allows (above)");
+    }
     Ok(())
+}
+
+/// Memory an engine may use beyond its idle RSS with its channels empty
+/// (buffers, a batch being formatted, the allocator's slack).
+const RULE_BASE_BYTES: f64 = 5.0 * 1048576.0;
+/// What one event of in-flight bound may cost, in line sizes: the line
+/// itself and what the engine keeps beside it.
+const RULE_LINE_FACTOR: f64 = 1.5;
+
+/// Checks every run against the rule docs/benchmarks.md sizes memory by,
+/// peak ≤ idle + 5 MiB + 1.5 × bound × mean line size, and says so in
+/// `md`; returns how many runs broke it. This is what makes the bound a
+/// bound on memory and not only on events.
+fn bound_rule(
+    variants: &[Variant],
+    results: &[Vec<Flood>],
+    line_bytes: f64,
+    md: &mut String,
+) -> usize {
+    let mib = |b: f64| b / 1048576.0;
+    let mut broken = 0;
+    let _ = writeln!(
+        md,
+        "\nThe bound as memory: every run's peak ≤ idle + {:.0} MiB + {RULE_LINE_FACTOR} × bound × {line_bytes:.0} bytes (the mean line):",
+        mib(RULE_BASE_BYTES)
+    );
+    for (v, fs) in variants.iter().zip(results) {
+        for (rep, f) in fs.iter().enumerate() {
+            let allowed = f.idle_rss as f64
+                + RULE_BASE_BYTES
+                + RULE_LINE_FACTOR * v.bound as f64 * line_bytes;
+            if f.peak_rss as f64 > allowed {
+                broken += 1;
+                let _ = writeln!(
+                    md,
+                    "- **broken**: {} at channel_capacity {}, rep {}: peak {:.1} MiB > {:.1} MiB allowed",
+                    v.label,
+                    v.capacity,
+                    rep + 1,
+                    mib(f.peak_rss as f64),
+                    mib(allowed)
+                );
+            }
+        }
+    }
+    if broken == 0 {
+        let _ = writeln!(
+            md,
+            "- held by all {} runs.",
+            results.iter().map(Vec::len).sum::<usize>()
+        );
+    }
+    broken
 }
 
 /// The sweep's table per binary, the slope of peak RSS over the bound, and
@@ -367,6 +425,43 @@ mod tests {
         let got = with_capacity(text, 256).unwrap();
         assert_eq!(got, "# c\nsettings:\n  channel_capacity: 256\nstages: {}\n");
         assert!(with_capacity("stages: {}\n", 256).is_err());
+    }
+
+    #[test]
+    fn a_run_over_the_rule_is_named_and_counted() {
+        let variant = |capacity| Variant {
+            label: "this build".into(),
+            binary: PathBuf::new(),
+            capacity,
+            file: PathBuf::new(),
+            bound: capacity as u64 * 6,
+        };
+        let m = 1u64 << 20;
+        // 4096 × 6 events × 1,000 bytes × 1.5 = 35.2 MiB, + 5 MiB + 20 MiB idle.
+        let at = |peak| Flood {
+            idle_rss: 20 * m,
+            peak_rss: peak,
+            fed: 1,
+            committed: 1,
+        };
+        let variants = [variant(4096)];
+        let mut md = String::new();
+        assert_eq!(
+            bound_rule(&variants, &[vec![at(58 * m), at(60 * m)]], 1000.0, &mut md),
+            0
+        );
+        assert!(md.contains("held by all 2 runs"), "{md}");
+        let mut md = String::new();
+        assert_eq!(
+            bound_rule(
+                &variants,
+                &[vec![at(60 * m), at(61 * m), at(50 * m)]],
+                1000.0,
+                &mut md
+            ),
+            1
+        );
+        assert!(md.contains("**broken**: this build at channel_capacity 4096, rep 2: peak 61.0 MiB > 60.2 MiB allowed"), "{md}");
     }
 
     #[test]
