@@ -562,7 +562,7 @@ async fn http_limits_and_a_full_pipeline() {
 /// request times out), both are a 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_sink_answers_once_every_record_is_settled() {
-    let mut r = start(json!({"ack": "sink", "ack_timeout_ms": 1000}), 10).await;
+    let mut r = start(json!({"ack": "sink", "ack_timeout_ms": 3000}), 10).await;
     let url = format!("http://127.0.0.1:{}/v1/logs", r.http);
     let two = json!({"resourceLogs": [{"scopeLogs": [{"logRecords": [
         {"body": {"stringValue": "a"}}, {"body": {"stringValue": "b"}}]}]}]})

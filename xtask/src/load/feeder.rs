@@ -81,11 +81,10 @@ impl Corpus {
         Ok(Corpus { tails })
     }
 
-    /// The mean size of a line as the feeder writes it: its tail, newline
-    /// included, after `{"t_sched":N,` (a 16-digit N, the width of a
-    /// schedule in microseconds since the run began, bounds it above).
-    pub fn mean_line_bytes(&self) -> f64 {
-        let prefix = r#"{"t_sched":,"#.len() + 16;
+    /// The mean size of a line as the feeder writes it: `{"t_sched":N,`
+    /// with an N of `sched_digits` digits, then its tail, newline included.
+    pub fn mean_line_bytes(&self, sched_digits: usize) -> f64 {
+        let prefix = r#"{"t_sched":,"#.len() + sched_digits;
         let total: usize = self.tails.iter().map(|t| t.len() + prefix).sum();
         total as f64 / self.tails.len() as f64
     }
@@ -244,6 +243,13 @@ fn wait_writable(f: &File, timeout_ms: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mean_line_is_as_the_feeder_writes_it() {
+        let corpus = Corpus::load(b"{\"a\":1}\n{\"bb\":2}\n").unwrap();
+        // `{"t_sched":123456,` + `"a":1}\n` is 25 bytes, the other 26.
+        assert_eq!(corpus.mean_line_bytes(6), 25.5);
+    }
 
     #[test]
     fn schedule_spaces_events_by_the_rate_and_caps_at_the_count() {
