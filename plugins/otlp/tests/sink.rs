@@ -828,6 +828,16 @@ fn logged() -> String {
     String::from_utf8_lossy(&logs.lock().unwrap()).into_owned()
 }
 
+/// The lines [`logged`] holds about the receiver on `port` (ports are
+/// five digits and unique within this binary, so no other test's match).
+fn logged_about(port: u16) -> Vec<String> {
+    logged()
+        .lines()
+        .filter(|l| l.contains(&format!("127.0.0.1:{port}")))
+        .map(String::from)
+        .collect()
+}
+
 /// A 2xx answer with a partial success is delivery, and the records the
 /// receiver refused are logged with their count and its message: the
 /// whole body is read (its first chunk alone is over the 512 bytes read
@@ -858,11 +868,7 @@ async fn a_partial_success_is_logged_with_what_the_receiver_refused() {
         result.unwrap();
         server.join().unwrap();
         assert_eq!(metrics.snapshot().events_out, 1);
-        let said: Vec<String> = logged()
-            .lines()
-            .filter(|l| l.contains(&format!("127.0.0.1:{port}/")))
-            .map(String::from)
-            .collect();
+        let said = logged_about(port);
         if rejected > 0 {
             assert_eq!(said.len(), 1, "{said:?}");
             assert!(
@@ -1021,11 +1027,7 @@ async fn a_partial_success_over_grpc_is_logged() {
     result.unwrap();
     assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(metrics.snapshot().events_out, 1);
-    let said: Vec<String> = logged()
-        .lines()
-        .filter(|l| l.contains(&format!("127.0.0.1:{port}")))
-        .map(String::from)
-        .collect();
+    let said = logged_about(port);
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(
         said[0].contains("refused 3 log records for good: records too old"),
