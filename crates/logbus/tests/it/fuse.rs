@@ -342,6 +342,95 @@ stages:
     }
 }
 
+/// `transform: fail_counting`: errors on the event whose `seq` is 7 and,
+/// when its input ends, emits `{"failed_stage_saw": N}`, which must never
+/// appear: a stage that failed is not asked for what it holds.
+struct FailCounting;
+
+struct FailCountingProcessor {
+    seen: u64,
+    meta: Option<logbus_plugin_api::Meta>,
+}
+
+impl logbus_plugin_api::Processor for FailCountingProcessor {
+    fn process(&mut self, e: &mut Event) -> Result<Verdict, EventError> {
+        self.meta.get_or_insert_with(|| e.meta().clone());
+        if e.as_fields().and_then(|f| f.get("seq")?.as_u64()) == Some(7) {
+            return Err(EventError::new("seq 7 fails"));
+        }
+        self.seen += 1;
+        Ok(Verdict::Keep)
+    }
+
+    fn finish(&mut self) -> Vec<Event> {
+        let mut fields = logbus_plugin_api::Fields::new();
+        fields.insert("failed_stage_saw".into(), self.seen.into());
+        match self.meta.take() {
+            Some(meta) => vec![Event::fields(fields, meta)],
+            None => Vec::new(),
+        }
+    }
+}
+
+impl TypedPlugin for FailCounting {
+    type Options = NoOptions;
+    const NAME: &'static str = "fail_counting";
+    const KIND: StageKind = StageKind::Transform;
+    const DESCRIPTION: &'static str = "test: fails on seq 7, emits a count at the end";
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        Ok(Built::Processor(Box::new(FailCountingProcessor {
+            seen: 0,
+            meta: None,
+        })))
+    }
+}
+
+/// A chain whose *middle* member fails ends as the stages would apart: the
+/// members after it finish and hand on what they hold, the failed one is
+/// not finished (what it would emit at its end never appears), and the
+/// books balance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_middle_member_of_a_chain_is_not_finished() {
+    for fuse in [true, false] {
+        let plugins = TestPlugins::default();
+        let mut registry = plugins.registry();
+        registry.add(Typed(FailCounting));
+        let text = format!(
+            "settings: {{ fuse: {fuse} }}
+stages:
+  gen: {{ source: generator, count: 100, batch_size: 10, template: '{{\"seq\":{{{{seq}}}}}}' }}
+  json: {{ parser: json, inputs: [gen] }}
+  failing: {{ transform: fail_counting, inputs: [json], on_error: fail }}
+  count: {{ transform: count_at_end, inputs: [failing] }}
+  out: {{ sink: collect, inputs: [count] }}
+"
+        );
+        let p = valid(&text, &registry);
+        if fuse {
+            let chains: Vec<Vec<&str>> = p
+                .fused_chains()
+                .iter()
+                .map(|c| c.iter().map(|s| s.id.as_str()).collect())
+                .collect();
+            assert_eq!(chains, [["json", "failing", "count"]]);
+        }
+        let report = start(&p, CancellationToken::new()).unwrap().wait().await;
+        let failed: Vec<_> = report.failures.iter().map(|f| f.stage.as_str()).collect();
+        assert_eq!(failed, ["failing"], "fuse {fuse}: {report}");
+        assert_eq!(report.totals.lost, 0, "fuse {fuse}: {report}");
+        let out = plugins.events("out");
+        assert!(
+            out.iter()
+                .all(|e| !e.as_fields().unwrap().contains_key("failed_stage_saw")),
+            "fuse {fuse}: the failed stage was finished: {:?}",
+            out.last()
+        );
+        let last = out.last().and_then(|e| e.as_fields()).expect("events");
+        assert_eq!(last["counted"], 7, "fuse {fuse}: seq 0..=6 went through");
+        assert_eq!(seqs(&out[..7]), (0..7).collect::<Vec<_>>(), "fuse {fuse}");
+    }
+}
+
 /// `transform: hold`: the first instance built stops on the event whose
 /// `seq` is 50 until the test releases it (a chain worker caught in the
 /// middle of a batch); every later instance notes whether it ever handled

@@ -22,6 +22,10 @@ pub struct TestPlugins {
     pub gate: Option<Arc<Semaphore>>,
     /// Largest batch any collecting sink received.
     pub max_batch: Arc<std::sync::atomic::AtomicUsize>,
+    /// How many times an instance of a collecting sink started to run, by
+    /// stage id and plugin name (one per worker, and one more per worker a
+    /// reload swaps in).
+    pub runs: Arc<Mutex<HashMap<(String, &'static str), usize>>>,
 }
 
 struct CollectPlugin(TestPlugins);
@@ -30,6 +34,8 @@ struct PanicPlugin;
 
 struct CollectSink {
     id: String,
+    plugin: &'static str,
+    runs: Arc<Mutex<HashMap<(String, &'static str), usize>>>,
     store: Store,
     gate: Option<Arc<Semaphore>>,
     max_batch: Arc<std::sync::atomic::AtomicUsize>,
@@ -38,6 +44,12 @@ struct CollectSink {
 #[async_trait]
 impl Sink for CollectSink {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry((self.id.clone(), self.plugin))
+            .or_default() += 1;
         while let Some(mut batch) = cx.input.recv().await {
             cx.metrics.add_in(batch.len() as u64);
             if let Some(gate) = &self.gate {
@@ -72,6 +84,8 @@ impl TypedPlugin for CollectPlugin {
     fn build(&self, _o: NoOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Sink(Box::new(CollectSink {
             id: cx.stage_id.clone(),
+            plugin: Self::NAME,
+            runs: self.0.runs.clone(),
             store: self.0.store.clone(),
             gate: None,
             max_batch: self.0.max_batch.clone(),
@@ -87,6 +101,8 @@ impl TypedPlugin for GatedPlugin {
     fn build(&self, _o: NoOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Sink(Box::new(CollectSink {
             id: cx.stage_id.clone(),
+            plugin: Self::NAME,
+            runs: self.0.runs.clone(),
             store: self.0.store.clone(),
             gate: self.0.gate.clone(),
             max_batch: self.0.max_batch.clone(),
@@ -162,6 +178,16 @@ impl TestPlugins {
         r.add(Typed(PanicPlugin));
         r.add(Typed(CountAtEndPlugin));
         r
+    }
+
+    /// How many instances of `plugin` have started to run as `stage`.
+    pub fn runs(&self, stage: &str, plugin: &'static str) -> usize {
+        self.runs
+            .lock()
+            .unwrap()
+            .get(&(stage.to_string(), plugin))
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn events(&self, stage: &str) -> Vec<Event> {

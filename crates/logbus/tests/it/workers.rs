@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use logbus_core::runtime::ReloadError;
 use logbus_core::start;
 use logbus_plugin_api::{CancellationToken, Event};
 
@@ -48,21 +49,29 @@ async fn each_event_is_handled_by_exactly_one_worker() {
     assert!(json.max_occupancy <= 512);
 }
 
+/// A reload swaps every worker of a changed stage, processors and sinks
+/// alike, and refuses to change how many workers a stage has or its queue
+/// (that needs a restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_swaps_every_worker() {
     let plugins = TestPlugins::default();
     let registry = plugins.registry();
-    let text = |v: u32| {
+    let text = |v: u32, sink: &str, workers: &str| {
         format!(
             "settings: {{ channel_capacity: 128 }}\nstages:
   gen: {{ source: generator, template: '{{\"seq\":{{{{seq}}}},\"from\":\"g\"}}' }}
   json: {{ parser: json, inputs: [gen], workers: 3 }}
-  tag: {{ transform: fields, inputs: [json], workers: 3, set: {{ v: {v} }} }}
-  out: {{ sink: collect, inputs: [tag], workers: 2 }}
+  tag: {{ transform: fields, inputs: [json], {workers}, set: {{ v: {v} }} }}
+  out: {{ sink: {sink}, inputs: [tag], workers: 2 }}
 "
         )
     };
-    let running = start(&valid(&text(1), &registry), CancellationToken::new()).unwrap();
+    let three = "workers: 3";
+    let running = start(
+        &valid(&text(1, "collect", three), &registry),
+        CancellationToken::new(),
+    )
+    .unwrap();
     let out = running.metrics("out").unwrap().clone();
     let wait = |n: u64| {
         let out = out.clone();
@@ -75,13 +84,51 @@ async fn a_reload_swaps_every_worker() {
         }
     };
     wait(3000).await;
-    let summary = running.reload(valid(&text(2), &registry)).await.unwrap();
-    assert_eq!(summary.changed, ["tag"]);
+    assert_eq!(plugins.runs("out", "collect"), 2, "one run per sink worker");
+
+    // The number of workers, or the queue, of a stage cannot change.
+    for changed in [
+        "workers: 2",
+        "workers: 3, queue: { size: 64 }",
+        "workers: 3, queue: { scope: local }",
+    ] {
+        let refused = running
+            .reload(valid(&text(2, "gated", changed), &registry))
+            .await;
+        assert!(
+            matches!(refused, Err(ReloadError::QueueChanged(ref id)) if id == "tag"),
+            "{changed}: {refused:?}"
+        );
+    }
+    assert_eq!(
+        plugins.runs("out", "gated"),
+        0,
+        "a refused reload swaps nothing"
+    );
+
+    // The transform's value and the sink's plugin change: every worker of
+    // both is swapped.
+    let summary = running
+        .reload(valid(&text(2, "gated", three), &registry))
+        .await
+        .unwrap();
+    assert_eq!(summary.changed, ["tag", "out"]);
     let at = out.snapshot().events_out;
     wait(at + 20000).await;
+    let began = Instant::now();
+    while plugins.runs("out", "gated") < 2 {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "only {} of the sink's 2 workers run the new sink",
+            plugins.runs("out", "gated")
+        );
+        tokio::task::yield_now().await;
+    }
     running.shutdown();
     let report = running.wait().await;
     assert!(report.is_clean(), "{report}");
+    assert_eq!(plugins.runs("out", "gated"), 2);
+    assert_eq!(plugins.runs("out", "collect"), 2);
     let events = plugins.events("out");
     let got = by_source(&events);
     assert_eq!(
@@ -92,8 +139,6 @@ async fn a_reload_swaps_every_worker() {
     // Every worker was swapped: the last events all carry the new value.
     let tail = &events[events.len() - 1000..];
     assert!(tail.iter().all(|e| e.as_fields().unwrap()["v"] == 2));
-    // Changing the number of workers needs a restart.
-    let _ = registry;
 }
 
 #[test]
