@@ -946,6 +946,7 @@ impl Source for KafkaConsumerSource {
 mod tests {
     use super::*;
     use crate::client::BrokerWatch;
+    use logbus_plugin_api::AckCounts;
 
     fn options(extra: Value) -> KafkaSourceOptions {
         let mut o = serde_json::json!({ "brokers": "b:9092", "group_id": "g", "topics": ["t"] });
@@ -1001,6 +1002,91 @@ mod tests {
         assert_eq!(bootstrap_servers(&o.client_config(&cx)), "b:9092");
         let o = options(serde_json::json!({ "librdkafka": { "bootstrap.servers": "c:1,d:2" } }));
         assert_eq!(bootstrap_servers(&o.client_config(&cx)), "c:1,d:2");
+    }
+
+    /// A track's books: events sent and not finished, the offset to commit
+    /// (past every finished batch, and only once it moved), and a revoke's
+    /// view of both.
+    #[test]
+    fn a_track_commits_only_past_finished_batches_and_only_once() {
+        let track = Track::new();
+        let begin = |last: i64, n: u64| {
+            track.sent.fetch_add(n, Ordering::Relaxed);
+            track.lock().begin(last, n)
+        };
+        assert_eq!(track.to_commit(), None);
+        // Three batches: offsets 9..=10, 11..=12 and 13.
+        let (a, b, c) = (begin(10, 2), begin(12, 2), begin(13, 1));
+        assert_eq!(track.unfinished(), 5);
+        assert_eq!(track.release(), (None, 5, AckCounts::default()));
+        // A later batch finishing first commits nothing.
+        track.finished(b, Outcome::Delivered);
+        assert_eq!(track.unfinished(), 3);
+        assert_eq!(track.to_commit(), None);
+        // A refused event is finished: the offset moves past both.
+        track.finished(a, Outcome::Rejected);
+        assert_eq!(track.unfinished(), 1);
+        assert_eq!(track.to_commit(), Some(13), "the next offset to read");
+        assert_eq!(track.release().0, Some(13));
+        track.committed_at(13);
+        assert_eq!(track.to_commit(), None, "committed already");
+        assert_eq!(track.release().0, None);
+        // An older commit confirmed late does not move it back.
+        track.committed_at(11);
+        assert_eq!(track.to_commit(), None);
+        // An errored batch is finished but holds the offset before it.
+        track.finished(c, Outcome::Errored);
+        let (next, unfinished, counts) = track.release();
+        assert_eq!((next, unfinished), (None, 0));
+        assert_eq!(
+            counts,
+            AckCounts {
+                delivered: 2,
+                rejected: 2,
+                errored: 1
+            }
+        );
+        assert_eq!(track.to_commit(), None);
+    }
+
+    /// The stage's acknowledgement counts add up every assigned partition
+    /// and the ones no longer assigned.
+    #[test]
+    fn published_counts_add_up_every_partition() {
+        let shared = Shared::new("s".into(), Reports::new("s".into()));
+        *shared.gone.lock().unwrap() = AckCounts {
+            delivered: 100,
+            rejected: 10,
+            errored: 1,
+        };
+        let metrics = logbus_plugin_api::StageMetrics::default();
+        shared.publish(&metrics);
+        let acks = metrics.snapshot();
+        assert_eq!(
+            (
+                acks.acked_delivered,
+                acks.acked_rejected,
+                acks.acked_errored
+            ),
+            (100, 10, 1)
+        );
+        for (p, outcome) in [(0, Outcome::Delivered), (1, Outcome::Errored)] {
+            let track = Arc::new(Track::new());
+            let done = track.lock().begin(5, 3);
+            track.finished(done, outcome);
+            track.lock().begin(6, 1);
+            shared.tracks().insert(("t".into(), p), track);
+        }
+        shared.publish(&metrics);
+        let acks = metrics.snapshot();
+        assert_eq!(
+            (
+                acks.acked_delivered,
+                acks.acked_rejected,
+                acks.acked_errored
+            ),
+            (103, 10, 4)
+        );
     }
 
     /// The consumer's statistics reach its watch.
