@@ -1038,6 +1038,7 @@ mod tests {
         track.finished(c, Outcome::Errored);
         let (next, unfinished, counts) = track.release();
         assert_eq!((next, unfinished), (None, 0));
+        assert_eq!(track.unfinished(), 0);
         assert_eq!(
             counts,
             AckCounts {
