@@ -1090,6 +1090,63 @@ mod tests {
         );
     }
 
+    /// Every bound holds at its edges (the value on each side), topic names
+    /// at theirs, and the defaults are valid.
+    #[test]
+    fn every_bound_is_checked_at_its_edges() {
+        let errors = |name: &str, value: Value| -> Vec<(String, String)> {
+            let mut extra = serde_json::Map::new();
+            extra.insert(name.to_string(), value);
+            options(Value::Object(extra))
+                .check()
+                .into_iter()
+                .map(|e| (e.path.join("."), e.message))
+                .collect()
+        };
+        assert_eq!(errors("topics", serde_json::json!(["t"])), []);
+        for (name, inside, outside) in [
+            ("batch_max_events", vec![1, 100_000], vec![0, 100_001]),
+            (
+                "commit_interval_ms",
+                vec![10, 3_600_000],
+                vec![9, 3_600_001],
+            ),
+            ("max_in_flight_per_partition", vec![1], vec![0]),
+            (
+                "fetch_queue_max_kib",
+                vec![1, 2_097_151],
+                vec![0, 2_097_152],
+            ),
+            ("max_partition_fetch_bytes", vec![1024], vec![1023]),
+            (
+                "session_timeout_ms",
+                vec![1000, 3_600_000],
+                vec![999, 3_600_001],
+            ),
+        ] {
+            for v in inside {
+                assert_eq!(errors(name, v.into()), [], "{name}: {v}");
+            }
+            for v in outside {
+                let e = errors(name, v.into());
+                assert!(e.len() == 1 && e[0].0 == name, "{name}: {v}: {e:?}");
+            }
+        }
+        let topic = |t: &str| errors("topics", serde_json::json!([t]));
+        for good in ["a.b_c-D9", &"t".repeat(249), "^logs-.*"] {
+            assert_eq!(topic(good), [], "{good:?}");
+        }
+        for bad in ["", &"t".repeat(250), "a/b", "a b", "t\u{e9}"] {
+            let e = topic(bad);
+            assert!(
+                e.len() == 1 && e[0].0 == "topics.0" && e[0].1.contains("is not a topic name"),
+                "{bad:?}: {e:?}"
+            );
+        }
+        let e = errors("group_id", " ".into());
+        assert_eq!(e, [("group_id".into(), "must not be empty".into())]);
+    }
+
     /// The consumer's statistics reach its watch.
     #[test]
     fn statistics_reach_the_watch() {
