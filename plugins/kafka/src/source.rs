@@ -863,14 +863,20 @@ impl Reader<'_> {
         {
             let mut paused = self.shared.paused();
             for (key, track) in &tracks {
-                let open = track.unfinished();
                 let was = paused.contains(key);
-                if !was && open >= self.max_in_flight {
-                    pause.add_partition(&key.0, key.1);
-                    paused.insert(key.clone());
-                } else if was && open <= self.max_in_flight / 2 {
-                    resume.add_partition(&key.0, key.1);
-                    paused.remove(key);
+                match (
+                    was,
+                    paused_after(was, track.unfinished(), self.max_in_flight),
+                ) {
+                    (false, true) => {
+                        pause.add_partition(&key.0, key.1);
+                        paused.insert(key.clone());
+                    }
+                    (true, false) => {
+                        resume.add_partition(&key.0, key.1);
+                        paused.remove(key);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -888,6 +894,17 @@ impl Reader<'_> {
             .tracks()
             .values()
             .any(|t| t.lock().worth_waiting())
+    }
+}
+
+/// Whether a partition is paused after a look at its `open` unfinished
+/// events: paused at the cap, resumed only once half of it is left, so a
+/// partition near its cap does not flap with every event finishing.
+fn paused_after(was_paused: bool, open: u64, cap: u64) -> bool {
+    if was_paused {
+        open > cap / 2
+    } else {
+        open >= cap
     }
 }
 
@@ -1145,6 +1162,26 @@ mod tests {
         }
         let e = errors("group_id", " ".into());
         assert_eq!(e, [("group_id".into(), "must not be empty".into())]);
+    }
+
+    /// A partition pauses at its cap and resumes at half of it, not before.
+    #[test]
+    fn a_partition_pauses_at_its_cap_and_resumes_at_half() {
+        for (was, open, cap, after) in [
+            (false, 9, 10, false),
+            (false, 10, 10, true),
+            (false, 11, 10, true),
+            (true, 6, 10, true),
+            (true, 5, 10, false),
+            (true, 0, 10, false),
+            (false, 1, 1, true),
+            (true, 1, 1, true),
+            (true, 0, 1, false),
+            (true, 2, 3, true),
+            (true, 1, 3, false),
+        ] {
+            assert_eq!(paused_after(was, open, cap), after, "{was} {open} {cap}");
+        }
     }
 
     /// The consumer's statistics reach its watch.
