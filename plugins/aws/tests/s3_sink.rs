@@ -435,6 +435,94 @@ fn option_errors_name_the_option() {
     assert!(e(json!({})).contains("bucket"), "{}", e(json!({})));
 }
 
+/// Each bound at its edges, each option that must not be 0, and the
+/// credential and encryption options that go together.
+#[test]
+fn option_bounds_hold_at_their_edges() {
+    let e = |more: Value| {
+        let mut o = json!({"bucket": "b"});
+        o.as_object_mut()
+            .unwrap()
+            .extend(more.as_object().unwrap().clone());
+        testing::option_errors(&Typed(logbus_aws::s3_sink::S3Sink), o)
+    };
+    let (min, max) = (5u64 << 20, 5u64 << 30);
+    for ok in [min, max] {
+        assert_eq!(e(json!({"part_size_bytes": ok})), "", "{ok}");
+    }
+    for bad in [min - 1, max + 1] {
+        assert!(
+            e(json!({"part_size_bytes": bad})).starts_with("part_size_bytes: must be between"),
+            "{bad}"
+        );
+    }
+    for key in [
+        "max_object_bytes",
+        "max_object_age_ms",
+        "max_open_objects",
+        "request_timeout_ms",
+        "max_object_events",
+        "retry_max_attempts",
+    ] {
+        assert_eq!(e(json!({ key: 1 })), "", "{key}: 1");
+        assert_eq!(
+            e(json!({ key: 0 })),
+            format!("{key}: must be at least 1"),
+            "{key}: 0"
+        );
+    }
+    assert_eq!(
+        e(json!({"retry_initial_backoff_ms": 0, "retry_max_backoff_ms": 0})),
+        "retry_initial_backoff_ms: must be at least 1; retry_max_backoff_ms: must be at least 1"
+    );
+    assert_eq!(
+        e(json!({"retry_initial_backoff_ms": 5, "retry_max_backoff_ms": 5})),
+        ""
+    );
+    assert_eq!(
+        e(json!({"retry_initial_backoff_ms": 6, "retry_max_backoff_ms": 5})),
+        "retry_max_backoff_ms: must not be below `retry_initial_backoff_ms`"
+    );
+    for sse in ["AES256", "aws:kms", "aws:kms:dsse"] {
+        assert_eq!(e(json!({"server_side_encryption": sse})), "", "{sse}");
+    }
+    assert_eq!(
+        e(json!({"server_side_encryption": "aws:kms", "ssekms_key_id": "k"})),
+        ""
+    );
+    assert_eq!(
+        e(json!({"server_side_encryption": "AES256", "ssekms_key_id": "k"})),
+        "ssekms_key_id: needs `server_side_encryption: aws:kms`"
+    );
+    assert_eq!(
+        e(json!({"server_side_encryption": "aes256"})),
+        "server_side_encryption: `aes256` is not one of AES256, aws:kms, aws:kms:dsse"
+    );
+    assert_eq!(e(json!({"bucket": ""})), "bucket: must not be empty");
+    // Credentials: both keys or neither; a token only with them; keys or
+    // a profile; an endpoint over http or https.
+    assert_eq!(
+        e(json!({"access_key_id": "k", "secret_access_key": "s", "session_token": "t"})),
+        ""
+    );
+    assert_eq!(
+        e(json!({"secret_access_key": "s"})),
+        "access_key_id: is needed with `secret_access_key`"
+    );
+    assert_eq!(
+        e(json!({"session_token": "t"})),
+        "session_token: goes with `access_key_id` and `secret_access_key`"
+    );
+    assert_eq!(
+        e(json!({"access_key_id": "k", "secret_access_key": "s", "profile": "p"})),
+        "profile: static keys and a profile exclude each other"
+    );
+    assert_eq!(e(json!({"profile": "p"})), "");
+    for ok in ["http://127.0.0.1:9000", "https://s3.example"] {
+        assert_eq!(e(json!({"endpoint": ok})), "", "{ok}");
+    }
+}
+
 /// `object_format: parquet`: each object is a Parquet file (read back by
 /// pyarrow) with row groups of `row_group_rows`, its schema inferred from
 /// the first row group and widened as rows come (an int column meeting a
