@@ -47,6 +47,7 @@ async fn reload_under_load_swaps_changed_stages_and_loses_nothing() {
     assert_eq!(summary.added, ["extra"]);
     assert_eq!(summary.rewired, ["json"]);
     assert!(summary.removed.is_empty());
+    assert_eq!(summary.unchanged, 3, "gen, json and out");
     let at_first_reload = out.snapshot().events_out;
     wait_until("traffic after the reload", || {
         out.snapshot().events_out > at_first_reload + 5_000
@@ -71,6 +72,7 @@ async fn reload_under_load_swaps_changed_stages_and_loses_nothing() {
         .await
         .unwrap();
     assert_eq!(summary.removed, ["extra"]);
+    assert_eq!(summary.unchanged, 4);
     let at_second_reload = out.snapshot().events_out;
     wait_until("traffic after removal", || {
         out.snapshot().events_out > at_second_reload + 5_000
