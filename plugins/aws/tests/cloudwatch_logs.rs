@@ -235,4 +235,31 @@ fn option_errors_name_the_option() {
         e(json!({"group": "", "stream": "s"})),
         "group: must not be empty"
     );
+    // The service's limits at their edges.
+    let with = |more: Value| {
+        let mut o = json!({"group": "g", "stream": "s"});
+        o.as_object_mut()
+            .unwrap()
+            .extend(more.as_object().unwrap().clone());
+        e(o)
+    };
+    assert_eq!(with(json!({"batch_max_events": 10_000})), "");
+    assert_eq!(with(json!({"batch_max_bytes": 1_048_576})), "");
+    assert_eq!(
+        with(json!({"batch_max_bytes": 1_048_577})),
+        "batch_max_bytes: at most 1048576 (the service's limit per request, 26 bytes per event included)"
+    );
+    assert_eq!(with(json!({"retention_days": 3653})), "");
+    assert_eq!(with(json!({"stream": ""})), "stream: must not be empty");
+    assert!(
+        with(json!({"stream": "%Q"})).starts_with("stream: `%Q`"),
+        "{}",
+        with(json!({"stream": "%Q"}))
+    );
+    assert_eq!(with(json!({"timestamp_field": "at.when"})), "");
+    assert!(
+        with(json!({"timestamp_field": "a..b"})).starts_with("timestamp_field: "),
+        "{}",
+        with(json!({"timestamp_field": "a..b"}))
+    );
 }

@@ -216,5 +216,49 @@ fn option_errors_name_the_option() {
     assert_eq!(
         e(json!({"bucket": "b", "poll_interval_ms": 0})),
         "poll_interval_ms: must be at least 1"
+    ); // Each bound at its edges.
+    let with = |more: Value| {
+        let mut o = json!({"bucket": "b"});
+        o.as_object_mut()
+            .unwrap()
+            .extend(more.as_object().unwrap().clone());
+        e(o)
+    };
+    for ok in [1, 64] {
+        assert_eq!(with(json!({"concurrency": ok})), "", "{ok}");
+    }
+    assert_eq!(
+        with(json!({"concurrency": 65})),
+        "concurrency: must be between 1 and 64, got 65"
     );
+    for key in [
+        "max_line_bytes",
+        "request_timeout_ms",
+        "retry_max_attempts",
+        "poll_interval_ms",
+    ] {
+        assert_eq!(with(json!({ key: 1 })), "", "{key}: 1");
+        assert_eq!(
+            with(json!({ key: 0 })),
+            format!("{key}: must be at least 1"),
+            "{key}: 0"
+        );
+    }
+    assert_eq!(
+        with(json!({"retry_initial_backoff_ms": 0, "retry_max_backoff_ms": 0})),
+        "retry_initial_backoff_ms: must be at least 1; retry_max_backoff_ms: must be at least 1"
+    );
+    assert_eq!(
+        with(json!({"retry_initial_backoff_ms": 5, "retry_max_backoff_ms": 5})),
+        ""
+    );
+    assert_eq!(
+        with(json!({"retry_initial_backoff_ms": 6, "retry_max_backoff_ms": 5})),
+        "retry_max_backoff_ms: must not be below `retry_initial_backoff_ms`"
+    );
+    assert_eq!(
+        with(json!({"exclude": ["ok/*", "b[", "c"]})),
+        "exclude.1: `b[` is not a glob: Pattern syntax error near position 1: invalid range pattern"
+    );
+    assert_eq!(with(json!({"bucket": ""})), "bucket: must not be empty");
 }
