@@ -335,6 +335,38 @@ mod tests {
     use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
     /// A statistics report with brokers of these (source, state).
+    /// Every broker in the list needs a host and a numeric port; TLS
+    /// takes a client certificate and its key together or neither.
+    #[test]
+    fn the_connection_options_are_checked() {
+        let brokers_ok = |b: &str| check_connection(b, None).is_empty();
+        for ok in ["h:1", "h:1, k:65535", "10.0.0.1:9092", "[::1]:9092"] {
+            assert!(brokers_ok(ok), "{ok}");
+        }
+        for bad in ["h", ":1", "h:", "h:x", "h:65536", "h:1,,k:2", ""] {
+            let errors = check_connection(bad, None);
+            assert_eq!(errors.len(), 1, "{bad:?}");
+            assert_eq!(errors[0].path, ["brokers"], "{bad:?}");
+        }
+        let tls = |cert: bool, key: bool| KafkaTls {
+            ca_file: None,
+            cert_file: cert.then(|| "c.pem".into()),
+            key_file: key.then(|| "k.pem".into()),
+        };
+        for (cert, key, fine) in [
+            (false, false, true),
+            (true, true, true),
+            (true, false, false),
+            (false, true, false),
+        ] {
+            let errors = check_connection("h:1", Some(&tls(cert, key)));
+            assert_eq!(errors.is_empty(), fine, "cert {cert}, key {key}");
+            if !fine {
+                assert_eq!(errors[0].path, ["tls"]);
+            }
+        }
+    }
+
     fn report(brokers: &[(&str, &str)]) -> Vec<u8> {
         let brokers: serde_json::Map<String, serde_json::Value> = brokers
             .iter()
