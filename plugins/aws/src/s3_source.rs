@@ -259,9 +259,8 @@ impl Progress {
         for (key, track) in &self.pass {
             let finished = track.as_ref().is_some_and(|t| t.finished());
             if finished && contiguous {
+                // (Its own entries go with the others at or before `after`.)
                 saved.after = Some(key.clone());
-                saved.done.remove(key);
-                saved.partial.remove(key);
                 continue;
             }
             contiguous = false;
@@ -774,5 +773,120 @@ impl Source for S3Reader {
         }
         save(&this.state, &lock().checkpoint(), &id);
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+
+    /// An object's track that skipped `skipped` messages delivered by an
+    /// earlier run, with batches begun ending at `ends`; their tokens.
+    fn track(skipped: u64, ends: &[u64]) -> (Arc<Track>, Vec<u64>) {
+        let t = Arc::new(Track {
+            checkpoint: Mutex::new(OrderedCheckpoint::new()),
+            skipped,
+            sent: AtomicU64::new(skipped),
+            read_all: AtomicBool::new(false),
+        });
+        let tokens = ends.iter().map(|end| t.lock().begin(*end, 1)).collect();
+        (t, tokens)
+    }
+
+    fn read_all(t: &Track) {
+        t.read_all.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn saved(after: Option<&str>, done: &[&str], partial: &[(&str, u64)]) -> Saved {
+        Saved {
+            after: after.map(str::to_string),
+            done: done.iter().map(|k| k.to_string()).collect(),
+            partial: partial.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+        }
+    }
+
+    /// `after` moves over the finished keys at the front of the pass; a
+    /// finished key behind an unfinished one is `done`; an unfinished one
+    /// keeps how many of its first messages are delivered (none: no
+    /// entry); entries at or before `after` go.
+    #[test]
+    fn the_checkpoint_moves_over_finished_keys_in_order() {
+        // a: finished. b: three batches, the first and last delivered.
+        // c: finished (refused counts as finished). d: not begun yet.
+        // e: 7 messages skipped, one batch open. f: begun, none delivered.
+        // g: every batch delivered but not read to its end.
+        let (a, ta) = track(0, &[5]);
+        read_all(&a);
+        AckReceiver::finished(&*a, ta[0], Outcome::Delivered);
+        let (b, tb) = track(0, &[2, 4, 6]);
+        read_all(&b);
+        AckReceiver::finished(&*b, tb[0], Outcome::Delivered);
+        AckReceiver::finished(&*b, tb[2], Outcome::Delivered);
+        let (c, tc) = track(0, &[3]);
+        read_all(&c);
+        AckReceiver::finished(&*c, tc[0], Outcome::Rejected);
+        let (e, _) = track(7, &[9]);
+        let (f, _) = track(0, &[1]);
+        let (g, tg) = track(0, &[4]);
+        AckReceiver::finished(&*g, tg[0], Outcome::Delivered);
+        let mut progress = Progress::default();
+        for (key, t) in [
+            ("a", Some(&a)),
+            ("b", Some(&b)),
+            ("c", Some(&c)),
+            ("d", None),
+            ("e", Some(&e)),
+            ("f", Some(&f)),
+            ("g", Some(&g)),
+        ] {
+            progress.pass.insert(key.into(), t.cloned());
+        }
+        let first = progress.checkpoint();
+        assert_eq!(
+            first,
+            saved(Some("a"), &["c"], &[("b", 2), ("e", 7), ("g", 4)])
+        );
+        // b's middle batch: a, b and c are finished in a row.
+        AckReceiver::finished(&*b, tb[1], Outcome::Delivered);
+        progress.saved = first;
+        assert_eq!(
+            progress.checkpoint(),
+            saved(Some("c"), &[], &[("e", 7), ("g", 4)])
+        );
+        // g read to its end: finished, but behind d.
+        read_all(&g);
+        assert_eq!(progress.checkpoint(), saved(Some("c"), &["g"], &[("e", 7)]));
+    }
+
+    /// A new pass starts from what was saved: entries the pass does not
+    /// reach stay, those at or before the new `after` go, and an errored
+    /// batch holds its key where it was.
+    #[test]
+    fn a_pass_keeps_what_was_saved_and_an_errored_batch_holds_its_key() {
+        let (k, tk) = track(0, &[2, 4]);
+        read_all(&k);
+        AckReceiver::finished(&*k, tk[0], Outcome::Delivered);
+        AckReceiver::finished(&*k, tk[1], Outcome::Errored);
+        let (m, tm) = track(0, &[1]);
+        read_all(&m);
+        AckReceiver::finished(&*m, tm[0], Outcome::Delivered);
+        let mut progress = Progress {
+            saved: saved(Some("b"), &["j", "z"], &[("c", 3), ("m", 1), ("y", 1)]),
+            pass: BTreeMap::new(),
+        };
+        progress.pass.insert("m".into(), Some(m));
+        assert_eq!(
+            progress.checkpoint(),
+            saved(Some("m"), &["z"], &[("y", 1)]),
+            "j, c and m's own entry are at or before m"
+        );
+        progress.pass.insert("k".into(), Some(k));
+        assert_eq!(
+            progress.checkpoint(),
+            saved(Some("b"), &["j", "m", "z"], &[("c", 3), ("k", 2), ("y", 1)]),
+            "k is held at 2 by its errored batch"
+        );
+        assert!(!progress.worth_waiting(), "an errored batch holds k");
     }
 }
