@@ -450,6 +450,10 @@ fn damage_between_runs_is_reported_as_exactly_the_events_lost() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("lost=0 "), "{stderr}");
+    assert!(
+        !stderr.contains("gone from the queue"),
+        "no damage, no report: {stderr}"
+    );
     assert_eq!(o.status.code(), Some(0), "{stderr}");
 }
 
