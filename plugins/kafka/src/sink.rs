@@ -624,6 +624,58 @@ mod tests {
         (p.replaced.load(Ordering::Relaxed), p.current().0)
     }
 
+    /// What a failed produce means: refused for good (the message, a
+    /// topic that does not exist, an authorisation) or retried.
+    #[test]
+    fn each_kind_of_failure_is_refused_or_retried() {
+        use RDKafkaErrorCode as C;
+        let of = |code| outcome(&KafkaError::MessageProduction(code), "logs");
+        for code in [
+            C::MessageSizeTooLarge,
+            C::InvalidMessageSize,
+            C::InvalidMessage,
+            C::InvalidRecord,
+            C::MessageBatchTooLarge,
+            C::InvalidTopic,
+        ] {
+            assert!(
+                matches!(of(code), ItemResult::Rejected(ref why) if why.starts_with("kafka refused the message: ")),
+                "{code:?}: {:?}",
+                of(code)
+            );
+        }
+        for code in [
+            C::UnknownTopicOrPartition,
+            C::UnknownTopic,
+            C::UnknownPartition,
+        ] {
+            assert!(
+                matches!(of(code), ItemResult::Rejected(ref why) if why.starts_with("topic `logs` does not exist: ")),
+                "{code:?}: {:?}",
+                of(code)
+            );
+        }
+        for code in [C::TopicAuthorizationFailed, C::ClusterAuthorizationFailed] {
+            assert!(
+                matches!(of(code), ItemResult::Rejected(ref why) if why.starts_with("not authorised to write to `logs`: ")),
+                "{code:?}: {:?}",
+                of(code)
+            );
+        }
+        for code in [
+            C::MessageTimedOut,
+            C::QueueFull,
+            C::AllBrokersDown,
+            C::NotLeaderForPartition,
+        ] {
+            assert!(
+                matches!(of(code), ItemResult::Retry(ref why) if why.starts_with("kafka: ")),
+                "{code:?}: {:?}",
+                of(code)
+            );
+        }
+    }
+
     /// Every batching, retry and flow option reaches the sink core.
     #[test]
     fn the_options_set_the_sink_core() {
