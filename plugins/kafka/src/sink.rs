@@ -715,6 +715,37 @@ mod tests {
         assert_eq!(config.destination, "kafka b:9092 topic t");
     }
 
+    /// A message of exactly `max_message_bytes` is sent (here it times
+    /// out: no broker); one byte more is refused without being sent.
+    #[tokio::test]
+    async fn the_message_size_limit_is_inclusive() {
+        let service = unserved(Duration::ZERO);
+        let sized = |n: usize| {
+            vec![Message {
+                topic: "t".into(),
+                key: None,
+                payload: vec![b'x'; n],
+                headers: Vec::new(),
+            }]
+        };
+        match service.send(&sized(1000)).await {
+            Response::Items(items) => assert!(
+                matches!(&items[0], ItemResult::Retry(why) if why.contains("timed out")),
+                "{items:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        match service.send(&sized(1001)).await {
+            Response::Items(items) => assert_eq!(
+                items,
+                [ItemResult::Rejected(
+                    "a message of 1001 bytes is larger than max_message_bytes (1000)".into()
+                )]
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn a_producer_whose_messages_keep_timing_out_is_replaced_each_time() {
         let service = unserved(Duration::from_millis(1));
