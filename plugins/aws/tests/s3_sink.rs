@@ -270,6 +270,33 @@ async fn a_shutdown_request_finishes_open_objects_before_the_input_ends() {
     assert_eq!(all, (0..30).collect::<Vec<_>>());
 }
 
+/// `max_object_events`: an object is finished as it takes its last
+/// allowed event, not one later; the rest start the next object.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_holds_at_most_max_object_events() {
+    let url = endpoint();
+    let b = bucket(&url, "events");
+    let heard = Arc::new(Heard::default());
+    let (result, metrics) = testing::run_sink(
+        sink(options(
+            &url,
+            &b,
+            json!({"compression": "none", "max_object_events": 100}),
+        )),
+        vec![events(&heard, 1, 0..250)],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(metrics.snapshot().events_out, 250);
+    assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Delivered)]));
+    let mut held: Vec<Vec<u64>> = objects(&url, &b).iter().map(|o| seqs(&o.text)).collect();
+    held.sort();
+    let sizes: Vec<usize> = held.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [100, 100, 50]);
+    assert_eq!(held.concat(), (0..250).collect::<Vec<_>>());
+}
+
 /// More prefixes than `max_open_objects`: the oldest object is finished to
 /// make room, so memory stays at that many parts.
 #[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
