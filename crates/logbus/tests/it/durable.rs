@@ -254,12 +254,18 @@ fn a_failed_stages_events_stay_on_disk_and_the_next_run_delivers_them_with_more_
         .arg(&p)
         .env("OUT", &second_out)
         .env("W", "3")
+        .env("LOGBUS_LOG", "info")
         .stdin(Stdio::null())
         .arg("--stats-json")
         .arg(dir.path().join("stats2.json"))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("recovered {kept} events (")),
+        "the start says what it recovered: {said}"
+    );
     let first = line_numbers(&std::fs::read_to_string(&first_out).unwrap());
     let second = line_numbers(&std::fs::read_to_string(&second_out).unwrap());
     assert_eq!(second.len() as u64, kept);
@@ -279,10 +285,16 @@ fn a_failed_stages_events_stay_on_disk_and_the_next_run_delivers_them_with_more_
         .arg("run")
         .arg(&p)
         .env("OUT", &third_out)
+        .env("LOGBUS_LOG", "info")
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(o.status.success());
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{said}");
+    assert!(
+        !said.contains("left by an earlier run"),
+        "nothing to recover: {said}"
+    );
     assert_eq!(std::fs::read_to_string(&third_out).unwrap(), "");
 }
 
