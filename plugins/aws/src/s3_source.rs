@@ -228,6 +228,16 @@ impl AckReceiver for Track {
 }
 
 impl Track {
+    /// An object whose first `skipped` messages an earlier run delivered.
+    fn new(skipped: u64) -> Self {
+        Track {
+            checkpoint: Mutex::new(OrderedCheckpoint::new()),
+            skipped,
+            sent: std::sync::atomic::AtomicU64::new(skipped),
+            read_all: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, OrderedCheckpoint<u64>> {
         self.checkpoint.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -667,12 +677,7 @@ impl Source for S3Reader {
                 while readers.len() < this.options.concurrency && !cx.shutdown.is_cancelled() {
                     let Some(key) = next.next() else { break };
                     let skip = lock().saved.partial.get(&key).copied().unwrap_or(0);
-                    let track = Arc::new(Track {
-                        checkpoint: Mutex::new(OrderedCheckpoint::new()),
-                        skipped: skip,
-                        sent: std::sync::atomic::AtomicU64::new(skip),
-                        read_all: std::sync::atomic::AtomicBool::new(false),
-                    });
+                    let track = Arc::new(Track::new(skip));
                     lock().pass.insert(key.clone(), Some(track.clone()));
                     let (client, this, output, shutdown, handle) = (
                         client.clone(),
@@ -779,17 +784,11 @@ impl Source for S3Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicU64};
 
     /// An object's track that skipped `skipped` messages delivered by an
     /// earlier run, with batches begun ending at `ends`; their tokens.
     fn track(skipped: u64, ends: &[u64]) -> (Arc<Track>, Vec<u64>) {
-        let t = Arc::new(Track {
-            checkpoint: Mutex::new(OrderedCheckpoint::new()),
-            skipped,
-            sent: AtomicU64::new(skipped),
-            read_all: AtomicBool::new(false),
-        });
+        let t = Arc::new(Track::new(skipped));
         let tokens = ends.iter().map(|end| t.lock().begin(*end, 1)).collect();
         (t, tokens)
     }

@@ -10,7 +10,7 @@ use logbus_plugin_api::{
 use serde_json::{Value, json};
 
 mod common;
-use common::{cloudwatch, logs_python};
+use common::{cloudwatch, logs_python, merged};
 
 fn now_ms() -> i64 {
     (logbus_plugin_api::now_ns() / 1_000_000) as i64
@@ -236,14 +236,12 @@ fn option_errors_name_the_option() {
         "group: must not be empty"
     );
     // The service's limits at their edges.
-    let with = |more: Value| {
-        let mut o = json!({"group": "g", "stream": "s"});
-        o.as_object_mut()
-            .unwrap()
-            .extend(more.as_object().unwrap().clone());
-        e(o)
-    };
+    let with = |more: Value| e(merged(json!({"group": "g", "stream": "s"}), more));
     assert_eq!(with(json!({"batch_max_events": 10_000})), "");
+    assert_eq!(
+        with(json!({"batch_max_events": 10_001})),
+        "batch_max_events: at most 10000 (the service's limit per request)"
+    );
     assert_eq!(with(json!({"batch_max_bytes": 1_048_576})), "");
     assert_eq!(
         with(json!({"batch_max_bytes": 1_048_577})),

@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 
 mod common;
 use common::{
-    ACCESS_KEY, SECRET_KEY, bucket, endpoint, objects, objects_meta, records, unfinished_uploads,
+    ACCESS_KEY, SECRET_KEY, bucket, endpoint, merged, objects, objects_meta, records,
+    unfinished_uploads,
 };
 
 /// The outcome each source batch reported, by its token.
@@ -467,11 +468,10 @@ fn option_errors_name_the_option() {
 #[test]
 fn option_bounds_hold_at_their_edges() {
     let e = |more: Value| {
-        let mut o = json!({"bucket": "b"});
-        o.as_object_mut()
-            .unwrap()
-            .extend(more.as_object().unwrap().clone());
-        testing::option_errors(&Typed(logbus_aws::s3_sink::S3Sink), o)
+        testing::option_errors(
+            &Typed(logbus_aws::s3_sink::S3Sink),
+            merged(json!({"bucket": "b"}), more),
+        )
     };
     let (min, max) = (5u64 << 20, 5u64 << 30);
     for ok in [min, max] {

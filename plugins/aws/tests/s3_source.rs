@@ -9,7 +9,7 @@ use logbus_plugin_api::{Outcome, Typed, now_ns};
 use serde_json::{Value, json};
 
 mod common;
-use common::{ACCESS_KEY, SECRET_KEY, bucket, endpoint, python};
+use common::{ACCESS_KEY, SECRET_KEY, bucket, endpoint, merged, python};
 
 /// Puts `lines` (joined with newlines) at `key`, compressed by the key's
 /// extension (`.gz`, `.zst`; else plain).
@@ -216,14 +216,9 @@ fn option_errors_name_the_option() {
     assert_eq!(
         e(json!({"bucket": "b", "poll_interval_ms": 0})),
         "poll_interval_ms: must be at least 1"
-    ); // Each bound at its edges.
-    let with = |more: Value| {
-        let mut o = json!({"bucket": "b"});
-        o.as_object_mut()
-            .unwrap()
-            .extend(more.as_object().unwrap().clone());
-        e(o)
-    };
+    );
+    // Each bound at its edges.
+    let with = |more: Value| e(merged(json!({"bucket": "b"}), more));
     for ok in [1, 64] {
         assert_eq!(with(json!({"concurrency": ok})), "", "{ok}");
     }

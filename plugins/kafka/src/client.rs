@@ -334,7 +334,6 @@ mod tests {
     use super::*;
     use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
-    /// A statistics report with brokers of these (source, state).
     /// Every broker in the list needs a host and a numeric port; TLS
     /// takes a client certificate and its key together or neither.
     #[test]
@@ -367,6 +366,7 @@ mod tests {
         }
     }
 
+    /// A statistics report with brokers of these (source, state).
     fn report(brokers: &[(&str, &str)]) -> Vec<u8> {
         let brokers: serde_json::Map<String, serde_json::Value> = brokers
             .iter()

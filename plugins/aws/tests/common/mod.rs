@@ -205,3 +205,13 @@ pub fn objects_meta(endpoint: &str, bucket: &str) -> Vec<(String, String, u64)> 
     );
     serde_json::from_str(out.trim()).unwrap()
 }
+
+/// `base` with the entries of `more` added (or replaced): one option set
+/// and its variations.
+pub fn merged(base: Value, more: Value) -> Value {
+    let mut o = base;
+    o.as_object_mut()
+        .expect("an object")
+        .extend(more.as_object().expect("an object").clone());
+    o
+}
