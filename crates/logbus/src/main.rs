@@ -614,11 +614,13 @@ fn spawn_signal_handler(
         eprintln!("logbus: second signal, exiting without draining");
         if let Some(stats) = running.get() {
             let save = stats.save_queue_backlogs();
-            if tokio::time::timeout(std::time::Duration::from_secs(10), save)
-                .await
-                .is_err()
-            {
-                eprintln!("logbus: saving queue backlogs took over 10 s; exiting anyway");
+            match tokio::time::timeout(std::time::Duration::from_secs(10), save).await {
+                Ok(saved) => {
+                    eprintln!("logbus: {saved} queued events saved to disk queues for the next run")
+                }
+                Err(_) => {
+                    eprintln!("logbus: saving queue backlogs took over 10 s; exiting anyway")
+                }
             }
         }
         std::process::exit(130);

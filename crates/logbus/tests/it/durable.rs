@@ -525,6 +525,9 @@ fn a_forced_stop_saves_the_memory_backlog_and_the_next_run_delivers_it() {
         })
         .unwrap_or_else(|| panic!("no `saved` line in {rest:#?}"));
     assert!(saved > 500, "saved {saved}");
+    // The one queue's count is the total the exit reports.
+    let total = format!("logbus: {saved} queued events saved to disk queues for the next run");
+    assert!(rest.iter().any(|l| l.contains(&total)), "{rest:#?}");
     let first = line_numbers(&drain_pipe(&mut reader));
     let out = dir.path().join("out.txt");
     let o = logbus()
