@@ -342,49 +342,6 @@ stages:
     }
 }
 
-/// `transform: fail_counting`: errors on the event whose `seq` is 7 and,
-/// when its input ends, emits `{"failed_stage_saw": N}`, which must never
-/// appear: a stage that failed is not asked for what it holds.
-struct FailCounting;
-
-struct FailCountingProcessor {
-    seen: u64,
-    meta: Option<logbus_plugin_api::Meta>,
-}
-
-impl logbus_plugin_api::Processor for FailCountingProcessor {
-    fn process(&mut self, e: &mut Event) -> Result<Verdict, EventError> {
-        self.meta.get_or_insert_with(|| e.meta().clone());
-        if e.as_fields().and_then(|f| f.get("seq")?.as_u64()) == Some(7) {
-            return Err(EventError::new("seq 7 fails"));
-        }
-        self.seen += 1;
-        Ok(Verdict::Keep)
-    }
-
-    fn finish(&mut self) -> Vec<Event> {
-        let mut fields = logbus_plugin_api::Fields::new();
-        fields.insert("failed_stage_saw".into(), self.seen.into());
-        match self.meta.take() {
-            Some(meta) => vec![Event::fields(fields, meta)],
-            None => Vec::new(),
-        }
-    }
-}
-
-impl TypedPlugin for FailCounting {
-    type Options = NoOptions;
-    const NAME: &'static str = "fail_counting";
-    const KIND: StageKind = StageKind::Transform;
-    const DESCRIPTION: &'static str = "test: fails on seq 7, emits a count at the end";
-    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(FailCountingProcessor {
-            seen: 0,
-            meta: None,
-        })))
-    }
-}
-
 /// A chain whose *middle* member fails ends as the stages would apart: the
 /// members after it finish and hand on what they hold, the failed one is
 /// not finished (what it would emit at its end never appears), and the
@@ -393,8 +350,7 @@ impl TypedPlugin for FailCounting {
 async fn a_failed_middle_member_of_a_chain_is_not_finished() {
     for fuse in [true, false] {
         let plugins = TestPlugins::default();
-        let mut registry = plugins.registry();
-        registry.add(Typed(FailCounting));
+        let registry = plugins.registry();
         let text = format!(
             "settings: {{ fuse: {fuse} }}
 stages:

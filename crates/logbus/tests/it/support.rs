@@ -133,27 +133,48 @@ impl TypedPlugin for PanicPlugin {
 
 /// `transform: count_at_end`: keeps every event and, when its input ends,
 /// emits one more, `{"counted": N}` (a stage holding state to the end).
+/// `transform: fail_counting` does the same but fails on the event whose
+/// `seq` is 7 and names its count `failed_stage_saw` (a failed stage must
+/// never be asked for it).
 struct CountAtEndPlugin;
+struct FailCountingPlugin;
 
 struct CountAtEnd {
+    key: &'static str,
+    fail_on_seq: Option<u64>,
     seen: u64,
     meta: Option<logbus_plugin_api::Meta>,
 }
 
 impl logbus_plugin_api::Processor for CountAtEnd {
     fn process(&mut self, e: &mut Event) -> Result<Verdict, EventError> {
-        self.seen += 1;
         self.meta.get_or_insert_with(|| e.meta().clone());
+        let seq = e.as_fields().and_then(|f| f.get("seq")?.as_u64());
+        if seq.is_some() && seq == self.fail_on_seq {
+            return Err(EventError::new(format!("seq {} fails", seq.unwrap_or(0))));
+        }
+        self.seen += 1;
         Ok(Verdict::Keep)
     }
 
     fn finish(&mut self) -> Vec<Event> {
         let mut fields = logbus_plugin_api::Fields::new();
-        fields.insert("counted".into(), self.seen.into());
+        fields.insert(self.key.into(), self.seen.into());
         match self.meta.take() {
             Some(meta) => vec![Event::fields(fields, meta)],
             None => Vec::new(),
         }
+    }
+}
+
+impl CountAtEnd {
+    fn built(key: &'static str, fail_on_seq: Option<u64>) -> Result<Built, OptionError> {
+        Ok(Built::Processor(Box::new(CountAtEnd {
+            key,
+            fail_on_seq,
+            seen: 0,
+            meta: None,
+        })))
     }
 }
 
@@ -163,10 +184,17 @@ impl TypedPlugin for CountAtEndPlugin {
     const KIND: StageKind = StageKind::Transform;
     const DESCRIPTION: &'static str = "test: emits how many events it saw when its input ends";
     fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(CountAtEnd {
-            seen: 0,
-            meta: None,
-        })))
+        CountAtEnd::built("counted", None)
+    }
+}
+
+impl TypedPlugin for FailCountingPlugin {
+    type Options = NoOptions;
+    const NAME: &'static str = "fail_counting";
+    const KIND: StageKind = StageKind::Transform;
+    const DESCRIPTION: &'static str = "test: fails on seq 7, emits a count at the end";
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        CountAtEnd::built("failed_stage_saw", Some(7))
     }
 }
 
@@ -177,6 +205,7 @@ impl TestPlugins {
         r.add(Typed(GatedPlugin(self.clone())));
         r.add(Typed(PanicPlugin));
         r.add(Typed(CountAtEndPlugin));
+        r.add(Typed(FailCountingPlugin));
         r
     }
 
