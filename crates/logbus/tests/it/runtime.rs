@@ -171,6 +171,49 @@ async fn fan_in_and_fan_out_deliver_exact_counts_and_content() {
     );
 }
 
+/// A stage that turns one event into several (a JSON array line) counts
+/// the extra ones as created, one that turns it into none as discarded,
+/// and the books balance, fused or apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_replaced_by_several_or_none_counts_as_created_or_discarded() {
+    for fuse in [true, false] {
+        let plugins = TestPlugins::default();
+        let text = format!(
+            "settings: {{ fuse: {fuse} }}
+stages:
+  gen: {{ source: generator, count: 100, template: '[{{\"seq\":{{{{seq}}}}}},{{\"seq\":{{{{seq}}}}}},{{\"seq\":{{{{seq}}}}}}]' }}
+  empty: {{ source: generator, count: 10, template: '[]' }}
+  json: {{ parser: json, inputs: [gen, empty] }}
+  tag: {{ transform: fields, inputs: [json], set: {{ t: 1 }} }}
+  out: {{ sink: collect, inputs: [tag] }}
+"
+        );
+        let report = start(&valid(&text, &plugins.registry()), CancellationToken::new())
+            .unwrap()
+            .wait()
+            .await;
+        assert!(report.is_clean(), "fuse {fuse}: {report}");
+        assert_eq!(report.totals.lost, 0, "fuse {fuse}: {report}");
+        let json = &report
+            .stages
+            .iter()
+            .find(|s| s.id == "json")
+            .unwrap()
+            .counts;
+        assert_eq!(
+            (
+                json.events_in,
+                json.created,
+                json.discarded,
+                json.events_out
+            ),
+            (110, 200, 10, 300),
+            "fuse {fuse}"
+        );
+        assert_eq!(plugins.events("out").len(), 300, "fuse {fuse}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_json_is_dropped_and_counted() {
     let plugins = TestPlugins::default();
