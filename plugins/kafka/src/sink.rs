@@ -630,49 +630,51 @@ mod tests {
     fn each_kind_of_failure_is_refused_or_retried() {
         use RDKafkaErrorCode as C;
         let of = |code| outcome(&KafkaError::MessageProduction(code), "logs");
-        for code in [
-            C::MessageSizeTooLarge,
-            C::InvalidMessageSize,
-            C::InvalidMessage,
-            C::InvalidRecord,
-            C::MessageBatchTooLarge,
-            C::InvalidTopic,
-        ] {
-            assert!(
-                matches!(of(code), ItemResult::Rejected(ref why) if why.starts_with("kafka refused the message: ")),
-                "{code:?}: {:?}",
-                of(code)
-            );
-        }
-        for code in [
-            C::UnknownTopicOrPartition,
-            C::UnknownTopic,
-            C::UnknownPartition,
-        ] {
-            assert!(
-                matches!(of(code), ItemResult::Rejected(ref why) if why.starts_with("topic `logs` does not exist: ")),
-                "{code:?}: {:?}",
-                of(code)
-            );
-        }
-        for code in [C::TopicAuthorizationFailed, C::ClusterAuthorizationFailed] {
-            assert!(
-                matches!(of(code), ItemResult::Rejected(ref why) if why.starts_with("not authorised to write to `logs`: ")),
-                "{code:?}: {:?}",
-                of(code)
-            );
-        }
-        for code in [
-            C::MessageTimedOut,
-            C::QueueFull,
-            C::AllBrokersDown,
-            C::NotLeaderForPartition,
-        ] {
-            assert!(
-                matches!(of(code), ItemResult::Retry(ref why) if why.starts_with("kafka: ")),
-                "{code:?}: {:?}",
-                of(code)
-            );
+        let refused = |why: &ItemResult, prefix: &str| matches!(why, ItemResult::Rejected(w) if w.starts_with(prefix));
+        let retried = |why: &ItemResult, prefix: &str| matches!(why, ItemResult::Retry(w) if w.starts_with(prefix));
+        type Check = fn(&ItemResult, &str) -> bool;
+        let cases: [(&[C], Check, &str); 4] = [
+            (
+                &[
+                    C::MessageSizeTooLarge,
+                    C::InvalidMessageSize,
+                    C::InvalidMessage,
+                    C::InvalidRecord,
+                    C::MessageBatchTooLarge,
+                    C::InvalidTopic,
+                ],
+                refused,
+                "kafka refused the message: ",
+            ),
+            (
+                &[
+                    C::UnknownTopicOrPartition,
+                    C::UnknownTopic,
+                    C::UnknownPartition,
+                ],
+                refused,
+                "topic `logs` does not exist: ",
+            ),
+            (
+                &[C::TopicAuthorizationFailed, C::ClusterAuthorizationFailed],
+                refused,
+                "not authorised to write to `logs`: ",
+            ),
+            (
+                &[
+                    C::MessageTimedOut,
+                    C::QueueFull,
+                    C::AllBrokersDown,
+                    C::NotLeaderForPartition,
+                ],
+                retried,
+                "kafka: ",
+            ),
+        ];
+        for (codes, expected, prefix) in cases {
+            for &code in codes {
+                assert!(expected(&of(code), prefix), "{code:?}: {:?}", of(code));
+            }
         }
     }
 

@@ -1079,15 +1079,11 @@ mod tests {
         };
         let metrics = logbus_plugin_api::StageMetrics::default();
         shared.publish(&metrics);
-        let acks = metrics.snapshot();
-        assert_eq!(
-            (
-                acks.acked_delivered,
-                acks.acked_rejected,
-                acks.acked_errored
-            ),
-            (100, 10, 1)
-        );
+        let acked = |m: &logbus_plugin_api::StageMetrics| {
+            let a = m.snapshot();
+            (a.acked_delivered, a.acked_rejected, a.acked_errored)
+        };
+        assert_eq!(acked(&metrics), (100, 10, 1));
         for (p, outcome) in [(0, Outcome::Delivered), (1, Outcome::Errored)] {
             let track = Arc::new(Track::new());
             let done = track.lock().begin(5, 3);
@@ -1096,15 +1092,7 @@ mod tests {
             shared.tracks().insert(("t".into(), p), track);
         }
         shared.publish(&metrics);
-        let acks = metrics.snapshot();
-        assert_eq!(
-            (
-                acks.acked_delivered,
-                acks.acked_rejected,
-                acks.acked_errored
-            ),
-            (103, 10, 4)
-        );
+        assert_eq!(acked(&metrics), (103, 10, 4));
     }
 
     /// Every bound holds at its edges (the value on each side), topic names
