@@ -612,6 +612,10 @@ impl Receiver {
         if self.is_interrupted() {
             return None;
         }
+        // A stage whose input is never empty would otherwise never give its
+        // thread back: every `recv` spends from the task's cooperative
+        // budget, and an exhausted budget yields once.
+        tokio::task::consume_budget().await;
         match &self.end {
             End::Frontend(_) => self.recv_frontend().await,
             End::Log(_) => self.recv_log().await,
@@ -932,6 +936,34 @@ mod tests {
         sender.await.unwrap().unwrap();
         let expected: Vec<_> = (0..5).map(|i| bytes::Bytes::from(i.to_string())).collect();
         assert_eq!(seen, expected);
+    }
+
+    /// A consumer that always finds input must still let the other tasks of
+    /// its thread run: a task woken onto its thread's next-task slot cannot be
+    /// taken by another thread, and waits there as long as the consumer runs
+    /// (an API connection waited over a minute behind a busy sink).
+    #[tokio::test]
+    async fn a_consumer_that_always_finds_input_lets_other_tasks_run() {
+        const BATCHES: usize = 1000;
+        let (tx, mut rx) = channel(BATCHES);
+        for _ in 0..BATCHES {
+            tx.try_send(events(1)).unwrap();
+        }
+        let taken = Arc::new(AtomicUsize::new(0));
+        let seen_by_other = {
+            let taken = taken.clone();
+            tokio::spawn(async move { taken.load(Ordering::SeqCst) })
+        };
+        for _ in 0..BATCHES {
+            drop(rx.recv().await.unwrap());
+            taken.fetch_add(1, Ordering::SeqCst);
+        }
+        let seen = seen_by_other.await.unwrap();
+        // One thread: the other task ran only if a `recv` gave way.
+        assert!(
+            seen < BATCHES,
+            "the other task waited for all {seen} batches"
+        );
     }
 
     #[tokio::test]
