@@ -334,6 +334,68 @@ mod tests {
     use super::*;
     use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
+    /// A writer into a shared buffer, for a test's own log subscriber.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The lines logged, at every level, while `f` runs on this thread.
+    fn logged_by(f: impl FnOnce()) -> Vec<String> {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// librdkafka's own log reaches ours at its level (the four gravest as
+    /// errors, notice as info), under the stage's id, through the context
+    /// every client is made with.
+    #[test]
+    fn librdkafka_log_lines_are_logged_at_their_level_under_the_stage() {
+        use RDKafkaLogLevel::*;
+        let context = ReportingContext(Arc::new(Reports::new("to_kafka".into())));
+        let levels = [
+            (Emerg, "ERROR"),
+            (Alert, "ERROR"),
+            (Critical, "ERROR"),
+            (Error, "ERROR"),
+            (Warning, "WARN"),
+            (Notice, "INFO"),
+            (Info, "INFO"),
+            (Debug, "DEBUG"),
+        ];
+        let lines = logged_by(|| {
+            for (i, (level, _)) in levels.iter().enumerate() {
+                ClientContext::log(&context, *level, "FAC", &format!("message {i}"));
+            }
+        });
+        assert_eq!(lines.len(), levels.len(), "{lines:#?}");
+        for (i, ((_, expected), line)) in levels.iter().zip(&lines).enumerate() {
+            assert!(line.trim_start().starts_with(expected), "{i}: {line}");
+            assert!(line.contains("stage=\"to_kafka\""), "{i}: {line}");
+            assert!(
+                line.contains(&format!("librdkafka FAC: message {i} ")),
+                "{i}: {line}"
+            );
+        }
+    }
+
     /// Every broker in the list needs a host and a numeric port; TLS
     /// takes a client certificate and its key together or neither.
     #[test]
