@@ -150,3 +150,79 @@ where
         other => (logbus_sink::error_chain(other), true),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_smithy_runtime_api::client::result::{ConnectorError, SdkError};
+    use aws_smithy_runtime_api::http::{Response, StatusCode};
+    use aws_smithy_types::body::SdkBody;
+    use aws_smithy_types::error::ErrorMetadata;
+
+    type Failed = SdkError<ErrorMetadata, Response>;
+
+    fn answered(status: u16, code: Option<&str>) -> Failed {
+        let mut error = ErrorMetadata::builder().message("said the service");
+        if let Some(code) = code {
+            error = error.code(code);
+        }
+        let raw = Response::new(StatusCode::try_from(status).unwrap(), SdkBody::empty());
+        SdkError::service_error(error.build(), raw)
+    }
+
+    /// What the service answered is worth a retry for a timeout, throttling
+    /// and its own failures (408, 429, 5xx) and for the codes a plugin names,
+    /// never for the rest; the words carry the code, the status and the
+    /// service's message.
+    #[test]
+    fn a_service_answer_is_retried_by_its_status_or_a_named_code() {
+        for (status, retried) in [
+            (400, false),
+            (403, false),
+            (404, false),
+            (407, false),
+            (408, true),
+            (409, false),
+            (428, false),
+            (429, true),
+            (430, false),
+            (499, false),
+            (500, true),
+            (503, true),
+            (599, true),
+        ] {
+            let (words, retryable) = describe(&answered(status, Some("Code")), &[]);
+            assert_eq!(retryable, retried, "HTTP {status}");
+            assert_eq!(words, format!("Code (HTTP {status}): said the service"));
+        }
+        let throttled = answered(400, Some("ThrottlingException"));
+        assert!(describe(&throttled, &["SlowDown", "ThrottlingException"]).1);
+        assert!(
+            !describe(&throttled, &["SlowDown"]).1,
+            "only the codes named"
+        );
+        let (words, retryable) = describe(&answered(403, None), &["SlowDown"]);
+        assert_eq!(words, "no error code (HTTP 403): said the service");
+        assert!(!retryable);
+    }
+
+    /// A request that could not be built never will be; one that got no
+    /// answer (timed out, not delivered) may get one next time.
+    #[test]
+    fn a_request_without_an_answer_is_retried_unless_it_could_not_be_built() {
+        let built_wrong: Failed = SdkError::construction_failure("no bucket given");
+        let (words, retryable) = describe(&built_wrong, &[]);
+        assert!(!retryable);
+        assert!(words.contains("no bucket given"), "{words}");
+        let timed_out: Failed = SdkError::timeout_error("took too long");
+        let (words, retryable) = describe(&timed_out, &[]);
+        assert!(retryable);
+        assert!(words.contains("took too long"), "{words}");
+        let refused: Failed = SdkError::dispatch_failure(ConnectorError::io(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+        ));
+        let (words, retryable) = describe(&refused, &[]);
+        assert!(retryable);
+        assert!(words.to_lowercase().contains("refused"), "{words}");
+    }
+}

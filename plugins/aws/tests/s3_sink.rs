@@ -537,6 +537,10 @@ fn option_bounds_hold_at_their_edges() {
         "access_key_id: is needed with `secret_access_key`"
     );
     assert_eq!(
+        e(json!({"access_key_id": "k"})),
+        "secret_access_key: is needed with `access_key_id`"
+    );
+    assert_eq!(
         e(json!({"session_token": "t"})),
         "session_token: goes with `access_key_id` and `secret_access_key`"
     );
@@ -545,9 +549,13 @@ fn option_bounds_hold_at_their_edges() {
         "profile: static keys and a profile exclude each other"
     );
     assert_eq!(e(json!({"profile": "p"})), "");
-    for ok in ["http://127.0.0.1:9000", "https://s3.example"] {
+    for ok in ["http://127.0.0.1:9000", "https://s3.example", ""] {
         assert_eq!(e(json!({"endpoint": ok})), "", "{ok}");
     }
+    assert_eq!(
+        e(json!({"endpoint": "127.0.0.1:9000"})),
+        "endpoint: `127.0.0.1:9000` is not an http:// or https:// URL"
+    );
 }
 
 /// `object_format: parquet`: each object is a Parquet file (read back by
