@@ -14,7 +14,7 @@
 
 use aws_sdk_cloudwatchlogs::Client;
 use aws_sdk_cloudwatchlogs::error::ProvideErrorMetadata;
-use aws_sdk_cloudwatchlogs::types::InputLogEvent;
+use aws_sdk_cloudwatchlogs::types::{InputLogEvent, RejectedLogEventsInfo};
 use chrono::{DateTime, Utc};
 use logbus_plugin_api::{
     BuildContext, Built, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
@@ -252,6 +252,13 @@ struct CloudWatchService {
 /// by a byte no template renders.
 const SEP: char = '\u{1}';
 
+/// The batch an event goes to: its group, its stream and the UTC day of
+/// its time, so that no request spans more than the 24 hours the service
+/// allows.
+fn partition_key(group: &str, stream: &str, ts_ms: i64) -> String {
+    format!("{group}{SEP}{stream}{SEP}{}", ts_ms.div_euclid(DAY_MS))
+}
+
 impl CloudWatchService {
     async fn create(&self, group: &str, stream: &str) -> Result<(), (String, bool)> {
         let made = self
@@ -305,43 +312,49 @@ impl CloudWatchService {
                     describe(&e, THROTTLED)
                 }
             })?;
-        let Some(info) = out.rejected_log_events_info() else {
-            return Ok(Response::Delivered);
-        };
-        let n = r.events.len();
+        Ok(match out.rejected_log_events_info() {
+            Some(info) => Response::Items(r.outcomes(info)),
+            None => Response::Delivered,
+        })
+    }
+}
+
+impl PutRequest {
+    /// What became of each event of the batch when the service took the
+    /// request but refused some of it: its answer gives index ranges into the
+    /// sorted request, which `order` maps back to the batch.
+    fn outcomes(&self, info: &RejectedLogEventsInfo) -> Vec<ItemResult> {
+        let n = self.events.len();
         let mut items = vec![ItemResult::Delivered; n];
-        let mark = |items: &mut Vec<ItemResult>, sorted: std::ops::Range<usize>, why: &str| {
+        let mut mark = |sorted: std::ops::Range<usize>, why: &str| {
             for i in sorted {
-                if let Some(at) = r.order.get(i) {
+                if let Some(at) = self.order.get(i) {
                     items[*at] = ItemResult::Rejected(format!(
                         "CloudWatch Logs refused the event: {why} (log group {}, stream {})",
-                        r.group, r.stream
+                        self.group, self.stream
                     ));
                 }
             }
         };
+        // The answer's indices, kept inside the request: an end below 0
+        // covers nothing, a start below 0 everything.
+        let through = |end: i32| 0..usize::try_from(end).map_or(0, |e| e.saturating_add(1).min(n));
         if let Some(end) = info.too_old_log_event_end_index() {
             mark(
-                &mut items,
-                0..(end as usize + 1).min(n),
+                through(end),
                 "too old (more than 14 days before now, or before the group's retention)",
             );
         }
         if let Some(end) = info.expired_log_event_end_index() {
-            mark(
-                &mut items,
-                0..(end as usize + 1).min(n),
-                "expired (older than the group's retention)",
-            );
+            mark(through(end), "expired (older than the group's retention)");
         }
         if let Some(start) = info.too_new_log_event_start_index() {
             mark(
-                &mut items,
-                (start as usize).min(n)..n,
+                usize::try_from(start).map_or(0, |s| s.min(n))..n,
                 "too new (more than 2 hours after now)",
             );
         }
-        Ok(Response::Items(items))
+        items
     }
 }
 
@@ -443,11 +456,10 @@ impl Sink for CloudWatchWriter {
         let driver = driver.partition_by(move |event| {
             let ts = event_time_ms(event, time.as_ref());
             let at = || DateTime::<Utc>::from_timestamp_millis(ts).unwrap_or_default();
-            format!(
-                "{}{SEP}{}{SEP}{}",
-                group.render_at(event, at),
-                stream.render_at(event, at),
-                ts.div_euclid(DAY_MS)
+            partition_key(
+                &group.render_at(event, at),
+                &stream.render_at(event, at),
+                ts,
             )
         });
         driver.run(cx).await
@@ -459,6 +471,140 @@ mod tests {
     use super::*;
     use logbus_plugin_api::Meta;
     use logbus_sink::Service;
+
+    /// A batch never spans two UTC days: the service refuses a request
+    /// whose events are more than 24 hours apart.
+    #[test]
+    fn a_batch_holds_one_utc_day_of_one_stream() {
+        let key = |ts| partition_key("g", "s", ts);
+        // 2024-12-06T00:00:00Z
+        let midnight = 1_733_443_200_000;
+        assert_eq!(key(midnight), key(midnight + DAY_MS - 1));
+        assert_ne!(key(midnight - 1), key(midnight));
+        assert_ne!(key(midnight + DAY_MS - 1), key(midnight + DAY_MS));
+        assert_eq!(key(-1), key(-DAY_MS), "before 1970, whole days too");
+        assert_ne!(key(-1), key(0));
+        assert_ne!(partition_key("g", "s", 0), partition_key("g", "t", 0));
+        assert_ne!(partition_key("g", "s", 0), partition_key("h", "s", 0));
+    }
+
+    fn request(order: Vec<usize>) -> PutRequest {
+        let events = order
+            .iter()
+            .map(|&i| {
+                InputLogEvent::builder()
+                    .timestamp(i as i64)
+                    .message("m")
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        PutRequest {
+            group: "g".into(),
+            stream: "s".into(),
+            events,
+            order,
+        }
+    }
+
+    /// Each event's outcome as a letter: delivered, too old, expired, too new.
+    fn letters(items: &[ItemResult]) -> String {
+        items
+            .iter()
+            .map(|item| match item {
+                ItemResult::Delivered => 'd',
+                ItemResult::Rejected(why) if why.contains("too old") => 'o',
+                ItemResult::Rejected(why) if why.contains("expired") => 'x',
+                ItemResult::Rejected(why) if why.contains("too new") => 'n',
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// The service names the refused events by index ranges of the sorted
+    /// request (the last too old one, the last expired one, the first too
+    /// new one); each maps back to its place in the batch, the reason names
+    /// the group and the stream, and indices outside the request (which no
+    /// answer should hold) cover what is inside.
+    #[test]
+    fn refused_ranges_map_back_to_the_batch() {
+        use aws_sdk_cloudwatchlogs::types::RejectedLogEventsInfo as Info;
+        // Sorted position k holds batch event order[k].
+        let r = request(vec![2, 0, 4, 1, 3]);
+        let outcomes = |info: Info| letters(&r.outcomes(&info));
+        let info = Info::builder()
+            .too_old_log_event_end_index(1)
+            .too_new_log_event_start_index(4)
+            .build();
+        assert_eq!(outcomes(info), "odond");
+        let info = Info::builder()
+            .expired_log_event_end_index(0)
+            .too_new_log_event_start_index(3)
+            .build();
+        assert_eq!(outcomes(info), "dnxnd");
+        let info = Info::builder()
+            .too_old_log_event_end_index(0)
+            .expired_log_event_end_index(2)
+            .build();
+        assert_eq!(outcomes(info), "xdxdx", "expired is marked after too old");
+        let info = Info::builder()
+            .too_old_log_event_end_index(99)
+            .too_new_log_event_start_index(99)
+            .build();
+        assert_eq!(outcomes(info), "ooooo");
+        let info = Info::builder()
+            .too_old_log_event_end_index(-1)
+            .expired_log_event_end_index(-7)
+            .build();
+        assert_eq!(outcomes(info), "ddddd");
+        let info = Info::builder().too_new_log_event_start_index(-2).build();
+        assert_eq!(outcomes(info), "nnnnn");
+        assert_eq!(outcomes(Info::builder().build()), "ddddd");
+        let ItemResult::Rejected(why) =
+            &r.outcomes(&Info::builder().too_old_log_event_end_index(0).build())[2]
+        else {
+            panic!("the first sorted event is the batch's third");
+        };
+        assert_eq!(
+            why,
+            "CloudWatch Logs refused the event: too old (more than 14 days before now, or before the group's retention) (log group g, stream s)"
+        );
+    }
+
+    /// Two requests for a new stream may both find it missing and both
+    /// create it: whichever comes second finds the group, then the stream,
+    /// there already, and goes on.
+    #[ignore = "needs a CloudWatch Logs server (.ci/services up cloudwatch); run with --include-ignored"]
+    #[tokio::test]
+    async fn creating_a_group_and_stream_that_exist_is_not_an_error() {
+        let url = std::env::var("LOGBUS_CLOUDWATCH_ENDPOINT")
+            .unwrap_or_else(|_| "http://127.0.0.1:4566".into());
+        let aws = AwsOptions {
+            endpoint: Some(url.clone()),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("test".into()),
+            secret_access_key: Some("test".into()),
+            ..AwsOptions::default()
+        };
+        let service = CloudWatchService {
+            client: Client::new(&sdk_config(&aws).await),
+            create_missing: true,
+            retention_days: None,
+        };
+        let group = format!(
+            "twice-{}-{}",
+            std::process::id(),
+            logbus_plugin_api::now_ns()
+        );
+        let first = service.create(&group, "a").await;
+        assert_eq!(first, Ok(()), "is a CloudWatch Logs server at {url}?");
+        assert_eq!(
+            service.create(&group, "b").await,
+            Ok(()),
+            "the group exists"
+        );
+        assert_eq!(service.create(&group, "b").await, Ok(()), "both exist");
+    }
 
     #[test]
     fn an_item_is_as_long_as_the_service_counts_it() {

@@ -217,6 +217,70 @@ async fn a_missing_group_is_refused_without_create_missing() {
     );
 }
 
+/// A stream new to a group that exists is created in it (the group's own
+/// creation finds it there and goes on).
+#[ignore = "needs a CloudWatch Logs server (.ci/services up cloudwatch); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_stream_of_an_existing_group_is_created() {
+    let url = cloudwatch();
+    let group = unique("grow");
+    for stream in ["first", "second"] {
+        let (result, _, dead) = run(
+            &url,
+            json!({"group": group, "stream": stream}),
+            vec![event(json!({"msg": stream}))],
+        )
+        .await;
+        result.unwrap();
+        assert!(dead.is_empty(), "{stream}: {dead:?}");
+        let kept = stored(&url, &group, stream);
+        assert_eq!(kept.len(), 1, "{stream}");
+        assert!(kept[0].1.contains(stream), "{kept:?}");
+    }
+}
+
+/// A group the service will not create (its name is over 512 characters)
+/// is refused for good with the service's own reason for the group, not
+/// a later one for its stream.
+#[ignore = "needs a CloudWatch Logs server (.ci/services up cloudwatch); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_the_service_will_not_create_is_refused_with_its_reason() {
+    let url = cloudwatch();
+    let group = format!("{}-{}", unique("long"), "g".repeat(512));
+    let (result, _, dead) = run(
+        &url,
+        json!({"group": group, "stream": "s"}),
+        vec![event(json!({"msg": "x"}))],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(dead.len(), 1);
+    let why = dead[0].as_fields().unwrap()["_error"]["message"].to_string();
+    assert!(why.contains("InvalidParameterException"), "{why}");
+}
+
+/// A service that cannot be reached is retried, `create_missing` or not
+/// (only a missing group or stream is refused without it), until
+/// `retry_max_attempts`; then the event goes to `<id>.dead` saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_service_is_retried_then_given_up() {
+    let port = logbus_test_ports::free_port();
+    let (result, metrics, dead) = run(
+        &format!("http://127.0.0.1:{port}"),
+        json!({"group": "g", "stream": "s", "create_missing": false, "retry_max_attempts": 2}),
+        vec![event(json!({"msg": "x"}))],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(metrics.snapshot().retried, 1);
+    assert_eq!(dead.len(), 1);
+    let why = dead[0].as_fields().unwrap()["_error"]["message"].to_string();
+    assert!(
+        why.contains("gave up: 2 attempts") && why.contains("log group g: dispatch failure"),
+        "{why}"
+    );
+}
+
 #[test]
 fn option_errors_name_the_option() {
     let e = |o: Value| {
