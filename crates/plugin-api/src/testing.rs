@@ -27,9 +27,11 @@ pub fn context() -> BuildContext {
     }
 }
 
-/// `path: message` of every option error, joined with `; ` (empty when the
-/// options build).
-pub fn option_errors(plugin: &dyn Plugin, options: Value) -> String {
+/// Like [`option_errors`], for what only the build can find and
+/// validation by design does not look at: files and environment variables
+/// the stage reads when it is built (they may exist only where the pipeline
+/// runs, not where it is validated).
+pub fn build_errors(plugin: &dyn Plugin, options: Value) -> String {
     match plugin.build(&options, &context()) {
         Err(errors) => errors
             .iter()
@@ -37,6 +39,47 @@ pub fn option_errors(plugin: &dyn Plugin, options: Value) -> String {
             .collect::<Vec<_>>()
             .join("; "),
         Ok(_) => String::new(),
+    }
+}
+
+/// `path: message` of every option error, joined with `; ` (empty when the
+/// options build).
+///
+/// Panics where the plugin's check (all that `logbus validate` runs) and
+/// its build disagree: an error the build reports that the check does not
+/// is a config the gate passes and the engine then refuses to start, and a
+/// check error on options that build is a config refused for nothing.
+pub fn option_errors(plugin: &dyn Plugin, options: Value) -> String {
+    let checked = plugin.check(&options, &context());
+    let text = |errors: &[crate::OptionError]| {
+        errors
+            .iter()
+            .map(|e| format!("{}: {}", e.path.join("."), e.message))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    match plugin.build(&options, &context()) {
+        Err(errors) => {
+            for e in &errors {
+                assert!(
+                    checked.contains(e),
+                    "`{}` refuses {options} when built ({}) but its check does not ({})",
+                    plugin.name(),
+                    text(std::slice::from_ref(e)),
+                    text(&checked)
+                );
+            }
+            text(&errors)
+        }
+        Ok(_) => {
+            assert!(
+                checked.is_empty(),
+                "`{}` builds with {options} but its check refuses them ({})",
+                plugin.name(),
+                text(&checked)
+            );
+            String::new()
+        }
     }
 }
 

@@ -445,6 +445,12 @@ fn option_errors_name_the_option() {
         "parquet: needs `object_format: parquet`"
     );
     assert_eq!(
+        e(
+            json!({"bucket": "b", "object_format": "parquet", "avro": {"schema": {"type": "string"}}})
+        ),
+        "avro: needs `object_format: avro`"
+    );
+    assert_eq!(
         e(json!({"bucket": "b", "object_format": "parquet", "parquet": {"row_group_rows": 0}})),
         "parquet.row_group_rows: must be at least 1"
     );

@@ -399,7 +399,8 @@ fn bad_options_are_named() {
         err.contains("`http://` is not an http:// or https:// URL"),
         "{err}"
     );
-    let err = testing::option_errors(
+    // Read when the stage is built, where it runs: validation cannot know.
+    let err = testing::build_errors(
         &plugin,
         json!({"url": "http://h:8123", "table": "t", "username": "u",
                "password_env": "LOGBUS_TEST_SURELY_UNSET"}),

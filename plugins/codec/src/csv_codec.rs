@@ -191,18 +191,28 @@ mod plugins {
 
     pub struct CsvFormatter;
 
+    fn no_columns() -> OptionError {
+        OptionError::at(&["columns"], "the csv formatter needs `columns`")
+    }
+
     impl TypedPlugin for CsvFormatter {
         type Options = CsvOptions;
         const NAME: &'static str = "csv";
         const KIND: StageKind = StageKind::Formatter;
         const DESCRIPTION: &'static str =
             "Writes the `columns` of each event as one CSV record (RFC 4180 quoting).";
+        /// The parser can take its columns from a header line; the
+        /// formatter has none to read, and validation must say so.
+        fn check_in_context(&self, o: &CsvOptions, _cx: &BuildContext) -> Vec<OptionError> {
+            match o.columns {
+                Some(_) => Vec::new(),
+                None => vec![no_columns()],
+            }
+        }
+
         fn build(&self, o: CsvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             let Some(columns) = o.columns else {
-                return Err(OptionError::at(
-                    &["columns"],
-                    "the csv formatter needs `columns`",
-                ));
+                return Err(no_columns());
             };
             let delimiter = o.delimiter.as_bytes()[0];
             Ok(Built::Processor(Box::new(

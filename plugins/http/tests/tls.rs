@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use logbus_plugin_api::testing::{self, option_errors};
+use logbus_plugin_api::testing::{self, build_errors};
 use logbus_plugin_api::{Event, Meta, Typed};
 use serde_json::json;
 
@@ -69,12 +69,12 @@ async fn the_http_sink_delivers_to_the_http_source_over_tls() {
 
 #[test]
 fn certificate_files_are_checked_when_the_stage_is_built() {
-    let err = option_errors(
+    let err = build_errors(
         &Typed(logbus_http::source::HttpSource),
         json!({ "address": "127.0.0.1:1", "tls": { "cert_file": "/nope.pem", "key_file": "/nope.key" } }),
     );
     assert!(err.contains("/nope.pem"), "{err}");
-    let err = option_errors(
+    let err = build_errors(
         &Typed(logbus_http::sink::HttpSink),
         json!({ "url": "https://x/", "tls": { "ca_file": "/nope-ca.pem" } }),
     );

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use logbus_plugin_api::testing::{
-    self, RunningSource, option_errors, run_sink_counting, run_source, take_text,
+    self, RunningSource, build_errors, option_errors, run_sink_counting, run_source, take_text,
 };
 use logbus_plugin_api::{Event, Meta, Plugin, StageMetrics, Typed};
 use serde_json::json;
@@ -392,7 +392,7 @@ async fn tls_from_logbus_to_logbus_and_a_plaintext_client_is_turned_away() {
 
 #[test]
 fn a_missing_certificate_is_a_build_error_naming_the_file() {
-    let err = option_errors(
+    let err = build_errors(
         &Typed(logbus_net::source::SyslogSource),
         json!({ "address": "127.0.0.1:1", "tls": { "cert_file": "/nope/cert.pem", "key_file": "/nope/key.pem" } }),
     );
