@@ -441,25 +441,29 @@ struct OpenObject {
     body: Box<dyn ObjectWriter>,
     upload_id: Option<String>,
     parts: Vec<CompletedPart>,
-    /// One handle per source batch, settled when the object is complete.
-    acks: Vec<Ack>,
+    acks: HeldAcks,
 }
 
-impl OpenObject {
+/// One handle per source batch of an object's events, settled when the
+/// object is complete.
+#[derive(Default)]
+struct HeldAcks(Vec<Ack>);
+
+impl HeldAcks {
     fn hold(&mut self, mut ack: Ack) {
         if !ack.is_pending() {
             return;
         }
-        if self.acks.last().is_some_and(|last| last.same_batch(&ack)) {
+        if self.0.last().is_some_and(|last| last.same_batch(&ack)) {
             // The held handle keeps the batch open; the worst outcome wins.
             ack.settle(Outcome::Delivered);
         } else {
-            self.acks.push(ack);
+            self.0.push(ack);
         }
     }
 
     fn settle(&mut self, outcome: Outcome) {
-        for mut ack in self.acks.drain(..) {
+        for mut ack in self.0.drain(..) {
             ack.settle(outcome);
         }
     }
@@ -667,6 +671,16 @@ impl Uploader<'_> {
         }
     }
 
+    /// The number of the object's next part, if S3 takes one more.
+    fn next_part(&self, key: &str, parts: &[CompletedPart]) -> Result<i32, Failed> {
+        next_part_number(parts.len()).ok_or_else(|| Failed {
+            message: format!(
+                "s3://{}/{key}: more than {MAX_PARTS} parts (raise part_size_bytes or lower max_object_bytes)",
+                self.options.bucket
+            ),
+        })
+    }
+
     /// Uploads the bytes compressed so far as the object's next part.
     async fn flush_part(&self, object: &mut OpenObject) -> Result<(), Failed> {
         let upload_id = match &object.upload_id {
@@ -677,15 +691,7 @@ impl Uploader<'_> {
                 id
             }
         };
-        let number = object.parts.len() as i32 + 1;
-        if number > MAX_PARTS {
-            return Err(Failed {
-                message: format!(
-                    "s3://{}/{}: more than {MAX_PARTS} parts (raise part_size_bytes or lower max_object_bytes)",
-                    self.options.bucket, object.key
-                ),
-            });
-        }
+        let number = self.next_part(&object.key, &object.parts)?;
         let body = std::mem::take(object.body.ready());
         let part = self
             .upload_part(&object.key, &upload_id, number, body)
@@ -702,21 +708,29 @@ impl Uploader<'_> {
             // Every event was refused: no object.
             return Ok(0);
         }
-        let body = std::mem::replace(&mut object.body, Box::new(Finished(Vec::new())));
+        let body = object.body;
         let result = match body.finish() {
             Err(e) => Err(Failed {
                 message: format!("encoding s3://{}/{}: {e}", self.options.bucket, object.key),
             }),
-            Ok(body) => self.store(&mut object, body).await,
+            Ok(body) => {
+                self.store(
+                    &object.key,
+                    object.upload_id.as_deref(),
+                    &mut object.parts,
+                    body,
+                )
+                .await
+            }
         };
         match result {
             Ok(()) => {
-                object.settle(Outcome::Delivered);
+                object.acks.settle(Outcome::Delivered);
                 tracing::debug!(stage = %self.cx.id, key = %object.key, events = object.events, "object written");
                 Ok(object.events)
             }
             Err(e) => {
-                object.settle(Outcome::Errored);
+                object.acks.settle(Outcome::Errored);
                 self.cx.metrics.add_errored(object.events);
                 Err(e)
             }
@@ -725,28 +739,28 @@ impl Uploader<'_> {
 
     /// Stores the object's last bytes: one PUT, or the last part and the
     /// completion (the upload aborted if either fails).
-    async fn store(&self, object: &mut OpenObject, body: Vec<u8>) -> Result<(), Failed> {
-        match object.upload_id.clone() {
-            None => self.put(&object.key, body).await,
-            Some(upload_id) => {
-                let number = object.parts.len() as i32 + 1;
-                let parts = match self
-                    .upload_part(&object.key, &upload_id, number, body)
-                    .await
-                {
-                    Ok(part) => {
-                        let mut parts = std::mem::take(&mut object.parts);
-                        parts.push(part);
-                        self.complete(&object.key, &upload_id, parts).await
-                    }
-                    Err(e) => Err(e),
-                };
-                if parts.is_err() {
-                    self.abort(&object.key, &upload_id).await;
-                }
-                parts
-            }
+    async fn store(
+        &self,
+        key: &str,
+        upload_id: Option<&str>,
+        parts: &mut Vec<CompletedPart>,
+        body: Vec<u8>,
+    ) -> Result<(), Failed> {
+        let Some(upload_id) = upload_id else {
+            return self.put(key, body).await;
+        };
+        let stored = async {
+            let number = self.next_part(key, parts)?;
+            let part = self.upload_part(key, upload_id, number, body).await?;
+            let mut parts = std::mem::take(parts);
+            parts.push(part);
+            self.complete(key, upload_id, parts).await
         }
+        .await;
+        if stored.is_err() {
+            self.abort(key, upload_id).await;
+        }
+        stored
     }
 
     /// Gives an object up: its upload aborted, its events errored.
@@ -754,28 +768,16 @@ impl Uploader<'_> {
         if let Some(id) = object.upload_id.clone() {
             self.abort(&object.key, &id).await;
         }
-        object.settle(Outcome::Errored);
+        object.acks.settle(Outcome::Errored);
         self.cx.metrics.add_errored(object.events);
         object.events
     }
 }
 
-/// What a finished object's writer is replaced with.
-struct Finished(Vec<u8>);
-
-impl ObjectWriter for Finished {
-    fn write(&mut self, _: &Event) -> Result<(), Misfit> {
-        Err(Misfit::NextObject("the object is finished".into()))
-    }
-    fn ready(&mut self) -> &mut Vec<u8> {
-        &mut self.0
-    }
-    fn size(&self) -> u64 {
-        0
-    }
-    fn finish(self: Box<Self>) -> Result<Vec<u8>, String> {
-        Ok(Vec::new())
-    }
+/// The number of the part after `done` parts, if S3 takes one more: parts
+/// are numbered from 1 to 10,000.
+fn next_part_number(done: usize) -> Option<i32> {
+    i32::try_from(done + 1).ok().filter(|n| *n <= MAX_PARTS)
 }
 
 fn content_encoding(c: Compression) -> Option<&'static str> {
@@ -940,7 +942,7 @@ impl Sink for S3Writer {
                                 body,
                                 upload_id: None,
                                 parts: Vec::new(),
-                                acks: Vec::new(),
+                                acks: HeldAcks::default(),
                             })
                         }
                     };
@@ -963,7 +965,7 @@ impl Sink for S3Writer {
                         }
                     }
                     object.events += 1;
-                    object.hold(event.take_ack());
+                    object.acks.hold(event.take_ack());
                     let full = object.body.size() >= o.max_object_bytes
                         || o.max_object_events.is_some_and(|m| object.events >= m);
                     if full {
@@ -1043,5 +1045,21 @@ impl Sink for S3Writer {
                 String::new()
             }
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upload has parts 1 to 10,000; the part after the last is refused
+    /// before it is sent.
+    #[test]
+    fn parts_are_numbered_from_one_to_ten_thousand() {
+        assert_eq!(next_part_number(0), Some(1));
+        assert_eq!(next_part_number(9_998), Some(9_999));
+        assert_eq!(next_part_number(9_999), Some(10_000));
+        assert_eq!(next_part_number(10_000), None);
+        assert_eq!(next_part_number(usize::MAX - 1), None);
     }
 }

@@ -383,6 +383,36 @@ async fn a_missing_bucket_is_named() {
     assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Errored)]));
 }
 
+/// When one object fails, the objects still open are given up, and the
+/// error counts their events (a checkpointing source sends them again).
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_object_counts_the_events_given_up_with_it() {
+    let url = endpoint();
+    let heard = Arc::new(Heard::default());
+    // api gets seqs 0, 2, 4 and is finished (and fails) at its third;
+    // db holds 1 and 3 then.
+    let (result, metrics) = testing::run_sink(
+        sink(options(
+            &url,
+            "no-such-bucket-here",
+            json!({"key_prefix": "{{service}}/", "max_object_events": 3}),
+        )),
+        vec![events(&heard, 1, 0..6)],
+    )
+    .await;
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains("NoSuchBucket")
+            && err.ends_with(
+                "; 2 events of unfinished objects were not written (a checkpointing source sends them again)"
+            ),
+        "{err}"
+    );
+    assert_eq!(metrics.snapshot().errored, 5);
+    assert_eq!(heard.outcomes(), BTreeMap::from([(1, Outcome::Errored)]));
+}
+
 /// Nothing listens: each attempt is retried (and counted) until
 /// `retry_max_attempts`, then the stage ends naming the endpoint's error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
