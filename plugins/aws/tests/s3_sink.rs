@@ -136,6 +136,35 @@ async fn objects_per_prefix_are_confirmed_only_once_written() {
     }
 }
 
+/// Each compression gives its extension and, where HTTP has a name for
+/// it, the object's `Content-Encoding` (lz4 frames have none).
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_compression_names_its_content_encoding() {
+    let url = endpoint();
+    for (compression, encoding, suffix) in [
+        ("zstd", Some("zstd"), ".log.zst"),
+        ("deflate", Some("deflate"), ".log.zz"),
+        ("lz4", None, ".log.lz4"),
+        ("none", None, ".log"),
+    ] {
+        let b = bucket(&url, compression);
+        let heard = Arc::new(Heard::default());
+        let (result, _) = testing::run_sink(
+            sink(options(&url, &b, json!({"compression": compression}))),
+            vec![events(&heard, 1, 0..3)],
+        )
+        .await;
+        result.unwrap();
+        let stored = objects(&url, &b);
+        assert_eq!(stored.len(), 1, "{compression}: {stored:?}");
+        let o = &stored[0];
+        assert!(o.key.ends_with(suffix), "{compression}: {}", o.key);
+        assert_eq!(o.content_encoding.as_deref(), encoding, "{compression}");
+        assert_eq!(seqs(&o.text), [0, 1, 2], "{compression}");
+    }
+}
+
 /// An object larger than a part goes up as a multipart upload (its ETag
 /// ends in `-<parts>`), every byte in order, and is finished once it holds
 /// `max_object_bytes`; the next events start a new object.

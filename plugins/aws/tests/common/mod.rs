@@ -69,7 +69,7 @@ pub fn bucket(endpoint: &str, name: &str) -> String {
 #[derive(Debug)]
 pub struct Object {
     pub key: String,
-    /// Decompressed by Python's own gzip/zstandard/lz4 modules (by the
+    /// Decompressed by Python's own gzip/zlib/zstandard/lz4 modules (by the
     /// key's extension).
     pub text: String,
     pub etag: String,
@@ -82,7 +82,7 @@ pub struct Object {
 pub fn objects(endpoint: &str, bucket: &str) -> Vec<Object> {
     let out = python(
         endpoint,
-        "import gzip, zstandard, lz4.frame, io\n\
+        "import gzip, zlib, zstandard, lz4.frame, io\n\
          keys = [o['Key'] for p in s3.get_paginator('list_objects_v2').paginate(Bucket=ARGS[0]) for o in p.get('Contents', [])]\n\
          out = []\n\
          for k in sorted(keys):\n\
@@ -91,6 +91,7 @@ pub fn objects(endpoint: &str, bucket: &str) -> Vec<Object> {
          \x20   if k.endswith('.gz'): b = gzip.decompress(b)\n\
          \x20   elif k.endswith('.zst'): b = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(b)).read()\n\
          \x20   elif k.endswith('.lz4'): b = lz4.frame.decompress(b)\n\
+         \x20   elif k.endswith('.zz'): b = zlib.decompress(b)\n\
          \x20   out.append({'key': k, 'text': b.decode(), 'etag': r['ETag'], 'size': r['ContentLength'],\n\
          \x20               'encoding': r.get('ContentEncoding'), 'type': r['ContentType']})\n\
          print(json.dumps(out))",
