@@ -182,6 +182,30 @@ async fn polling_reads_keys_written_later() {
     s.stop().await.unwrap();
 }
 
+/// A listing longer than one page (S3 answers 1,000 keys a page) is read
+/// to its end: every key.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_more_than_one_page_is_read_to_its_end() {
+    let url = endpoint();
+    let b = bucket(&url, "pages");
+    python(
+        &url,
+        "for i in range(1001): s3.put_object(Bucket=ARGS[0], Key=f'k/{i:04}.log', Body=f'line {i:04}\\n'.encode())",
+        &[&b],
+    );
+    let mut s = source(&url, &b, json!({"concurrency": 8}), 2_000);
+    let mut read = testing::take_text(&mut s.rx, 1001).await;
+    read.sort();
+    let want: Vec<String> = (0..1001).map(|i| format!("line {i:04}")).collect();
+    assert_eq!(read, want);
+    tokio::time::timeout(Duration::from_secs(30), s.task)
+        .await
+        .expect("the source ends after one pass")
+        .unwrap()
+        .unwrap();
+}
+
 /// Wrong keys: the listing is refused and the stage ends saying so.
 #[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,6 +223,54 @@ async fn wrong_credentials_end_the_source_clearly() {
         err.contains("SignatureDoesNotMatch") && err.contains(&format!("listing s3://{b}/")),
         "{err}"
     );
+}
+
+/// Nothing listens: the listing is retried under the stage's own retry
+/// options until `retry_max_attempts`, then the source ends
+/// naming the endpoint's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_retried_then_given_up() {
+    let port = logbus_test_ports::free_port();
+    let s = source(
+        &format!("http://127.0.0.1:{port}"),
+        "b",
+        json!({"retry_max_attempts": 3, "retry_initial_backoff_ms": 10, "retry_max_backoff_ms": 20}),
+        10,
+    );
+    let err = tokio::time::timeout(Duration::from_secs(60), s.task)
+        .await
+        .expect("the source gives up")
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("listing s3://b/: ") && err.ends_with("(gave up after 3 attempts)"),
+        "{err}"
+    );
+}
+
+/// A checkpoint that exists but cannot be read (here: a directory) ends
+/// the source with the reason; it is not taken for a first start, which
+/// would read the bucket again from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_checkpoint_is_an_error_not_a_first_start() {
+    let state = tempfile::tempdir().unwrap();
+    std::fs::create_dir(state.path().join("s.s3.json")).unwrap();
+    let port = logbus_test_ports::free_port();
+    let s = source(
+        &format!("http://127.0.0.1:{port}"),
+        "b",
+        json!({"state_dir": state.path(), "retry_max_attempts": 1}),
+        10,
+    );
+    let err = tokio::time::timeout(Duration::from_secs(60), s.task)
+        .await
+        .expect("the source ends")
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("reading the checkpoint"), "{err}");
+    assert!(err.contains("s.s3.json"), "{err}");
 }
 
 #[test]
