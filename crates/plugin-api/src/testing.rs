@@ -33,13 +33,18 @@ pub fn context() -> BuildContext {
 /// runs, not where it is validated).
 pub fn build_errors(plugin: &dyn Plugin, options: Value) -> String {
     match plugin.build(&options, &context()) {
-        Err(errors) => errors
-            .iter()
-            .map(|e| format!("{}: {}", e.path.join("."), e.message))
-            .collect::<Vec<_>>()
-            .join("; "),
+        Err(errors) => joined(&errors),
         Ok(_) => String::new(),
     }
+}
+
+/// `path: message` of each error, joined with `; `.
+fn joined(errors: &[crate::OptionError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("{}: {}", e.path.join("."), e.message))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `path: message` of every option error, joined with `; ` (empty when the
@@ -51,13 +56,6 @@ pub fn build_errors(plugin: &dyn Plugin, options: Value) -> String {
 /// check error on options that build is a config refused for nothing.
 pub fn option_errors(plugin: &dyn Plugin, options: Value) -> String {
     let checked = plugin.check(&options, &context());
-    let text = |errors: &[crate::OptionError]| {
-        errors
-            .iter()
-            .map(|e| format!("{}: {}", e.path.join("."), e.message))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
     match plugin.build(&options, &context()) {
         Err(errors) => {
             for e in &errors {
@@ -65,18 +63,18 @@ pub fn option_errors(plugin: &dyn Plugin, options: Value) -> String {
                     checked.contains(e),
                     "`{}` refuses {options} when built ({}) but its check does not ({})",
                     plugin.name(),
-                    text(std::slice::from_ref(e)),
-                    text(&checked)
+                    joined(std::slice::from_ref(e)),
+                    joined(&checked)
                 );
             }
-            text(&errors)
+            joined(&errors)
         }
         Ok(_) => {
             assert!(
                 checked.is_empty(),
                 "`{}` builds with {options} but its check refuses them ({})",
                 plugin.name(),
-                text(&checked)
+                joined(&checked)
             );
             String::new()
         }

@@ -30,6 +30,15 @@ fn put(url: &str, b: &str, key: &str, lines: &[String]) {
     );
 }
 
+/// How the source ended, which it must within `secs` seconds.
+async fn ended(s: RunningSource, secs: u64) -> Result<(), String> {
+    tokio::time::timeout(Duration::from_secs(secs), s.task)
+        .await
+        .unwrap_or_else(|_| panic!("the source did not end within {secs} s"))
+        .expect("the source task panicked")
+        .map_err(|e| e.to_string())
+}
+
 fn lines(tag: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{tag} {i:06}")).collect()
 }
@@ -93,11 +102,7 @@ async fn a_prefix_is_read_decompressed_and_checkpointed() {
     }
     assert_eq!(by_origin.len(), 3);
     // One pass and no polling: it ends once everything is delivered.
-    tokio::time::timeout(Duration::from_secs(20), s.task)
-        .await
-        .expect("the source ends")
-        .unwrap()
-        .unwrap();
+    ended(s, 20).await.unwrap();
     let saved: Value = serde_json::from_slice(
         &std::fs::read(state.path().join("s.s3.json")).unwrap_or_else(|e| panic!("{e}")),
     )
@@ -159,11 +164,7 @@ async fn a_restart_skips_what_was_delivered_and_reads_the_rest() {
         .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap())
         .collect();
     assert_eq!(texts, lines("big", 80_000)[big_first..]);
-    tokio::time::timeout(Duration::from_secs(20), s.task)
-        .await
-        .expect("the source ends")
-        .unwrap()
-        .unwrap();
+    ended(s, 20).await.unwrap();
 }
 
 /// With `poll_interval_ms`, a key written later is read too.
@@ -199,11 +200,7 @@ async fn a_listing_of_more_than_one_page_is_read_to_its_end() {
     read.sort();
     let want: Vec<String> = (0..1001).map(|i| format!("line {i:04}")).collect();
     assert_eq!(read, want);
-    tokio::time::timeout(Duration::from_secs(30), s.task)
-        .await
-        .expect("the source ends after one pass")
-        .unwrap()
-        .unwrap();
+    ended(s, 30).await.unwrap();
 }
 
 /// Wrong keys: the listing is refused and the stage ends saying so.
@@ -213,12 +210,7 @@ async fn wrong_credentials_end_the_source_clearly() {
     let url = endpoint();
     let b = bucket(&url, "srccreds");
     let s = source(&url, &b, json!({"secret_access_key": "wrong"}), 10);
-    let err = tokio::time::timeout(Duration::from_secs(20), s.task)
-        .await
-        .expect("the source ends")
-        .unwrap()
-        .unwrap_err()
-        .to_string();
+    let err = ended(s, 20).await.unwrap_err();
     assert!(
         err.contains("SignatureDoesNotMatch") && err.contains(&format!("listing s3://{b}/")),
         "{err}"
@@ -237,12 +229,7 @@ async fn an_unreachable_server_is_retried_then_given_up() {
         json!({"retry_max_attempts": 3, "retry_initial_backoff_ms": 10, "retry_max_backoff_ms": 20}),
         10,
     );
-    let err = tokio::time::timeout(Duration::from_secs(60), s.task)
-        .await
-        .expect("the source gives up")
-        .unwrap()
-        .unwrap_err()
-        .to_string();
+    let err = ended(s, 60).await.unwrap_err();
     assert!(
         err.starts_with("listing s3://b/: ") && err.ends_with("(gave up after 3 attempts)"),
         "{err}"
@@ -263,12 +250,7 @@ async fn an_unreadable_checkpoint_is_an_error_not_a_first_start() {
         json!({"state_dir": state.path(), "retry_max_attempts": 1}),
         10,
     );
-    let err = tokio::time::timeout(Duration::from_secs(60), s.task)
-        .await
-        .expect("the source ends")
-        .unwrap()
-        .unwrap_err()
-        .to_string();
+    let err = ended(s, 60).await.unwrap_err();
     assert!(err.contains("reading the checkpoint"), "{err}");
     assert!(err.contains("s.s3.json"), "{err}");
 }
