@@ -352,7 +352,11 @@ pub fn page_mismatch(plugin: &dyn Plugin, docs: &std::path::Path) -> Option<Stri
 ///   the option (`—`, `unset: body, else message`, `the system journal`);
 ///   a value there is one the schema should have given;
 /// - an option is required exactly when the `required` column says `yes`,
-///   or, in a table without one, when its default cell says `required`.
+///   or, in a table without one, when its default cell says `required`;
+/// - a row that says `cargo feature` documents an option a build without
+///   that feature does not have: it may be missing from the schema (a
+///   custom build's own tests then pass), but where the schema has it the
+///   row is compared like any other.
 pub fn options_table_mismatch(
     plugin: &dyn Plugin,
     page: &str,
@@ -396,6 +400,9 @@ pub fn options_table_mismatch(
             Some(column) => column.starts_with("yes"),
             None => cell.contains("required"),
         };
+        let gated = row
+            .iter()
+            .any(|c| c.to_ascii_lowercase().contains("cargo feature"));
         let defaults: Vec<&str> = cell.split(',').map(str::trim).collect();
         for (i, name) in names.iter().enumerate() {
             let cell = if defaults.len() == names.len() {
@@ -403,7 +410,12 @@ pub fn options_table_mismatch(
             } else {
                 cell.as_str()
             };
-            rows.insert(name.to_string(), (DocDefault::read(cell), says_required));
+            let row = Row {
+                default: DocDefault::read(cell),
+                required: says_required,
+                gated,
+            };
+            rows.insert(name.to_string(), row);
         }
     }
     let mut said = Vec::new();
@@ -419,9 +431,18 @@ pub fn options_table_mismatch(
     Some(said.join("\n"))
 }
 
-/// The table's rows by option name (`key` or `parent.key`): the default
-/// cell read, and whether the row says the option is required.
-type Rows = std::collections::BTreeMap<String, (DocDefault, bool)>;
+/// The table's rows by option name (`key` or `parent.key`).
+type Rows = std::collections::BTreeMap<String, Row>;
+
+/// What one row of an options table says of an option.
+struct Row {
+    /// The default cell, read.
+    default: DocDefault,
+    /// Whether the row says the option is required.
+    required: bool,
+    /// Whether the row names a cargo feature the option comes with.
+    gated: bool,
+}
 
 /// Compares the options at one level of the schema (`prefix` is `""` or
 /// `parent.`) with the rows that name them. An option documented by rows
@@ -448,7 +469,12 @@ fn compare_level(
             Some(other) => Some(other.to_string()),
         };
         let is_required = required.contains(name);
-        let Some((doc, says_required)) = rows.get(&here(name)) else {
+        let Some(Row {
+            default: doc,
+            required: says_required,
+            ..
+        }) = rows.get(&here(name))
+        else {
             if !has_keys(name) {
                 said.push(format!(
                     "  `{}` (default {}) is not in the table",
@@ -494,10 +520,11 @@ fn compare_level(
         }
     }
     // Rows of this level (`prefix` then a name, or a name's keys) that
-    // name no option.
+    // name no option, unless the option comes with a feature not built.
     let mut strangers: Vec<&str> = rows
-        .keys()
-        .filter_map(|k| k.strip_prefix(prefix))
+        .iter()
+        .filter(|(_, row)| !row.gated)
+        .filter_map(|(k, _)| k.strip_prefix(prefix))
         .map(|rest| rest.split('.').next().unwrap_or(rest))
         .filter(|name| !properties.contains_key(*name))
         .collect();
@@ -734,6 +761,23 @@ mod tests {
             "sink p: its options table differs from the schema\n  \
              `retry.backoff` (default none) is not in the table\n  \
              `retry.jitter` is in the table but not an option"
+        );
+        // A row of an option that comes with a cargo feature may be
+        // missing from a build without it; a row that says no feature may not.
+        let extra = "| `arrow` | | — | With cargo feature `p-arrow`. |\n";
+        assert_eq!(check(&format!("{GOOD}{extra}")), None);
+        assert!(
+            check(&format!("{GOOD}{}", extra.replace("cargo feature", "the")))
+                .unwrap()
+                .contains("`arrow` is in the table but not an option")
+        );
+        // Where the schema has it, it is compared like any other row.
+        assert!(
+            said(
+                "| `retry.attempts` | | 3 | |",
+                "| `retry.attempts` | | 4 | Cargo feature `r`. |"
+            )
+            .contains("`retry.attempts`: the table says 4, the schema 3")
         );
         assert!(
             said("`retry.attempts` | | 3", "`retry` | | 3")

@@ -216,3 +216,125 @@ pub fn merged(base: Value, more: Value) -> Value {
         .extend(more.as_object().expect("an object").clone());
     o
 }
+
+/// A TCP proxy in front of the S3 server that cuts object downloads short,
+/// as a network or a server failing mid-body would: the n-th GET of an
+/// object (n from 1) gets `cut(key, n)` bytes of its answer, head included,
+/// before both connections are closed; `None` lets it through whole.
+/// Listings pass untouched. `gets` counts each key's GETs, so a test can
+/// show its cuts happened.
+pub struct CuttingProxy {
+    pub url: String,
+    pub gets: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>>,
+}
+
+impl CuttingProxy {
+    pub fn gets_of(&self, key: &str) -> usize {
+        self.gets.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+}
+
+type Cut = dyn Fn(&str, usize) -> Option<usize> + Send + Sync;
+
+pub fn cutting_proxy(
+    upstream: &str,
+    cut: impl Fn(&str, usize) -> Option<usize> + Send + Sync + 'static,
+) -> CuttingProxy {
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::{Arc, Mutex};
+    let upstream = upstream
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let gets = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
+    let cut: Arc<Cut> = Arc::new(cut);
+    let counted = gets.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(&upstream) else {
+                continue;
+            };
+            // What the answer now being forwarded may still carry.
+            let allowance: Arc<Mutex<Option<usize>>> = Arc::default();
+            let (c, s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (cut, gets, allow) = (cut.clone(), counted.clone(), allowance.clone());
+            std::thread::spawn(move || requests(c, s, &*cut, &gets, &allow));
+            std::thread::spawn(move || answers(server, client, &allowance));
+        }
+    });
+    CuttingProxy { url, gets }
+}
+
+/// Client to server: each request's line sets the allowance of its answer
+/// before the request goes on (the SDK sends a request's head in one
+/// piece, and the next only after the answer).
+fn requests(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    cut: &Cut,
+    gets: &std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+    allowance: &std::sync::Mutex<Option<usize>>,
+) {
+    use std::io::{Read, Write};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let text = String::from_utf8_lossy(&buf[..n]);
+        for line in text.lines().filter(|l| l.starts_with("GET /")) {
+            let path = line.split(' ').nth(1).unwrap_or("");
+            let (path, query) = path.split_once('?').unwrap_or((path, ""));
+            // `/bucket/key`: an object; a listing has no key or says `list-type`.
+            let key = path.trim_start_matches('/').split_once('/').map(|(_, k)| k);
+            let mut allow = allowance.lock().unwrap();
+            *allow = match key {
+                Some(key) if !key.is_empty() && !query.contains("list-type") => {
+                    let mut gets = gets.lock().unwrap();
+                    let n = gets.entry(key.to_string()).or_insert(0);
+                    *n += 1;
+                    cut(key, *n)
+                }
+                _ => None,
+            };
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// Server to client, closing both connections once an answer has used up
+/// its allowance.
+fn answers(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    allowance: &std::sync::Mutex<Option<usize>>,
+) {
+    use std::io::{Read, Write};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut allow = allowance.lock().unwrap();
+        let pass = allow.map_or(n, |left| left.min(n));
+        if to.write_all(&buf[..pass]).is_err() {
+            break;
+        }
+        if let Some(left) = allow.as_mut() {
+            *left -= pass;
+            if *left == 0 {
+                break;
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+}
