@@ -119,6 +119,8 @@ pub fn sink(plugin: &dyn Plugin, options: Value) -> Box<dyn Sink> {
 /// the test's runtime (and the test) from ending.
 pub struct RunningSource {
     pub rx: Receiver,
+    /// The source's counters (acknowledgements, redeliveries, retries).
+    pub metrics: Arc<StageMetrics>,
     pub shutdown: CancellationToken,
     pub task: tokio::task::JoinHandle<Result<(), StageError>>,
     pub stop_on_drop: crate::DropGuard,
@@ -136,17 +138,15 @@ impl RunningSource {
 pub fn run_source(source: Box<dyn Source>, capacity: usize) -> RunningSource {
     let (tx, rx) = channel(capacity);
     let shutdown = CancellationToken::new();
+    let metrics = Arc::new(StageMetrics::default());
     let task = tokio::spawn(source.run(SourceContext {
         id: "s".into(),
-        output: Output::new(
-            vec![tx],
-            Arc::new(StageMetrics::default()),
-            OutputRole::Main,
-        ),
+        output: Output::new(vec![tx], metrics.clone(), OutputRole::Main),
         shutdown: shutdown.clone(),
     }));
     RunningSource {
         rx,
+        metrics,
         stop_on_drop: shutdown.clone().drop_guard(),
         shutdown,
         task,

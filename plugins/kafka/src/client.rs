@@ -330,7 +330,7 @@ pub fn add_brokers<C: ClientContext>(client: &Client<C>, brokers: &str) -> i32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
@@ -349,7 +349,8 @@ mod tests {
     }
 
     /// The lines logged, at every level, while `f` runs on this thread.
-    fn logged_by(f: impl FnOnce()) -> Vec<String> {
+    /// What `f` logs, line by line, through a subscriber of its own.
+    pub(crate) fn logged_by(f: impl FnOnce()) -> Vec<String> {
         let out = Captured::default();
         let writer = out.clone();
         let subscriber = tracing_subscriber::fmt()

@@ -414,20 +414,12 @@ impl Shared {
         self.paused.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Commits what each track finished; `only` limits it to some
-    /// partitions (a revoke).
-    fn commit(
-        &self,
-        consumer: &BaseConsumer<GroupContext>,
-        only: Option<&[PartitionKey]>,
-        mode: CommitMode,
-    ) {
+    /// Commits what each track finished. (A revoke commits its partitions
+    /// itself, with `Track::release`.)
+    fn commit(&self, consumer: &BaseConsumer<GroupContext>, mode: CommitMode) {
         let mut list = TopicPartitionList::new();
         let mut moved = Vec::new();
         for (key, track) in self.tracks().iter() {
-            if only.is_some_and(|o| !o.contains(key)) {
-                continue;
-            }
             if let Some(next) = track.to_commit()
                 && list
                     .add_partition_offset(&key.0, key.1, Offset::Offset(next))
@@ -656,9 +648,7 @@ impl KafkaConsumerSource {
             let _ = reader.consumer.poll(Duration::from_millis(5));
             reader.maintain(&metrics);
         }
-        reader
-            .shared
-            .commit(&reader.consumer, None, CommitMode::Sync);
+        reader.shared.commit(&reader.consumer, CommitMode::Sync);
         reader.shared.publish(&metrics);
         let open: u64 = reader
             .shared
@@ -845,7 +835,7 @@ impl Reader<'_> {
 
     fn commit_if_due(&mut self) {
         if self.last_commit.elapsed() >= self.commit_interval {
-            self.shared.commit(&self.consumer, None, CommitMode::Async);
+            self.shared.commit(&self.consumer, CommitMode::Async);
             self.last_commit = Instant::now();
         }
     }
@@ -1032,10 +1022,11 @@ mod tests {
             track.lock().begin(last, n)
         };
         assert_eq!(track.to_commit(), None);
-        // Three batches: offsets 9..=10, 11..=12 and 13.
-        let (a, b, c) = (begin(10, 2), begin(12, 2), begin(13, 1));
-        assert_eq!(track.unfinished(), 5);
-        assert_eq!(track.release(), (None, 5, AckCounts::default()));
+        // Three batches: offsets 9..=10, 11..=13 and 14 (sizes that add
+        // and multiply differently).
+        let (a, b, c) = (begin(10, 2), begin(13, 3), begin(14, 1));
+        assert_eq!(track.unfinished(), 6);
+        assert_eq!(track.release(), (None, 6, AckCounts::default()));
         // A later batch finishing first commits nothing.
         track.finished(b, Outcome::Delivered);
         assert_eq!(track.unfinished(), 3);
@@ -1043,9 +1034,14 @@ mod tests {
         // A refused event is finished: the offset moves past both.
         track.finished(a, Outcome::Rejected);
         assert_eq!(track.unfinished(), 1);
-        assert_eq!(track.to_commit(), Some(13), "the next offset to read");
-        assert_eq!(track.release().0, Some(13));
-        track.committed_at(13);
+        assert_eq!(track.to_commit(), Some(14), "the next offset to read");
+        let finished = AckCounts {
+            delivered: 3,
+            rejected: 2,
+            errored: 0,
+        };
+        assert_eq!(track.release(), (Some(14), 1, finished));
+        track.committed_at(14);
         assert_eq!(track.to_commit(), None, "committed already");
         assert_eq!(track.release().0, None);
         // An older commit confirmed late does not move it back.
@@ -1059,7 +1055,7 @@ mod tests {
         assert_eq!(
             counts,
             AckCounts {
-                delivered: 2,
+                delivered: 3,
                 rejected: 2,
                 errored: 1
             }
@@ -1084,15 +1080,23 @@ mod tests {
             (a.acked_delivered, a.acked_rejected, a.acked_errored)
         };
         assert_eq!(acked(&metrics), (100, 10, 1));
-        for (p, outcome) in [(0, Outcome::Delivered), (1, Outcome::Errored)] {
+        for (p, outcome) in [
+            (0, Outcome::Delivered),
+            (1, Outcome::Errored),
+            (2, Outcome::Rejected),
+        ] {
             let track = Arc::new(Track::new());
             let done = track.lock().begin(5, 3);
             track.finished(done, outcome);
             track.lock().begin(6, 1);
             shared.tracks().insert(("t".into(), p), track);
         }
+        // The open batches' age: at least the time that passed since.
+        std::thread::sleep(Duration::from_millis(30));
         shared.publish(&metrics);
-        assert_eq!(acked(&metrics), (103, 10, 4));
+        assert_eq!(acked(&metrics), (103, 13, 4));
+        let age = metrics.snapshot().oldest_unacked_ms;
+        assert!((30..10_000).contains(&age), "{age} ms");
     }
 
     /// Every bound holds at its edges (the value on each side), topic names
@@ -1170,6 +1174,91 @@ mod tests {
         ] {
             assert_eq!(paused_after(was, open, cap), after, "{was} {open} {cap}");
         }
+    }
+
+    /// The consumer's context hands librdkafka's log and errors to the
+    /// stage's reports: a log line under the stage's id, and an error that
+    /// retrying cannot fix, remembered (the source ends with it).
+    #[test]
+    fn librdkafka_log_and_errors_reach_the_stages_reports() {
+        let context = GroupContext {
+            shared: Arc::new(Shared::new(
+                "from_kafka".into(),
+                Reports::new("from_kafka".into()),
+            )),
+        };
+        let lines = crate::client::tests::logged_by(|| {
+            ClientContext::log(&context, RDKafkaLogLevel::Warning, "FAC", "a message");
+            context.error(
+                KafkaError::Global(RDKafkaErrorCode::Authentication),
+                "credentials refused",
+            );
+        });
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert!(
+            lines[0].trim_start().starts_with("WARN")
+                && lines[0].contains("stage=\"from_kafka\"")
+                && lines[0].contains("librdkafka FAC: a message"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[1].contains("credentials refused"), "{}", lines[1]);
+        let fatal = context.shared.reports.fatal().expect("remembered as fatal");
+        assert!(fatal.contains("credentials refused"), "{fatal}");
+    }
+
+    /// A revoke stops tracking the partitions it takes: their finished
+    /// counts join those of partitions let go before, their unfinished
+    /// events are counted redelivered (the next owner reads them again),
+    /// and their pauses are forgotten. Nothing here is committable (an
+    /// earlier batch of each is open), so no broker is asked.
+    #[test]
+    fn a_revoke_books_what_its_partitions_finished_and_let_go() {
+        let consumer: BaseConsumer<GroupContext> = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .create_with_context(GroupContext {
+                shared: Arc::new(Shared::new("s".into(), Reports::new("s".into()))),
+            })
+            .unwrap();
+        let shared = consumer.context().shared.clone();
+        *shared.gone.lock().unwrap() = AckCounts {
+            delivered: 100,
+            rejected: 10,
+            errored: 1,
+        };
+        // Partition p: an open batch of 2, then a finished one of 3.
+        for (p, outcome) in [
+            (0, Outcome::Delivered),
+            (1, Outcome::Rejected),
+            (2, Outcome::Errored),
+        ] {
+            let track = Arc::new(Track::new());
+            track.sent.store(5, Ordering::Relaxed);
+            track.lock().begin(1, 2);
+            let later = track.lock().begin(4, 3);
+            track.finished(later, outcome);
+            shared.tracks().insert(("t".into(), p), track);
+            shared.paused().insert(("t".into(), p));
+        }
+        let mut list = TopicPartitionList::new();
+        list.add_partition("t", 0);
+        list.add_partition("t", 2);
+        consumer
+            .context()
+            .pre_rebalance(&consumer, &Rebalance::Revoke(&list));
+        assert_eq!(
+            *shared.gone.lock().unwrap(),
+            AckCounts {
+                delivered: 103,
+                rejected: 10,
+                errored: 4
+            }
+        );
+        assert_eq!(shared.redelivered.load(Ordering::Relaxed), 4);
+        let kept: Vec<_> = shared.tracks().keys().cloned().collect();
+        assert_eq!(kept, [("t".into(), 1)]);
+        assert_eq!(*shared.paused(), [("t".into(), 1)].into());
     }
 
     /// The consumer's statistics reach its watch.

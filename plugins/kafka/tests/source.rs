@@ -49,7 +49,7 @@ async fn batches(s: &mut RunningSource, n: usize) -> Vec<InputBatch> {
 
 /// Key, headers, topic, partition, offset and timestamp arrive as the
 /// event's attributes; the payload is the message; finished events are
-/// committed.
+/// committed while the source runs.
 #[ignore = "needs a Kafka broker and kafka-python (.ci/services up kafka; pip install kafka-python); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_arrive_with_their_attributes_and_finished_offsets_are_committed() {
@@ -62,6 +62,21 @@ async fn messages_arrive_with_their_attributes_and_finished_offsets_are_committe
         1000,
     );
     let events = testing::take(&mut s.rx, 20).await;
+    // Committed while the source runs (every `commit_interval_ms`), not
+    // only when it leaves the group.
+    let want: std::collections::BTreeMap<i32, i64> = [(0, 10), (1, 10)].into();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = committed(&brokers, &g, &t);
+        if now == want {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing committed while running: {now:?}"
+        );
+    }
+    assert!(!s.task.is_finished());
     s.stop().await.unwrap();
     let mut ids = BTreeSet::new();
     for e in &events {
@@ -360,7 +375,11 @@ async fn a_partition_paused_at_its_cap_is_read_again_after_a_rebalance() {
             seen.insert(id(&e));
         }
     }
+    let metrics = s.metrics.clone();
     s.stop().await.unwrap();
+    // The 40 held at the first revoke were let go, counted as redelivered.
+    let redelivered = metrics.snapshot().redelivered;
+    assert!(redelivered >= 40, "{redelivered} counted redelivered");
 }
 
 /// SASL PLAIN and SCRAM against the broker's SASL listener: the right
