@@ -28,7 +28,9 @@
 //!   [--peer NAME[@tcp]=COMMAND]... [--quorum Q] [--start-rate R]`: the
 //!   open-loop load profile (docs/load-testing.md); `load sweep
 //!   [--capacities 256,1024,...] [--reps N] [--events N] [--compare
-//!   label=BIN]...`: peak RSS against the computed in-flight bound.
+//!   label=BIN]...`: peak RSS against the computed in-flight bound; `load
+//!   flood [--events N] [--reps N] [--peer ...]`: closed-loop throughput of
+//!   LogBus and peers through the same feeder and collector.
 //! - `disk-bench [--reps N] [--events N] [--dir DIR]`: durable queues under
 //!   each `sync` policy and a spilling disk-assisted queue, against the
 //!   disk's own `dd` bandwidth measured in the same sitting.
@@ -234,8 +236,17 @@ fn main() -> anyhow::Result<()> {
                     let compare = labelled(&args, "--compare")?;
                     load::sweep_task(&root, &pipeline, &capacities, reps, events, &compare, out)?;
                 }
+                "flood" => {
+                    let events: u64 = opt("--events").map_or(Ok(1_000_000), |v| v.parse())?;
+                    let reps: usize = opt("--reps").map_or(Ok(3), |v| v.parse())?;
+                    let nice: u32 = opt("--target-nice").map_or(Ok(5), |v| v.parse())?;
+                    if events == 0 || reps == 0 {
+                        bail!("load flood needs --events and --reps above 0");
+                    }
+                    load::flood_cmd(&root, &pipeline, events, reps, nice, peers, out)?;
+                }
                 other => bail!(
-                    "usage: cargo xtask load <profile|quick|sweep|report> [options], not `{other}` (see docs/load-testing.md)"
+                    "usage: cargo xtask load <profile|quick|dwell|flood|sweep|report> [options], not `{other}` (see docs/load-testing.md)"
                 ),
             }
         }

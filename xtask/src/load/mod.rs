@@ -16,6 +16,7 @@
 
 mod collector;
 mod feeder;
+mod flood;
 mod report;
 mod sweep;
 mod target;
@@ -1421,6 +1422,46 @@ pub fn dwell_task(root: &Path, options: DwellOptions) -> anyhow::Result<()> {
             p.max_us as f64 / 1000.0
         );
     }
+    Ok(())
+}
+
+/// `cargo xtask load flood`: LogBus and each peer flooded alternately.
+pub fn flood_cmd(
+    root: &Path,
+    pipeline: &Path,
+    events: u64,
+    reps: usize,
+    target_nice: u32,
+    peers: Vec<TargetSpec>,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let setup = setup(root, out, 100_000)?;
+    let pipeline = std::fs::canonicalize(pipeline)
+        .with_context(|| format!("pipeline {}", pipeline.display()))?;
+    let mut targets = vec![(
+        "logbus".to_string(),
+        TargetSpec::LogBus {
+            binary: setup.binary.clone(),
+            pipeline: pipeline.clone(),
+            api: false,
+        },
+    )];
+    targets.extend(peers.into_iter().map(|p| (p.name().to_string(), p)));
+    let md = flood::flood_task(
+        &targets,
+        &setup.corpus,
+        &setup.out.join("work"),
+        events,
+        reps,
+        target_nice,
+    )?;
+    let header = format!(
+        "# Flood: {events} events per run, {reps} reps, pipeline {}, targets at nice {target_nice}\n\ncorpus sha256 {}\n\n",
+        pipeline.display(),
+        setup.corpus_sha
+    );
+    std::fs::write(setup.out.join("flood.md"), format!("{header}{md}"))?;
+    println!("\n{md}");
     Ok(())
 }
 
