@@ -325,6 +325,52 @@ async fn unfinished_events_per_partition_are_capped() {
     assert_eq!(rest.iter().map(id).max(), Some(199));
 }
 
+/// A revoke commits what its partitions finished before they go, so the
+/// next owner starts after it: with periodic commits out of the way (an
+/// hour apart), a second member joining the group is what commits.
+#[ignore = "needs a Kafka broker and kafka-python (.ci/services up kafka; pip install kafka-python); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_commits_what_its_partitions_finished() {
+    let brokers = brokers();
+    let t = topic(&brokers, "src-revoke", 2);
+    produce(&brokers, &t, 0, 20, 2);
+    let g = group("revoke");
+    let mut s = source(
+        json!({
+            "brokers": brokers, "group_id": g, "topics": [t],
+            "commit_interval_ms": 3_600_000, "session_timeout_ms": 6000
+        }),
+        1000,
+    );
+    testing::take(&mut s.rx, 20).await;
+    assert_eq!(
+        committed(&brokers, &g, &t),
+        [].into(),
+        "nothing committed yet"
+    );
+    let joined = common::python(
+        &brokers,
+        "from kafka import KafkaConsumer\n\
+         import time\n\
+         c = KafkaConsumer(ARGS[0], bootstrap_servers=BROKERS, group_id=ARGS[1],\n\
+         \x20   enable_auto_commit=False, auto_offset_reset='earliest')\n\
+         began = time.time()\n\
+         while not c.assignment() and time.time() - began < 60:\n\
+         \x20   c.poll(timeout_ms=200, max_records=1)\n\
+         print('joined' if c.assignment() else 'never joined')\n\
+         c.close()",
+        &[&t, &g],
+    );
+    assert_eq!(joined.trim(), "joined");
+    assert_eq!(
+        committed(&brokers, &g, &t),
+        [(0, 10), (1, 10)].into(),
+        "committed at the revoke, while the source still runs"
+    );
+    assert!(!s.task.is_finished());
+    s.stop().await.unwrap();
+}
+
 /// A partition paused at `max_in_flight_per_partition` keeps its pause in
 /// librdkafka across a revoke and a new assignment. A second member joins
 /// and leaves the group while both partitions are paused; once the held events
