@@ -325,6 +325,52 @@ async fn unfinished_events_per_partition_are_capped() {
     assert_eq!(rest.iter().map(id).max(), Some(199));
 }
 
+/// A stopping source keeps its place in the group while downstream
+/// drains (up to `drain_timeout_ms`), then commits what finished
+/// meanwhile: here every event is still held when the stop comes, and
+/// settled only once the source has given up its output (the stream
+/// ended). The source must still be running then, and the group's offset
+/// must end past all of them.
+#[ignore = "needs a Kafka broker and kafka-python (.ci/services up kafka; pip install kafka-python); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_source_waits_for_what_is_in_flight_then_commits_it() {
+    let brokers = brokers();
+    let t = topic(&brokers, "src-drain", 1);
+    produce(&brokers, &t, 0, 30, 1);
+    let g = group("drain");
+    let mut s = source(
+        json!({
+            "brokers": brokers, "group_id": g, "topics": [t],
+            "commit_interval_ms": 3_600_000, "drain_timeout_ms": 20_000
+        }),
+        1000,
+    );
+    let mut held = batches(&mut s, 30).await;
+    s.shutdown.cancel();
+    while let Some(batch) = tokio::time::timeout(Duration::from_secs(20), s.rx.recv())
+        .await
+        .expect("the stream neither ended nor moved for 20 s")
+    {
+        held.push(batch);
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut s.task)
+            .await
+            .is_err(),
+        "the source ended with 30 events in flight instead of waiting for them"
+    );
+    for b in &mut held {
+        b.settle(Outcome::Delivered);
+    }
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(30), &mut s.task)
+        .await
+        .expect("the source ends once nothing is in flight")
+        .unwrap()
+        .unwrap();
+    assert_eq!(committed(&brokers, &g, &t), [(0, 30)].into());
+}
+
 /// A revoke commits what its partitions finished before they go, so the
 /// next owner starts after it: with periodic commits out of the way (an
 /// hour apart), a second member joining the group is what commits.
