@@ -678,7 +678,9 @@ const CLOSE_WAIT: Duration = Duration::from_secs(10);
 /// broker restart it was seen to wait forever (a CI run hung in the drop,
 /// polling), which hung the whole stop. The offsets are committed by then;
 /// a consumer still closing after `wait` is left to the process's exit.
-fn close_within(consumer: BaseConsumer<GroupContext>, stage: &str, wait: Duration) {
+/// (Generic so that a test can hand it a value whose drop is slow or
+/// never ends.)
+fn close_within<C: Send + 'static>(consumer: C, stage: &str, wait: Duration) {
     let (closed_tx, closed) = std::sync::mpsc::channel::<()>();
     let closing = std::thread::Builder::new()
         .name("kafka-close".into())
@@ -1259,6 +1261,52 @@ mod tests {
         let kept: Vec<_> = shared.tracks().keys().cloned().collect();
         assert_eq!(kept, [("t".into(), 1)]);
         assert_eq!(*shared.paused(), [("t".into(), 1)].into());
+    }
+
+    /// A value whose drop takes `slow`, or until `release` says so.
+    struct SlowClose {
+        slow: Duration,
+        release: Option<std::sync::mpsc::Receiver<()>>,
+        closed: Arc<AtomicBool>,
+    }
+
+    impl Drop for SlowClose {
+        fn drop(&mut self) {
+            std::thread::sleep(self.slow);
+            if let Some(release) = self.release.take() {
+                let _ = release.recv();
+            }
+            self.closed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Closing waits for a consumer that closes (here in 50 ms), and gives
+    /// up on one that does not close within the wait, leaving it behind.
+    #[test]
+    fn closing_waits_for_the_consumer_but_not_for_ever() {
+        let closed = Arc::new(AtomicBool::new(false));
+        let slow = SlowClose {
+            slow: Duration::from_millis(50),
+            release: None,
+            closed: closed.clone(),
+        };
+        close_within(slow, "s", Duration::from_secs(30));
+        assert!(closed.load(Ordering::Acquire), "returned before the close");
+        let (release, held) = std::sync::mpsc::channel();
+        let stuck = Arc::new(AtomicBool::new(false));
+        let began = Instant::now();
+        close_within(
+            SlowClose {
+                slow: Duration::ZERO,
+                release: Some(held),
+                closed: stuck.clone(),
+            },
+            "s",
+            Duration::from_millis(100),
+        );
+        assert!(began.elapsed() < Duration::from_secs(20));
+        assert!(!stuck.load(Ordering::Acquire), "still closing, left behind");
+        release.send(()).unwrap();
     }
 
     /// The consumer's statistics reach its watch.
