@@ -88,10 +88,14 @@ pub fn flood_one(
     // same): then what it wrote is still in the pipe, and the collector
     // reads it to the end.
     let mut exited = None;
+    // The target's CPU time as last read: once it has exited and been
+    // reaped, /proc has nothing more to say.
+    let mut cpu_seen = cpu_before;
     let within_limit = loop {
         if shared.received.load(Ordering::Relaxed) >= events {
             break true;
         }
+        cpu_seen = target::proc_cpu(running.pid).unwrap_or(cpu_seen);
         if began.elapsed() > limit {
             break false;
         }
@@ -112,7 +116,14 @@ pub fn flood_one(
             .map(|c| c.join().expect("collector thread"));
     }
     let secs = (shared.now_us() - start_us) as f64 / 1e6;
-    let cpu = target::proc_cpu(running.pid).unwrap_or(0.0) - cpu_before;
+    // LogBus reports its own total at exit (`--stats-json`), which
+    // includes what it did after the last read of /proc.
+    let cpu = match exited {
+        None => target::proc_cpu(running.pid).unwrap_or(cpu_seen),
+        Some(_) => super::stats_f64(running.stats_json.as_deref(), "cpu_seconds")
+            .unwrap_or(0.0)
+            .max(cpu_seen),
+    } - cpu_before;
     if !within_limit {
         shared.stop_feeding.store(true, Ordering::Relaxed);
     }
@@ -249,6 +260,8 @@ mod tests {
         let f = flood_one(&cat, &corpus(), &work, "cat", 20_000, 0, limit).unwrap();
         assert_eq!(f.events, 20_000);
         assert!(f.secs > 0.0 && f.rate() > 0.0);
+        // Read before it ended (in clock ticks: `cat` may use less than one).
+        assert!(f.cpu >= 0.0, "{}", f.cpu);
         let half = TargetSpec::parse_peer("half=awk 'NR % 2'").unwrap();
         let err = flood_one(&half, &corpus(), &work, "half", 1_000, 0, limit)
             .err()
