@@ -1309,6 +1309,67 @@ mod tests {
         release.send(()).unwrap();
     }
 
+    /// Consumption errors reach the log once a minute at most (the same
+    /// text again within the minute does not), one that retrying cannot fix
+    /// is noted as fatal (the source ends with it), and the end of a
+    /// partition, which is no error, is neither logged nor noted.
+    #[test]
+    fn consumption_errors_are_logged_once_a_minute_and_fatal_ones_noted() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let consumer: BaseConsumer<GroupContext> = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .create_with_context(GroupContext {
+                shared: Arc::new(Shared::new("s".into(), Reports::new("s".into()))),
+            })
+            .unwrap();
+        let shared = consumer.context().shared.clone();
+        let mut reader = Reader {
+            id: "from_kafka".into(),
+            brokers: "127.0.0.1:1",
+            consumer,
+            shared: shared.clone(),
+            handle: runtime.handle(),
+            topics: HashMap::new(),
+            max_in_flight: 1,
+            commit_interval: Duration::from_secs(1),
+            last_commit: Instant::now(),
+            warned: HashMap::new(),
+        };
+        let eof = KafkaError::Global(RDKafkaErrorCode::PartitionEOF);
+        let transient = KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure);
+        let refused = KafkaError::Global(RDKafkaErrorCode::Authentication);
+        let lines = crate::client::tests::logged_by(|| {
+            reader.warn_once(&eof);
+            reader.warn_once(&transient);
+            reader.warn_once(&transient);
+        });
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(
+            lines[0].contains("stage=from_kafka") && lines[0].contains("consuming: "),
+            "{}",
+            lines[0]
+        );
+        assert_eq!(shared.reports.fatal(), None);
+        // A minute later the same error is logged again.
+        let logged_at = reader.warned[&transient.to_string()];
+        reader
+            .warned
+            .insert(transient.to_string(), logged_at - Duration::from_secs(61));
+        let lines = crate::client::tests::logged_by(|| reader.warn_once(&transient));
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        let lines = crate::client::tests::logged_by(|| reader.warn_once(&refused));
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(
+            shared
+                .reports
+                .fatal()
+                .is_some_and(|f| f.contains("while consuming"))
+        );
+    }
+
     /// The consumer's statistics reach its watch.
     #[test]
     fn statistics_reach_the_watch() {
