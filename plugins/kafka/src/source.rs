@@ -1234,6 +1234,7 @@ mod tests {
             (0, Outcome::Delivered),
             (1, Outcome::Rejected),
             (2, Outcome::Errored),
+            (3, Outcome::Delivered),
         ] {
             let track = Arc::new(Track::new());
             track.sent.store(5, Ordering::Relaxed);
@@ -1244,8 +1245,9 @@ mod tests {
             shared.paused().insert(("t".into(), p));
         }
         let mut list = TopicPartitionList::new();
-        list.add_partition("t", 0);
-        list.add_partition("t", 2);
+        for p in 0..3 {
+            list.add_partition("t", p);
+        }
         consumer
             .context()
             .pre_rebalance(&consumer, &Rebalance::Revoke(&list));
@@ -1253,14 +1255,14 @@ mod tests {
             *shared.gone.lock().unwrap(),
             AckCounts {
                 delivered: 103,
-                rejected: 10,
+                rejected: 13,
                 errored: 4
             }
         );
-        assert_eq!(shared.redelivered.load(Ordering::Relaxed), 4);
+        assert_eq!(shared.redelivered.load(Ordering::Relaxed), 6);
         let kept: Vec<_> = shared.tracks().keys().cloned().collect();
-        assert_eq!(kept, [("t".into(), 1)]);
-        assert_eq!(*shared.paused(), [("t".into(), 1)].into());
+        assert_eq!(kept, [("t".into(), 3)]);
+        assert_eq!(*shared.paused(), [("t".into(), 3)].into());
     }
 
     /// A value whose drop takes `slow`, or until `release` says so.
