@@ -30,6 +30,7 @@ async fn an_interval_schedule_ticks_with_its_fields_and_stops_at_count() {
         shutdown: _stop,
         task,
         stop_on_drop: _guard,
+        ..
     } = run_source(s, 10);
     let started = tokio::time::Instant::now();
     let got = take(&mut rx, 3).await;
@@ -56,6 +57,7 @@ async fn a_cron_schedule_fires_on_its_seconds() {
         shutdown: _stop,
         task,
         stop_on_drop: _guard,
+        ..
     } = run_source(s, 10);
     let got = take(&mut rx, 2).await;
     task.await.unwrap().unwrap();
@@ -84,6 +86,7 @@ async fn exec_streams_lines_and_ends_when_the_command_does_with_restart_never() 
         shutdown: _stop,
         task,
         stop_on_drop: _guard,
+        ..
     } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     task.await.unwrap().unwrap();
@@ -101,6 +104,7 @@ async fn exec_restarts_a_failing_command_and_runs_one_on_a_schedule() {
         shutdown: stop,
         task,
         stop_on_drop: _guard,
+        ..
     } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     stop.cancel();
@@ -116,6 +120,7 @@ async fn exec_restarts_a_failing_command_and_runs_one_on_a_schedule() {
         shutdown: stop,
         task,
         stop_on_drop: _guard,
+        ..
     } = run_source(s, 10);
     let got = take(&mut rx, 3).await;
     stop.cancel();
@@ -134,6 +139,7 @@ async fn a_command_that_cannot_start_fails_the_stage_by_name() {
         shutdown: _stop,
         task,
         stop_on_drop: _guard,
+        ..
     } = run_source(s, 10);
     let err = task.await.unwrap().unwrap_err().to_string();
     assert!(err.contains("/no/such/program"), "{err}");
@@ -151,6 +157,7 @@ async fn a_fast_command_is_held_back_by_the_pipeline_and_killed_at_shutdown() {
         shutdown: stop,
         task,
         stop_on_drop: _guard,
+        ..
     } = run_source(s, 10);
     let h = rx.handle();
     while h.occupancy() < 10 {
@@ -227,6 +234,7 @@ async fn exec_sends_a_lone_line_at_once_and_batches_lines_that_come_together() {
         shutdown: _stop,
         task,
         stop_on_drop: _guard,
+        ..
     } = run_source(s, 10_000);
     let mut sizes = Vec::new();
     let mut lines = Vec::new();

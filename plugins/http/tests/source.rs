@@ -27,6 +27,7 @@ async fn start(options: serde_json::Value, capacity: usize) -> Running {
         shutdown,
         task,
         stop_on_drop,
+        ..
     } = testing::run_source(
         testing::source(&Typed(logbus_http::source::HttpSource), options),
         capacity,
