@@ -1372,6 +1372,87 @@ mod tests {
         );
     }
 
+    /// While the pipeline is full, `send` pauses the assignment and says
+    /// so (`full`, which a rebalance in the meantime reads to pause what it
+    /// assigns), so the consumer stops fetching into memory; once the
+    /// batch is in, the flag is down again. Here the output's one slot is
+    /// taken, `send` runs on a thread of its own, and the slot is freed only
+    /// once the flag is up.
+    #[test]
+    fn a_full_pipeline_pauses_the_consumer_until_the_batch_is_in() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let consumer: BaseConsumer<GroupContext> = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .create_with_context(GroupContext {
+                shared: Arc::new(Shared::new("s".into(), Reports::new("s".into()))),
+            })
+            .unwrap();
+        let shared = consumer.context().shared.clone();
+        let key: PartitionKey = ("t".into(), 0);
+        shared.tracks().insert(key.clone(), Arc::new(Track::new()));
+        let mut reader = Reader {
+            id: "s".into(),
+            brokers: "127.0.0.1:1",
+            consumer,
+            shared: shared.clone(),
+            handle: runtime.handle(),
+            topics: HashMap::new(),
+            max_in_flight: 1_000,
+            commit_interval: Duration::from_secs(3600),
+            last_commit: Instant::now(),
+            warned: HashMap::new(),
+        };
+        let (tx, mut rx) = logbus_plugin_api::channel(1);
+        let output = Output::new(
+            vec![tx],
+            Arc::new(logbus_plugin_api::StageMetrics::default()),
+            logbus_plugin_api::OutputRole::Main,
+        );
+        let event = || Event::raw(Bytes::from_static(b"x"), Meta::now("s".into()));
+        runtime.block_on(output.send(vec![event()])).unwrap();
+        let polled = Polled {
+            key,
+            offset: 7,
+            payload: Bytes::from_static(b"m"),
+            attributes: Arc::new(Fields::new()),
+        };
+        std::thread::scope(|scope| {
+            let sending = scope.spawn(|| reader.send(vec![polled], &output));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let paused = loop {
+                if shared.full.load(Ordering::Relaxed) {
+                    break true;
+                }
+                if Instant::now() > deadline || sending.is_finished() {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            // Free the slot whatever happened, or a failure would leave
+            // the sending thread (and the test) waiting for ever.
+            let first = runtime.block_on(rx.recv()).unwrap();
+            assert_eq!(first.len(), 1);
+            drop(first);
+            let rest = sending.join().unwrap().unwrap();
+            assert!(paused, "never paused while the pipeline was full");
+            assert!(
+                rest.is_empty(),
+                "nothing polled from a consumer with no broker"
+            );
+        });
+        assert!(
+            !shared.full.load(Ordering::Relaxed),
+            "the flag is down once sent"
+        );
+        let sent = runtime.block_on(rx.recv()).unwrap();
+        assert_eq!(sent.events()[0].as_raw().unwrap(), b"m".as_slice());
+    }
+
     /// The consumer's statistics reach its watch.
     #[test]
     fn statistics_reach_the_watch() {
