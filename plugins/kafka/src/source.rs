@@ -1209,6 +1209,18 @@ mod tests {
         assert!(fatal.contains("credentials refused"), "{fatal}");
     }
 
+    /// A consumer of group `g` whose broker never answers: enough for the
+    /// code that only books, logs or pauses.
+    fn consumer_without_a_broker() -> BaseConsumer<GroupContext> {
+        ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "g")
+            .create_with_context(GroupContext {
+                shared: Arc::new(Shared::new("s".into(), Reports::new("s".into()))),
+            })
+            .unwrap()
+    }
+
     /// A revoke stops tracking the partitions it takes: their finished
     /// counts join those of partitions let go before, their unfinished
     /// events are counted redelivered (the next owner reads them again),
@@ -1216,13 +1228,7 @@ mod tests {
     /// earlier batch of each is open), so no broker is asked.
     #[test]
     fn a_revoke_books_what_its_partitions_finished_and_let_go() {
-        let consumer: BaseConsumer<GroupContext> = ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("group.id", "g")
-            .create_with_context(GroupContext {
-                shared: Arc::new(Shared::new("s".into(), Reports::new("s".into()))),
-            })
-            .unwrap();
+        let consumer = consumer_without_a_broker();
         let shared = consumer.context().shared.clone();
         *shared.gone.lock().unwrap() = AckCounts {
             delivered: 100,
@@ -1320,13 +1326,7 @@ mod tests {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let consumer: BaseConsumer<GroupContext> = ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("group.id", "g")
-            .create_with_context(GroupContext {
-                shared: Arc::new(Shared::new("s".into(), Reports::new("s".into()))),
-            })
-            .unwrap();
+        let consumer = consumer_without_a_broker();
         let shared = consumer.context().shared.clone();
         let mut reader = Reader {
             id: "from_kafka".into(),
@@ -1385,13 +1385,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let consumer: BaseConsumer<GroupContext> = ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("group.id", "g")
-            .create_with_context(GroupContext {
-                shared: Arc::new(Shared::new("s".into(), Reports::new("s".into()))),
-            })
-            .unwrap();
+        let consumer = consumer_without_a_broker();
         let shared = consumer.context().shared.clone();
         let key: PartitionKey = ("t".into(), 0);
         shared.tracks().insert(key.clone(), Arc::new(Track::new()));

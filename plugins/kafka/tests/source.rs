@@ -47,6 +47,26 @@ async fn batches(s: &mut RunningSource, n: usize) -> Vec<InputBatch> {
     got
 }
 
+/// Another member (kafka-python, committing nothing) joins the group
+/// `g` on topic `t`, which rebalances it, then leaves, which rebalances it
+/// again.
+fn join_and_leave(brokers: &str, t: &str, g: &str) {
+    let joined = common::python(
+        brokers,
+        "from kafka import KafkaConsumer\n\
+         import time\n\
+         c = KafkaConsumer(ARGS[0], bootstrap_servers=BROKERS, group_id=ARGS[1],\n\
+         \x20   enable_auto_commit=False, auto_offset_reset='earliest')\n\
+         began = time.time()\n\
+         while not c.assignment() and time.time() - began < 60:\n\
+         \x20   c.poll(timeout_ms=200, max_records=1)\n\
+         print('joined' if c.assignment() else 'never joined')\n\
+         c.close()",
+        &[t, g],
+    );
+    assert_eq!(joined.trim(), "joined");
+}
+
 /// Key, headers, topic, partition, offset and timestamp arrive as the
 /// event's attributes; the payload is the message; finished events are
 /// committed while the source runs.
@@ -394,20 +414,7 @@ async fn a_revoke_commits_what_its_partitions_finished() {
         [].into(),
         "nothing committed yet"
     );
-    let joined = common::python(
-        &brokers,
-        "from kafka import KafkaConsumer\n\
-         import time\n\
-         c = KafkaConsumer(ARGS[0], bootstrap_servers=BROKERS, group_id=ARGS[1],\n\
-         \x20   enable_auto_commit=False, auto_offset_reset='earliest')\n\
-         began = time.time()\n\
-         while not c.assignment() and time.time() - began < 60:\n\
-         \x20   c.poll(timeout_ms=200, max_records=1)\n\
-         print('joined' if c.assignment() else 'never joined')\n\
-         c.close()",
-        &[&t, &g],
-    );
-    assert_eq!(joined.trim(), "joined");
+    join_and_leave(&brokers, &t, &g);
     assert_eq!(
         committed(&brokers, &g, &t),
         [(0, 10), (1, 10)].into(),
@@ -443,20 +450,7 @@ async fn a_partition_paused_at_its_cap_is_read_again_after_a_rebalance() {
     // Another member joins (the group rebalances: both partitions are
     // revoked, one is assigned to it, one to us again), then leaves (both
     // are assigned to us).
-    let joined = common::python(
-        &brokers,
-        "from kafka import KafkaConsumer\n\
-         import time\n\
-         c = KafkaConsumer(ARGS[0], bootstrap_servers=BROKERS, group_id=ARGS[1],\n\
-         \x20   enable_auto_commit=False, auto_offset_reset='earliest')\n\
-         began = time.time()\n\
-         while not c.assignment() and time.time() - began < 60:\n\
-         \x20   c.poll(timeout_ms=200, max_records=1)\n\
-         print('joined' if c.assignment() else 'never joined')\n\
-         c.close()",
-        &[&t, &g],
-    );
-    assert_eq!(joined.trim(), "joined");
+    join_and_leave(&brokers, &t, &g);
     for b in &mut held {
         b.settle(Outcome::Delivered);
     }

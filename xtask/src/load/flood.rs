@@ -133,15 +133,7 @@ pub fn flood_one(
     let deadline = Instant::now() + Duration::from_secs(30);
     while exited.is_none() && running.child.try_wait()?.is_none() {
         if matches!(spec, TargetSpec::Peer { .. }) || !within_limit || Instant::now() > deadline {
-            if let Some(pid) = rustix::process::Pid::from_raw(running.pid as i32) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            }
-            let grace = Instant::now() + Duration::from_secs(10);
-            while running.child.try_wait()?.is_none() && Instant::now() < grace {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = running.child.kill();
-            let _ = running.child.wait();
+            running.terminate()?;
             break;
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -792,18 +792,7 @@ fn run_script(
         std::thread::sleep(Duration::from_millis(20));
     };
     if exited.is_none() {
-        if let Some(pid) = rustix::process::Pid::from_raw(running.pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let grace = Instant::now() + Duration::from_secs(10);
-        while running.child.try_wait()?.is_none() {
-            if Instant::now() > grace {
-                let _ = running.child.kill();
-                let _ = running.child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        running.terminate()?;
     }
     // A file-reading collector stops at end of file once the target is gone.
     if let Some(done) = &running.output_done {

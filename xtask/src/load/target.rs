@@ -264,6 +264,24 @@ impl Running {
         )
     }
 
+    /// Asks the target to stop (SIGTERM), and kills it after 10 s of
+    /// grace.
+    pub fn terminate(&mut self) -> std::io::Result<()> {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let grace = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > grace {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     pub fn stderr_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(5).collect();
