@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use crate::yaml::{Node, NodeKind, Pos, YamlError, parse};
 
-const STAGE_ORDER: [&str; 11] = [
+const STAGE_ORDER: [&str; 12] = [
     "source",
     "parser",
     "transform",
@@ -29,6 +29,7 @@ const STAGE_ORDER: [&str; 11] = [
     "format",
     "on_error",
     "workers",
+    "ordered",
     "queue",
 ];
 const TOP_ORDER: [&str; 3] = ["settings", "stages", "tests"];

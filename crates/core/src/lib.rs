@@ -8,6 +8,7 @@ pub mod config;
 pub mod diagnostic;
 pub mod fmt;
 pub mod graph;
+mod order;
 pub mod report;
 pub mod runtime;
 pub mod schema;

@@ -25,16 +25,17 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use logbus_plugin_api::durable::Durable;
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, Interrupt, Outcome,
-    Output, OutputRole, OutputTargets, Processor, ProducerHold, Receiver, Sender, Sink,
-    SinkContext, Source, SourceContext, StageError, StageKind, StageMetrics, Verdict, WeakSender,
-    attach_error, channel_with_batch, channel_with_latency, durable_channel, local_channel,
-    panic_message,
+    BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, InputBatch,
+    Interrupt, Outcome, Output, OutputRole, OutputTargets, Processor, ProducerHold, Receiver,
+    Sender, Sink, SinkContext, Source, SourceContext, StageError, StageKind, StageMetrics, Verdict,
+    WeakSender, attach_error, channel_with_batch, channel_with_latency, durable_channel,
+    local_channel, panic_message,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use crate::config::{OnError, Pipeline, StageSpec};
+use crate::order::{Order, Ticket};
 use crate::report::{ChannelReport, RunReport, StageFailure, StageReport};
 
 /// A stage could not be built from its validated options.
@@ -55,7 +56,7 @@ pub enum ReloadError {
     #[error("stage `{0}` changed kind; give the new stage another id, or restart")]
     KindChanged(String),
     #[error(
-        "stage `{0}` changed `workers` or `queue`; its queue is kept across a reload, so restart to change them"
+        "stage `{0}` changed `workers`, `ordered` or `queue`; its queue is kept across a reload, so restart to change them"
     )]
     QueueChanged(String),
     #[error(
@@ -668,6 +669,7 @@ impl Supervisor {
         };
         let workers = spec.workers.max(1);
         let _spawning = self.hold_outputs([spec.id.as_str()]);
+        let crew = Crew::new(vec![metrics.clone()]);
         for (index, built) in built.into_iter().enumerate() {
             let global = self.shutdown.clone();
             match built {
@@ -692,11 +694,15 @@ impl Supervisor {
                         swaps: swap_rx,
                     };
                     let stage_id = spec.id.clone();
+                    let place = crew.join();
                     self.spawn_task(std::slice::from_ref(&spec.id), async move {
-                        stage.run(global).await.map_err(|message| StageFailure {
-                            stage: stage_id,
-                            message,
-                        })
+                        stage
+                            .run(global, &place)
+                            .await
+                            .map_err(|message| StageFailure {
+                                stage: stage_id,
+                                message,
+                            })
                     });
                     match &mut control {
                         Some(Control::Sink { swaps, .. }) => swaps.push(swap_tx),
@@ -782,6 +788,15 @@ impl Supervisor {
         };
         let mut instances: Vec<_> = built.into_iter().map(Vec::into_iter).collect();
         let mut swaps = Vec::new();
+        // One turn for all the workers (a chain fuses only ordered stages
+        // with ordered stages, so the head speaks for it).
+        let order = (head.ordered && workers > 1).then(Order::new);
+        let crew = Crew::new(
+            specs
+                .iter()
+                .map(|s| self.live[&s.id].metrics.clone())
+                .collect(),
+        );
         for index in 0.. {
             let mut members = Vec::with_capacity(specs.len());
             for (spec, built) in specs.iter().zip(instances.iter_mut()) {
@@ -802,10 +817,12 @@ impl Supervisor {
                 swaps: swap_rx,
                 split: split.clone(),
                 failing: None,
+                order: order.clone(),
             };
             let global = self.shutdown.clone();
             let (after, ended) = (after.clone(), end.ended.clone());
             let fused = specs.len() > 1;
+            let place = crew.join();
             self.spawn_task(&ids, async move {
                 if let Some(after) = after {
                     after.wait().await;
@@ -831,12 +848,7 @@ impl Supervisor {
                     .position(|m| m.id == failing)
                     .unwrap_or(0);
                 let _ = guard(stage.finish_from(k + 1)).await;
-                for member in &stage.members[1..] {
-                    let held = member.metrics.snapshot().unaccounted();
-                    if held > 0 {
-                        member.metrics.add_errored(held as u64);
-                    }
-                }
+                place.failed();
                 drain_as_errored(&mut stage.input, &stage.members[0].metrics).await;
                 Err(StageFailure {
                     stage: failing.to_string(),
@@ -905,7 +917,11 @@ impl Supervisor {
                 Some(old) if old.kind != spec.kind => {
                     return Err(ReloadError::KindChanged(spec.id.clone()));
                 }
-                Some(old) if old.workers != spec.workers || old.queue != spec.queue => {
+                Some(old)
+                    if old.workers != spec.workers
+                        || old.ordered != spec.ordered
+                        || old.queue != spec.queue =>
+                {
                     return Err(ReloadError::QueueChanged(spec.id.clone()));
                 }
                 Some(old) if old.outputs != spec.outputs => {
@@ -1154,26 +1170,77 @@ fn worker_input(input: Option<&Receiver>, index: usize, workers: usize) -> Recei
     }
 }
 
-/// After a failure: the events the stage held (received, never forwarded or
-/// committed) are errored; then keep the input flowing so upstreams can
-/// finish, counting every event that still arrives as errored.
+/// After a failure: keep the input flowing so upstreams can finish,
+/// counting every event that still arrives as errored. (What the stage
+/// held is errored by its [`Crew`] when its last worker ends.)
 ///
 /// A durable queue's batches are not errored: they go back to its log,
 /// unacknowledged, and are delivered at the next start.
 async fn drain_as_errored(input: &mut Receiver, metrics: &StageMetrics) {
-    // Events it held are errored here, and (from a durable queue) also
-    // stay in the log: this run counts them as failed, the next delivers
-    // them again.
+    // Events it held are errored by the crew, and (from a durable queue)
+    // also stay in the log: this run counts them as failed, the next
+    // delivers them again.
     input.return_held();
-    let held = metrics.snapshot().unaccounted();
-    if held > 0 {
-        metrics.add_errored(held as u64);
-    }
     while let Some(batch) = input.recv().await {
         let n = batch.len() as u64;
         if !batch.return_to_store() {
             metrics.add_in(n);
             metrics.add_errored(n);
+        }
+    }
+}
+
+/// The workers of one stage, or of one fused chain, while they run. A
+/// stage's counters are shared by its workers, so what a failed stage
+/// still held (received, never forwarded, committed or errored: events
+/// inside its instances) can only be told once every worker has ended;
+/// before that, another worker's batch in hand would look the same. The
+/// last worker to end after a failure counts it as errored. A stage that
+/// did not fail is left as it is: an imbalance there is a loss to report.
+struct Crew {
+    alive: std::sync::atomic::AtomicUsize,
+    failed: std::sync::atomic::AtomicBool,
+    metrics: Vec<Arc<StageMetrics>>,
+}
+
+/// One worker's place in its [`Crew`], given up when it is dropped.
+struct CrewPlace(Arc<Crew>);
+
+impl Crew {
+    fn new(metrics: Vec<Arc<StageMetrics>>) -> Arc<Crew> {
+        Arc::new(Crew {
+            alive: 0.into(),
+            failed: false.into(),
+            metrics,
+        })
+    }
+
+    fn join(self: &Arc<Self>) -> CrewPlace {
+        self.alive.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        CrewPlace(self.clone())
+    }
+}
+
+impl CrewPlace {
+    fn failed(&self) {
+        self.0
+            .failed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for CrewPlace {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let crew = &self.0;
+        if crew.alive.fetch_sub(1, SeqCst) != 1 || !crew.failed.load(SeqCst) {
+            return;
+        }
+        for metrics in &crew.metrics {
+            let held = metrics.snapshot().unaccounted();
+            if held > 0 {
+                metrics.add_errored(held as u64);
+            }
         }
     }
 }
@@ -1245,12 +1312,13 @@ struct SinkStage {
 }
 
 impl SinkStage {
-    async fn run(mut self, global: CancellationToken) -> Result<(), String> {
+    async fn run(mut self, global: CancellationToken, place: &CrewPlace) -> Result<(), String> {
         let cx = &mut self.cx;
         loop {
             let result = guard(self.sink.run(cx)).await;
             if let Err(message) = &result {
                 fail_fast(&cx.id, message, &global);
+                place.failed();
                 cx.input.resume();
                 drain_as_errored(&mut cx.input, &cx.metrics).await;
                 return result;
@@ -1300,6 +1368,26 @@ struct ProcessorStage {
     split: CancellationToken,
     /// The member whose failure ended the worker.
     failing: Option<Arc<str>>,
+    /// `ordered: true` with several workers: the turn they share.
+    order: Option<Arc<Order<Parked>>>,
+}
+
+/// Where a member sends a batch.
+#[derive(Clone, Copy)]
+enum Port {
+    Main,
+    Errors,
+    Named(usize),
+}
+
+/// What one batch sends, by member and port, in the order it is sent.
+type Sends = Vec<(usize, Port, Vec<Event>)>;
+
+/// An ordered worker's finished batch waiting for its turn, with the input
+/// batch whose permits it still holds.
+struct Parked {
+    sends: Sends,
+    _input: Option<InputBatch>,
 }
 
 impl ProcessorStage {
@@ -1315,19 +1403,22 @@ impl ProcessorStage {
                 }
                 _ = self.split.cancelled() => {
                     // What the instances hold goes on now; the tasks taking
-                    // over start after this one has ended.
-                    return self.finish().await;
+                    // over start after this one (and, ordered, every batch
+                    // taken before) has ended.
+                    self.finish().await?;
+                    return self.settle().await;
                 }
-                batch = self.input.recv() => match batch {
-                    Some(mut batch) => {
-                        self.forward(0, batch.take()).await?;
-                        drop(batch);
+                batch = take(&mut self.input, self.order.as_ref()) => match batch {
+                    Some((ticket, mut batch)) => {
+                        let events = batch.take();
+                        self.forward(0, events, ticket, Some(batch)).await?;
                     }
                     None => break,
                 },
             }
         }
-        self.finish().await
+        self.finish().await?;
+        self.settle().await
     }
 
     /// Every member's held events (`Processor::finish`), each through the
@@ -1347,39 +1438,52 @@ impl ProcessorStage {
             let tail = member.processor.finish();
             self.failing = None;
             member.metrics.add_created(tail.len() as u64);
+            let ticket = self.order.as_ref().map(Order::ticket);
             if i + 1 == count {
-                member.output.send(tail).await?;
+                self.deliver(ticket, vec![(i, Port::Main, tail)], None)
+                    .await?;
             } else {
                 member.output.pass_on(&tail);
-                self.forward(i + 1, tail).await?;
+                self.forward(i + 1, tail, ticket, None).await?;
             }
         }
         Ok(())
     }
 
     /// Runs `events` through the members from `from` on and sends what the
-    /// last keeps. A member failing with `on_error: fail` still passes on
-    /// what it kept before the failing event.
-    async fn forward(&mut self, from: usize, mut events: Vec<Event>) -> Result<(), StageError> {
+    /// last keeps, with what each member routes elsewhere (in `ticket`'s
+    /// turn when ordered). A member failing with `on_error: fail` still
+    /// passes on what it kept before the failing event.
+    async fn forward(
+        &mut self,
+        from: usize,
+        mut events: Vec<Event>,
+        ticket: Option<Ticket<Parked>>,
+        input: Option<InputBatch>,
+    ) -> Result<(), StageError> {
         let last = self.members.len() - 1;
         let mut failure = None;
+        let mut sends = Sends::new();
         for i in from..=last {
             let member = &mut self.members[i];
-            let (kept, failed) = member.process(events).await.inspect_err(|_| {
-                self.failing = Some(member.id.clone());
-            })?;
-            if let Some(error) = failed {
+            let processed = member.process(events);
+            if let Some(error) = processed.failure {
                 failure.get_or_insert((member.id.clone(), error));
             }
+            sends.push((i, Port::Errors, processed.routed));
+            sends.extend(
+                (processed.named.into_iter().enumerate()).map(|(k, e)| (i, Port::Named(k), e)),
+            );
             if i == last {
-                member.output.send(kept).await?;
+                sends.push((i, Port::Main, processed.kept));
                 events = Vec::new();
             } else {
-                member.output.pass_on(&kept);
-                events = kept;
+                member.output.pass_on(&processed.kept);
+                events = processed.kept;
             }
         }
         debug_assert!(events.is_empty());
+        self.deliver(ticket, sends, input).await?;
         match failure {
             None => Ok(()),
             Some((id, error)) => {
@@ -1390,16 +1494,110 @@ impl ProcessorStage {
             }
         }
     }
+
+    /// Sends a batch's output now, or parks it for its turn and sends
+    /// whatever is due.
+    async fn deliver(
+        &mut self,
+        ticket: Option<Ticket<Parked>>,
+        sends: Sends,
+        input: Option<InputBatch>,
+    ) -> Result<(), StageError> {
+        match ticket {
+            None => {
+                let sent = self.send(sends).await;
+                drop(input);
+                sent
+            }
+            Some(ticket) => {
+                ticket.park(Parked {
+                    sends,
+                    _input: input,
+                });
+                self.send_due().await
+            }
+        }
+    }
+
+    /// Sends the parked batches whose turn it is, this worker's or not.
+    async fn send_due(&mut self) -> Result<(), StageError> {
+        let Some(order) = self.order.clone() else {
+            return Ok(());
+        };
+        while let Some((parked, _turn)) = order.claim() {
+            self.send(parked.sends).await?;
+        }
+        Ok(())
+    }
+
+    /// Ordered: waits, sending what is due meanwhile, until every batch
+    /// taken by any worker has been sent, so that nothing this stage took
+    /// is still unsent when one of its workers ends.
+    async fn settle(&mut self) -> Result<(), StageError> {
+        let Some(order) = self.order.clone() else {
+            return Ok(());
+        };
+        loop {
+            let changed = order.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            self.send_due().await?;
+            if order.settled() {
+                return Ok(());
+            }
+            changed.await;
+        }
+    }
+
+    async fn send(&mut self, sends: Sends) -> Result<(), StageError> {
+        for (i, port, events) in sends {
+            let member = &mut self.members[i];
+            let output = match port {
+                Port::Main => &mut member.output,
+                Port::Errors => &mut member.errors,
+                Port::Named(k) => &mut member.named[k],
+            };
+            if let Err(e) = output.send(events).await {
+                // A side output that cannot send is this member's failure.
+                if !matches!(port, Port::Main) {
+                    self.failing = Some(self.members[i].id.clone());
+                }
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The next batch, numbered among the workers when they are ordered.
+async fn take(
+    input: &mut Receiver,
+    order: Option<&Arc<Order<Parked>>>,
+) -> Option<(Option<Ticket<Parked>>, InputBatch)> {
+    match order {
+        None => Some((None, input.recv().await?)),
+        Some(order) => {
+            let (ticket, batch) = order.take(input.recv()).await?;
+            Some((Some(ticket), batch))
+        }
+    }
+}
+
+/// What a member made of a batch.
+struct Processed {
+    /// For its main output.
+    kept: Vec<Event>,
+    /// For `<id>.errors` (`on_error: route`).
+    routed: Vec<Event>,
+    /// For each named output.
+    named: Vec<Vec<Event>>,
+    /// The `on_error: fail` error that stopped it.
+    failure: Option<EventError>,
 }
 
 impl Member {
-    /// Runs the plugin over a batch; sends what it routes to `<id>.errors`
-    /// and its named outputs, and returns what it keeps for the main output
-    /// with the `on_error: fail` error that stopped it, if one did.
-    async fn process(
-        &mut self,
-        events: Vec<Event>,
-    ) -> Result<(Vec<Event>, Option<EventError>), StageError> {
+    /// Runs the plugin over a batch and sorts the events by where they go.
+    fn process(&mut self, events: Vec<Event>) -> Processed {
         let n = events.len();
         self.metrics.add_in(n as u64);
         let mut out = Vec::with_capacity(n);
@@ -1483,11 +1681,12 @@ impl Member {
             // The rest of the batch is not processed.
             self.metrics.add_errored(events.len() as u64);
         }
-        self.errors.send(routed).await?;
-        for (output, events) in self.named.iter().zip(named) {
-            output.send(events).await?;
+        Processed {
+            kept: out,
+            routed,
+            named,
+            failure,
         }
-        Ok((out, failure))
     }
 }
 

@@ -90,13 +90,23 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
             props.insert(
                 "workers".into(),
                 json!({
-                    "description": "Tasks running this stage, sharing its input queue; each has its own plugin instance. No order is kept across workers.",
+                    "description": "Tasks running this stage, sharing its input queue; each has its own plugin instance. No order is kept across workers unless `ordered` is set.",
                     "type": "integer",
                     "minimum": 1,
                     "maximum": MAX_WORKERS,
                     "default": 1
                 }),
             );
+            if kind != StageKind::Sink {
+                props.insert(
+                    "ordered".into(),
+                    json!({
+                        "description": "The workers hand on batches in the order they took them from the input queue (a global queue only).",
+                        "type": "boolean",
+                        "default": false
+                    }),
+                );
+            }
             props.insert("queue".into(), json!({ "$ref": "#/$defs/queue" }));
         }
         let attached = match kind {
@@ -315,6 +325,7 @@ mod tests {
             json!({ "const": "edit", "description": "the edit" })
         );
         assert_eq!(props["workers"]["maximum"], json!(MAX_WORKERS));
+        assert_eq!(props["ordered"]["type"], json!("boolean"));
         assert_eq!(props["queue"], json!({ "$ref": "#/$defs/queue" }));
         assert_eq!(props["on_error"]["enum"], json!(["drop", "fail", "route"]));
         assert!(transform.get("dependentRequired").is_none());
@@ -327,7 +338,7 @@ mod tests {
         let source = &defs["source-gen"];
         assert_eq!(source["required"], json!(["path", "source"]));
         let props = source["properties"].as_object().unwrap();
-        for key in ["inputs", "workers", "queue", "format"] {
+        for key in ["inputs", "workers", "ordered", "queue", "format"] {
             assert!(!props.contains_key(key), "{key}");
         }
         assert_eq!(props["codec"]["oneOf"][0], json!({ "enum": ["lines"] }));
@@ -351,6 +362,7 @@ mod tests {
         assert_eq!(props["format"]["oneOf"][0], json!({ "enum": ["csv"] }));
         assert!(!props.contains_key("on_error"));
         assert!(!props.contains_key("codec"));
+        assert!(!props.contains_key("ordered"));
         assert!(props.contains_key("inputs"));
     }
 

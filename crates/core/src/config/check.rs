@@ -12,8 +12,8 @@ use logbus_plugin_api::{
 use serde_json::Value;
 
 use super::{
-    COMMON_KEYS, DEAD_SUFFIX, ERRORS_SUFFIX, MAX_WORKERS, OnError, Pipeline, QueueSpec, Settings,
-    StageSpec,
+    COMMON_KEYS, DEAD_SUFFIX, ERRORS_SUFFIX, MAX_WORKERS, OnError, Pipeline, QueueScope, QueueSpec,
+    Settings, StageSpec,
 };
 use crate::diagnostic::Diagnostic;
 use crate::yaml::{self, Node, NodeKind, Pos};
@@ -115,6 +115,7 @@ struct RawStage {
     has_inputs_key: bool,
     on_error: OnError,
     workers: usize,
+    ordered: bool,
     queue: Option<QueueSpec>,
     options: Value,
     /// Named outputs its plugin declares ([`Plugin::outputs`]).
@@ -211,6 +212,7 @@ impl Checker<'_> {
                     inputs: s.inputs.into_iter().map(|(i, _)| i).collect(),
                     on_error: s.on_error,
                     workers: s.workers,
+                    ordered: s.ordered,
                     queue: s.queue,
                     outputs: s.outputs,
                     options: s.options,
@@ -336,6 +338,7 @@ impl Checker<'_> {
         let on_error = self.read_on_error(id, kind, node);
         let workers = self.read_workers(id, kind, node);
         let queue = self.read_queue(id, kind, node);
+        let ordered = self.read_ordered(id, kind, node, queue.as_ref());
         let options = self.read_plugin_options(id, pos, kind, node, plugin.as_ref());
         let attached = self.read_attached(id, kind, node, on_error);
         let outputs = plugin
@@ -351,6 +354,7 @@ impl Checker<'_> {
             has_inputs_key,
             on_error,
             workers,
+            ordered,
             queue,
             options,
             outputs,
@@ -519,6 +523,53 @@ impl Checker<'_> {
             }
         }
         workers
+    }
+
+    /// `ordered: true`: the workers of a processor stage hand on their
+    /// batches in the order they took them. A local-scope queue has no one
+    /// order to keep (each producer has its own ring), and a sink's workers
+    /// each write on their own, so both are refused.
+    fn read_ordered(
+        &mut self,
+        id: &str,
+        kind: Option<StageKind>,
+        node: &Node,
+        queue: Option<&QueueSpec>,
+    ) -> bool {
+        let Some((key, value)) = node.entry("ordered") else {
+            return false;
+        };
+        let Some(ordered) = value.to_json().as_bool() else {
+            self.push(
+                Diagnostic::error("bad-option", "`ordered` must be true or false")
+                    .stage(id)
+                    .at(value.pos),
+            );
+            return false;
+        };
+        if matches!(kind, Some(StageKind::Source | StageKind::Sink)) {
+            self.push(
+                Diagnostic::error(
+                    "bad-option",
+                    "`ordered` applies to parsers, transforms and formatters (a sink's workers each write on their own)",
+                )
+                .stage(id)
+                .at(key.pos),
+            );
+            return false;
+        }
+        if ordered && queue.is_some_and(|q| q.scope == QueueScope::Local) {
+            self.push(
+                Diagnostic::error(
+                    "bad-option",
+                    "`ordered` needs a global queue: with `scope: local` each producer has its own ring, so there is no one order to keep",
+                )
+                .stage(id)
+                .at(key.pos),
+            );
+            return false;
+        }
+        ordered
     }
 
     fn read_queue(&mut self, id: &str, kind: Option<StageKind>, node: &Node) -> Option<QueueSpec> {
@@ -698,6 +749,7 @@ impl Checker<'_> {
             has_inputs_key: true,
             on_error,
             workers: 1,
+            ordered: false,
             queue: None,
             options,
             outputs: Vec::new(),

@@ -23,7 +23,7 @@ pub const ERRORS_SUFFIX: &str = ".errors";
 pub const DEAD_SUFFIX: &str = ".dead";
 
 /// Keys every stage may have besides its plugin's options.
-const COMMON_KEYS: [&str; 4] = ["inputs", "on_error", "workers", "queue"];
+const COMMON_KEYS: [&str; 5] = ["inputs", "on_error", "workers", "ordered", "queue"];
 
 /// Most workers one stage may have.
 pub const MAX_WORKERS: usize = 256;

@@ -30,6 +30,9 @@ pub struct StageSpec {
     /// Tasks running this stage (parsers, transforms, formatters, sinks),
     /// sharing its input queue; each gets its own plugin instance.
     pub workers: usize,
+    /// Its workers hand on batches in the order they took them from the
+    /// input queue (`ordered: true`; a no-op with one worker).
+    pub ordered: bool,
     pub queue: Option<QueueSpec>,
     pub options: Value,
     /// The named outputs its plugin declares for these options (`route`'s
@@ -225,8 +228,9 @@ impl Pipeline {
                 && only_reader
                 && b.queue.is_none()
                 && a.local_config(&self.settings).is_none()
-                && a.workers.max(1) == b.workers.max(1))
-            .then_some(a)
+                && a.workers.max(1) == b.workers.max(1)
+                && a.ordered == b.ordered)
+                .then_some(a)
         };
         let next: HashMap<&str, &StageSpec> = self
             .stages

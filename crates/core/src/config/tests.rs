@@ -351,6 +351,31 @@ stages:
 }
 
 #[test]
+fn ordered_is_read_and_refused_where_it_cannot_hold() {
+    let yaml = "\
+stages:
+  in: { source: gen, ordered: true }
+  a: { transform: t, inputs: in, workers: 2, ordered: yes }
+  b: { transform: t, inputs: [a], workers: 2, ordered: true, queue: { scope: local } }
+  s: { sink: out, inputs: [b], workers: 2, ordered: true }
+";
+    assert_eq!(
+        diags(yaml),
+        [
+            "p.yml:2:22: error[bad-option]: stage `in`: `ordered` applies to parsers, transforms and formatters (a sink's workers each write on their own)",
+            "p.yml:3:55: error[bad-option]: stage `a`: `ordered` must be true or false",
+            "p.yml:4:47: error[bad-option]: stage `b`: `ordered` needs a global queue: with `scope: local` each producer has its own ring, so there is no one order to keep",
+            "p.yml:5:44: error[bad-option]: stage `s`: `ordered` applies to parsers, transforms and formatters (a sink's workers each write on their own)",
+        ]
+    );
+    let p = pipeline(
+        "stages:\n  in: { source: gen }\n  a: { transform: t, inputs: [in], workers: 2, ordered: true }\n  b: { transform: t, inputs: [a], ordered: false, queue: { scope: local } }\n  s: { sink: out, inputs: [b] }\n",
+    );
+    let got: Vec<bool> = p.stages.iter().map(|s| s.ordered).collect();
+    assert_eq!(got, [false, true, false, false]);
+}
+
+#[test]
 fn an_empty_input_name_is_not_an_input() {
     let yaml = "stages:\n  in: { source: gen }\n  s: { sink: out, inputs: '' }\n";
     assert_eq!(
@@ -1359,6 +1384,22 @@ stages:
     );
     assert_eq!(
         chains(&run.replace("inputs: [c] }", "inputs: [c, b] }")),
+        [["a", "b"]]
+    );
+    // Ordered workers fuse only with ordered workers.
+    assert_eq!(
+        chains(&run.replace("inputs: [b] }", "inputs: [b], ordered: true }")),
+        [["a", "b"]]
+    );
+    assert_eq!(
+        chains(
+            &run.replace(
+                "inputs: [in] }",
+                "inputs: [in], workers: 2, ordered: true }"
+            )
+            .replace("inputs: [a] }", "inputs: [a], workers: 2, ordered: true }")
+            .replace("inputs: [b] }", "inputs: [b], workers: 2 }")
+        ),
         [["a", "b"]]
     );
     assert_eq!(

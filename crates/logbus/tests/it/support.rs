@@ -26,6 +26,7 @@ pub struct TestPlugins {
     /// stage id and plugin name (one per worker, and one more per worker a
     /// reload swaps in).
     pub runs: Arc<Mutex<HashMap<(String, &'static str), usize>>>,
+    pub hold: HoldFirstBatch,
 }
 
 struct CollectPlugin(TestPlugins);
@@ -198,6 +199,55 @@ impl TypedPlugin for FailCountingPlugin {
     }
 }
 
+/// `transform: hold_first_batch`: the instance that meets `seq` 0 waits
+/// there (its worker's thread handed on) until another instance has
+/// processed an event of `seq` ≥ 100, i.e. a later batch; events whose
+/// `seq` ends in 3 fail. Instances share one gate, so with two workers the
+/// first batch is finished after later ones: an explicit barrier, no sleep.
+#[derive(Clone, Default)]
+pub struct HoldFirstBatch {
+    later_seen: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    /// Whether the holder gave up waiting (no other worker went on).
+    pub gave_up: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl TypedPlugin for HoldFirstBatch {
+    type Options = NoOptions;
+    const NAME: &'static str = "hold_first_batch";
+    const KIND: StageKind = StageKind::Transform;
+    const DESCRIPTION: &'static str = "test: holds seq 0 until a later batch is processed";
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        let gate = self.clone();
+        Ok(Built::Processor(Box::new(
+            move |e: &mut Event| -> Result<Verdict, EventError> {
+                let seq = e.as_fields().and_then(|f| f.get("seq")?.as_u64());
+                let (seen, cv) = &*gate.later_seen;
+                match seq {
+                    Some(0) => tokio::task::block_in_place(|| {
+                        let guard = seen.lock().unwrap();
+                        let (guard, timeout) = cv
+                            .wait_timeout_while(guard, std::time::Duration::from_secs(30), |s| !*s)
+                            .unwrap();
+                        if timeout.timed_out() && !*guard {
+                            gate.gave_up
+                                .store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }),
+                    Some(n) if n >= 100 => {
+                        *seen.lock().unwrap() = true;
+                        cv.notify_all();
+                    }
+                    _ => {}
+                }
+                match seq {
+                    Some(n) if n % 10 == 3 => Err(EventError::new(format!("seq {n} ends in 3"))),
+                    _ => Ok(Verdict::Keep),
+                }
+            },
+        )))
+    }
+}
+
 impl TestPlugins {
     pub fn registry(&self) -> Registry {
         let mut r = logbus::catalog::registry();
@@ -206,6 +256,7 @@ impl TestPlugins {
         r.add(Typed(PanicPlugin));
         r.add(Typed(CountAtEndPlugin));
         r.add(Typed(FailCountingPlugin));
+        r.add(Typed(self.hold.clone()));
         r
     }
 

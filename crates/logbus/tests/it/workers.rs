@@ -89,10 +89,11 @@ async fn a_reload_swaps_every_worker() {
     })
     .await;
 
-    // The number of workers, or the queue, of a stage cannot change; a
-    // refused reload swaps nothing (no event ever carries its `v: 3`).
+    // The number of workers, their order, or the queue, of a stage cannot
+    // change; a refused reload swaps nothing (no event ever carries its `v: 3`).
     for changed in [
         "workers: 2",
+        "workers: 3, ordered: true",
         "workers: 3, queue: { size: 64 }",
         "workers: 3, queue: { scope: local }",
     ] {
@@ -335,4 +336,98 @@ async fn each_worker_is_built_with_its_own_index() {
     assert!(report.is_clean(), "{report}");
     assert_eq!(*noted.0.lock().unwrap(), [0, 1, 2]);
     assert_eq!(plugins.events("out").len(), 3000);
+}
+
+fn ordered_run(ordered: bool, on_error: &str) -> String {
+    format!(
+        "settings: {{ channel_capacity: 1024 }}\nstages:
+  gen: {{ source: generator, count: 2000, template: '{{\"seq\":{{{{seq}}}}}}', batch_size: 50 }}
+  json: {{ parser: json, inputs: [gen], workers: 2, ordered: {ordered} }}
+  hold: {{ transform: hold_first_batch, inputs: [json], workers: 2, ordered: {ordered}, on_error: {on_error} }}
+  out: {{ sink: collect, inputs: [hold] }}
+  bad: {{ sink: collect, inputs: [hold.errors] }}
+"
+    )
+}
+
+fn seqs_of(events: &[Event]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|e| e.as_fields().unwrap()["seq"].as_u64().unwrap())
+        .collect()
+}
+
+/// The first batch is finished after later ones (one worker holds it until
+/// the other has processed a later batch). Without `ordered` the later
+/// batches overtake it; with it, both the main output and `<id>.errors`
+/// keep the input's order, through a fused chain of ordered stages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_workers_hand_on_batches_in_the_order_they_took_them() {
+    for ordered in [false, true] {
+        let plugins = TestPlugins::default();
+        let p = valid(&ordered_run(ordered, "route"), &plugins.registry());
+        assert_eq!(p.fused_chains().len(), 1, "json and hold run fused");
+        let report = start(&p, CancellationToken::new()).unwrap().wait().await;
+        assert!(report.is_clean(), "ordered {ordered}: {report}");
+        assert!(
+            !plugins
+                .hold
+                .gave_up
+                .load(std::sync::atomic::Ordering::Relaxed),
+            "the other worker never went on to a later batch"
+        );
+        let out = seqs_of(&plugins.events("out"));
+        let bad = seqs_of(&plugins.events("bad"));
+        let expect_out: Vec<u64> = (0..2000).filter(|n| n % 10 != 3).collect();
+        let expect_bad: Vec<u64> = (0..2000).filter(|n| n % 10 == 3).collect();
+        if ordered {
+            assert_eq!(out, expect_out);
+            assert_eq!(bad, expect_bad);
+        } else {
+            // Everything arrives, but seq 0 after seq 100.
+            let at = |n: u64| out.iter().position(|&s| s == n).unwrap();
+            assert!(at(0) > at(100), "{:?}", &out[..60]);
+            let mut sorted = out.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, expect_out);
+        }
+        assert_eq!(report.totals.committed, 2000);
+    }
+}
+
+/// An ordered stage that fails ends like any other: the failure is
+/// reported, nothing is lost, what was sent is in order, and no worker
+/// waits for a turn that never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_stage_that_fails_ends_and_accounts_for_every_event() {
+    let plugins = TestPlugins::default();
+    let text = "settings: { channel_capacity: 1024 }\nstages:
+  gen: { source: generator, count: 20000, template: '{\"seq\":{{seq}}}', batch_size: 50 }
+  json: { parser: json, inputs: [gen], workers: 2, ordered: true }
+  cursed: { transform: panic_on_seq_7, inputs: [json], workers: 2, ordered: true, on_error: fail }
+  out: { sink: collect, inputs: [cursed] }
+";
+    let p = valid(text, &plugins.registry());
+    let report = tokio::time::timeout(
+        Duration::from_secs(60),
+        start(&p, CancellationToken::new()).unwrap().wait(),
+    )
+    .await
+    .expect("the pipeline ends");
+    assert_eq!(report.failures.len(), 1, "{report}");
+    assert_eq!(report.failures[0].stage, "cursed");
+    assert!(
+        report.failures[0].message.contains("seq 7 is cursed"),
+        "{report}"
+    );
+    assert_eq!(report.totals.lost, 0, "{report}");
+    assert_eq!(
+        report.totals.emitted,
+        report.totals.committed + report.totals.errored,
+        "{report}"
+    );
+    // What was kept before the failing event was sent, and in order.
+    let out = seqs_of(&plugins.events("out"));
+    assert_eq!(&out[..7], [0, 1, 2, 3, 4, 5, 6]);
+    assert!(out.windows(2).all(|w| w[0] < w[1]), "{out:?}");
 }
