@@ -17,7 +17,6 @@
 //! capacity still bounds what the stage holds, as without ordering.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -26,8 +25,8 @@ use tokio::sync::Notify;
 /// The turn shared by the workers of one ordered stage (or fused chain).
 /// `T` is what a worker parks: everything one batch sends.
 pub(crate) struct Order<T> {
-    /// Held from waiting for a batch to numbering it.
-    take: tokio::sync::Mutex<()>,
+    /// Held from taking a batch to numbering it.
+    take: Mutex<()>,
     issued: AtomicU64,
     state: Mutex<State<T>>,
     /// Told when something is parked or a turn ends.
@@ -60,7 +59,7 @@ pub(crate) struct Turn<'a, T> {
 impl<T> Order<T> {
     pub fn new() -> Arc<Order<T>> {
         Arc::new(Order {
-            take: tokio::sync::Mutex::new(()),
+            take: Mutex::new(()),
             issued: AtomicU64::new(0),
             state: Mutex::new(State {
                 next: 0,
@@ -71,15 +70,18 @@ impl<T> Order<T> {
         })
     }
 
-    /// Runs `recv` alone among the workers and numbers what it returns.
-    /// Cancel-safe if `recv` is: dropped before it returns, no number is
-    /// issued.
-    pub async fn take<R>(
+    /// Runs `take` alone among the workers and numbers what it returns.
+    /// Nothing here waits: a worker that finds nothing waits for the queue
+    /// to tell it of a batch and tries again. (Waiting for a batch while
+    /// holding an async lock was tried: the lock's next holder was woken
+    /// onto the releasing thread's next-task slot, which tokio's other
+    /// threads cannot take, and the workers ran one at a time.)
+    pub fn try_take<R>(
         self: &Arc<Self>,
-        recv: impl Future<Output = Option<R>>,
+        take: impl FnOnce() -> Option<R>,
     ) -> Option<(Ticket<T>, R)> {
-        let _alone = self.take.lock().await;
-        let got = recv.await?;
+        let _alone = self.take.lock().expect("take lock");
+        let got = take()?;
         Some((self.ticket(), got))
     }
 
@@ -176,11 +178,11 @@ mod tests {
     async fn batches_are_sent_in_the_order_they_were_taken() {
         let order = Order::new();
         let mut queue = vec!["a", "b", "c"].into_iter();
-        let (ta, a) = order.take(async { queue.next() }).await.unwrap();
-        let (tb, b) = order.take(async { queue.next() }).await.unwrap();
-        let (tc, c) = order.take(async { queue.next() }).await.unwrap();
-        // Nothing taken past the end: no number is issued.
-        assert!(order.take(async { queue.next() }).await.is_none());
+        let (ta, a) = order.try_take(|| queue.next()).unwrap();
+        let (tb, b) = order.try_take(|| queue.next()).unwrap();
+        let (tc, c) = order.try_take(|| queue.next()).unwrap();
+        // Nothing taken: no number is issued.
+        assert!(order.try_take(|| queue.next()).is_none());
         // Finished out of turn: c, then b; neither goes before a.
         tc.park(c);
         tb.park(b);
@@ -217,20 +219,6 @@ mod tests {
         t0.park("zero");
         assert_eq!(claim_all(&order), ["zero", "two"]);
         assert!(order.settled());
-    }
-
-    #[tokio::test]
-    async fn a_take_abandoned_before_its_batch_issues_nothing() {
-        let order = Order::<&str>::new();
-        let never = std::future::pending::<Option<&str>>();
-        let abandoned = tokio::time::timeout(std::time::Duration::ZERO, order.take(never));
-        assert!(abandoned.await.is_err());
-        assert!(order.settled());
-        // The lock was let go: the next take goes through.
-        let (t, got) = order.take(async { Some("x") }).await.unwrap();
-        assert_eq!(got, "x");
-        t.park(got);
-        assert_eq!(claim_all(&order), ["x"]);
     }
 
     /// A waiter registered before a park hears of it; one registered after

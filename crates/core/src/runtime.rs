@@ -790,7 +790,10 @@ impl Supervisor {
         let mut swaps = Vec::new();
         // One turn for all the workers (a chain fuses only ordered stages
         // with ordered stages, so the head speaks for it).
-        let order = (head.ordered && workers > 1).then(Order::new);
+        let order = (head.ordered && workers > 1).then(|| {
+            input.watch_pushes();
+            Order::new()
+        });
         let crew = Crew::new(
             specs
                 .iter()
@@ -1570,16 +1573,30 @@ impl ProcessorStage {
 }
 
 /// The next batch, numbered among the workers when they are ordered.
+/// Cancel-safe: a batch is taken and numbered in one step that does not
+/// wait.
 async fn take(
     input: &mut Receiver,
     order: Option<&Arc<Order<Parked>>>,
 ) -> Option<(Option<Ticket<Parked>>, InputBatch)> {
-    match order {
-        None => Some((None, input.recv().await?)),
-        Some(order) => {
-            let (ticket, batch) = order.take(input.recv()).await?;
-            Some((Some(ticket), batch))
+    let Some(order) = order else {
+        return Some((None, input.recv().await?));
+    };
+    // As `recv` does: a worker whose input never runs dry gives its
+    // thread back now and then.
+    tokio::task::consume_budget().await;
+    let signal = input.push_signal();
+    loop {
+        let pushed = signal.notified();
+        tokio::pin!(pushed);
+        pushed.as_mut().enable();
+        if let Some((ticket, batch)) = order.try_take(|| input.try_recv()) {
+            return Some((Some(ticket), batch));
         }
+        if input.is_ended() {
+            return None;
+        }
+        pushed.await;
     }
 }
 

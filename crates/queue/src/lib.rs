@@ -14,8 +14,8 @@ pub mod histogram;
 pub mod local;
 
 pub use channel::{
-    ChannelHandle, InputBatch, Interrupt, Receiver, Registration, SendError, Sender, WeakSender,
-    channel, channel_with_batch, channel_with_latency, durable_channel, local_channel,
+    ChannelHandle, InputBatch, Interrupt, PushSignal, Receiver, Registration, SendError, Sender,
+    WeakSender, channel, channel_with_batch, channel_with_latency, durable_channel, local_channel,
 };
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use local::{LocalConfig, LocalQueueSnapshot, Overflow};

@@ -12,8 +12,8 @@ use logbus_plugin_api::{
 use serde_json::Value;
 
 use super::{
-    COMMON_KEYS, DEAD_SUFFIX, ERRORS_SUFFIX, MAX_WORKERS, OnError, Pipeline, QueueScope, QueueSpec,
-    Settings, StageSpec,
+    COMMON_KEYS, DEAD_SUFFIX, ERRORS_SUFFIX, MAX_WORKERS, OnError, Pipeline, QueueKind, QueueScope,
+    QueueSpec, Settings, StageSpec,
 };
 use crate::diagnostic::Diagnostic;
 use crate::yaml::{self, Node, NodeKind, Pos};
@@ -552,6 +552,17 @@ impl Checker<'_> {
                 Diagnostic::error(
                     "bad-option",
                     "`ordered` applies to parsers, transforms and formatters (a sink's workers each write on their own)",
+                )
+                .stage(id)
+                .at(key.pos),
+            );
+            return false;
+        }
+        if ordered && queue.is_some_and(|q| q.kind != QueueKind::Memory) {
+            self.push(
+                Diagnostic::error(
+                    "bad-option",
+                    "`ordered` needs a memory queue: a `disk` or `disk-assisted` queue delivers again what a failed run left, out of turn",
                 )
                 .stage(id)
                 .at(key.pos),

@@ -357,7 +357,8 @@ stages:
   in: { source: gen, ordered: true }
   a: { transform: t, inputs: in, workers: 2, ordered: yes }
   b: { transform: t, inputs: [a], workers: 2, ordered: true, queue: { scope: local } }
-  s: { sink: out, inputs: [b], workers: 2, ordered: true }
+  c: { transform: t, inputs: [b], workers: 2, ordered: true, queue: { type: disk, path: q } }
+  s: { sink: out, inputs: [c], workers: 2, ordered: true }
 ";
     assert_eq!(
         diags(yaml),
@@ -365,7 +366,8 @@ stages:
             "p.yml:2:22: error[bad-option]: stage `in`: `ordered` applies to parsers, transforms and formatters (a sink's workers each write on their own)",
             "p.yml:3:55: error[bad-option]: stage `a`: `ordered` must be true or false",
             "p.yml:4:47: error[bad-option]: stage `b`: `ordered` needs a global queue: with `scope: local` each producer has its own ring, so there is no one order to keep",
-            "p.yml:5:44: error[bad-option]: stage `s`: `ordered` applies to parsers, transforms and formatters (a sink's workers each write on their own)",
+            "p.yml:5:47: error[bad-option]: stage `c`: `ordered` needs a memory queue: a `disk` or `disk-assisted` queue delivers again what a failed run left, out of turn",
+            "p.yml:6:44: error[bad-option]: stage `s`: `ordered` applies to parsers, transforms and formatters (a sink's workers each write on their own)",
         ]
     );
     let p = pipeline(

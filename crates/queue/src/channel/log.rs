@@ -58,7 +58,7 @@ impl Sender {
                 .stats
                 .max_occupancy
                 .fetch_max(self.shared.occupancy(), Ordering::Relaxed);
-            if let Err(e) = self.tx.try_send(chunk) {
+            if let Err(e) = self.tx().try_send(chunk) {
                 self.shared.permits.add_permits(n);
                 return Err(SendError(rejoin(e.into_inner(), batch)));
             }
@@ -73,7 +73,7 @@ impl Sender {
         if batch.is_empty() {
             return Ok(());
         }
-        if self.tx.is_closed() {
+        if self.tx().is_closed() {
             return Err(SendError(batch));
         }
         let mut batch = batch;

@@ -132,6 +132,10 @@ struct Shared {
     /// A disk-assisted queue's memory, readable by the engine at a forced
     /// stop (to save its backlog); never used to receive otherwise.
     backlog: Option<async_channel::Receiver<Vec<Event>>>,
+    /// Told of every batch queued and of every sender gone, once a
+    /// consumer asked ([`Receiver::watch_pushes`]).
+    pushed: Notify,
+    watched: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -252,6 +256,8 @@ fn make_channel_full(
             .filter(|d| d.is_assisted() && d.save_on_shutdown)
             .map(|_| rx.clone()),
         durable,
+        pushed: Notify::new(),
+        watched: false.into(),
     });
     let end = if shared.durable.is_some() {
         End::Log(LogEnd::default())
@@ -260,7 +266,7 @@ fn make_channel_full(
     };
     (
         Sender {
-            tx,
+            tx: Some(tx),
             shared: shared.clone(),
         },
         Receiver {
@@ -275,7 +281,9 @@ fn make_channel_full(
 
 /// Sending half; clone it for fan-in.
 pub struct Sender {
-    tx: async_channel::Sender<Vec<Event>>,
+    /// Taken at drop, so that watchers hear of it after the channel may
+    /// have closed; always present before.
+    tx: Option<async_channel::Sender<Vec<Event>>>,
     shared: Arc<Shared>,
 }
 
@@ -297,6 +305,11 @@ impl Drop for Sender {
             && local.senders.fetch_sub(1, Ordering::AcqRel) == 1
         {
             local.close();
+        }
+        drop(self.tx.take());
+        if self.shared.watched.load(Ordering::Acquire) {
+            // Perhaps the last: the channel may have closed.
+            self.shared.pushed.notify_waiters();
         }
     }
 }
@@ -337,7 +350,7 @@ impl Sender {
             if let Err(
                 async_channel::TrySendError::Closed(chunk)
                 | async_channel::TrySendError::Full(chunk),
-            ) = self.tx.try_send(chunk)
+            ) = self.tx().try_send(chunk)
             {
                 return Err(SendError(rejoin(chunk, batch)));
             }
@@ -345,11 +358,22 @@ impl Sender {
                 .stats
                 .sent
                 .fetch_add(n as u64, Ordering::Relaxed);
+            self.tell_watchers();
             if let Some(local) = self.shared.local() {
                 local.wake_helper();
             }
         }
         Ok(())
+    }
+
+    fn tx(&self) -> &async_channel::Sender<Vec<Event>> {
+        self.tx.as_ref().expect("taken only at drop")
+    }
+
+    fn tell_watchers(&self) {
+        if self.shared.watched.load(Ordering::Acquire) {
+            self.shared.pushed.notify_one();
+        }
     }
 
     /// Sends without waiting, or gives the batch back when it does not fit now.
@@ -370,13 +394,14 @@ impl Sender {
             .stats
             .max_occupancy
             .fetch_max(self.shared.occupancy(), Ordering::Relaxed);
-        self.tx
+        self.tx()
             .try_send(batch)
             .map_err(|e| TrySendError::Closed(e.into_inner()))?;
         self.shared
             .stats
             .sent
             .fetch_add(n as u64, Ordering::Relaxed);
+        self.tell_watchers();
         if let Some(local) = self.shared.local() {
             local.count_overflow(Overflow::Direct, n);
             local.wake_helper();
@@ -393,7 +418,7 @@ impl Sender {
     /// the stream when the real upstreams finish.
     pub fn downgrade(&self) -> WeakSender {
         WeakSender {
-            tx: self.tx.downgrade(),
+            tx: self.tx().downgrade(),
             shared: self.shared.clone(),
         }
     }
@@ -427,7 +452,10 @@ impl WeakSender {
         }
         let shared = self.shared.clone();
         match self.tx.upgrade() {
-            Some(tx) => Some(Sender { tx, shared }),
+            Some(tx) => Some(Sender {
+                tx: Some(tx),
+                shared,
+            }),
             None => {
                 if let Some(local) = shared.local()
                     && local.senders.fetch_sub(1, Ordering::AcqRel) == 1
@@ -437,6 +465,17 @@ impl WeakSender {
                 None
             }
         }
+    }
+}
+
+/// See [`Receiver::push_signal`].
+pub struct PushSignal(Arc<Shared>);
+
+impl PushSignal {
+    /// Resolves when a batch is queued (or a sender goes) after the
+    /// returned future was enabled.
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.0.pushed.notified()
     }
 }
 
@@ -649,6 +688,24 @@ impl Receiver {
                 events = self.rx.recv() => return Some(self.accept(events.ok()?, Origin::Backend)),
             }
         }
+    }
+
+    /// From now on every batch queued, and every sender gone, tells the
+    /// waiters of [`pushed`](Self::pushed): for consumers that must take
+    /// a batch and do something else in one step, and so wait for one
+    /// without taking it. Costs the senders one check per batch.
+    pub fn watch_pushes(&self) {
+        self.shared.watched.store(true, Ordering::Release);
+    }
+
+    /// What tells of batches queued (see [`watch_pushes`](Self::watch_pushes)).
+    pub fn push_signal(&self) -> PushSignal {
+        PushSignal(self.shared.clone())
+    }
+
+    /// Every sender is gone and nothing is left to take.
+    pub fn is_ended(&self) -> bool {
+        self.rx.is_closed() && self.rx.is_empty()
     }
 
     /// The next batch if one is queued now.
@@ -908,6 +965,51 @@ mod tests {
         (0..n)
             .map(|i| Event::raw(i.to_string(), Meta::at("t", 0)))
             .collect()
+    }
+
+    /// A watcher hears of every batch queued (by `send` and `try_send`) and
+    /// of the last sender going, each only after it enabled its wait; a
+    /// channel nobody watches tells nobody.
+    #[tokio::test]
+    async fn watchers_hear_of_pushes_and_of_the_end() {
+        let (tx, mut rx) = channel(8);
+        let signal = rx.push_signal();
+        let mut unwatched = Box::pin(signal.notified());
+        unwatched.as_mut().enable();
+        tx.try_send(events(1)).unwrap();
+        assert!(futures::poll!(unwatched.as_mut()).is_pending());
+        // (Still waiting, it would take the next signal.)
+        drop(unwatched);
+        rx.watch_pushes();
+        for via_send in [true, false] {
+            let pushed = signal.notified();
+            tokio::pin!(pushed);
+            pushed.as_mut().enable();
+            assert!(futures::poll!(pushed.as_mut()).is_pending());
+            if via_send {
+                tx.send(events(2)).await.unwrap();
+            } else {
+                tx.try_send(events(2)).unwrap();
+            }
+            assert!(futures::poll!(pushed.as_mut()).is_ready());
+        }
+        let other = tx.clone();
+        let ended = signal.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        drop(other);
+        assert!(futures::poll!(ended.as_mut()).is_ready());
+        let ended = signal.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        drop(tx);
+        assert!(futures::poll!(ended.as_mut()).is_ready());
+        // Closed, but not ended while batches are left.
+        assert!(!rx.is_ended());
+        for _ in 0..3 {
+            drop(rx.try_recv().unwrap());
+        }
+        assert!(rx.is_ended());
     }
 
     #[tokio::test]
