@@ -30,7 +30,9 @@
 //!   [--capacities 256,1024,...] [--reps N] [--events N] [--compare
 //!   label=BIN]...`: peak RSS against the computed in-flight bound; `load
 //!   flood [--events N] [--reps N] [--peer ...]`: closed-loop throughput of
-//!   LogBus and peers through the same feeder and collector.
+//!   LogBus and peers through the same feeder and collector; `load files`
+//!   (same options): each reads the same input file and writes one, with
+//!   no harness thread between.
 //! - `disk-bench [--reps N] [--events N] [--dir DIR]`: durable queues under
 //!   each `sync` policy and a spilling disk-assisted queue, against the
 //!   disk's own `dd` bandwidth measured in the same sitting.
@@ -245,8 +247,17 @@ fn main() -> anyhow::Result<()> {
                     }
                     load::flood_cmd(&root, &pipeline, events, reps, nice, peers, out)?;
                 }
+                "files" => {
+                    let events: u64 = opt("--events").map_or(Ok(1_000_000), |v| v.parse())?;
+                    let reps: usize = opt("--reps").map_or(Ok(3), |v| v.parse())?;
+                    let nice: u32 = opt("--target-nice").map_or(Ok(5), |v| v.parse())?;
+                    if events == 0 || reps == 0 {
+                        bail!("load files needs --events and --reps above 0");
+                    }
+                    load::files_cmd(&root, &pipeline, events, reps, nice, peers, out)?;
+                }
                 other => bail!(
-                    "usage: cargo xtask load <profile|quick|dwell|flood|sweep|report> [options], not `{other}` (see docs/load-testing.md)"
+                    "usage: cargo xtask load <profile|quick|dwell|flood|files|sweep|report> [options], not `{other}` (see docs/load-testing.md)"
                 ),
             }
         }

@@ -202,35 +202,55 @@ pub fn flood_task(
             results[i].push(f);
         }
     }
-    let mut md = String::from(
-        "| target | events/s per rep | median | CPU µs/event (median) | peak RSS (median) |\n|---|---|---|---|---|\n",
-    );
-    for ((label, _), runs) in targets.iter().zip(&results) {
+    Ok(summary(targets, &results, true))
+}
+
+/// The results as a table, then each peer's paired ratio against LogBus
+/// (the first target).
+pub fn summary(targets: &[(String, TargetSpec)], results: &[Vec<Flooded>], rss: bool) -> String {
+    let mut md = String::from(if rss {
+        "| target | events/s per rep | median | CPU µs/event (median) | peak RSS (median) |\n|---|---|---|---|---|\n"
+    } else {
+        "| target | events/s per rep | median | CPU µs/event (median) |\n|---|---|---|---|\n"
+    });
+    for ((label, _), runs) in targets.iter().zip(results) {
         let rates: Vec<String> = runs.iter().map(|f| format!("{:.0}", f.rate())).collect();
         md.push_str(&format!(
-            "| {label} | {} | {:.0} | {:.2} | {:.1} MiB |\n",
+            "| {label} | {} | {:.0} | {:.2} |",
             rates.join(" · "),
             median(runs.iter().map(Flooded::rate).collect()),
             median(runs.iter().map(|f| f.cpu * 1e6 / f.events as f64).collect()),
-            median(runs.iter().map(|f| f.peak_rss as f64).collect()) / 1048576.0
         ));
+        if rss {
+            md.push_str(&format!(
+                " {:.1} MiB |",
+                median(runs.iter().map(|f| f.peak_rss as f64).collect()) / 1048576.0
+            ));
+        }
+        md.push('\n');
     }
-    for ((label, _), runs) in targets.iter().zip(&results).skip(1) {
+    for ((label, _), runs) in targets.iter().zip(results).skip(1) {
         let paired: Vec<f64> = results[0]
             .iter()
             .zip(runs)
             .map(|(l, p)| l.rate() / p.rate())
             .collect();
+        let cpu: Vec<f64> = results[0]
+            .iter()
+            .zip(runs)
+            .map(|(l, p)| (p.cpu / p.events as f64) / (l.cpu / l.events as f64))
+            .collect();
         let shown: Vec<String> = paired.iter().map(|r| format!("{r:.2}×")).collect();
         md.push_str(&format!(
-            "\nLogBus ÷ {label}, paired by rep: {} (median **{:.2}×**); by medians {:.2}×\n",
+            "\nLogBus ÷ {label}, paired by rep: {} (median **{:.2}×**); by medians {:.2}×; CPU per event, {label} ÷ LogBus, paired: median {:.2}×\n",
             shown.join(", "),
             median(paired.clone()),
             median(results[0].iter().map(Flooded::rate).collect())
-                / median(runs.iter().map(Flooded::rate).collect())
+                / median(runs.iter().map(Flooded::rate).collect()),
+            median(cpu)
         ));
     }
-    Ok(md)
+    md
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 
 mod collector;
 mod feeder;
+mod files;
 mod flood;
 mod report;
 mod sweep;
@@ -1450,6 +1451,46 @@ pub fn flood_cmd(
         setup.corpus_sha
     );
     std::fs::write(setup.out.join("flood.md"), format!("{header}{md}"))?;
+    println!("\n{md}");
+    Ok(())
+}
+
+/// `cargo xtask load files`: LogBus and each peer read the same file and
+/// write one, alternately.
+pub fn files_cmd(
+    root: &Path,
+    pipeline: &Path,
+    events: u64,
+    reps: usize,
+    target_nice: u32,
+    peers: Vec<TargetSpec>,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let setup = setup(root, out, 100_000)?;
+    let pipeline = std::fs::canonicalize(pipeline)
+        .with_context(|| format!("pipeline {}", pipeline.display()))?;
+    let mut targets = vec![(
+        "logbus".to_string(),
+        TargetSpec::LogBus {
+            binary: setup.binary.clone(),
+            pipeline: pipeline.clone(),
+            api: false,
+        },
+    )];
+    targets.extend(peers.into_iter().map(|p| (p.name().to_string(), p)));
+    let work = setup.out.join("work");
+    let input = work.join("input.ndjson");
+    let corpus = std::fs::read(root.join("target/bench/corpus-100000.ndjson"))?;
+    files::write_input(&corpus, events, &input)?;
+    let md = files::files_task(&targets, &input, &work, events, reps, target_nice);
+    let _ = std::fs::remove_file(&input);
+    let md = md?;
+    let header = format!(
+        "# Files: {events} events per run, {reps} reps, pipeline {}, targets at nice {target_nice}\n\ncorpus sha256 {}\n\n",
+        pipeline.display(),
+        setup.corpus_sha
+    );
+    std::fs::write(setup.out.join("files.md"), format!("{header}{md}"))?;
     println!("\n{md}");
     Ok(())
 }
