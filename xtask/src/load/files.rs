@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::flood::{Flooded, summary};
+use super::flood::{Flooded, rotated, summary};
 use super::target::{self, TargetSpec};
 
 /// Writes `events` lines to `path`: the corpus, repeated.
@@ -215,24 +215,9 @@ pub fn files_task(
     nice: u32,
 ) -> anyhow::Result<String> {
     let limit = Duration::from_secs(600);
-    let mut results: Vec<Vec<Flooded>> = targets.iter().map(|_| Vec::new()).collect();
-    for rep in 1..=reps {
-        for k in 0..targets.len() {
-            let i = (k + rep - 1) % targets.len();
-            let (label, spec) = &targets[i];
-            let tag = format!("files-{label}-rep{rep}");
-            let f = run_one(spec, input, events, work, &tag, nice, limit)
-                .with_context(|| format!("rep {rep}, {label}"))?;
-            println!(
-                "rep {rep} {label}: {:.0} events/s ({events} in {:.2} s), cpu {:.2} s ({:.2} µs/event)",
-                f.rate(),
-                f.secs,
-                f.cpu,
-                f.cpu * 1e6 / events as f64,
-            );
-            results[i].push(f);
-        }
-    }
+    let results = rotated(targets, reps, "files", false, |spec, tag| {
+        run_one(spec, input, events, work, tag, nice, limit)
+    })?;
     Ok(summary(targets, &results, false))
 }
 

@@ -183,26 +183,47 @@ pub fn flood_task(
     nice: u32,
 ) -> anyhow::Result<String> {
     let limit = Duration::from_secs(600);
+    let results = rotated(targets, reps, "flood", true, |spec, tag| {
+        flood_one(spec, corpus, work, tag, events, nice, limit)
+    })?;
+    Ok(summary(targets, &results, true))
+}
+
+/// Runs every target `reps` times, the order rotated each repetition, and
+/// prints each run; the results by target, in `targets`' order.
+pub fn rotated(
+    targets: &[(String, TargetSpec)],
+    reps: usize,
+    kind: &str,
+    rss: bool,
+    mut run: impl FnMut(&TargetSpec, &str) -> anyhow::Result<Flooded>,
+) -> anyhow::Result<Vec<Vec<Flooded>>> {
     let mut results: Vec<Vec<Flooded>> = targets.iter().map(|_| Vec::new()).collect();
     for rep in 1..=reps {
         for k in 0..targets.len() {
             let i = (k + rep - 1) % targets.len();
             let (label, spec) = &targets[i];
-            let tag = format!("flood-{label}-rep{rep}");
-            let f = flood_one(spec, corpus, work, &tag, events, nice, limit)
+            let f = run(spec, &format!("{kind}-{label}-rep{rep}"))
                 .with_context(|| format!("rep {rep}, {label}"))?;
-            println!(
-                "rep {rep} {label}: {:.0} events/s ({events} in {:.2} s), cpu {:.2} s ({:.2} µs/event), peak RSS {:.1} MiB",
+            let mut line = format!(
+                "rep {rep} {label}: {:.0} events/s ({} in {:.2} s), cpu {:.2} s ({:.2} µs/event)",
                 f.rate(),
+                f.events,
                 f.secs,
                 f.cpu,
-                f.cpu * 1e6 / events as f64,
-                f.peak_rss as f64 / 1048576.0
+                f.cpu * 1e6 / f.events as f64,
             );
+            if rss {
+                line.push_str(&format!(
+                    ", peak RSS {:.1} MiB",
+                    f.peak_rss as f64 / 1048576.0
+                ));
+            }
+            println!("{line}");
             results[i].push(f);
         }
     }
-    Ok(summary(targets, &results, true))
+    Ok(results)
 }
 
 /// The results as a table, then each peer's paired ratio against LogBus

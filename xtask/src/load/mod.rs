@@ -1415,17 +1415,13 @@ pub fn dwell_task(root: &Path, options: DwellOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo xtask load flood`: LogBus and each peer flooded alternately.
-pub fn flood_cmd(
-    root: &Path,
+/// LogBus (API off) running `pipeline`, then the peers, labelled; and the
+/// pipeline's full path.
+fn logbus_and_peers(
+    setup: &Setup,
     pipeline: &Path,
-    events: u64,
-    reps: usize,
-    target_nice: u32,
     peers: Vec<TargetSpec>,
-    out: Option<PathBuf>,
-) -> anyhow::Result<()> {
-    let setup = setup(root, out, 100_000)?;
+) -> anyhow::Result<(PathBuf, Vec<(String, TargetSpec)>)> {
     let pipeline = std::fs::canonicalize(pipeline)
         .with_context(|| format!("pipeline {}", pipeline.display()))?;
     let mut targets = vec![(
@@ -1437,6 +1433,21 @@ pub fn flood_cmd(
         },
     )];
     targets.extend(peers.into_iter().map(|p| (p.name().to_string(), p)));
+    Ok((pipeline, targets))
+}
+
+/// `cargo xtask load flood`: LogBus and each peer flooded alternately.
+pub fn flood_cmd(
+    root: &Path,
+    pipeline: &Path,
+    events: u64,
+    reps: usize,
+    target_nice: u32,
+    peers: Vec<TargetSpec>,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let setup = setup(root, out, 100_000)?;
+    let (pipeline, targets) = logbus_and_peers(&setup, pipeline, peers)?;
     let md = flood::flood_task(
         &targets,
         &setup.corpus,
@@ -1467,17 +1478,7 @@ pub fn files_cmd(
     out: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let setup = setup(root, out, 100_000)?;
-    let pipeline = std::fs::canonicalize(pipeline)
-        .with_context(|| format!("pipeline {}", pipeline.display()))?;
-    let mut targets = vec![(
-        "logbus".to_string(),
-        TargetSpec::LogBus {
-            binary: setup.binary.clone(),
-            pipeline: pipeline.clone(),
-            api: false,
-        },
-    )];
-    targets.extend(peers.into_iter().map(|p| (p.name().to_string(), p)));
+    let (pipeline, targets) = logbus_and_peers(&setup, pipeline, peers)?;
     let work = setup.out.join("work");
     let input = work.join("input.ndjson");
     let corpus = std::fs::read(root.join("target/bench/corpus-100000.ndjson"))?;

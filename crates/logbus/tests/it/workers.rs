@@ -358,8 +358,8 @@ fn seqs_of(events: &[Event]) -> Vec<u64> {
 }
 
 /// The first batch is finished after later ones (one worker holds it until
-/// the other has processed a later batch). Without `ordered` the later
-/// batches overtake it; with it, both the main output and `<id>.errors`
+/// the other has processed a later batch). Without `ordered` the second
+/// batch overtakes it; with it, both the main output and `<id>.errors`
 /// keep the input's order, through a fused chain of ordered stages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordered_workers_hand_on_batches_in_the_order_they_took_them() {
@@ -384,9 +384,11 @@ async fn ordered_workers_hand_on_batches_in_the_order_they_took_them() {
             assert_eq!(out, expect_out);
             assert_eq!(bad, expect_bad);
         } else {
-            // Everything arrives, but seq 0 after seq 100.
+            // Everything arrives, but the second batch first: the other
+            // worker sent it before it went on to the event (seq 100) that
+            // let the first batch go on.
             let at = |n: u64| out.iter().position(|&s| s == n).unwrap();
-            assert!(at(0) > at(100), "{:?}", &out[..60]);
+            assert!(at(0) > at(50), "{:?}", &out[..60]);
             let mut sorted = out.clone();
             sorted.sort_unstable();
             assert_eq!(sorted, expect_out);
