@@ -158,14 +158,7 @@ pub fn run_one(
             break;
         }
         if matches!(spec, TargetSpec::Peer { .. }) || secs.is_none() || Instant::now() > deadline {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            }
-            let grace = Instant::now() + Duration::from_secs(10);
-            while child.try_wait()?.is_none() && Instant::now() < grace {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
+            target::terminate(&mut child, pid)?;
             exited = Some(child.wait()?);
             break;
         }
@@ -173,11 +166,7 @@ pub fn run_one(
     }
     // Everything it wrote, after it is gone: nothing more, nothing less.
     let lines = counter.poll(&output)?;
-    let said = || {
-        let text = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(5).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-    };
+    let said = || target::stderr_tail(&stderr_path);
     let Some(secs) = secs else {
         bail!(
             "{tag}: {lines} of {events} lines written after {:.1} s (the target {}); stderr: {}",

@@ -1137,6 +1137,7 @@ struct Setup {
     binary: PathBuf,
     out: PathBuf,
     corpus: Arc<feeder::Corpus>,
+    corpus_path: PathBuf,
     corpus_sha: String,
 }
 
@@ -1165,6 +1166,7 @@ fn setup(root: &Path, out: Option<PathBuf>, corpus_lines: usize) -> anyhow::Resu
         binary,
         out,
         corpus,
+        corpus_path,
         corpus_sha,
     })
 }
@@ -1481,7 +1483,7 @@ pub fn files_cmd(
     let (pipeline, targets) = logbus_and_peers(&setup, pipeline, peers)?;
     let work = setup.out.join("work");
     let input = work.join("input.ndjson");
-    let corpus = std::fs::read(root.join("target/bench/corpus-100000.ndjson"))?;
+    let corpus = std::fs::read(&setup.corpus_path)?;
     files::write_input(&corpus, events, &input)?;
     let md = files::files_task(&targets, &input, &work, events, reps, target_nice);
     let _ = std::fs::remove_file(&input);

@@ -267,26 +267,36 @@ impl Running {
     /// Asks the target to stop (SIGTERM), and kills it after 10 s of
     /// grace.
     pub fn terminate(&mut self) -> std::io::Result<()> {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let grace = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > grace {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
+        terminate(&mut self.child, self.pid)
     }
 
     pub fn stderr_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(5).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        stderr_tail(&self.stderr_path)
     }
+}
+
+/// SIGTERM, then a kill after 10 s if it has not ended.
+pub fn terminate(child: &mut Child, pid: u32) -> std::io::Result<()> {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let grace = Instant::now() + Duration::from_secs(10);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > grace {
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// The last five lines a target wrote to its stderr file, on one line.
+pub fn stderr_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
 /// The output side of a TCP peer: the first connection the peer makes.
