@@ -287,6 +287,7 @@ async fn graph(State(state): State<ApiState>) -> Json<Value> {
                 "plugin": s.plugin_name,
                 "inputs": s.inputs,
                 "workers": s.workers,
+                "ordered": s.ordered,
                 "capacity": s.capacity(&p.settings),
             })
         })

@@ -117,7 +117,7 @@ fn stop(engine: Engine) -> String {
 
 const PIPELINE: &str = "settings: { channel_capacity: 256 }\nstages:
   gen: { source: generator, rate: 5000 }
-  json: { parser: json, inputs: [gen], on_error: route }
+  json: { parser: json, inputs: [gen], on_error: route, workers: 2, ordered: true }
   out: { sink: blackhole, inputs: [json] }
   bad: { sink: blackhole, inputs: [json.errors] }
 ";
@@ -187,6 +187,12 @@ fn metrics_stats_graph_stream_and_reload() {
     let (_, body) = http(port, "GET", "/api/graph", None);
     let graph: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(graph["stages"].as_array().unwrap().len(), 4);
+    // Each stage says how many workers run it and whether they keep order.
+    let json_stage = &graph["stages"][1];
+    assert_eq!(json_stage["id"], "json", "{graph}");
+    assert_eq!(json_stage["workers"], 2, "{graph}");
+    assert_eq!(json_stage["ordered"], true, "{graph}");
+    assert_eq!(graph["stages"][0]["ordered"], false, "{graph}");
     assert!(
         graph["edges"]
             .as_array()
