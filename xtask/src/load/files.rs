@@ -10,7 +10,9 @@
 //! watches the output file grow, counting lines with a vectorised search
 //! every few milliseconds. The clock runs from the start of the process to
 //! the last line written, start-up included. Targets alternate within each
-//! repetition (the order rotated), as in `flood`.
+//! repetition (the order rotated), as in `flood`. Peak RSS is each
+//! process's own high-water mark (`VmHWM`), read while it runs; LogBus also
+//! reports its own at exit.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -81,7 +83,7 @@ impl LineCounter {
 }
 
 /// One target, one run: from its start to `events` lines in its output
-/// (at most `limit`), with the CPU it used.
+/// (at most `limit`), with the CPU it used and its peak RSS.
 pub fn run_one(
     spec: &TargetSpec,
     input: &Path,
@@ -132,16 +134,26 @@ pub fn run_one(
     let pid = child.id();
     let mut counter = LineCounter::new();
     let mut cpu = 0.0;
+    let mut peak_rss = 0;
+    let mut rss_read = Instant::now();
     let mut exited = None;
     let mut secs = None;
     while began.elapsed() < limit {
         cpu = target::proc_cpu(pid).unwrap_or(cpu);
+        // The high-water mark only grows: reading it every 20 ms is enough
+        // for a process that ends by itself, and the read after the last
+        // line (below) is exact for one that does not.
+        if rss_read.elapsed() >= Duration::from_millis(20) {
+            peak_rss = target::proc_peak_rss(pid).unwrap_or(peak_rss);
+            rss_read = Instant::now();
+        }
         if let Some(status) = child.try_wait()? {
             exited = Some(status);
         }
         let lines = counter.poll(&output)?;
         if lines >= events {
             secs = Some(began.elapsed().as_secs_f64());
+            peak_rss = target::proc_peak_rss(pid).unwrap_or(peak_rss);
             break;
         }
         if exited.is_some() {
@@ -184,13 +196,16 @@ pub fn run_one(
         cpu = super::stats_f64(Some(&stats), "cpu_seconds")
             .unwrap_or(cpu)
             .max(cpu);
+        peak_rss = super::stats_value(Some(&stats), "peak_rss_bytes")
+            .unwrap_or(0)
+            .max(peak_rss);
     }
     let _ = std::fs::remove_file(&output);
     Ok(Flooded {
         events,
         secs,
         cpu,
-        peak_rss: 0,
+        peak_rss,
     })
 }
 
@@ -204,10 +219,10 @@ pub fn files_task(
     nice: u32,
 ) -> anyhow::Result<String> {
     let limit = Duration::from_secs(600);
-    let results = rotated(targets, reps, "files", false, |spec, tag| {
+    let results = rotated(targets, reps, "files", true, |spec, tag| {
         run_one(spec, input, events, work, tag, nice, limit)
     })?;
-    Ok(summary(targets, &results, false))
+    Ok(summary(targets, &results, true))
 }
 
 #[cfg(test)]
@@ -227,12 +242,21 @@ mod tests {
         assert!(text.ends_with("{\"a\":1}\n"));
         let limit = Duration::from_secs(30);
         let copy = TargetSpec::parse_peer(
-            "copy=sh -c 'cat \"$LOAD_IN_FILE\" > \"$LOAD_OUT_FILE\"; sleep 600'",
+            "copy=sh -c 'cat \"$LOAD_IN_FILE\" > \"$LOAD_OUT_FILE\"; sleep 30'",
         )
         .unwrap();
         let f = run_one(&copy, &input, 5_001, &work, "copy", 0, limit).unwrap();
         assert_eq!(f.events, 5_001);
         assert!(f.secs > 0.0 && f.rate() > 0.0);
+        assert!(f.peak_rss > 0 && f.peak_rss < 64 << 20, "{}", f.peak_rss);
+        // A peer that builds a 64 MiB string before copying, then waits to
+        // be stopped: its own peak is read, not its shell's or the harness's.
+        let hungry = TargetSpec::parse_peer(
+            "hungry=awk 'BEGIN { s = \"x\"; for (i = 0; i < 26; i++) s = s s } { print } END { fflush(); system(\"sleep 30\") }' \"$LOAD_IN_FILE\" > \"$LOAD_OUT_FILE\"",
+        )
+        .unwrap();
+        let f = run_one(&hungry, &input, 5_001, &work, "hungry", 0, limit).unwrap();
+        assert!(f.peak_rss >= 64 << 20, "{}", f.peak_rss);
         let half = TargetSpec::parse_peer(
             "half=sh -c 'awk \"NR % 2\" \"$LOAD_IN_FILE\" > \"$LOAD_OUT_FILE\"'",
         )
@@ -245,7 +269,7 @@ mod tests {
             "{err:#}"
         );
         let twice = TargetSpec::parse_peer(
-            "twice=sh -c 'cat \"$LOAD_IN_FILE\" \"$LOAD_IN_FILE\" > \"$LOAD_OUT_FILE.tmp\" && mv \"$LOAD_OUT_FILE.tmp\" \"$LOAD_OUT_FILE\"; sleep 600'",
+            "twice=sh -c 'cat \"$LOAD_IN_FILE\" \"$LOAD_IN_FILE\" > \"$LOAD_OUT_FILE.tmp\" && mv \"$LOAD_OUT_FILE.tmp\" \"$LOAD_OUT_FILE\"; sleep 30'",
         )
         .unwrap();
         let err = run_one(&twice, &input, 5_001, &work, "twice", 0, limit)

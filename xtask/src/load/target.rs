@@ -381,16 +381,26 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 /// Resident set size of a live process (a zombie has none).
 pub fn proc_rss(pid: u32) -> Option<u64> {
+    proc_status_bytes(pid, "VmRSS:")
+}
+
+/// The most a live process has had resident since it started (the
+/// kernel's high-water mark), so a peak between two samples is not missed.
+pub fn proc_peak_rss(pid: u32) -> Option<u64> {
+    proc_status_bytes(pid, "VmHWM:")
+}
+
+fn proc_status_bytes(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib: u64 = status
+    let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .find_map(|l| l.strip_prefix(key))?
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
         .ok()?;
-    Some(rss_kib * 1024)
+    Some(kib * 1024)
 }
 
 /// CPU seconds (user + system) of a process, exited-but-unreaped included.
