@@ -3,8 +3,8 @@
 //! `formatter: json` (fields become one compact JSON line).
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Fields, LazyFields, OptionError, Payload,
-    Processor, StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, Bytes, CheckOptions, Event, EventError, Fields, LazyFields, OptionError,
+    Payload, Processor, StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -225,27 +225,51 @@ impl TypedPlugin for JsonFormatter {
         options: JsonFormatterOptions,
         _cx: &BuildContext,
     ) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(FormatJson {
-            options,
-            size_hint: 1024,
-        })))
+        Ok(Built::Processor(Box::new(FormatJson::new(options))))
     }
 }
 
+/// Why a scratch buffer: the serialiser reserves room for the worst case
+/// of every string it escapes (six bytes a byte), so writing straight into
+/// a line-sized buffer grew (reallocated and copied) nearly every event's
+/// buffer to twice its size, on fresh pages that had to be faulted in.
+/// Writing into one reused buffer and copying out the exact line costs one
+/// copy of the line and leaves the event holding no slack.
 struct FormatJson {
     options: JsonFormatterOptions,
-    /// Capacity for the next output: the last size plus an eighth.
-    size_hint: usize,
+    scratch: Vec<u8>,
+}
+
+/// A scratch buffer grown past this by an outsized event is given back
+/// after it, so one huge event does not pin its size for good.
+const SCRATCH_KEPT: usize = 64 * 1024;
+
+impl FormatJson {
+    fn new(options: JsonFormatterOptions) -> Self {
+        FormatJson {
+            options,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The line written into the scratch buffer, copied out at its size.
+    fn take_line(&mut self) -> Payload {
+        let line = Payload::Raw(Bytes::copy_from_slice(&self.scratch));
+        if self.scratch.capacity() > SCRATCH_KEPT {
+            self.scratch = Vec::new();
+        }
+        line
+    }
 }
 
 impl Processor for FormatJson {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
-        let mut out = Vec::with_capacity(self.size_hint);
+        self.scratch.clear();
+        let out = &mut self.scratch;
         if let (Payload::Lazy(lazy), false) = (event.payload(), self.options.include_source) {
             // Untouched entries are copied as they were read.
-            lazy.write_json(&mut out);
-            self.size_hint = next_capacity(out.len());
-            *event.payload_mut() = Payload::Raw(out.into());
+            lazy.write_json(out);
+            *event.payload_mut() = self.take_line();
             return Ok(Verdict::Keep);
         }
         let Some(fields) = event.as_fields() else {
@@ -261,21 +285,14 @@ impl Processor for FormatJson {
                 "_source".into(),
                 Value::String(event.meta().source.to_string()),
             );
-            sonic_rs::to_writer(&mut out, &with)
+            sonic_rs::to_writer(&mut *out, &with)
         } else {
-            sonic_rs::to_writer(&mut out, fields)
+            sonic_rs::to_writer(&mut *out, fields)
         }
         .map_err(|e| EventError::new(format!("cannot serialise: {e}")))?;
-        self.size_hint = next_capacity(out.len());
-        *event.payload_mut() = Payload::Raw(out.into());
+        *event.payload_mut() = self.take_line();
         Ok(Verdict::Keep)
     }
-}
-
-/// The buffer to reserve for the next line after one of `len` bytes: an
-/// eighth more, so lines of about the same length never grow the buffer.
-fn next_capacity(len: usize) -> usize {
-    len + len / 8
 }
 
 #[cfg(test)]
@@ -284,12 +301,42 @@ mod tests {
     use logbus_plugin_api::Meta;
     use serde_json::json;
 
+    /// Each line is copied out at its own size, the next event starts from
+    /// an empty buffer, and an outsized event's buffer is not kept.
     #[test]
-    fn the_next_buffer_is_an_eighth_larger_than_the_last_line() {
-        assert_eq!(next_capacity(0), 0);
-        assert_eq!(next_capacity(7), 7);
-        assert_eq!(next_capacity(800), 900);
-        assert_eq!(next_capacity(1031), 1159);
+    fn lines_leave_the_scratch_buffer_exact_and_a_huge_one_is_not_kept() {
+        let mut f = FormatJson::new(JsonFormatterOptions {
+            include_source: false,
+        });
+        let mut parse = ParseJson(JsonParserOptions {
+            wrap_field: None,
+            lazy: true,
+        });
+        let mut lines = Vec::new();
+        for text in [
+            format!(r#"{{"m":"{}"}}"#, "x".repeat(300)),
+            r#"{"m":"short"}"#.to_string(),
+            format!(r#"{{"m":"{}"}}"#, "y".repeat(2 * SCRATCH_KEPT)),
+            r#"{"m":"after"}"#.to_string(),
+        ] {
+            let mut e = raw(&text);
+            parse.process(&mut e).unwrap();
+            assert!(e.set_field(
+                &logbus_plugin_api::FieldPath::parse("n").unwrap(),
+                Value::from(1)
+            ));
+            f.process(&mut e).unwrap();
+            let line = e.as_raw().unwrap().clone();
+            assert_eq!(line.len(), text.len() + r#","n":1"#.len(), "{text:.40}");
+            lines.push(line);
+            assert!(
+                f.scratch.capacity() <= SCRATCH_KEPT,
+                "{}",
+                f.scratch.capacity()
+            );
+        }
+        assert_eq!(&lines[1][..], br#"{"m":"short","n":1}"#);
+        assert_eq!(&lines[3][..], br#"{"m":"after","n":1}"#);
     }
 
     #[test]
@@ -349,12 +396,9 @@ mod tests {
             Value::Object(e.as_fields().unwrap().clone()),
             json!({"z":1,"a":{"b":[1,2]},"m":"x"})
         );
-        let mut f = FormatJson {
-            options: JsonFormatterOptions {
-                include_source: false,
-            },
-            size_hint: 0,
-        };
+        let mut f = FormatJson::new(JsonFormatterOptions {
+            include_source: false,
+        });
         f.process(&mut e).unwrap();
         assert_eq!(
             &e.as_raw().unwrap()[..],
@@ -490,12 +534,9 @@ mod tests {
 
     #[test]
     fn formatter_rejects_raw_and_can_add_source() {
-        let mut f = FormatJson {
-            options: JsonFormatterOptions {
-                include_source: true,
-            },
-            size_hint: 0,
-        };
+        let mut f = FormatJson::new(JsonFormatterOptions {
+            include_source: true,
+        });
         assert!(f.process(&mut raw("x")).is_err());
         let mut e = raw(r#"{"a":1}"#);
         ParseJson(JsonParserOptions {
@@ -512,12 +553,9 @@ mod tests {
     /// fields, the same JSON out, and compact lines really are kept lazy.
     #[test]
     fn lazy_and_eager_parsing_agree() {
-        let mut f = FormatJson {
-            options: JsonFormatterOptions {
-                include_source: false,
-            },
-            size_hint: 0,
-        };
+        let mut f = FormatJson::new(JsonFormatterOptions {
+            include_source: false,
+        });
         for (line, kept_lazy) in [
             (
                 r#"{"seq":1,"msg":"a \"quoted\" word","n":[1,2.5,null],"o":{"k":true}}"#,
