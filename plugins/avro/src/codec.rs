@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use apache_avro::types::Value as Avro;
 use apache_avro::{GenericSingleObjectReader, GenericSingleObjectWriter, Schema};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
-    StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, Fields, LineBuffer, OptionError, Payload,
+    Processor, StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 use serde_json::{Map, Number, Value as Json};
@@ -325,6 +325,7 @@ struct FormatAvro {
     encoding: Encoding,
     schema: Schema,
     writer: Option<GenericSingleObjectWriter>,
+    buffer: LineBuffer,
 }
 
 impl Processor for FormatAvro {
@@ -332,16 +333,11 @@ impl Processor for FormatAvro {
         let fields = event.as_fields().ok_or_else(|| {
             EventError::new("the avro formatter needs a parsed event; add a parser before it")
         })?;
-        let mut out = Vec::with_capacity(256);
-        encode(
-            fields,
-            &self.schema,
-            self.encoding,
-            &mut self.writer,
-            &mut out,
-        )
-        .map_err(|e| EventError::new(e.0))?;
-        *event.payload_mut() = Payload::Raw(out.into());
+        let (schema, encoding, writer) = (&self.schema, self.encoding, &mut self.writer);
+        let line = self.buffer.line(|out| {
+            encode(fields, schema, encoding, writer, out).map_err(|e| EventError::new(e.0))
+        })?;
+        *event.payload_mut() = Payload::Raw(line);
         Ok(Verdict::Keep)
     }
 }
@@ -356,6 +352,7 @@ impl TypedPlugin for AvroFormatter {
             encoding: o.encoding,
             schema: parse_schema(&o.schema)?,
             writer: None,
+            buffer: LineBuffer::new(),
         })))
     }
 }

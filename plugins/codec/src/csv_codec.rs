@@ -87,8 +87,8 @@ pub fn encode(fields: &Fields, columns: &[String], delimiter: u8, out: &mut Vec<
 #[cfg(any(feature = "parser-csv", feature = "formatter-csv"))]
 mod plugins {
     use logbus_plugin_api::{
-        BuildContext, Built, CheckOptions, Event, EventError, OptionError, Payload, Processor,
-        StageKind, TypedPlugin, Verdict,
+        BuildContext, Built, CheckOptions, Event, EventError, LineBuffer, OptionError, Payload,
+        Processor, StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
 
@@ -215,16 +215,14 @@ mod plugins {
                 return Err(no_columns());
             };
             let delimiter = o.delimiter.as_bytes()[0];
+            let mut buffer = LineBuffer::new();
             Ok(Built::Processor(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
-                    let mut out = Vec::with_capacity(128);
-                    encode(
-                        crate::fields_input(e, "csv")?,
-                        &columns,
-                        delimiter,
-                        &mut out,
-                    );
-                    *e.payload_mut() = Payload::Raw(out.into());
+                    let line = buffer.line(|out| {
+                        encode(crate::fields_input(e, "csv")?, &columns, delimiter, out);
+                        Ok::<_, EventError>(())
+                    })?;
+                    *e.payload_mut() = Payload::Raw(line);
                     Ok(Verdict::Keep)
                 },
             )))

@@ -274,8 +274,8 @@ fn write_quoted(s: &str, out: &mut Vec<u8>) {
 #[cfg(any(feature = "parser-kv", feature = "formatter-kv"))]
 mod plugins {
     use logbus_plugin_api::{
-        BuildContext, Built, CheckOptions, Event, EventError, OptionError, Payload, StageKind,
-        TypedPlugin, Verdict,
+        BuildContext, Built, CheckOptions, Event, EventError, LineBuffer, OptionError, Payload,
+        StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
 
@@ -370,11 +370,14 @@ mod plugins {
             "Writes fields as one line of key=value pairs (logfmt), quoting where needed.";
         fn build(&self, options: KvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             let syntax = options.syntax();
+            let mut buffer = LineBuffer::new();
             Ok(Built::Processor(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
-                    let mut out = Vec::with_capacity(256);
-                    encode(crate::fields_input(e, "kv")?, &syntax, &mut out);
-                    *e.payload_mut() = Payload::Raw(out.into());
+                    let line = buffer.line(|out| {
+                        encode(crate::fields_input(e, "kv")?, &syntax, out);
+                        Ok::<_, EventError>(())
+                    })?;
+                    *e.payload_mut() = Payload::Raw(line);
                     Ok(Verdict::Keep)
                 },
             )))

@@ -379,8 +379,8 @@ fn sd_name_byte(b: u8) -> bool {
 mod plugins {
     #[allow(unused_imports)]
     use logbus_plugin_api::{
-        BuildContext, Built, CheckOptions, Event, EventError, NoOptions, OptionError, Payload,
-        StageKind, TypedPlugin, Verdict,
+        BuildContext, Built, CheckOptions, Event, EventError, LineBuffer, NoOptions, OptionError,
+        Payload, StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
 
@@ -431,13 +431,16 @@ mod plugins {
         const KIND: StageKind = StageKind::Formatter;
         const DESCRIPTION: &'static str = "Writes fields as an RFC 5424 syslog message (missing header fields are `-`, a missing timestamp is now).";
         fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+            let mut buffer = LineBuffer::new();
             Ok(Built::Processor(Box::new(
-                |e: &mut Event| -> Result<Verdict, EventError> {
+                move |e: &mut Event| -> Result<Verdict, EventError> {
                     let now =
                         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-                    let mut out = Vec::with_capacity(256);
-                    super::encode(crate::fields_input(e, "syslog")?, Some(&now), &mut out);
-                    *e.payload_mut() = Payload::Raw(out.into());
+                    let line = buffer.line(|out| {
+                        super::encode(crate::fields_input(e, "syslog")?, Some(&now), out);
+                        Ok::<_, EventError>(())
+                    })?;
+                    *e.payload_mut() = Payload::Raw(line);
                     Ok(Verdict::Keep)
                 },
             )))

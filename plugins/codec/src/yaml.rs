@@ -307,8 +307,8 @@ pub fn encode(fields: &Fields, out: &mut Vec<u8>) -> Result<(), String> {
 #[cfg(any(feature = "parser-yaml", feature = "formatter-yaml"))]
 mod plugins {
     use logbus_plugin_api::{
-        BuildContext, Built, CheckOptions, Event, EventError, Fields, NoOptions, OptionError,
-        Payload, StageKind, TypedPlugin, Verdict,
+        BuildContext, Built, CheckOptions, Event, EventError, Fields, LineBuffer, NoOptions,
+        OptionError, Payload, StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
     use serde_json::Value;
@@ -372,12 +372,13 @@ mod plugins {
         const KIND: StageKind = StageKind::Formatter;
         const DESCRIPTION: &'static str = "Writes each event as one YAML document (starting with ---, so the output is a YAML stream).";
         fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+            let mut buffer = LineBuffer::new();
             Ok(Built::Processor(Box::new(
-                |e: &mut Event| -> Result<Verdict, EventError> {
-                    let mut out = Vec::with_capacity(256);
-                    super::encode(crate::fields_input(e, "yaml")?, &mut out)
-                        .map_err(EventError::new)?;
-                    *e.payload_mut() = Payload::Raw(out.into());
+                move |e: &mut Event| -> Result<Verdict, EventError> {
+                    let line = buffer.line(|out| {
+                        super::encode(crate::fields_input(e, "yaml")?, out).map_err(EventError::new)
+                    })?;
+                    *e.payload_mut() = Payload::Raw(line);
                     Ok(Verdict::Keep)
                 },
             )))

@@ -3,8 +3,8 @@
 //! `formatter: json` (fields become one compact JSON line).
 
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, EventError, Fields, LazyFields, OptionError,
-    Payload, Processor, StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, Fields, LazyFields, LineBuffer,
+    OptionError, Payload, Processor, StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -229,68 +229,53 @@ impl TypedPlugin for JsonFormatter {
     }
 }
 
-/// Why a scratch buffer: the serialiser reserves room for the worst case
-/// of every string it escapes (six bytes a byte), so writing straight into
-/// a line-sized buffer grew (reallocated and copied) nearly every event's
-/// buffer to twice its size, on fresh pages that had to be faulted in.
-/// Writing into one reused buffer and copying out the exact line costs one
-/// copy of the line and leaves the event holding no slack.
 struct FormatJson {
     options: JsonFormatterOptions,
-    scratch: Vec<u8>,
+    buffer: LineBuffer,
 }
-
-/// A scratch buffer grown past this by an outsized event is given back
-/// after it, so one huge event does not pin its size for good.
-const SCRATCH_KEPT: usize = 64 * 1024;
 
 impl FormatJson {
     fn new(options: JsonFormatterOptions) -> Self {
         FormatJson {
             options,
-            scratch: Vec::new(),
+            buffer: LineBuffer::new(),
         }
-    }
-
-    /// The line written into the scratch buffer, copied out at its size.
-    fn take_line(&mut self) -> Payload {
-        let line = Payload::Raw(Bytes::copy_from_slice(&self.scratch));
-        if self.scratch.capacity() > SCRATCH_KEPT {
-            self.scratch = Vec::new();
-        }
-        line
     }
 }
 
 impl Processor for FormatJson {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
-        self.scratch.clear();
-        let out = &mut self.scratch;
-        if let (Payload::Lazy(lazy), false) = (event.payload(), self.options.include_source) {
+        let include_source = self.options.include_source;
+        let line = match event.payload() {
             // Untouched entries are copied as they were read.
-            lazy.write_json(out);
-            *event.payload_mut() = self.take_line();
-            return Ok(Verdict::Keep);
-        }
-        let Some(fields) = event.as_fields() else {
-            return Err(EventError::new(
-                "the json formatter needs a parsed event; this one is raw",
-            ));
+            Payload::Lazy(lazy) if !include_source => self.buffer.line(|out| {
+                lazy.write_json(out);
+                Ok(())
+            })?,
+            _ => {
+                let Some(fields) = event.as_fields() else {
+                    return Err(EventError::new(
+                        "the json formatter needs a parsed event; this one is raw",
+                    ));
+                };
+                // sonic-rs escapes strings with SIMD: with serde_json, string
+                // escaping was the largest single cost of the reference pipeline.
+                self.buffer.line(|out| {
+                    if include_source {
+                        let mut with = fields.clone();
+                        with.insert(
+                            "_source".into(),
+                            Value::String(event.meta().source.to_string()),
+                        );
+                        sonic_rs::to_writer(&mut *out, &with)
+                    } else {
+                        sonic_rs::to_writer(&mut *out, fields)
+                    }
+                    .map_err(|e| EventError::new(format!("cannot serialise: {e}")))
+                })?
+            }
         };
-        // sonic-rs escapes strings with SIMD: with serde_json, string
-        // escaping was the largest single cost of the reference pipeline.
-        if self.options.include_source {
-            let mut with = fields.clone();
-            with.insert(
-                "_source".into(),
-                Value::String(event.meta().source.to_string()),
-            );
-            sonic_rs::to_writer(&mut *out, &with)
-        } else {
-            sonic_rs::to_writer(&mut *out, fields)
-        }
-        .map_err(|e| EventError::new(format!("cannot serialise: {e}")))?;
-        *event.payload_mut() = self.take_line();
+        *event.payload_mut() = Payload::Raw(line);
         Ok(Verdict::Keep)
     }
 }
@@ -300,44 +285,6 @@ mod tests {
     use super::*;
     use logbus_plugin_api::Meta;
     use serde_json::json;
-
-    /// Each line is copied out at its own size, the next event starts from
-    /// an empty buffer, and an outsized event's buffer is not kept.
-    #[test]
-    fn lines_leave_the_scratch_buffer_exact_and_a_huge_one_is_not_kept() {
-        let mut f = FormatJson::new(JsonFormatterOptions {
-            include_source: false,
-        });
-        let mut parse = ParseJson(JsonParserOptions {
-            wrap_field: None,
-            lazy: true,
-        });
-        let mut lines = Vec::new();
-        for text in [
-            format!(r#"{{"m":"{}"}}"#, "x".repeat(300)),
-            r#"{"m":"short"}"#.to_string(),
-            format!(r#"{{"m":"{}"}}"#, "y".repeat(2 * SCRATCH_KEPT)),
-            r#"{"m":"after"}"#.to_string(),
-        ] {
-            let mut e = raw(&text);
-            parse.process(&mut e).unwrap();
-            assert!(e.set_field(
-                &logbus_plugin_api::FieldPath::parse("n").unwrap(),
-                Value::from(1)
-            ));
-            f.process(&mut e).unwrap();
-            let line = e.as_raw().unwrap().clone();
-            assert_eq!(line.len(), text.len() + r#","n":1"#.len(), "{text:.40}");
-            lines.push(line);
-            assert!(
-                f.scratch.capacity() <= SCRATCH_KEPT,
-                "{}",
-                f.scratch.capacity()
-            );
-        }
-        assert_eq!(&lines[1][..], br#"{"m":"short","n":1}"#);
-        assert_eq!(&lines[3][..], br#"{"m":"after","n":1}"#);
-    }
 
     #[test]
     fn options_default_to_lazy_and_refuse_an_empty_wrap_field() {
