@@ -269,13 +269,18 @@ fn write_quoted(s: &str, out: &mut Vec<u8>) {
     let bytes = s.as_bytes();
     out.reserve(bytes.len() + 2);
     out.push(b'"');
-    let (mut run, mut i) = (0, 0);
+    // Bytes before `scalar_until` are taken one at a time: a stride found
+    // to hold an escape is not tested again from each of its bytes.
+    let (mut run, mut i, mut scalar_until) = (0, 0, 0);
     while i < bytes.len() {
-        if let Some(stride) = bytes.get(i..i + STRIDE)
-            && !stride.iter().fold(false, |any, &b| any | escaped(b))
-        {
-            i += STRIDE;
-            continue;
+        if i >= scalar_until {
+            match bytes.get(i..i + STRIDE) {
+                Some(stride) if !stride.iter().fold(false, |any, &b| any | escaped(b)) => {
+                    i += STRIDE;
+                    continue;
+                }
+                _ => scalar_until = i + STRIDE,
+            }
         }
         let b = bytes[i];
         i += 1;
@@ -474,14 +479,15 @@ mod tests {
         // Escapes at every offset around the 32-byte strides.
         let alphabet = ['a', ' ', '"', '\\', '\n', '\u{1}', '\u{7f}', 'é', '🎉'];
         let mut seed = 0x2545_f491_u64;
-        for len in 0..100 {
+        for len in 0..200 {
             let s: String = (0..len)
                 .map(|_| {
                     seed = seed
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
-                    // Mostly plain text, as a message is.
-                    match (seed >> 33) % 16 {
+                    // Mostly plain text, as a message is: strides both clean
+                    // and holding escapes.
+                    match (seed >> 33) % 256 {
                         k if (k as usize) < alphabet.len() => alphabet[k as usize],
                         _ => 'x',
                     }

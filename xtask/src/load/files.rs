@@ -140,9 +140,10 @@ pub fn run_one(
     let mut secs = None;
     while began.elapsed() < limit {
         cpu = target::proc_cpu(pid).unwrap_or(cpu);
-        // The high-water mark only grows: reading it every 20 ms is enough
-        // for a process that ends by itself, and the read after the last
-        // line (below) is exact for one that does not.
+        // The high-water mark only grows, so a read every 20 ms misses only
+        // what a process that ends by itself adds in its last 20 ms (LogBus
+        // reports its own peak at exit); the read after the last line
+        // (below) is exact for one that waits to be stopped.
         if rss_read.elapsed() >= Duration::from_millis(20) {
             peak_rss = target::proc_peak_rss(pid).unwrap_or(peak_rss);
             rss_read = Instant::now();

@@ -117,10 +117,20 @@ fn stop(engine: Engine) -> String {
 
 const PIPELINE: &str = "settings: { channel_capacity: 256 }\nstages:
   gen: { source: generator, rate: 5000 }
-  json: { parser: json, inputs: [gen], on_error: route, workers: 2, ordered: true }
+  json: { parser: json, inputs: [gen], on_error: route }
   out: { sink: blackhole, inputs: [json] }
   bad: { sink: blackhole, inputs: [json.errors] }
 ";
+
+/// `PIPELINE` with its parser run by two workers that keep order, for the
+/// graph's `workers` and `ordered` (the other tests keep one worker: two
+/// at an unlimited rate take both cores from the API).
+fn ordered_pipeline() -> String {
+    PIPELINE.replace(
+        "on_error: route }",
+        "on_error: route, workers: 2, ordered: true }",
+    )
+}
 
 fn metric(text: &str, line_start: &str) -> f64 {
     text.lines()
@@ -136,7 +146,7 @@ fn metric(text: &str, line_start: &str) -> f64 {
 #[test]
 fn metrics_stats_graph_stream_and_reload() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, port) = start(dir.path(), PIPELINE, &[]);
+    let (child, port) = start(dir.path(), &ordered_pipeline(), &[]);
 
     let (status, text) = http(port, "GET", "/metrics", None);
     assert_eq!(status, 200);
@@ -261,7 +271,7 @@ fn metrics_stats_graph_stream_and_reload() {
     // Reload: a valid change applies, an invalid file is refused.
     std::fs::write(
         dir.path().join("p.yml"),
-        PIPELINE.replace("rate: 5000", "rate: 4000"),
+        ordered_pipeline().replace("rate: 5000", "rate: 4000"),
     )
     .unwrap();
     let (status, body) = http(port, "POST", "/api/reload", None);
