@@ -256,57 +256,63 @@ fn write_string(s: &str, syntax: &Syntax, out: &mut Vec<u8>) {
     }
 }
 
+/// Bytes scanned at once by [`clean_strides`].
+const STRIDE: usize = 32;
+
+fn escaped(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f
+}
+
+/// The length of the leading whole 32-byte strides of `bytes` that hold
+/// nothing to escape: a test per stride the compiler vectorises (a message
+/// is mostly clean).
+fn clean_strides(bytes: &[u8]) -> usize {
+    bytes
+        .chunks_exact(STRIDE)
+        .take_while(|stride| !stride.iter().fold(false, |any, &b| any | escaped(b)))
+        .count()
+        * STRIDE
+}
+
 /// Every byte that is escaped is ASCII, so the text is scanned as bytes
 /// (a UTF-8 sequence has none below 0x80) and copied in runs between
-/// escapes; clean stretches are skipped 32 bytes at a time by a test the
-/// compiler vectorises (a message is mostly clean).
+/// escapes: clean strides are skipped whole, the stride that holds an
+/// escape (or the short tail) is taken byte by byte.
 fn write_quoted(s: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    const STRIDE: usize = 32;
-    fn escaped(b: u8) -> bool {
-        b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f
-    }
     let bytes = s.as_bytes();
-    out.reserve(bytes.len() + 2);
     out.push(b'"');
-    // Bytes before `scalar_until` are taken one at a time: a stride found
-    // to hold an escape is not tested again from each of its bytes.
-    let (mut run, mut i, mut scalar_until) = (0, 0, 0);
+    let (mut run, mut i) = (0, 0);
     while i < bytes.len() {
-        if i >= scalar_until {
-            match bytes.get(i..i + STRIDE) {
-                Some(stride) if !stride.iter().fold(false, |any, &b| any | escaped(b)) => {
-                    i += STRIDE;
-                    continue;
+        i += clean_strides(&bytes[i..]);
+        let end = (i + STRIDE).min(bytes.len());
+        while i < end {
+            let b = bytes[i];
+            i += 1;
+            let control;
+            let escape: &[u8] = match b {
+                b'"' => b"\\\"",
+                b'\\' => b"\\\\",
+                b'\n' => b"\\n",
+                b'\r' => b"\\r",
+                b'\t' => b"\\t",
+                b if escaped(b) => {
+                    control = [
+                        b'\\',
+                        b'u',
+                        b'0',
+                        b'0',
+                        HEX[(b >> 4) as usize],
+                        HEX[(b & 0xf) as usize],
+                    ];
+                    &control
                 }
-                _ => scalar_until = i + STRIDE,
-            }
+                _ => continue,
+            };
+            out.extend_from_slice(&bytes[run..i - 1]);
+            out.extend_from_slice(escape);
+            run = i;
         }
-        let b = bytes[i];
-        i += 1;
-        let control;
-        let escape: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            b if escaped(b) => {
-                control = [
-                    b'\\',
-                    b'u',
-                    b'0',
-                    b'0',
-                    HEX[(b >> 4) as usize],
-                    HEX[(b & 0xf) as usize],
-                ];
-                &control
-            }
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[run..i - 1]);
-        out.extend_from_slice(escape);
-        run = i;
     }
     out.extend_from_slice(&bytes[run..]);
     out.push(b'"');
@@ -497,6 +503,26 @@ mod tests {
             write_quoted(&s, &mut out);
             assert_eq!(out, quoted_a_char_at_a_time(&s), "{s:?}");
         }
+    }
+
+    /// Only whole strides count, and only up to the first that holds an
+    /// escape.
+    #[test]
+    fn clean_strides_stop_at_the_first_stride_with_an_escape() {
+        let text = "x".repeat(100);
+        assert_eq!(clean_strides(text.as_bytes()), 96);
+        assert_eq!(clean_strides(&text.as_bytes()[..31]), 0);
+        for (at, strides) in [(0, 0), (31, 0), (32, 1), (63, 1), (64, 2), (96, 3)] {
+            let mut dirty = "x".repeat(100).into_bytes();
+            dirty[at.min(99)] = b'"';
+            assert_eq!(clean_strides(&dirty), strides * STRIDE, "escape at {at}");
+        }
+        for b in [0x00, 0x1f, b'\\', 0x7f] {
+            let mut dirty = "x".repeat(40).into_bytes();
+            dirty[5] = b;
+            assert_eq!(clean_strides(&dirty), 0, "{b:#x}");
+        }
+        assert_eq!(clean_strides("é".repeat(20).as_bytes()), 32);
     }
 
     /// Under `types: auto` a string that would read back as another type is

@@ -246,35 +246,35 @@ impl FormatJson {
 impl Processor for FormatJson {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
         let include_source = self.options.include_source;
-        let line = match event.payload() {
+        if let (Payload::Lazy(lazy), false) = (event.payload(), include_source) {
             // Untouched entries are copied as they were read.
-            Payload::Lazy(lazy) if !include_source => self.buffer.line(|out| {
+            let line = self.buffer.line(|out| {
                 lazy.write_json(out);
-                Ok(())
-            })?,
-            _ => {
-                let Some(fields) = event.as_fields() else {
-                    return Err(EventError::new(
-                        "the json formatter needs a parsed event; this one is raw",
-                    ));
-                };
-                // sonic-rs escapes strings with SIMD: with serde_json, string
-                // escaping was the largest single cost of the reference pipeline.
-                self.buffer.line(|out| {
-                    if include_source {
-                        let mut with = fields.clone();
-                        with.insert(
-                            "_source".into(),
-                            Value::String(event.meta().source.to_string()),
-                        );
-                        sonic_rs::to_writer(&mut *out, &with)
-                    } else {
-                        sonic_rs::to_writer(&mut *out, fields)
-                    }
-                    .map_err(|e| EventError::new(format!("cannot serialise: {e}")))
-                })?
-            }
+                Ok::<_, EventError>(())
+            })?;
+            *event.payload_mut() = Payload::Raw(line);
+            return Ok(Verdict::Keep);
+        }
+        let Some(fields) = event.as_fields() else {
+            return Err(EventError::new(
+                "the json formatter needs a parsed event; this one is raw",
+            ));
         };
+        // sonic-rs escapes strings with SIMD: with serde_json, string
+        // escaping was the largest single cost of the reference pipeline.
+        let line = self.buffer.line(|out| {
+            if include_source {
+                let mut with = fields.clone();
+                with.insert(
+                    "_source".into(),
+                    Value::String(event.meta().source.to_string()),
+                );
+                sonic_rs::to_writer(&mut *out, &with)
+            } else {
+                sonic_rs::to_writer(&mut *out, fields)
+            }
+            .map_err(|e| EventError::new(format!("cannot serialise: {e}")))
+        })?;
         *event.payload_mut() = Payload::Raw(line);
         Ok(Verdict::Keep)
     }
