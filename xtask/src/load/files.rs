@@ -220,10 +220,10 @@ pub fn files_task(
     nice: u32,
 ) -> anyhow::Result<String> {
     let limit = Duration::from_secs(600);
-    let results = rotated(targets, reps, "files", true, |spec, tag| {
+    let results = rotated(targets, reps, "files", |spec, tag| {
         run_one(spec, input, events, work, tag, nice, limit)
     })?;
-    Ok(summary(targets, &results, true))
+    Ok(summary(targets, &results))
 }
 
 #[cfg(test)]

@@ -183,10 +183,10 @@ pub fn flood_task(
     nice: u32,
 ) -> anyhow::Result<String> {
     let limit = Duration::from_secs(600);
-    let results = rotated(targets, reps, "flood", true, |spec, tag| {
+    let results = rotated(targets, reps, "flood", |spec, tag| {
         flood_one(spec, corpus, work, tag, events, nice, limit)
     })?;
-    Ok(summary(targets, &results, true))
+    Ok(summary(targets, &results))
 }
 
 /// Runs every target `reps` times, the order rotated each repetition, and
@@ -195,7 +195,6 @@ pub fn rotated(
     targets: &[(String, TargetSpec)],
     reps: usize,
     kind: &str,
-    rss: bool,
     mut run: impl FnMut(&TargetSpec, &str) -> anyhow::Result<Flooded>,
 ) -> anyhow::Result<Vec<Vec<Flooded>>> {
     let mut results: Vec<Vec<Flooded>> = targets.iter().map(|_| Vec::new()).collect();
@@ -205,21 +204,15 @@ pub fn rotated(
             let (label, spec) = &targets[i];
             let f = run(spec, &format!("{kind}-{label}-rep{rep}"))
                 .with_context(|| format!("rep {rep}, {label}"))?;
-            let mut line = format!(
-                "rep {rep} {label}: {:.0} events/s ({} in {:.2} s), cpu {:.2} s ({:.2} µs/event)",
+            println!(
+                "rep {rep} {label}: {:.0} events/s ({} in {:.2} s), cpu {:.2} s ({:.2} µs/event), peak RSS {:.1} MiB",
                 f.rate(),
                 f.events,
                 f.secs,
                 f.cpu,
                 f.cpu * 1e6 / f.events as f64,
+                f.peak_rss as f64 / 1048576.0
             );
-            if rss {
-                line.push_str(&format!(
-                    ", peak RSS {:.1} MiB",
-                    f.peak_rss as f64 / 1048576.0
-                ));
-            }
-            println!("{line}");
             results[i].push(f);
         }
     }
@@ -228,27 +221,19 @@ pub fn rotated(
 
 /// The results as a table, then each peer's paired ratio against LogBus
 /// (the first target).
-pub fn summary(targets: &[(String, TargetSpec)], results: &[Vec<Flooded>], rss: bool) -> String {
-    let mut md = String::from(if rss {
-        "| target | events/s per rep | median | CPU µs/event (median) | peak RSS (median) |\n|---|---|---|---|---|\n"
-    } else {
-        "| target | events/s per rep | median | CPU µs/event (median) |\n|---|---|---|---|\n"
-    });
+pub fn summary(targets: &[(String, TargetSpec)], results: &[Vec<Flooded>]) -> String {
+    let mut md = String::from(
+        "| target | events/s per rep | median | CPU µs/event (median) | peak RSS (median) |\n|---|---|---|---|---|\n",
+    );
     for ((label, _), runs) in targets.iter().zip(results) {
         let rates: Vec<String> = runs.iter().map(|f| format!("{:.0}", f.rate())).collect();
         md.push_str(&format!(
-            "| {label} | {} | {:.0} | {:.2} |",
+            "| {label} | {} | {:.0} | {:.2} | {:.1} MiB |\n",
             rates.join(" · "),
             median(runs.iter().map(Flooded::rate).collect()),
             median(runs.iter().map(|f| f.cpu * 1e6 / f.events as f64).collect()),
+            median(runs.iter().map(|f| f.peak_rss as f64).collect()) / 1048576.0
         ));
-        if rss {
-            md.push_str(&format!(
-                " {:.1} MiB |",
-                median(runs.iter().map(|f| f.peak_rss as f64).collect()) / 1048576.0
-            ));
-        }
-        md.push('\n');
     }
     for ((label, _), runs) in targets.iter().zip(results).skip(1) {
         let paired: Vec<f64> = results[0]
