@@ -31,12 +31,129 @@ pub use eval::FieldSource;
 #[derive(Debug, Clone)]
 pub struct Condition {
     expr: Expr,
+    /// Byte offset of each field path, in the order they appear.
+    paths: Vec<usize>,
+}
+
+/// How a condition uses a field, for `logbus validate`'s flow analysis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldUse {
+    /// The path as printed (`http.status`, `` `odd key`.x ``).
+    pub path: String,
+    /// Byte offset in the condition's text.
+    pub offset: usize,
+    pub role: UseRole,
+    /// The kind of literal it is compared with (`status >= 500`: a number).
+    pub compared_with: Option<LiteralKind>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UseRole {
+    /// Read for its value.
+    Value,
+    /// Inside `exists(...)`.
+    Probe,
+    /// The right-hand side of a comparison whose left side is a field
+    /// too (`level == error`).
+    RightOperand,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiteralKind {
+    String,
+    Number,
+    Bool,
+    Null,
+}
+
+impl LiteralKind {
+    fn of(value: &serde_json::Value) -> Option<LiteralKind> {
+        Some(match value {
+            serde_json::Value::String(_) => LiteralKind::String,
+            serde_json::Value::Number(_) => LiteralKind::Number,
+            serde_json::Value::Bool(_) => LiteralKind::Bool,
+            serde_json::Value::Null => LiteralKind::Null,
+            _ => return None,
+        })
+    }
 }
 
 impl Condition {
     /// Parses and type-checks `text`.
     pub fn compile(text: &str) -> Result<Condition, ConditionError> {
-        parse::parse(text).map(|expr| Condition { expr })
+        parse::parse(text).map(|(expr, paths)| Condition { expr, paths })
+    }
+
+    /// Every field the condition reads, in the order they appear, with
+    /// what it is compared with. Walks the tree without recursion (a long
+    /// `&&` chain is as deep as it is long).
+    pub fn field_uses(&self) -> Vec<FieldUse> {
+        // (node, role, literal compared with) in text order.
+        let mut found = Vec::new();
+        let mut stack: Vec<(&Expr, UseRole, Option<LiteralKind>)> =
+            vec![(&self.expr, UseRole::Value, None)];
+        while let Some((e, role, lit)) = stack.pop() {
+            match e {
+                Expr::Or(a, b) | Expr::And(a, b) => {
+                    stack.push((b, UseRole::Value, None));
+                    stack.push((a, UseRole::Value, None));
+                }
+                Expr::Not(a) => stack.push((a, UseRole::Value, None)),
+                Expr::Cmp(a, _, b) => {
+                    let (a_lit, b_lit) = match (&**a, &**b) {
+                        (_, Expr::Lit(v)) => (LiteralKind::of(v), None),
+                        (Expr::Lit(v), _) => (None, LiteralKind::of(v)),
+                        _ => (None, None),
+                    };
+                    let b_role = match (&**a, &**b) {
+                        (Expr::Path(_), Expr::Path(_)) => UseRole::RightOperand,
+                        _ => UseRole::Value,
+                    };
+                    stack.push((b, b_role, b_lit));
+                    stack.push((a, UseRole::Value, a_lit));
+                }
+                Expr::In(a, values) => {
+                    let kinds: Vec<_> = values.iter().map(LiteralKind::of).collect();
+                    let same = kinds
+                        .first()
+                        .copied()
+                        .flatten()
+                        .filter(|k| kinds.iter().all(|o| *o == Some(*k)));
+                    stack.push((a, UseRole::Value, same));
+                }
+                Expr::Match { value, .. } => {
+                    stack.push((value, UseRole::Value, Some(LiteralKind::String)))
+                }
+                Expr::Call(func, args) => {
+                    let role = if *func == ast::Func::Exists {
+                        UseRole::Probe
+                    } else {
+                        UseRole::Value
+                    };
+                    // starts_with & co. and lower/upper read strings; len
+                    // reads a string or a list.
+                    let lit = match func {
+                        ast::Func::Exists | ast::Func::Len => None,
+                        _ => Some(LiteralKind::String),
+                    };
+                    for (i, arg) in args.iter().enumerate().rev() {
+                        stack.push((arg, role, if i == 0 { lit } else { None }));
+                    }
+                }
+                Expr::Path(p) => found.push((p.to_string(), role, lit)),
+                Expr::Lit(_) => {}
+            }
+        }
+        found
+            .into_iter()
+            .zip(self.paths.iter().copied())
+            .map(|((path, role, compared_with), offset)| FieldUse {
+                path,
+                offset,
+                role,
+                compared_with,
+            })
+            .collect()
     }
 
     /// Whether the fields (ordinary ones, or an event's) satisfy the

@@ -51,9 +51,13 @@ struct Parser {
     toks: Vec<(Tok, usize)>,
     at: usize,
     depth: usize,
+    /// The offset of each field path, in the order they appear.
+    paths: Vec<usize>,
 }
 
-pub fn parse(text: &str) -> Result<Expr, ConditionError> {
+/// The tree, and the byte offset of each field path in the order the
+/// paths appear (a left-to-right walk of the tree meets them so).
+pub fn parse(text: &str) -> Result<(Expr, Vec<usize>), ConditionError> {
     if text.trim().is_empty() {
         return Err(ConditionError::at(0, "the condition is empty"));
     }
@@ -61,6 +65,7 @@ pub fn parse(text: &str) -> Result<Expr, ConditionError> {
         toks: lex(text)?,
         at: 0,
         depth: 0,
+        paths: Vec::new(),
     };
     let start = p.offset();
     let (expr, ty) = p.or()?;
@@ -68,7 +73,7 @@ pub fn parse(text: &str) -> Result<Expr, ConditionError> {
         return Err(p.unexpected("`&&`, `||` or the end of the condition"));
     }
     p.want_condition(ty, start, "the condition")?;
-    Ok(expr)
+    Ok((expr, p.paths))
 }
 
 impl Parser {
@@ -332,6 +337,7 @@ impl Parser {
 
     fn path(&mut self) -> Result<FieldPath, ConditionError> {
         let start = self.offset();
+        self.paths.push(start);
         let mut segments = Vec::new();
         loop {
             match self.bump().0 {

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod diagnostic;
+pub mod flow;
 pub mod fmt;
 pub mod graph;
 mod order;

@@ -8,6 +8,7 @@ mod plugins_cmd;
 mod queue_cmd;
 mod test_cmd;
 mod top_cmd;
+mod validate_cmd;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use logbus_core::{Diagnostic, Loaded, Severity, graph, load_file};
+use logbus_core::{Diagnostic, Loaded, graph, load_file};
 use logbus_plugin_api::CancellationToken;
 
 #[cfg(feature = "mimalloc")]
@@ -63,14 +64,25 @@ enum GraphFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Check a pipeline without running it. Exit 0 valid, 1 invalid, 2 unreadable.
+    /// Check pipelines without running them: files, or directories (every
+    /// `*.yml`/`*.yaml` in them but `*.test.yml`). Exit 0 all valid, 1 one
+    /// invalid, 2 one unreadable (docs/validation.md).
     Validate {
-        file: PathBuf,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
         /// Treat warnings as errors.
         #[arg(long)]
         deny_warnings: bool,
-        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-        format: OutputFormat,
+        /// Also warn about each field read that no stage declares, where a
+        /// stage (a JSON parser, a script) leaves the fields open.
+        #[arg(long)]
+        strict_fields: bool,
+        /// Print the fields known at each stage's output, with their types
+        /// and the stage that set each.
+        #[arg(long)]
+        fields: bool,
+        #[arg(long, value_enum, default_value_t = validate_cmd::ValidateFormat::Text)]
+        format: validate_cmd::ValidateFormat,
     },
     /// Validate, then run a pipeline until its sources end or SIGINT/SIGTERM.
     Run {
@@ -87,6 +99,10 @@ enum Command {
         /// one per CPU core).
         #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=logbus_core::MAX_THREADS as u64))]
         threads: Option<usize>,
+        /// Exit 1 when any event errored, or when sources emitted events
+        /// and no sink committed one (a CI smoke run must not pass then).
+        #[arg(long)]
+        fail_on_errored: bool,
     },
     /// Print the pipeline's DAG.
     Graph {
@@ -94,12 +110,15 @@ enum Command {
         #[arg(long, value_enum, default_value_t = GraphFormat::Text)]
         format: GraphFormat,
     },
-    /// Run a pipeline's unit tests (`tests:` in FILE and FILE's `.test.yml`).
-    /// Exit 0 when all pass, 1 on a failure or an invalid file, 2 unreadable.
+    /// Run pipelines' unit tests (`tests:` in FILE and FILE's `.test.yml`);
+    /// a directory runs every pipeline in it that has tests. Exit 0 when
+    /// all pass, 1 on a failure or an invalid file, 2 unreadable.
     Test {
-        file: PathBuf,
-        /// Run only the tests with these names.
-        names: Vec<String>,
+        /// Pipeline files or directories, then (optionally) the names of
+        /// the tests to run: the arguments after the last one that exists
+        /// on disk are test names.
+        #[arg(required = true, value_name = "FILE|DIR... [NAME...]")]
+        args: Vec<PathBuf>,
         #[arg(long, value_enum, default_value_t = TestFormat::Text)]
         format: TestFormat,
     },
@@ -125,7 +144,9 @@ enum Command {
     /// rewrites it; `--check` exits 1 if it is not formatted. Exit 2 when
     /// it cannot be read or parsed.
     Fmt {
-        file: PathBuf,
+        /// Files, or directories (every `*.yml`/`*.yaml` in them).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
         #[arg(long, conflicts_with = "check")]
         write: bool,
         #[arg(long)]
@@ -184,20 +205,26 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     let registry = catalog::registry();
     match command {
         Command::Validate {
-            file,
+            files,
             deny_warnings,
+            strict_fields,
+            fields,
             format,
-        } => {
-            let Some(loaded) = load_or_report(&file, &registry) else {
-                return Ok(ExitCode::from(2));
-            };
-            Ok(validate(&file, &loaded, deny_warnings, format))
-        }
+        } => Ok(validate_cmd::run(
+            &files,
+            &validate_cmd::ValidateArgs {
+                deny_warnings,
+                strict_fields,
+                fields,
+                format,
+            },
+        )),
         Command::Run {
             file,
             stats_json,
             api,
             threads,
+            fail_on_errored,
         } => {
             let Some(loaded) = load_or_report(&file, &registry) else {
                 return Ok(ExitCode::from(2));
@@ -233,7 +260,13 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(1));
             }
             let threads = threads.or(pipeline.settings.threads);
-            run(pipeline, stats_json.as_deref(), api, threads)
+            run(
+                pipeline,
+                stats_json.as_deref(),
+                api,
+                threads,
+                fail_on_errored,
+            )
         }
         Command::Graph { file, format } => {
             let Some(loaded) = load_or_report(&file, &registry) else {
@@ -250,32 +283,29 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             emit(&out);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Test {
-            file,
-            names,
-            format,
-        } => {
-            // `demo.test.yml` is the test file of `demo.yml`: run those.
-            let file = match test_cmd::pipeline_of_test_file(&file) {
-                Some(pipeline) => {
-                    eprintln!(
-                        "logbus: {} holds the tests of {}; running them",
-                        file.display(),
-                        pipeline.display()
-                    );
-                    pipeline
+        Command::Test { args, format } => {
+            let first_name = args
+                .iter()
+                .skip(1)
+                .position(|a| !a.exists())
+                .map_or(args.len(), |i| i + 1);
+            let names: Vec<String> = args[first_name..]
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            let files = match test_cmd::files_with_tests(&args[..first_name]) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("logbus: error: {e}");
+                    return Ok(ExitCode::from(2));
                 }
-                None => file,
             };
-            let Some(loaded) = load_or_report(&file, &registry) else {
-                return Ok(ExitCode::from(2));
-            };
-            print_diagnostics(&file, &loaded.diagnostics);
-            let Some(pipeline) = loaded.pipeline else {
-                eprintln!("logbus: {} is invalid; no test was run", file.display());
-                return Ok(ExitCode::from(1));
-            };
-            test_cmd::run(&file, &pipeline, &names, format == TestFormat::Junit)
+            let mut worst = 0u8;
+            for file in files {
+                let code = test_one(&registry, file, &names, format)?;
+                worst = worst.max(code);
+            }
+            Ok(ExitCode::from(worst))
         }
         Command::Top { file, api, once } => {
             let from_file = match &file {
@@ -308,7 +338,24 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             plugins_cmd::print(&registry, format == OutputFormat::Json)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Fmt { file, write, check } => fmt_file(&file, write, check),
+        Command::Fmt {
+            files,
+            write,
+            check,
+        } => {
+            let files = match validate_cmd::yaml_files(&files) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("logbus: error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let mut worst = 0u8;
+            for file in &files {
+                worst = worst.max(fmt_file(file, write, check)?);
+            }
+            Ok(ExitCode::from(worst))
+        }
         Command::Queue { command } => match command {
             QueueCommand::Inspect { dir } => queue_cmd::inspect(&dir),
             QueueCommand::Check { dir, repair } => queue_cmd::check(&dir, repair),
@@ -316,31 +363,63 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `logbus fmt`.
-fn fmt_file(file: &Path, write: bool, check: bool) -> anyhow::Result<ExitCode> {
+/// One pipeline's tests; its exit code.
+fn test_one(
+    registry: &logbus_plugin_api::Registry,
+    file: PathBuf,
+    names: &[String],
+    format: TestFormat,
+) -> anyhow::Result<u8> {
+    // `demo.test.yml` is the test file of `demo.yml`: run those.
+    let file = match test_cmd::pipeline_of_test_file(&file) {
+        Some(pipeline) => {
+            eprintln!(
+                "logbus: {} holds the tests of {}; running them",
+                file.display(),
+                pipeline.display()
+            );
+            pipeline
+        }
+        None => file,
+    };
+    let Some(loaded) = load_or_report(&file, registry) else {
+        return Ok(2);
+    };
+    print_diagnostics(&file, &loaded.diagnostics);
+    let Some(pipeline) = loaded.pipeline else {
+        eprintln!("logbus: {} is invalid; no test was run", file.display());
+        return Ok(1);
+    };
+    let code = test_cmd::run(&file, &pipeline, names, format == TestFormat::Junit)?;
+    Ok(if code == ExitCode::SUCCESS { 0 } else { 1 })
+}
+
+/// `logbus fmt` of one file: 0 formatted (or written), 1 not formatted
+/// (`--check`), 2 unreadable.
+fn fmt_file(file: &Path, write: bool, check: bool) -> anyhow::Result<u8> {
     let text = match logbus_core::config::read_text(file) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("logbus: {e}");
-            return Ok(ExitCode::from(2));
+            return Ok(2);
         }
     };
     let formatted = match logbus_core::fmt::format(&text) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("{}: {e}", file.display());
-            return Ok(ExitCode::from(2));
+            return Ok(2);
         }
     };
     if check {
         if formatted == text {
-            return Ok(ExitCode::SUCCESS);
+            return Ok(0);
         }
         eprintln!(
             "{}: not formatted (run `logbus fmt --write`)",
             file.display()
         );
-        return Ok(ExitCode::from(1));
+        return Ok(1);
     }
     if write {
         if formatted != text {
@@ -349,10 +428,10 @@ fn fmt_file(file: &Path, write: bool, check: bool) -> anyhow::Result<ExitCode> {
                 .and_then(|()| std::fs::rename(&tmp, file))
                 .with_context(|| format!("writing {}", file.display()))?;
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     emit(&formatted);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 fn load_or_report(file: &Path, registry: &logbus_plugin_api::Registry) -> Option<Loaded> {
@@ -372,60 +451,8 @@ fn print_diagnostics(file: &Path, diagnostics: &[Diagnostic]) {
     }
 }
 
-fn validate(file: &Path, loaded: &Loaded, deny_warnings: bool, format: OutputFormat) -> ExitCode {
-    let failing = |d: &Diagnostic| d.severity == Severity::Error || deny_warnings;
-    let valid = !loaded.diagnostics.iter().any(failing);
-    let bound = loaded.pipeline.as_ref().map(|p| p.inflight_bound());
-    if format == OutputFormat::Json {
-        let out = serde_json::json!({
-            "file": file.display().to_string(),
-            "valid": valid,
-            "errors": loaded.diagnostics.iter().filter(|d| failing(d)).count(),
-            "warnings": loaded.diagnostics.iter().filter(|d| d.severity == Severity::Warning).count(),
-            "diagnostics": loaded.diagnostics,
-            "inflight_bound": bound,
-            "stages": loaded.pipeline.as_ref().map(|p| p.stages.len()),
-            "fused_chains": loaded.pipeline.as_ref().map(fused_chains),
-        });
-        emit(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&out).expect("serialisable")
-        ));
-    } else {
-        let name = file.display().to_string();
-        let mut text = String::new();
-        for d in &loaded.diagnostics {
-            text.push_str(&format!("{}\n", d.display(&name)));
-        }
-        let errors = loaded.diagnostics.iter().filter(|d| failing(d)).count();
-        match (&loaded.pipeline, bound) {
-            (Some(p), Some(b)) if valid => {
-                text.push_str(&format!(
-                    "{name}: valid: {} stages; worst-case in-flight: {} events over {} input queues\n",
-                    p.stages.len(),
-                    b.events,
-                    b.channels,
-                ));
-                for chain in fused_chains(p) {
-                    text.push_str(&format!(
-                        "{name}: fused, one task per worker: {}\n",
-                        chain.join(" → ")
-                    ));
-                }
-            }
-            _ => text.push_str(&format!("{name}: invalid: {errors} error(s)\n")),
-        }
-        emit(&text);
-    }
-    if valid {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
-}
-
 /// The stage ids of each chain `run` will fuse (docs/configuration.md).
-fn fused_chains(p: &logbus_core::Pipeline) -> Vec<Vec<String>> {
+pub(crate) fn fused_chains(p: &logbus_core::Pipeline) -> Vec<Vec<String>> {
     p.fused_chains()
         .iter()
         .map(|c| c.iter().map(|s| s.id.clone()).collect())
@@ -443,6 +470,7 @@ fn run(
     stats_json: Option<&Path>,
     api: Option<logbus_core::ApiSettings>,
     threads: Option<usize>,
+    fail_on_errored: bool,
 ) -> anyhow::Result<ExitCode> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder
@@ -500,7 +528,15 @@ fn run(
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
     let _ = std::io::stderr().flush();
-    Ok(if report.is_clean() {
+    let t = report.totals;
+    let smoke_failed = fail_on_errored && (t.errored > 0 || (t.emitted > 0 && t.committed == 0));
+    if smoke_failed {
+        eprintln!(
+            "logbus: --fail-on-errored: {} event(s) errored, {} of {} committed",
+            t.errored, t.committed, t.emitted
+        );
+    }
+    Ok(if report.is_clean() && !smoke_failed {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -20,6 +20,33 @@ pub fn pipeline_of_test_file(file: &Path) -> Option<std::path::PathBuf> {
     (pipeline.is_file() && !has_stages).then_some(pipeline)
 }
 
+/// The pipelines to test: files as given; in a directory, each pipeline
+/// with tests (a `tests:` key, or a `name.test.yml` beside it).
+pub fn files_with_tests(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>, String> {
+    let mut out = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            out.push(path.clone());
+            continue;
+        }
+        let found = crate::validate_cmd::pipeline_files(std::slice::from_ref(path))?;
+        let before = out.len();
+        for file in found {
+            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let stem = name.trim_end_matches(".yml").trim_end_matches(".yaml");
+            let beside = file.with_file_name(format!("{stem}.test.yml")).is_file();
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            if beside || text.lines().any(|l| l.starts_with("tests:")) {
+                out.push(file);
+            }
+        }
+        if out.len() == before {
+            return Err(format!("{}: no pipeline with tests", path.display()));
+        }
+    }
+    Ok(out)
+}
+
 pub fn run(
     file: &Path,
     pipeline: &Pipeline,

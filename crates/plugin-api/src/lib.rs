@@ -7,6 +7,7 @@
 //! (`output`), its counters (`metrics`), the registry — while the event
 //! and the queues live in their own crates and are re-exported.
 
+pub mod flow;
 pub mod line_buffer;
 pub mod metrics;
 pub mod output;
@@ -23,6 +24,7 @@ pub mod writing_a_plugin {}
 
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
+pub use flow::{FieldRead, FieldType, Flow, Needs, ReadRole, Step};
 pub use line_buffer::LineBuffer;
 /// The event and its acknowledgement (crate `logbus-event`).
 pub use logbus_event as event;

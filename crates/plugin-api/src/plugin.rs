@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::channel::Receiver;
 use crate::event::Event;
+use crate::flow::Flow;
 use crate::metrics::StageMetrics;
 use crate::output::Output;
 
@@ -336,6 +337,12 @@ pub trait Plugin: Send + Sync + 'static {
     fn outputs(&self, _options: &Value) -> Vec<String> {
         Vec::new()
     }
+    /// What the stage needs from its input and does to the events'
+    /// fields, as these options say ([`crate::flow`]); options that do not
+    /// parse state nothing ([`Flow::unknown`]).
+    fn flow(&self, _options: &Value) -> Flow {
+        Flow::unknown(self.kind())
+    }
     /// Checks options without doing any I/O.
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError>;
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>>;
@@ -374,6 +381,12 @@ pub trait TypedPlugin: Send + Sync + 'static {
     fn outputs(&self, _options: &Self::Options) -> Vec<String> {
         Vec::new()
     }
+
+    /// See [`Plugin::flow`]. The default states nothing, which hides
+    /// nothing downstream ([`Flow::unknown`]).
+    fn flow(&self, _options: &Self::Options) -> Flow {
+        Flow::unknown(Self::KIND)
+    }
 }
 
 /// Adapter from [`TypedPlugin`] to [`Plugin`].
@@ -402,6 +415,12 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
         match parse_all::<T::Options>(options, &self.options_schema()) {
             (Some(opts), _) => self.0.outputs(&opts),
             (None, _) => Vec::new(),
+        }
+    }
+    fn flow(&self, options: &Value) -> Flow {
+        match parse_all::<T::Options>(options, &self.options_schema()) {
+            (Some(opts), _) => self.0.flow(&opts),
+            (None, _) => Flow::unknown(T::KIND),
         }
     }
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError> {

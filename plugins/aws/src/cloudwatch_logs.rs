@@ -178,6 +178,17 @@ impl TypedPlugin for CloudWatchLogsSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Amazon CloudWatch Logs: PutLogEvents batches within the service's limits (10,000 events, 1 MiB counting 26 bytes per event, 24 hours, sorted), group and stream from templates and created if missing; events refused as too old, too new or expired to <id>.dead.";
 
+    /// The group and stream templates' fields.
+    fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {
+        use logbus_plugin_api::flow::template_reads;
+        let mut reads = template_reads(&o.group, &["group"]);
+        reads.extend(template_reads(&o.stream, &["stream"]));
+        reads.into_iter().fold(
+            logbus_plugin_api::Flow::pass(),
+            logbus_plugin_api::Flow::read,
+        )
+    }
+
     fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
         let group =
             Template::parse_timed(&options.group).map_err(|e| OptionError::at(&["group"], e))?;

@@ -407,6 +407,16 @@ impl TypedPlugin for S3Sink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Amazon S3 (or any S3-compatible store): events into objects per key prefix, compressed as written and uploaded in parts, so an object is never whole in memory; its events are confirmed once the object is complete.";
 
+    /// The key prefix template's fields.
+    fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::flow::template_reads(&o.key_prefix, &["key_prefix"])
+            .into_iter()
+            .fold(
+                logbus_plugin_api::Flow::pass(),
+                logbus_plugin_api::Flow::read,
+            )
+    }
+
     fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
         let prefix = Template::parse_timed(&options.key_prefix)
             .map_err(|e| OptionError::at(&["key_prefix"], e))?;

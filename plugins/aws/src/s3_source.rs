@@ -172,6 +172,11 @@ impl TypedPlugin for S3Source {
         "with state_dir: an object's key enters the checkpoint once the sinks confirmed every event of it, and a partly confirmed object resumes after its confirmed messages, so a restart re-sends, never skips (without it, every run reads every object)",
     );
 
+    /// Raw events (one per line or message); a `codec:` parses them.
+    fn flow(&self, _options: &Self::Options) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw()
+    }
+
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
         let globs = |list: &[String]| -> Vec<glob::Pattern> {
             list.iter()

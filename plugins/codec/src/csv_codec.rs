@@ -180,6 +180,24 @@ mod plugins {
         const NAME: &'static str = "csv";
         const KIND: StageKind = StageKind::Parser;
         const DESCRIPTION: &'static str = "Parses one CSV record per event into fields named by `columns` (or by a header record).";
+        /// Given `columns`, exactly those (strings, or any type with
+        /// `types: auto`); from a header record, unknown until it is read.
+        fn flow(&self, o: &CsvOptions) -> logbus_plugin_api::Flow {
+            use logbus_plugin_api::{FieldType, Flow, Needs};
+            let Some(columns) = &o.columns else {
+                return Flow::open_fields(&[]).needs(Needs::Raw);
+            };
+            let ty = match o.types {
+                Types::Auto => FieldType::Any,
+                Types::String => FieldType::String,
+            };
+            columns
+                .iter()
+                .enumerate()
+                .fold(Flow::fields(&[]).needs(Needs::Raw), |flow, (i, c)| {
+                    flow.set(c.clone(), ty, &["columns", &i.to_string()])
+                })
+        }
         fn build(&self, o: CsvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             Ok(Built::Processor(Box::new(ParseCsv {
                 columns: o.columns,
@@ -210,6 +228,19 @@ mod plugins {
             }
         }
 
+        /// Each column is read (a missing one is written empty).
+        fn flow(&self, o: &CsvOptions) -> logbus_plugin_api::Flow {
+            use logbus_plugin_api::{FieldRead, Flow, Needs, ReadRole};
+            let mut flow = Flow::pass().needs(Needs::Fields);
+            for (i, c) in o.columns.iter().flatten().enumerate() {
+                flow = flow.read(FieldRead::new(
+                    c.clone(),
+                    &["columns", &i.to_string()],
+                    ReadRole::Optional,
+                ));
+            }
+            flow.then(logbus_plugin_api::Step::EmitRaw)
+        }
         fn build(&self, o: CsvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             let Some(columns) = o.columns else {
                 return Err(no_columns());

@@ -394,6 +394,9 @@ mod plugins {
         const KIND: StageKind = StageKind::Parser;
         const DESCRIPTION: &'static str =
             "Parses key=value pairs (logfmt: quoted values, escapes, flags) into fields.";
+        fn flow(&self, _o: &KvOptions) -> logbus_plugin_api::Flow {
+            logbus_plugin_api::Flow::open_fields(&[]).needs(logbus_plugin_api::Needs::Raw)
+        }
         fn build(&self, options: KvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             let syntax = options.syntax();
             Ok(Built::Processor(Box::new(
@@ -415,6 +418,9 @@ mod plugins {
         const KIND: StageKind = StageKind::Formatter;
         const DESCRIPTION: &'static str =
             "Writes fields as one line of key=value pairs (logfmt), quoting where needed.";
+        fn flow(&self, _o: &KvOptions) -> logbus_plugin_api::Flow {
+            logbus_plugin_api::Flow::raw().needs(logbus_plugin_api::Needs::Fields)
+        }
         fn build(&self, options: KvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             let syntax = options.syntax();
             let mut buffer = LineBuffer::new();

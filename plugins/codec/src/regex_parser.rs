@@ -42,6 +42,19 @@ mod plugin {
         const NAME: &'static str = "regex";
         const KIND: StageKind = StageKind::Parser;
         const DESCRIPTION: &'static str = "Matches a raw line against a pattern; its named captures become fields. No match is an error.";
+        /// Exactly the named captures, each a string (an optional group
+        /// that did not take part is absent, which a closed set allows).
+        fn flow(&self, o: &RegexOptions) -> logbus_plugin_api::Flow {
+            let Ok(re) = regex::Regex::new(&o.pattern) else {
+                return logbus_plugin_api::Flow::unknown(StageKind::Parser);
+            };
+            let mut flow =
+                logbus_plugin_api::Flow::fields(&[]).needs(logbus_plugin_api::Needs::Raw);
+            for name in re.capture_names().flatten() {
+                flow = flow.set(name, logbus_plugin_api::FieldType::String, &["pattern"]);
+            }
+            flow
+        }
         fn build(&self, o: RegexOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             let re = regex::Regex::new(&o.pattern)
                 .map_err(|e| OptionError::at(&["pattern"], e.to_string()))?;

@@ -404,6 +404,22 @@ mod plugins {
         const NAME: &'static str = "syslog";
         const KIND: StageKind = StageKind::Parser;
         const DESCRIPTION: &'static str = "Parses an RFC 5424 or RFC 3164 syslog message into fields (PRI, header, structured data, message).";
+        fn flow(&self, _o: &SyslogParserOptions) -> logbus_plugin_api::Flow {
+            use logbus_plugin_api::FieldType::{Number, Object, String};
+            logbus_plugin_api::Flow::fields(&[
+                ("facility", Number),
+                ("severity", Number),
+                ("version", Number),
+                ("timestamp", String),
+                ("hostname", String),
+                ("appname", String),
+                ("procid", String),
+                ("msgid", String),
+                ("structured_data", Object),
+                ("message", String),
+            ])
+            .needs(logbus_plugin_api::Needs::Raw)
+        }
         fn build(
             &self,
             options: SyslogParserOptions,
@@ -430,6 +446,9 @@ mod plugins {
         const NAME: &'static str = "syslog";
         const KIND: StageKind = StageKind::Formatter;
         const DESCRIPTION: &'static str = "Writes fields as an RFC 5424 syslog message (missing header fields are `-`, a missing timestamp is now).";
+        fn flow(&self, _o: &NoOptions) -> logbus_plugin_api::Flow {
+            logbus_plugin_api::Flow::raw().needs(logbus_plugin_api::Needs::Fields)
+        }
         fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             let mut buffer = LineBuffer::new();
             Ok(Built::Processor(Box::new(

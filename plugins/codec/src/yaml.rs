@@ -332,6 +332,9 @@ mod plugins {
         const NAME: &'static str = "yaml";
         const KIND: StageKind = StageKind::Parser;
         const DESCRIPTION: &'static str = "Parses YAML: each document of the event (one, or a ---separated stream) becomes an event.";
+        fn flow(&self, _o: &YamlParserOptions) -> logbus_plugin_api::Flow {
+            logbus_plugin_api::Flow::open_fields(&[]).needs(logbus_plugin_api::Needs::Raw)
+        }
         fn build(&self, o: YamlParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             Ok(Built::Processor(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
@@ -371,6 +374,9 @@ mod plugins {
         const NAME: &'static str = "yaml";
         const KIND: StageKind = StageKind::Formatter;
         const DESCRIPTION: &'static str = "Writes each event as one YAML document (starting with ---, so the output is a YAML stream).";
+        fn flow(&self, _o: &NoOptions) -> logbus_plugin_api::Flow {
+            logbus_plugin_api::Flow::raw().needs(logbus_plugin_api::Needs::Fields)
+        }
         fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
             let mut buffer = LineBuffer::new();
             Ok(Built::Processor(Box::new(

@@ -111,6 +111,11 @@ impl TypedPlugin for Exec {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "Runs a command and turns each line of its standard output into an event: followed as a stream (with a restart policy) or run on a schedule.";
 
+    /// Raw events (one per line or message); a `codec:` parses them.
+    fn flow(&self, _options: &ExecOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw()
+    }
+
     fn build(&self, options: ExecOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let working_dir = options.working_dir.as_ref().map(|d| cx.resolve(d));
         Ok(Built::Source(Box::new(Runner {

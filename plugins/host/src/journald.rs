@@ -151,6 +151,11 @@ impl TypedPlugin for Journald {
     );
     const DESCRIPTION: &'static str = "The systemd journal (or journal files) via `journalctl -o export`, with unit and priority filters and a saved cursor.";
 
+    /// Journal entries: parsed, with whatever fields each entry has.
+    fn flow(&self, _o: &JournaldOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::open_fields(&[])
+    }
+
     fn build(&self, o: JournaldOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let state = cx
             .resolve(&o.state_dir)

@@ -71,6 +71,27 @@ impl TypedPlugin for Scheduler {
     const DESCRIPTION: &'static str =
         "An event on a cron expression (UTC) or every interval: heartbeats and triggers.";
 
+    /// Exactly `scheduled_at`, `tick` and the configured fields.
+    fn flow(&self, o: &SchedulerOptions) -> logbus_plugin_api::Flow {
+        use logbus_plugin_api::{FieldType, Flow};
+        let mut flow = Flow::fields(&[
+            ("scheduled_at", FieldType::String),
+            ("tick", FieldType::Number),
+        ]);
+        for (name, value) in &o.fields {
+            let ty = match value {
+                serde_json::Value::String(_) => FieldType::String,
+                serde_json::Value::Number(_) => FieldType::Number,
+                serde_json::Value::Bool(_) => FieldType::Bool,
+                serde_json::Value::Object(_) => FieldType::Object,
+                serde_json::Value::Array(_) => FieldType::Array,
+                serde_json::Value::Null => FieldType::Any,
+            };
+            flow = flow.set(name.clone(), ty, &["fields", name]);
+        }
+        flow
+    }
+
     fn build(&self, options: SchedulerOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         let schedule = match (&options.cron, options.interval_ms) {
             (Some(expr), _) => Schedule::Cron(Box::new(

@@ -82,6 +82,17 @@ impl TypedPlugin for SysInfo {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "Host metrics as events every interval: CPU, memory, load, disks, network interfaces, top processes.";
 
+    /// `kind`, `host` and `collected_at` on every event; the measurements
+    /// differ by kind, so the rest is open.
+    fn flow(&self, _o: &SysInfoOptions) -> logbus_plugin_api::Flow {
+        use logbus_plugin_api::FieldType::String;
+        logbus_plugin_api::Flow::open_fields(&[
+            ("kind", String),
+            ("host", String),
+            ("collected_at", String),
+        ])
+    }
+
     fn build(&self, options: SysInfoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Source(Box::new(Sampler { options })))
     }

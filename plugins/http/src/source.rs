@@ -254,6 +254,11 @@ impl TypedPlugin for HttpSource {
     );
     const DESCRIPTION: &'static str = "An HTTP server taking NDJSON, plain lines or a JSON array (gzip/zstd bodies, bearer token); answers only once the events are in the pipeline, 503 + Retry-After when it stays full.";
 
+    /// Raw events (one per line or message); a `codec:` parses them.
+    fn flow(&self, _options: &HttpSourceOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw()
+    }
+
     fn build(&self, options: HttpSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let address = options
             .address

@@ -87,6 +87,11 @@ impl TypedPlugin for FileSource {
     const DESCRIPTION: &'static str =
         "Reads one file to EOF, one event per line; with state_dir, resumes where it stopped.";
 
+    /// Raw events (one per line or message); a `codec:` parses them.
+    fn flow(&self, _options: &FileSourceOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw()
+    }
+
     fn build(&self, options: FileSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Source(Box::new(FileReader {
             path: cx.resolve(&options.path),
@@ -383,6 +388,16 @@ impl TypedPlugin for FileSink {
     const NAME: &'static str = "file";
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Appends each event as a line to a file: raw events as they are, parsed events as JSON; path templates from fields and time, size rotation.";
+
+    /// The path template's fields.
+    fn flow(&self, o: &FileSinkOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::flow::template_reads(&o.path.to_string_lossy(), &["path"])
+            .into_iter()
+            .fold(
+                logbus_plugin_api::Flow::pass(),
+                logbus_plugin_api::Flow::read,
+            )
+    }
 
     fn build(&self, options: FileSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let template = PathTemplate::parse(&options.path.to_string_lossy())

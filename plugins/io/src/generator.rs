@@ -52,6 +52,11 @@ impl TypedPlugin for GeneratorSource {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "Emits synthetic lines from a template: a fixed count, at a fixed rate or as fast as accepted.";
 
+    /// Raw events (one per line or message); a `codec:` parses them.
+    fn flow(&self, _options: &GeneratorOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw()
+    }
+
     fn build(&self, options: GeneratorOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Source(Box::new(Generator {
             template: Template::parse(&options.template),

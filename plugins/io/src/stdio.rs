@@ -42,6 +42,11 @@ impl TypedPlugin for StdinSource {
     // Two readers of one stdin would split the lines between them arbitrarily.
     const MAX_PER_PIPELINE: Option<usize> = Some(1);
 
+    /// Raw events (one per line or message); a `codec:` parses them.
+    fn flow(&self, _options: &StdinOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw()
+    }
+
     fn build(&self, options: StdinOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Source(Box::new(Stdin { options })))
     }

@@ -294,6 +294,19 @@ impl TypedPlugin for KafkaSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Kafka producer (librdkafka): topic and key from templates, headers from fields, gzip/snappy/lz4/zstd, idempotent acks=all; commits each event on its delivery report, refused ones to <id>.dead.";
 
+    /// The topic and key templates' fields, and the header fields (a
+    /// missing header is left out).
+    fn flow(&self, o: &KafkaSinkOptions) -> logbus_plugin_api::Flow {
+        use logbus_plugin_api::flow::template_reads;
+        use logbus_plugin_api::{FieldRead, Flow, ReadRole};
+        let mut reads = template_reads(&o.topic, &["topic"]);
+        reads.extend(o.key.iter().flat_map(|k| template_reads(k, &["key"])));
+        reads.extend(o.headers.iter().enumerate().map(|(i, h)| {
+            FieldRead::new(h.clone(), &["headers", &i.to_string()], ReadRole::Optional)
+        }));
+        reads.into_iter().fold(Flow::pass(), Flow::read)
+    }
+
     fn build(&self, options: KafkaSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let topic = Template::parse(&options.topic).map_err(|e| OptionError::at(&["topic"], e))?;
         let key = options

@@ -234,6 +234,11 @@ impl TypedPlugin for KafkaSource {
     );
     const DESCRIPTION: &'static str = "Kafka consumer-group member (librdkafka): topics by name or pattern, offsets committed only for finished events, rebalances, bounded prefetch; topic, partition, offset, key, headers and timestamp as attributes.";
 
+    /// Raw events (one per line or message); a `codec:` parses them.
+    fn flow(&self, _options: &KafkaSourceOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw()
+    }
+
     fn build(&self, options: KafkaSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let config = options.client_config(cx);
         Ok(Built::Source(Box::new(KafkaConsumerSource {

@@ -114,6 +114,11 @@ impl TypedPlugin for SyslogSource {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "Syslog messages over TCP (newline or octet-counting framing, detected per connection) or UDP; raw events for `codec: syslog`.";
 
+    /// Raw events (one per line or message); a `codec:` parses them.
+    fn flow(&self, _options: &SyslogSourceOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw()
+    }
+
     fn build(&self, options: SyslogSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let address = options
             .address

@@ -267,6 +267,25 @@ impl TypedPlugin for OpenSearchSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "OpenSearch _bulk (index or create, index names from fields and the event's date, ids from a field, ingest pipeline, gzip), several bulks in flight; per-item outcomes: 429/5xx retried, refused documents to <id>.dead with the reason.";
 
+    /// The index and pipeline templates' fields and `id_field` (a
+    /// missing `time_field` falls back to the ingest time: not a read).
+    fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {
+        use logbus_plugin_api::flow::template_reads;
+        use logbus_plugin_api::{FieldRead, Flow, ReadRole};
+        let mut reads = template_reads(&o.index, &["index"]);
+        reads.extend(
+            o.pipeline
+                .iter()
+                .flat_map(|p| template_reads(p, &["pipeline"])),
+        );
+        reads.extend(
+            o.id_field
+                .iter()
+                .map(|f| FieldRead::new(f.clone(), &["id_field"], ReadRole::Required)),
+        );
+        reads.into_iter().fold(Flow::pass(), Flow::read)
+    }
+
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
         let secret = |key: &str, var: &str| {
             std::env::var(var).map_err(|_| {

@@ -185,6 +185,12 @@ impl TypedPlugin for OtlpSource {
         "with `ack: sink`, a request is answered success only once its records are delivered (those refused for good as partial success); an OTLP client retries what was not answered, so nothing is lost",
     );
 
+    /// Log records as parsed events (model.rs); which fields a record
+    /// has depends on what its sender set, so the set is open.
+    fn flow(&self, _o: &Self::Options) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::open_fields(&[])
+    }
+
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
         let parse = |key: &str, a: &Option<String>| {
             a.as_deref()

@@ -239,6 +239,11 @@ pub mod source {
         );
         const DESCRIPTION: &'static str = "Follows files matching globs as they grow, across rotation, truncation and restarts (saved positions), one event per line or multi-line event.";
 
+        /// Raw events (one per line or message); a `codec:` parses them.
+        fn flow(&self, _options: &TailOptions) -> logbus_plugin_api::Flow {
+            logbus_plugin_api::Flow::raw()
+        }
+
         fn build(&self, o: TailOptions, cx: &BuildContext) -> Result<Built, OptionError> {
             let glob_of = |p: &String, key: &str| {
                 let path = cx.resolve(Path::new(p));

@@ -3,8 +3,9 @@
 //! `formatter: json` (fields become one compact JSON line).
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Fields, LazyFields, LineBuffer,
-    OptionError, Payload, Processor, StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, FieldType, Fields, Flow, LazyFields,
+    LineBuffer, Needs, OptionError, Payload, Processor, StageKind, Step, TypedPlugin, Verdict,
+    flow::{DeclaredFields, FieldDeclaration},
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -25,6 +26,13 @@ pub struct JsonParserOptions {
     /// event's fields at once.
     #[serde(default = "yes")]
     pub lazy: bool,
+    /// The fields every event carries, by dotted path and type (`string`,
+    /// `number`, `boolean`, `object`, `array`, `any`). `logbus validate`
+    /// then checks every later read against them (reading a field not
+    /// declared is an error); at run time an event that lacks one or holds
+    /// another type is an error for `on_error`.
+    #[serde(default)]
+    pub fields: FieldDeclaration,
 }
 
 fn yes() -> bool {
@@ -33,10 +41,14 @@ fn yes() -> bool {
 
 impl CheckOptions for JsonParserOptions {
     fn check(&self) -> Vec<OptionError> {
-        match &self.wrap_field {
+        let mut errors = match &self.wrap_field {
             Some(f) if f.is_empty() => vec![OptionError::at(&["wrap_field"], "must not be empty")],
             _ => Vec::new(),
+        };
+        if let Err(e) = DeclaredFields::parse(&self.fields, "fields") {
+            errors.extend(e);
         }
+        errors
     }
 }
 
@@ -49,14 +61,59 @@ impl TypedPlugin for JsonParser {
     const DESCRIPTION: &'static str = "Parses a raw line as a JSON object into fields. A line that is not JSON, or not an object, is an error for `on_error`.";
 
     fn build(&self, options: JsonParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(ParseJson(options))))
+        let declared =
+            DeclaredFields::parse(&options.fields, "fields").map_err(|mut e| e.swap_remove(0))?;
+        Ok(Built::Processor(Box::new(ParseJson { options, declared })))
+    }
+
+    fn flow(&self, options: &JsonParserOptions) -> Flow {
+        let declared = DeclaredFields::parse(&options.fields, "fields").unwrap_or_default();
+        let mut flow = Flow::pass().needs(Needs::Raw).then(Step::EmitFields {
+            open: declared.is_empty(),
+        });
+        flow.steps.extend(declared.steps("fields"));
+        if let Some(wrap) = &options.wrap_field
+            && !declared.is_empty()
+        {
+            flow = flow.set(wrap.clone(), FieldType::Any, &["wrap_field"]);
+        }
+        flow
     }
 }
 
-struct ParseJson(JsonParserOptions);
+struct ParseJson {
+    options: JsonParserOptions,
+    declared: DeclaredFields,
+}
 
 impl Processor for ParseJson {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
+        let verdict = self.parse(event)?;
+        if self.declared.is_empty() {
+            return Ok(verdict);
+        }
+        match &verdict {
+            Verdict::Replace(events) => {
+                for (i, e) in events.iter().enumerate() {
+                    self.declared
+                        .check(e)
+                        .map_err(|e| EventError::new(format!("item {i} of the array: {e}")))?;
+                }
+            }
+            _ => self.declared.check(event)?,
+        }
+        Ok(verdict)
+    }
+}
+
+impl ParseJson {
+    #[cfg(test)]
+    fn new(options: JsonParserOptions) -> Self {
+        let declared = DeclaredFields::parse(&options.fields, "fields").expect("valid declaration");
+        ParseJson { options, declared }
+    }
+
+    fn parse(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
         let Payload::Raw(bytes) = event.payload() else {
             return Err(EventError::new(
                 "the json parser needs a raw event; this one is already parsed",
@@ -72,7 +129,7 @@ impl Processor for ParseJson {
             let items = sonic_rs::from_slice::<Vec<Value>>(bytes).map_err(|e| describe(&e))?;
             let mut events = Vec::with_capacity(items.len());
             for (i, item) in items.into_iter().enumerate() {
-                let fields = match (item, &self.0.wrap_field) {
+                let fields = match (item, &self.options.wrap_field) {
                     (Value::Object(map), _) => map,
                     (other, Some(wrap)) => {
                         let mut map = Fields::new();
@@ -89,13 +146,13 @@ impl Processor for ParseJson {
             }
             return Ok(Verdict::Replace(events));
         }
-        if self.0.lazy
+        if self.options.lazy
             && let Some(lazy) = LazyFields::parse(bytes.clone())
         {
             *event.payload_mut() = Payload::Lazy(lazy);
             return Ok(Verdict::Keep);
         }
-        let fields = match &self.0.wrap_field {
+        let fields = match &self.options.wrap_field {
             None => {
                 let mut de = sonic_rs::Deserializer::from_slice(bytes);
                 serde::de::DeserializeSeed::deserialize(TopLevel, &mut de)
@@ -227,6 +284,10 @@ impl TypedPlugin for JsonFormatter {
     ) -> Result<Built, OptionError> {
         Ok(Built::Processor(Box::new(FormatJson::new(options))))
     }
+
+    fn flow(&self, _options: &JsonFormatterOptions) -> Flow {
+        Flow::raw().needs(Needs::Fields)
+    }
 }
 
 struct FormatJson {
@@ -315,7 +376,8 @@ mod tests {
     /// Read eagerly, a value that is not an object says what was expected.
     #[test]
     fn the_eager_parser_expects_an_object() {
-        let mut p = ParseJson(JsonParserOptions {
+        let mut p = ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: None,
             lazy: false,
         });
@@ -333,7 +395,8 @@ mod tests {
     #[test]
     fn parse_then_format_round_trips_and_keeps_order() {
         let mut e = raw(r#"{"z":1,"a":{"b":[1,2]},"m":"x"}"#);
-        ParseJson(JsonParserOptions {
+        ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: None,
             lazy: true,
         })
@@ -356,7 +419,8 @@ mod tests {
     /// A megabyte of `[` (or `{"a":`) is an error, not a stack overflow.
     #[test]
     fn deep_nesting_is_an_error() {
-        let mut p = ParseJson(JsonParserOptions {
+        let mut p = ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: Some("v".into()),
             lazy: true,
         });
@@ -374,7 +438,8 @@ mod tests {
         std::thread::Builder::new()
             .stack_size(64 << 20)
             .spawn(move || {
-                ParseJson(JsonParserOptions {
+                ParseJson::new(JsonParserOptions {
+                    fields: Default::default(),
                     wrap_field: Some("v".into()),
                     lazy: true,
                 })
@@ -391,7 +456,8 @@ mod tests {
 
     #[test]
     fn errors_say_what_is_wrong() {
-        let mut p = ParseJson(JsonParserOptions {
+        let mut p = ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: None,
             lazy: true,
         });
@@ -421,7 +487,8 @@ mod tests {
     /// fields than reserved, and what follows the object are as before.
     #[test]
     fn the_top_level_object_keeps_order_and_refuses_trailing_bytes() {
-        let mut p = ParseJson(JsonParserOptions {
+        let mut p = ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: None,
             lazy: true,
         });
@@ -438,7 +505,8 @@ mod tests {
 
     #[test]
     fn an_array_of_objects_becomes_one_event_each() {
-        let mut p = ParseJson(JsonParserOptions {
+        let mut p = ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: None,
             lazy: true,
         });
@@ -454,7 +522,8 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(p.process(&mut raw("[]")), Ok(Verdict::Replace(v)) if v.is_empty()));
-        let mut wrap = ParseJson(JsonParserOptions {
+        let mut wrap = ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: Some("v".into()),
             lazy: true,
         });
@@ -467,7 +536,8 @@ mod tests {
     #[test]
     fn wrap_field_accepts_scalars() {
         let mut e = raw("42");
-        ParseJson(JsonParserOptions {
+        ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: Some("value".into()),
             lazy: true,
         })
@@ -486,7 +556,8 @@ mod tests {
         });
         assert!(f.process(&mut raw("x")).is_err());
         let mut e = raw(r#"{"a":1}"#);
-        ParseJson(JsonParserOptions {
+        ParseJson::new(JsonParserOptions {
+            fields: Default::default(),
             wrap_field: None,
             lazy: true,
         })
@@ -516,7 +587,8 @@ mod tests {
             let mut outs = Vec::new();
             for lazy in [true, false] {
                 let mut e = raw(line);
-                ParseJson(JsonParserOptions {
+                ParseJson::new(JsonParserOptions {
+                    fields: Default::default(),
                     wrap_field: None,
                     lazy,
                 })
@@ -533,5 +605,47 @@ mod tests {
             }
             assert_eq!(outs[0], outs[1], "{line}");
         }
+    }
+
+    /// Declared fields: an event that breaks the declaration is an error
+    /// for `on_error` (so `errored` counts it), lazy or eager, and each
+    /// item of an array is held to it.
+    #[test]
+    fn declared_fields_are_held_to_at_run_time() {
+        for lazy in [true, false] {
+            let mut fields = FieldDeclaration::new();
+            fields.insert("status".into(), "number".into());
+            let mut p = ParseJson::new(JsonParserOptions {
+                fields,
+                wrap_field: None,
+                lazy,
+            });
+            assert!(p.process(&mut raw(r#"{"status":200,"x":1}"#)).is_ok());
+            let e = p.process(&mut raw(r#"{"status":"200"}"#)).unwrap_err();
+            assert_eq!(
+                e.0,
+                "declared field `status` should be a number, got a string"
+            );
+            let e = p.process(&mut raw(r#"{"x":1}"#)).unwrap_err();
+            assert_eq!(e.0, "declared field `status` is missing");
+            let e = p
+                .process(&mut raw(r#"[{"status":1},{"status":true}]"#))
+                .unwrap_err();
+            assert!(e.0.starts_with("item 1 of the array: "), "{}", e.0);
+        }
+        let flow = JsonParser.flow(&JsonParserOptions {
+            fields: [("a.b".to_string(), "string".to_string())].into(),
+            wrap_field: None,
+            lazy: true,
+        });
+        assert_eq!(flow.needs, Needs::Raw);
+        assert_eq!(flow.steps[0], Step::EmitFields { open: false });
+        assert_eq!(flow.steps.len(), 2);
+        let open = JsonParser.flow(&JsonParserOptions {
+            fields: FieldDeclaration::new(),
+            wrap_field: None,
+            lazy: true,
+        });
+        assert_eq!(open.steps, [Step::EmitFields { open: true }]);
     }
 }

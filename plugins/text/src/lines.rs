@@ -4,8 +4,8 @@
 //! split into one event per line, sharing the original buffer.
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, OptionError, Payload, Processor,
-    StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, Flow, Needs, OptionError, Payload,
+    Processor, StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 
@@ -37,6 +37,10 @@ impl TypedPlugin for LinesParser {
 
     fn build(&self, options: LinesOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Processor(Box::new(Lines(options))))
+    }
+
+    fn flow(&self, _options: &LinesOptions) -> Flow {
+        Flow::raw().needs(Needs::Raw)
     }
 }
 

@@ -6,15 +6,15 @@
 //! native speed.
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, Fields, OptionError,
-    Processor, StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, FieldRead, FieldType, Fields,
+    Flow, Needs, OptionError, Processor, ReadRole, StageKind, Step, TypedPlugin, Verdict,
 };
 use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{field_path, needs_fields};
+use crate::{field_path, needs_fields, type_of};
 
 /// Options of `transform: fields`.
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
@@ -458,6 +458,97 @@ impl TypedPlugin for FieldsTransform {
             .plan_in(Some(&cx.base_dir))
             .map_err(|mut e| e.swap_remove(0))?;
         Ok(Built::Processor(Box::new(plan)))
+    }
+
+    /// The operations in the order the plan applies them.
+    fn flow(&self, o: &FieldsOptions) -> Flow {
+        let mut flow = Flow::pass().needs(Needs::Fields);
+        for (from, to) in &o.copy {
+            let Some(to) = to.as_str() else { continue };
+            flow = flow
+                .read(FieldRead::new(
+                    from.clone(),
+                    &["copy", from],
+                    ReadRole::Optional,
+                ))
+                .then(Step::Copy {
+                    from: from.clone(),
+                    to: to.to_string(),
+                    option: vec!["copy".into(), from.clone()],
+                });
+        }
+        for (from, to) in &o.rename {
+            let Some(to) = to.as_str() else { continue };
+            flow = flow
+                .read(FieldRead::new(
+                    from.clone(),
+                    &["rename", from],
+                    ReadRole::Optional,
+                ))
+                .then(Step::Rename {
+                    from: from.clone(),
+                    to: to.to_string(),
+                    option: vec!["rename".into(), from.clone()],
+                });
+        }
+        for (field, value) in &o.set {
+            let ty = match value {
+                Value::String(text) if text.contains("{{") => {
+                    for (name, offset) in logbus_plugin_api::flow::template_fields(text) {
+                        // A missing field renders empty: a warning.
+                        flow = flow.read(
+                            FieldRead::new(name, &["set", field], ReadRole::Optional)
+                                .at_offset(offset),
+                        );
+                    }
+                    FieldType::String
+                }
+                other => type_of(other),
+            };
+            flow = flow.set(field.clone(), ty, &["set", field]);
+        }
+        for (field, what) in &o.from_meta {
+            let ty = match what.as_str() {
+                "origin" | "source" => FieldType::String,
+                "attributes" => FieldType::Object,
+                _ => FieldType::Any,
+            };
+            flow = flow.set(field.clone(), ty, &["from_meta", field]);
+        }
+        for (target, lookup) in &o.lookup {
+            flow = flow
+                .read(FieldRead::new(
+                    lookup.from.clone(),
+                    &["lookup", target, "from"],
+                    ReadRole::Optional,
+                ))
+                .set(target.clone(), FieldType::Any, &["lookup", target]);
+        }
+        for (field, to) in &o.convert {
+            let ty = match to {
+                Conversion::Integer | Conversion::Float => FieldType::Number,
+                Conversion::Boolean => FieldType::Bool,
+                Conversion::String => FieldType::String,
+            };
+            flow = flow
+                .read(FieldRead::new(
+                    field.clone(),
+                    &["convert", field],
+                    ReadRole::Optional,
+                ))
+                .set(field.clone(), ty, &["convert", field]);
+        }
+        for field in o.case.keys() {
+            flow = flow.read(FieldRead::new(
+                field.clone(),
+                &["case", field],
+                ReadRole::Optional,
+            ));
+        }
+        for (i, field) in o.delete.iter().enumerate() {
+            flow = flow.delete(field.clone(), &["delete", &i.to_string()]);
+        }
+        flow
     }
 
     /// Lookup files are read here too, so `logbus validate` names one

@@ -6,14 +6,14 @@
 
 use logbus_condition::Condition;
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, OptionError, Processor,
-    StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, FieldRead, FieldType, Flow,
+    Needs, OptionError, Processor, ReadRole, StageKind, TypedPlugin, Verdict,
 };
 use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{field_path, needs_fields};
+use crate::{condition_reads, field_path, needs_fields, type_of};
 
 /// Options of `transform: filter`. Give `condition`, or `field` and
 /// exactly one operator.
@@ -231,6 +231,43 @@ impl TypedPlugin for FilterTransform {
             test,
             invert: options.invert,
         })))
+    }
+
+    fn flow(&self, o: &FilterOptions) -> Flow {
+        let flow = Flow::pass().needs(Needs::Fields);
+        if let Some(text) = &o.condition {
+            let Ok(condition) = Condition::compile(text) else {
+                return flow;
+            };
+            return condition_reads(&condition, &["condition"])
+                .into_iter()
+                .fold(flow, Flow::read);
+        }
+        let Some(field) = &o.field else {
+            return flow;
+        };
+        let read = FieldRead::new(field.clone(), &["field"], ReadRole::Optional);
+        let uniform = |values: &[Value]| {
+            let first = values.first().map(type_of)?;
+            values.iter().all(|v| type_of(v) == first).then_some(first)
+        };
+        let expects = if o.exists.is_some() {
+            return flow.read(FieldRead::new(field.clone(), &["field"], ReadRole::Probe));
+        } else if o.gt.or(o.gte).or(o.lt).or(o.lte).is_some() {
+            Some(FieldType::Number)
+        } else if o.matches.is_some() {
+            Some(FieldType::String)
+        } else if let Some(v) = o.equals.as_ref().or(o.not_equals.as_ref()) {
+            Some(type_of(v))
+        } else if let Some(values) = &o.one_of {
+            uniform(values)
+        } else {
+            None
+        };
+        match expects {
+            Some(t) if t != FieldType::Any => flow.read(read.expecting(t)),
+            _ => flow.read(read),
+        }
     }
 }
 

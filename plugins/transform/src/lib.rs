@@ -35,6 +35,51 @@ fn needs_fields(plugin: &str) -> logbus_plugin_api::EventError {
     ))
 }
 
+/// The fields a condition reads, as validation's flow analysis takes
+/// them: a missing field makes a test false (a warning, not an error),
+/// `exists(x)` asks on purpose, and the right side of `a == b` is
+/// reported when nothing produces it (usually a string without quotes).
+#[cfg(any(feature = "transform-filter", feature = "transform-route"))]
+fn condition_reads(
+    condition: &logbus_condition::Condition,
+    option: &[&str],
+) -> Vec<logbus_plugin_api::FieldRead> {
+    use logbus_condition::{LiteralKind, UseRole};
+    use logbus_plugin_api::{FieldRead, FieldType, ReadRole};
+    condition
+        .field_uses()
+        .into_iter()
+        .map(|u| {
+            let role = match u.role {
+                UseRole::Value => ReadRole::Optional,
+                UseRole::Probe => ReadRole::Probe,
+                UseRole::RightOperand => ReadRole::RightOperand,
+            };
+            let read = FieldRead::new(u.path, option, role).at_offset(u.offset);
+            match u.compared_with {
+                Some(LiteralKind::String) => read.expecting(FieldType::String),
+                Some(LiteralKind::Number) => read.expecting(FieldType::Number),
+                Some(LiteralKind::Bool) => read.expecting(FieldType::Bool),
+                Some(LiteralKind::Null) | None => read,
+            }
+        })
+        .collect()
+}
+
+/// The type of a JSON value, for the flow analysis.
+#[allow(dead_code)]
+fn type_of(value: &serde_json::Value) -> logbus_plugin_api::FieldType {
+    use logbus_plugin_api::FieldType;
+    match value {
+        serde_json::Value::String(_) => FieldType::String,
+        serde_json::Value::Number(_) => FieldType::Number,
+        serde_json::Value::Bool(_) => FieldType::Bool,
+        serde_json::Value::Object(_) => FieldType::Object,
+        serde_json::Value::Array(_) => FieldType::Array,
+        serde_json::Value::Null => FieldType::Any,
+    }
+}
+
 /// Parses a field path option, turning a bad path into an option error at `at`.
 #[allow(dead_code)]
 fn field_path(

@@ -8,13 +8,13 @@
 
 use logbus_condition::Condition;
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, OptionError, OutputSet, Processor,
-    StageKind, TypedPlugin, Verdict,
+    BuildContext, Built, CheckOptions, Event, EventError, Flow, Needs, OptionError, OutputSet,
+    Processor, StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 
 use crate::filter::compiled_at;
-use crate::needs_fields;
+use crate::{condition_reads, needs_fields};
 
 /// The output of events that matched no route.
 pub const UNMATCHED: &str = "_unmatched";
@@ -121,6 +121,19 @@ impl TypedPlugin for RouteTransform {
             .cloned()
             .chain([UNMATCHED.to_string()])
             .collect()
+    }
+
+    fn flow(&self, options: &RouteOptions) -> Flow {
+        let mut flow = Flow::pass().needs(Needs::Fields);
+        for (name, text) in &options.routes {
+            let Some(condition) = text.as_str().and_then(|t| Condition::compile(t).ok()) else {
+                continue;
+            };
+            for read in condition_reads(&condition, &["routes", name]) {
+                flow = flow.read(read);
+            }
+        }
+        flow
     }
 
     fn build(&self, options: RouteOptions, _cx: &BuildContext) -> Result<Built, OptionError> {

@@ -3,8 +3,8 @@
 
 use chrono::{DateTime, SecondsFormat};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, OptionError, Processor,
-    StageKind, TypedPlugin, Verdict, now_ns,
+    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, FieldType, Flow, Needs,
+    OptionError, Processor, StageKind, TypedPlugin, Verdict, now_ns,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -81,6 +81,16 @@ impl TypedPlugin for StampTransform {
             format: options.format,
             time: options.time,
         })))
+    }
+
+    fn flow(&self, options: &StampOptions) -> Flow {
+        let ty = match options.format {
+            StampFormat::Rfc3339 => FieldType::String,
+            _ => FieldType::Number,
+        };
+        Flow::pass()
+            .needs(Needs::Fields)
+            .set(options.field.clone(), ty, &["field"])
     }
 }
 

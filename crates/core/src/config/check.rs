@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use logbus_plugin_api::{
-    BuildContext, CheckOptions, Plugin, Registry, StageKind, closest, parse_options,
+    BuildContext, CheckOptions, Flow, Plugin, Registry, StageKind, Step, closest, parse_options,
 };
 use serde_json::Value;
 
@@ -16,6 +16,7 @@ use super::{
     QueueSpec, Settings, StageSpec,
 };
 use crate::diagnostic::Diagnostic;
+use crate::flow::{FlowStage, Shape};
 use crate::yaml::{self, Node, NodeKind, Pos};
 
 /// The outcome of validation: a pipeline when there is no error, and every
@@ -23,6 +24,11 @@ use crate::yaml::{self, Node, NodeKind, Pos};
 pub struct Loaded {
     pub pipeline: Option<Pipeline>,
     pub diagnostics: Vec<Diagnostic>,
+    /// Reads of fields no stage declares, where a stage left the fields
+    /// open: warnings `validate --strict-fields` adds.
+    pub undeclared: Vec<Diagnostic>,
+    /// What each output carries, in dependency order (`validate --fields`).
+    pub fields: Vec<(String, Shape)>,
 }
 
 impl Loaded {
@@ -81,6 +87,8 @@ pub fn load_str(
         registry,
         env,
         diags: Vec::new(),
+        undeclared: Vec::new(),
+        flow_outputs: Vec::new(),
         base_dir: path
             .parent()
             .map(Path::to_path_buf)
@@ -91,9 +99,13 @@ pub fn load_str(
     let mut diagnostics = cx.diags;
     diagnostics.sort_by_key(|d| (d.line.unwrap_or(0), d.col.unwrap_or(0)));
     let pipeline = pipeline.filter(|_| !diagnostics.iter().any(Diagnostic::is_error));
+    let mut undeclared = cx.undeclared;
+    undeclared.sort_by_key(|d| (d.line.unwrap_or(0), d.col.unwrap_or(0)));
     Loaded {
         pipeline,
         diagnostics,
+        undeclared,
+        fields: cx.flow_outputs,
     }
 }
 
@@ -101,6 +113,8 @@ struct Checker<'a> {
     registry: &'a Registry,
     env: &'a dyn Fn(&str) -> Option<String>,
     diags: Vec<Diagnostic>,
+    undeclared: Vec<Diagnostic>,
+    flow_outputs: Vec<(String, Shape)>,
     base_dir: PathBuf,
 }
 
@@ -122,6 +136,10 @@ struct RawStage {
     outputs: Vec<String>,
     /// A source's `codec:` or a sink's `format:`, as a stage of its own.
     attached: Option<Box<RawStage>>,
+    /// What its plugin says it needs and does ([`Plugin::flow`]), and
+    /// where in the file each step's option is.
+    flow: Flow,
+    step_pos: Vec<Pos>,
 }
 
 /// The key that attaches a parser to a source.
@@ -199,6 +217,7 @@ impl Checker<'_> {
         let stages = self.read_stages(stages_node);
         self.check_graph(&stages);
         self.check_plugin_limits(&stages);
+        self.check_flow(&stages);
 
         let stages = stages
             .into_iter()
@@ -344,6 +363,10 @@ impl Checker<'_> {
         let outputs = plugin
             .as_ref()
             .map_or_else(Vec::new, |p| p.outputs(&options));
+        let flow = plugin
+            .as_ref()
+            .map_or_else(Flow::pass, |p| p.flow(&options));
+        let step_pos = place_steps(&flow, Some(node), pos);
         Some(RawStage {
             id: id.to_string(),
             pos,
@@ -359,6 +382,8 @@ impl Checker<'_> {
             options,
             outputs,
             attached,
+            flow,
+            step_pos,
         })
     }
 
@@ -750,6 +775,8 @@ impl Checker<'_> {
                 .at(at),
             );
         }
+        let flow = plugin.flow(&options);
+        let step_pos = place_steps(&flow, options_node, value.pos);
         Some(Box::new(RawStage {
             id: attached_id,
             pos: key.pos,
@@ -765,6 +792,8 @@ impl Checker<'_> {
             options,
             outputs: Vec::new(),
             attached: None,
+            flow,
+            step_pos,
         }))
     }
 
@@ -1033,6 +1062,29 @@ impl Checker<'_> {
         }
     }
 
+    /// Follows the data through the graph ([`crate::flow`]).
+    fn check_flow(&mut self, stages: &[RawStage]) {
+        let flow_stages: Vec<FlowStage<'_>> = stages
+            .iter()
+            .filter_map(|s| {
+                Some(FlowStage {
+                    id: &s.id,
+                    kind: s.kind?,
+                    plugin: &s.plugin_name,
+                    pos: s.pos,
+                    inputs: &s.inputs,
+                    named_outputs: &s.outputs,
+                    flow: &s.flow,
+                    step_pos: &s.step_pos,
+                })
+            })
+            .collect();
+        let report = crate::flow::analyse(&flow_stages);
+        self.diags.extend(report.diagnostics);
+        self.undeclared = report.undeclared;
+        self.flow_outputs = report.outputs;
+    }
+
     fn check_plugin_limits(&mut self, stages: &[RawStage]) {
         // The first stage of each limited plugin, and how many came so far.
         let mut seen: HashMap<(StageKind, &str), (&str, usize)> = HashMap::new();
@@ -1182,6 +1234,35 @@ fn option_pos(node: &Node, e: &logbus_plugin_api::OptionError) -> Pos {
             col: value.pos.col + usize::from(!plain) + col,
         }
     }
+}
+
+/// Where each step of a flow is stated: its option's position (inside
+/// the text for a condition or template), else `fallback`.
+fn place_steps(flow: &Flow, node: Option<&Node>, fallback: Pos) -> Vec<Pos> {
+    flow.steps
+        .iter()
+        .map(|step| {
+            let (option, offset) = match step {
+                Step::Read(r) => (&r.option, r.offset),
+                Step::Set { option, .. }
+                | Step::Delete { option, .. }
+                | Step::Copy { option, .. }
+                | Step::Rename { option, .. } => (option, None),
+                _ => return fallback,
+            };
+            match node {
+                Some(node) if !option.is_empty() => option_pos(
+                    node,
+                    &logbus_plugin_api::OptionError {
+                        path: option.clone(),
+                        message: String::new(),
+                        offset,
+                    },
+                ),
+                _ => fallback,
+            }
+        })
+        .collect()
 }
 
 /// `a.x`, `a.y` and `a.z`, for a message.

@@ -15,6 +15,7 @@ mod compress;
 mod crash;
 mod durable;
 mod edge_agent;
+mod flow;
 mod fuse;
 mod hostile;
 mod js;
