@@ -38,7 +38,7 @@ pub struct Condition {
 /// How a condition uses a field, for `logbus validate`'s flow analysis.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FieldUse {
-    /// The path as printed (`http.status`, `` `odd key`.x ``).
+    /// The dotted path (`http.status`).
     pub path: String,
     /// Byte offset in the condition's text.
     pub offset: usize,
@@ -131,9 +131,9 @@ impl Condition {
                         UseRole::Value
                     };
                     // starts_with & co. and lower/upper read strings; len
-                    // reads a string or a list.
+                    // and contains a string or a list.
                     let lit = match func {
-                        ast::Func::Exists | ast::Func::Len => None,
+                        ast::Func::Exists | ast::Func::Len | ast::Func::Contains => None,
                         _ => Some(LiteralKind::String),
                     };
                     for (i, arg) in args.iter().enumerate().rev() {

@@ -585,3 +585,69 @@ fn a_lazy_event_is_read_entry_by_entry_without_building_its_fields() {
     assert!(!Condition::compile("exists(level)").unwrap().matches(&raw));
     assert!(Condition::compile("!exists(level)").unwrap().matches(&raw));
 }
+
+/// `field_uses`: every path in text order with its offset, its role and
+/// the literal kind it is compared with.
+#[test]
+fn field_uses_name_each_path_its_offset_role_and_literal() {
+    let uses = |text: &str| {
+        Condition::compile(text)
+            .unwrap()
+            .field_uses()
+            .into_iter()
+            .map(|u| (u.path, u.offset, u.role, u.compared_with))
+            .collect::<Vec<_>>()
+    };
+    use LiteralKind as L;
+    use UseRole as R;
+    assert_eq!(
+        uses(r#"level == error && 500 <= status || !exists(a.b)"#),
+        [
+            ("level".into(), 0, R::Value, None),
+            ("error".into(), 9, R::RightOperand, None),
+            ("status".into(), 25, R::Value, Some(L::Number)),
+            ("a.b".into(), 43, R::Probe, None),
+        ]
+    );
+    assert_eq!(
+        uses(r#"x == "s" && y != true && z == null && w in [1, 2] && v in [1, "a"]"#),
+        [
+            ("x".into(), 0, R::Value, Some(L::String)),
+            ("y".into(), 12, R::Value, Some(L::Bool)),
+            ("z".into(), 25, R::Value, Some(L::Null)),
+            ("w".into(), 38, R::Value, Some(L::Number)),
+            ("v".into(), 53, R::Value, None),
+        ]
+    );
+    assert_eq!(
+        uses(
+            r#"m =~ "^a" && starts_with(p, "x") && len(q) > 1 && contains(r, "y") && lower(s) == "t""#
+        ),
+        [
+            ("m".into(), 0, R::Value, Some(L::String)),
+            ("p".into(), 25, R::Value, Some(L::String)),
+            ("q".into(), 40, R::Value, None),
+            ("r".into(), 59, R::Value, None),
+            ("s".into(), 76, R::Value, Some(L::String)),
+        ]
+    );
+    // `a == b`: only the right one is an operand; a literal on the left
+    // types the field on the right.
+    assert_eq!(
+        uses(r#"(a == b) || "x" == c || d"#),
+        [
+            ("a".into(), 1, R::Value, None),
+            ("b".into(), 6, R::RightOperand, None),
+            ("c".into(), 19, R::Value, Some(L::String)),
+            ("d".into(), 24, R::Value, None),
+        ]
+    );
+    // A quoted segment is named by its dotted path, as fields are.
+    assert_eq!(uses("`odd key`.x == 1")[0].0, "odd key.x");
+    // A chain as long as a hostile one walks without recursion.
+    let long = vec!["a == 1"; 20_000].join(" && ");
+    assert_eq!(
+        Condition::compile(&long).unwrap().field_uses().len(),
+        20_000
+    );
+}

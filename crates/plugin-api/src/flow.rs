@@ -425,6 +425,45 @@ mod tests {
             .check(&event(serde_json::json!({"status": 1})))
             .unwrap_err();
         assert_eq!(e.0, "declared field `http.path` is missing");
+        let mut all = FieldDeclaration::new();
+        for (name, ty) in [
+            ("s", "string"),
+            ("n", "float"),
+            ("b", "bool"),
+            ("o", "map"),
+            ("a", "list"),
+            ("x", "any"),
+        ] {
+            all.insert(name.into(), ty.into());
+        }
+        let all = DeclaredFields::parse(&all, "fields").unwrap();
+        let fits = serde_json::json!({"s": "", "n": 1.5, "b": false, "o": {}, "a": [], "x": null});
+        assert!(all.check(&event(fits.clone())).is_ok());
+        for (name, wrong, got) in [
+            ("s", serde_json::json!(1), "a number"),
+            ("n", serde_json::json!("1"), "a string"),
+            ("b", serde_json::json!(null), "null"),
+            ("o", serde_json::json!([]), "a list"),
+            ("a", serde_json::json!({}), "an object"),
+        ] {
+            let mut v = fits.clone();
+            v[name] = wrong;
+            let e = all.check(&event(v)).unwrap_err();
+            assert!(
+                e.0.starts_with(&format!("declared field `{name}` should be ")),
+                "{}",
+                e.0
+            );
+            assert!(e.0.ends_with(&format!(", got {got}")), "{}", e.0);
+        }
+        let mut v = fits.clone();
+        v["n"] = serde_json::json!(true);
+        assert!(
+            all.check(&event(v))
+                .unwrap_err()
+                .0
+                .ends_with("got a boolean")
+        );
         d.insert("x".into(), "integr".into());
         let errors = DeclaredFields::parse(&d, "fields").unwrap_err();
         assert_eq!(errors[0].path, ["fields", "x"]);
@@ -450,6 +489,38 @@ mod tests {
         assert_eq!(FieldType::Number.join(FieldType::Number), FieldType::Number);
         assert_eq!(FieldType::Number.join(FieldType::String), FieldType::Any);
         assert_eq!(FieldType::Array.to_string(), "a list");
+        let described: Vec<&str> = [
+            FieldType::String,
+            FieldType::Number,
+            FieldType::Bool,
+            FieldType::Object,
+            FieldType::Array,
+            FieldType::Any,
+        ]
+        .iter()
+        .map(|t| t.describe())
+        .collect();
+        assert_eq!(
+            described,
+            [
+                "a string",
+                "a number",
+                "a boolean",
+                "an object",
+                "a list",
+                "any value"
+            ]
+        );
+        for name in [
+            "string", "str", "text", "number", "int", "integer", "float", "boolean", "bool",
+            "object", "map", "array", "list", "any",
+        ] {
+            assert!(FieldType::from_name(name).is_some(), "{name}");
+        }
+        assert_eq!(FieldType::from_name("bool"), Some(FieldType::Bool));
+        assert_eq!(FieldType::from_name("map"), Some(FieldType::Object));
+        assert_eq!(FieldType::from_name("text"), Some(FieldType::String));
+        assert_eq!(FieldType::from_name("any"), Some(FieldType::Any));
     }
 
     #[test]
