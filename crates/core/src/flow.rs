@@ -17,7 +17,8 @@
 //! almost always a typo; the strict mode (`validate --strict-fields`)
 //! reports the other reads too, naming the stage that left the set open.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use logbus_plugin_api::{FieldRead, FieldType, Flow, Needs, ReadRole, StageKind, Step, closest};
 use serde::Serialize;
@@ -46,7 +47,12 @@ pub struct KnownField {
     #[serde(rename = "type")]
     pub ty: FieldTypeName,
     /// The stage that set it last.
-    pub set_by: String,
+    pub set_by: Arc<str>,
+    /// Set by a transform on purpose (not parsed out of the input), not
+    /// read since, on a path without fan-out since: deleting it now means
+    /// the set was for nothing (`field-set-unused`).
+    #[serde(skip)]
+    pub unused_set: bool,
 }
 
 /// A [`FieldType`] as JSON and text write it.
@@ -77,8 +83,9 @@ pub struct Shape {
     pub raw: bool,
     /// Parsed events may arrive.
     pub parsed: bool,
-    /// Fields known to be set on some path, by dotted path.
-    pub fields: BTreeMap<String, KnownField>,
+    /// Fields known to be set on some path, by dotted path (a persistent
+    /// map: passing a shape on or setting one field copies nothing else).
+    pub fields: imbl::OrdMap<String, KnownField>,
     /// The first stage after which any other field may be there too
     /// (`None`: exactly the known fields).
     pub open_after: Option<String>,
@@ -88,16 +95,27 @@ impl Shape {
     fn union(&mut self, other: &Shape) {
         self.raw |= other.raw;
         self.parsed |= other.parsed;
+        if self.fields.is_empty() {
+            self.fields = other.fields.clone();
+        } else {
+            self.union_fields(other);
+        }
+        if self.open_after.is_none() {
+            self.open_after.clone_from(&other.open_after);
+        }
+    }
+
+    fn union_fields(&mut self, other: &Shape) {
         for (name, f) in &other.fields {
             match self.fields.get_mut(name) {
-                Some(mine) => mine.ty = FieldTypeName(mine.ty.0.join(f.ty.0)),
+                Some(mine) => {
+                    mine.ty = FieldTypeName(mine.ty.0.join(f.ty.0));
+                    mine.unused_set &= f.unused_set;
+                }
                 None => {
                     self.fields.insert(name.clone(), f.clone());
                 }
             }
-        }
-        if self.open_after.is_none() {
-            self.open_after.clone_from(&other.open_after);
         }
     }
 
@@ -120,14 +138,31 @@ impl Shape {
         out
     }
 
-    fn remove_tree(&mut self, field: &str) -> Vec<(String, KnownField)> {
+    /// Changes every known field (a script, a fan-out: once per such
+    /// stage).
+    fn each_field(&mut self, change: impl Fn(&mut KnownField)) {
+        let keys: Vec<String> = self.fields.keys().cloned().collect();
+        for k in keys {
+            if let Some(f) = self.fields.get_mut(&k) {
+                change(f);
+            }
+        }
+    }
+
+    /// `field` and the fields under it: contiguous in the map's order
+    /// from `field` on (among keys that start with its text).
+    fn tree(&self, field: &str) -> Vec<(String, KnownField)> {
         let prefix = format!("{field}.");
-        let keys: Vec<String> = self
-            .fields
-            .keys()
-            .filter(|k| *k == field || k.starts_with(&prefix))
-            .cloned()
-            .collect();
+        self.fields
+            .range(field.to_string()..)
+            .take_while(|(k, _)| k.starts_with(field))
+            .filter(|(k, _)| *k == field || k.starts_with(&prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    fn remove_tree(&mut self, field: &str) -> Vec<(String, KnownField)> {
+        let keys: Vec<String> = self.tree(field).into_iter().map(|(k, _)| k).collect();
         keys.into_iter()
             .map(|k| {
                 let v = self.fields.remove(&k).expect("listed");
@@ -139,7 +174,7 @@ impl Shape {
     /// What reading `field` finds.
     fn lookup(&self, field: &str) -> Lookup {
         if let Some(f) = self.fields.get(field) {
-            return Lookup::Known(f.ty.0, f.set_by.clone());
+            return Lookup::Known(f.ty.0, f.set_by.to_string());
         }
         // Under an object (or a value of unknown kind) set whole.
         let mut end = field.len();
@@ -147,7 +182,7 @@ impl Shape {
             if let Some(f) = self.fields.get(&field[..dot]) {
                 return match f.ty.0 {
                     FieldType::Object | FieldType::Any => {
-                        Lookup::Known(FieldType::Any, f.set_by.clone())
+                        Lookup::Known(FieldType::Any, f.set_by.to_string())
                     }
                     _ if self.open_after.is_some() => Lookup::Open,
                     _ => Lookup::Missing,
@@ -157,8 +192,10 @@ impl Shape {
         }
         // A parent of known fields.
         let prefix = format!("{field}.");
-        if let Some((_, f)) = self.fields.iter().find(|(k, _)| k.starts_with(&prefix)) {
-            return Lookup::Known(FieldType::Object, f.set_by.clone());
+        if let Some((k, f)) = self.fields.range(prefix.clone()..).next()
+            && k.starts_with(&prefix)
+        {
+            return Lookup::Known(FieldType::Object, f.set_by.to_string());
         }
         if self.open_after.is_some() {
             Lookup::Open
@@ -171,7 +208,8 @@ impl Shape {
 fn known(ty: FieldType, by: &str) -> KnownField {
     KnownField {
         ty: FieldTypeName(ty),
-        set_by: by.to_string(),
+        set_by: Arc::from(by),
+        unused_set: false,
     }
 }
 
@@ -202,7 +240,10 @@ fn owner(name: &str, index: &HashMap<&str, usize>) -> Option<usize> {
     index.get(stage).copied()
 }
 
-pub fn analyse(stages: &[FlowStage<'_>]) -> FlowReport {
+/// Follows the data; `record`: keep each output's shape in the report
+/// (`validate --fields`), which costs memory in proportion to stages ×
+/// fields, so only when asked.
+pub fn analyse(stages: &[FlowStage<'_>], record: bool) -> FlowReport {
     let index: HashMap<&str, usize> = stages.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
     // Kahn's order; stages on a cycle (reported elsewhere) are left out.
     let mut waiting: Vec<usize> = stages.iter().map(|s| s.inputs.len()).collect();
@@ -215,10 +256,20 @@ pub fn analyse(stages: &[FlowStage<'_>]) -> FlowReport {
             }
         }
     }
-    let read: std::collections::HashSet<&str> = stages
-        .iter()
-        .flat_map(|s| s.inputs.iter().map(|(n, _)| n.as_str()))
-        .collect();
+    let mut read: HashMap<&str, usize> = HashMap::new();
+    for s in stages {
+        for (n, _) in s.inputs {
+            *read.entry(n.as_str()).or_default() += 1;
+        }
+    }
+    // An output read by several stages: a field set before it may be
+    // read on one branch and deleted on another.
+    let carry = |name: &str, mut shape: Shape| {
+        if read.get(name).copied().unwrap_or(0) > 1 {
+            shape.each_field(|f| f.unused_set = false);
+        }
+        shape
+    };
     let mut ready: Vec<usize> = (0..stages.len()).filter(|&i| waiting[i] == 0).collect();
     ready.reverse();
     let mut report = FlowReport::default();
@@ -234,13 +285,18 @@ pub fn analyse(stages: &[FlowStage<'_>]) -> FlowReport {
         let out = run_stage(s, &input, &carried, &mut report);
         if s.kind == StageKind::Sink {
         } else if s.named_outputs.is_empty() {
-            report.outputs.push((s.id.to_string(), out.clone()));
-            carried.insert(s.id.to_string(), out);
+            if record {
+                report.outputs.push((s.id.to_string(), out.clone()));
+            }
+            carried.insert(s.id.to_string(), carry(s.id, out));
         } else {
             for name in s.named_outputs {
                 let full = format!("{}.{name}", s.id);
-                report.outputs.push((full.clone(), out.clone()));
-                carried.insert(full, out.clone());
+                if record {
+                    report.outputs.push((full.clone(), out.clone()));
+                }
+                let shape = carry(&full, out.clone());
+                carried.insert(full, shape);
             }
         }
         let side = match s.kind {
@@ -249,7 +305,7 @@ pub fn analyse(stages: &[FlowStage<'_>]) -> FlowReport {
         };
         let side = format!("{}{side}", s.id);
         let failed = input.failed(s.id);
-        if read.contains(side.as_str()) {
+        if record && read.contains_key(side.as_str()) {
             report.outputs.push((side.clone(), failed.clone()));
         }
         carried.insert(side, failed);
@@ -346,29 +402,45 @@ fn run_stage(
                 if !skip_reads && has_input {
                     check_read(s, read, &cur, at, report);
                 }
+                mark_read(&mut cur, &read.field);
             }
             Step::Set { field, ty, .. } => {
                 cur.remove_tree(field);
-                cur.fields.insert(field.clone(), known(*ty, s.id));
+                let mut f = known(*ty, s.id);
+                f.unused_set = s.kind == StageKind::Transform;
+                cur.fields.insert(field.clone(), f);
             }
             Step::Delete { field, .. } => {
+                if let Some(f) = cur.fields.get(field)
+                    && f.unused_set
+                {
+                    let by = if *f.set_by == *s.id {
+                        "this stage".to_string()
+                    } else {
+                        format!("`{}`", f.set_by)
+                    };
+                    report.diagnostics.push(
+                        Diagnostic::warning(
+                            "field-set-unused",
+                            format!(
+                                "`{field}` is set by {by} and deleted here before any stage reads it: drop the set, or the delete"
+                            ),
+                        )
+                        .stage(s.id)
+                        .at(at),
+                    );
+                }
                 cur.remove_tree(field);
             }
             Step::Copy { from, to, .. } => {
-                let copied: Vec<(String, KnownField)> = {
-                    let prefix = format!("{from}.");
-                    cur.fields
-                        .iter()
-                        .filter(|(k, _)| *k == from || k.starts_with(&prefix))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect()
-                };
+                let copied = cur.tree(from);
                 cur.remove_tree(to);
                 if copied.is_empty() && cur.open_after.is_some() {
                     cur.fields.insert(to.clone(), known(FieldType::Any, s.id));
                 }
                 for (k, mut v) in copied {
-                    v.set_by = s.id.to_string();
+                    v.set_by = Arc::from(s.id);
+                    v.unused_set = s.kind == StageKind::Transform;
                     cur.fields.insert(format!("{to}{}", &k[from.len()..]), v);
                 }
             }
@@ -379,7 +451,7 @@ fn run_stage(
                     cur.fields.insert(to.clone(), known(FieldType::Any, s.id));
                 }
                 for (k, mut v) in moved {
-                    v.set_by = s.id.to_string();
+                    v.set_by = Arc::from(s.id);
                     cur.fields.insert(format!("{to}{}", &k[from.len()..]), v);
                 }
             }
@@ -397,12 +469,19 @@ fn run_stage(
                 }
             }
             Step::Opaque => {
+                cur.each_field(|f| f.unused_set = false);
                 cur.parsed |= cur.raw || !has_input;
                 if cur.open_after.is_none() {
                     cur.open_after = Some(s.id.to_string());
                 }
-                for f in cur.fields.values_mut() {
-                    f.ty = FieldTypeName(FieldType::Any);
+                cur.each_field(|f| f.ty = FieldTypeName(FieldType::Any));
+            }
+            Step::RawAsMessage => {
+                if cur.raw {
+                    cur.raw = false;
+                    cur.parsed = true;
+                    cur.fields
+                        .insert("message".into(), known(FieldType::String, s.id));
                 }
             }
             Step::EmitAny => {
@@ -419,6 +498,23 @@ fn run_stage(
         return Shape::default();
     }
     cur
+}
+
+/// A read uses the field, what it holds and what holds it.
+fn mark_read(cur: &mut Shape, field: &str) {
+    let mut used: Vec<String> = cur.tree(field).into_iter().map(|(k, _)| k).collect();
+    let mut end = field.len();
+    while let Some(dot) = field[..end].rfind('.') {
+        used.push(field[..dot].to_string());
+        end = dot;
+    }
+    for name in used {
+        if let Some(f) = cur.fields.get_mut(&name)
+            && f.unused_set
+        {
+            f.unused_set = false;
+        }
+    }
 }
 
 fn check_read(s: &FlowStage<'_>, read: &FieldRead, cur: &Shape, at: Pos, report: &mut FlowReport) {
@@ -469,6 +565,7 @@ fn check_read(s: &FlowStage<'_>, read: &FieldRead, cur: &Shape, at: Pos, report:
         },
         Lookup::Missing => {
             let known: Vec<&str> = cur.fields.keys().map(String::as_str).collect();
+            // (A message lists them; only a missing read gets here.)
             let what = if !cur.parsed {
                 "the events reaching it are raw (unparsed), so they have no fields".to_string()
             } else if known.is_empty() {

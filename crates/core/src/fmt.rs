@@ -4,8 +4,11 @@
 //! as written (formatting never expands them).
 //!
 //! The layout: block style with two-space indentation; short lists of
-//! scalars in flow style (`inputs: [a, b]`); maps always in block style
-//! (a `${...}` in a flow map is easy to get wrong); each stage's keys in
+//! scalars in flow style (`inputs: [a, b]`); maps in block style, but a
+//! map written on one line (`read: { source: stdin }`, `set: { a: 1 }`)
+//! stays on one line while it fits (a pipeline of one-line stages reads
+//! as a table; scalars that a flow map would misread, `${...}` among
+//! them, are quoted); each stage's keys in
 //! the order kind, `inputs`, `codec`/`format`, `on_error`, `workers`,
 //! `queue`, then its options as written; top-level `settings`, `stages`,
 //! `tests` first. Scalars are quoted only when they must be; multi-line
@@ -34,6 +37,8 @@ const STAGE_ORDER: [&str; 12] = [
 ];
 const TOP_ORDER: [&str; 3] = ["settings", "stages", "tests"];
 const FLOW_WIDTH: usize = 80;
+/// The widest line a one-line stage keeps.
+const STAGE_LINE_WIDTH: usize = 120;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FmtError {
@@ -386,6 +391,22 @@ impl Writer<'_> {
                 self.end_line(key_line);
             }
             NodeKind::Map(entries) => {
+                if cx != Context::Stages && on_one_line(value, key_line) {
+                    let column = self.out.len() - self.out.rfind('\n').map_or(0, |i| i + 1);
+                    let order: &[&str] = if cx == Context::Stage {
+                        &STAGE_ORDER
+                    } else {
+                        &[]
+                    };
+                    if let Some(flow) = flow_map(entries, order)
+                        .filter(|f| column + 1 + f.len() <= STAGE_LINE_WIDTH)
+                    {
+                        self.out.push(' ');
+                        self.out.push_str(&flow);
+                        self.end_line(key_line);
+                        return;
+                    }
+                }
                 self.end_line(key_line);
                 self.map(entries, at + 2, cx);
             }
@@ -522,6 +543,57 @@ impl Writer<'_> {
     }
 }
 
+/// Whether every key and value below `node` stands on `line`.
+fn on_one_line(node: &Node, line: usize) -> bool {
+    if node.pos.line != line {
+        return false;
+    }
+    match &node.kind {
+        NodeKind::Map(entries) => entries
+            .iter()
+            .all(|(k, v)| k.pos.line == line && on_one_line(v, line)),
+        NodeKind::Seq(items) => items.iter().all(|i| on_one_line(i, line)),
+        NodeKind::Scalar { text, .. } => !text.contains('\n'),
+    }
+}
+
+/// `{ a: 1, b: [x, y], c: { d: e } }`, keys in `order` first (a stage's),
+/// then as written; `None` when a value has no one-line form.
+fn flow_map(entries: &[(Node, Node)], order: &[&str]) -> Option<String> {
+    if entries.is_empty() {
+        return Some("{}".into());
+    }
+    let mut sorted: Vec<&(Node, Node)> = entries.iter().collect();
+    sorted.sort_by_key(|(k, _)| {
+        let key = k.as_str().unwrap_or("");
+        order.iter().position(|o| *o == key).unwrap_or(order.len())
+    });
+    let mut parts = Vec::new();
+    for (k, v) in sorted {
+        let value = match &v.kind {
+            NodeKind::Scalar { text, .. } if !text.contains('\n') => scalar_text(v, true),
+            NodeKind::Scalar { .. } => return None,
+            NodeKind::Seq(items) if items.is_empty() => "[]".into(),
+            NodeKind::Seq(items) => {
+                let mut inner = Vec::new();
+                for item in items {
+                    match &item.kind {
+                        NodeKind::Scalar { text, .. } if !text.contains('\n') => {
+                            inner.push(scalar_text(item, true))
+                        }
+                        NodeKind::Map(m) => inner.push(flow_map(m, &[])?),
+                        _ => return None,
+                    }
+                }
+                format!("[{}]", inner.join(", "))
+            }
+            NodeKind::Map(m) => flow_map(m, &[])?,
+        };
+        parts.push(format!("{}: {value}", scalar_text(k, true)));
+    }
+    Some(format!("{{ {} }}", parts.join(", ")))
+}
+
 /// `[a, b, c]` when every item is a scalar that needs no block and the
 /// line stays short.
 fn flow_seq(items: &[Node], at: usize) -> Option<String> {
@@ -589,7 +661,7 @@ mod tests {
     #[test]
     fn a_messy_file_gets_the_canonical_layout_with_its_comments() {
         let messy = "# A pipeline\nstages:\n    out:   # the sink\n        path:   \"out.ndjson\"\n        inputs:\n          - fmt\n        sink: file\n    # the reader\n    read: { source: stdin }\n    fmt: {inputs: [read], formatter: json, on_error: 'drop'}\nsettings: {channel_capacity: 64}\n";
-        let want = "# A pipeline\nsettings:\n  channel_capacity: 64\nstages:\n  out:  # the sink\n    sink: file\n    inputs: [fmt]\n    path: out.ndjson\n  # the reader\n  read:\n    source: stdin\n  fmt:\n    formatter: json\n    inputs: [read]\n    on_error: drop\n";
+        let want = "# A pipeline\nsettings: { channel_capacity: 64 }\nstages:\n  out:  # the sink\n    sink: file\n    inputs: [fmt]\n    path: out.ndjson\n  # the reader\n  read: { source: stdin }\n  fmt: { formatter: json, inputs: [read], on_error: drop }\n";
         let got = format(messy).unwrap();
         assert_eq!(got, want, "\n{got}");
         assert_eq!(format(&got).unwrap(), got, "idempotent");
@@ -634,11 +706,42 @@ mod tests {
         let text = "stages:\n  s:\n    queue: { size: 3 }\n    workers: 2\n    on_error: drop\n    format: json\n    codec: lines\n    inputs: [a]\n    sink: x\n    transform: t\n    formatter: f\n    parser: p\n    source: q\n    zeta: 1\n    alpha: 2\n    nested: { b: 1, a: 2 }\ntests: []\nsettings: {}\nextra: 1\n";
         assert_eq!(
             formatted(text),
-            "settings: {}\nstages:\n  s:\n    source: q\n    parser: p\n    transform: t\n    formatter: f\n    sink: x\n    inputs: [a]\n    codec: lines\n    format: json\n    on_error: drop\n    workers: 2\n    queue:\n      size: 3\n    zeta: 1\n    alpha: 2\n    nested:\n      b: 1\n      a: 2\ntests: []\nextra: 1\n"
+            "settings: {}\nstages:\n  s:\n    source: q\n    parser: p\n    transform: t\n    formatter: f\n    sink: x\n    inputs: [a]\n    codec: lines\n    format: json\n    on_error: drop\n    workers: 2\n    queue: { size: 3 }\n    zeta: 1\n    alpha: 2\n    nested: { b: 1, a: 2 }\ntests: []\nextra: 1\n"
         );
         // Below `stages`, only a stage's own keys are ordered.
         let text = "stages:\n  s:\n    queue:\n      workers: 1\n      size: 2\n";
         assert_eq!(formatted(text), text);
+    }
+
+    #[test]
+    fn a_stage_on_one_line_stays_on_one_line_while_it_fits() {
+        let text = "stages:\n  read:   {source: stdin}\n  keep: {inputs: [read], condition: 'a == \"b\"', transform: filter, set: {a: '${X}', b: [1, {c: d}]}, e: {}, f: []}  # note\n  out: {sink: file, inputs: [keep],\n        path: o.log}\n";
+        assert_eq!(
+            formatted(text),
+            "stages:\n  read: { source: stdin }\n  keep: { transform: filter, inputs: [read], condition: a == \"b\", set: { a: '${X}', b: [1, { c: d }] }, e: {}, f: [] }  # note\n  out:\n    sink: file\n    inputs: [keep]\n    path: o.log\n"
+        );
+        // Past the width, or holding a multi-line string: block style.
+        let long = format!("stages:\n  s: {{ source: x, y: {} }}\n", "z".repeat(120));
+        assert!(formatted(&long).starts_with("stages:\n  s:\n    source: x\n"));
+        // 120 columns exactly, and one more.
+        let text = format!("stages:\n  s: {{ source: x, y: {} }}\n", "z".repeat(97));
+        assert_eq!(text.lines().nth(1).unwrap().len(), 120);
+        assert_eq!(formatted(&text), text);
+        let text = format!("stages:\n  s: {{ source: x, y: {} }}\n", "z".repeat(98));
+        assert_ne!(formatted(&text), text);
+        // Any map written on one line; the stages map itself is a block.
+        assert_eq!(
+            formatted("settings: {fuse: false}\n"),
+            "settings: { fuse: false }\n"
+        );
+        assert_eq!(
+            formatted("stages: { a: { source: x } }\n"),
+            "stages:\n  a: { source: x }\n"
+        );
+        assert_eq!(
+            formatted("stages:\n  a:\n    source: x\n    set: {b: 1}\n"),
+            "stages:\n  a:\n    source: x\n    set: { b: 1 }\n"
+        );
     }
 
     #[test]
@@ -697,7 +800,7 @@ mod tests {
         // Quotes open a scalar in flow collections too.
         assert_eq!(
             formatted("s: ['a # b', \"c # d\"] # real\nu: {k: 'v # w'} # real\n"),
-            "s: ['a # b', 'c # d']  # real\nu:  # real\n  k: 'v # w'\n"
+            "s: ['a # b', 'c # d']  # real\nu: { k: 'v # w' }  # real\n"
         );
         // A block scalar's text ends where a line is indented less than
         // its first line; a comment on its key's line stays after `|`.

@@ -10,14 +10,15 @@ pub mod flow;
 pub mod fmt;
 pub mod graph;
 mod order;
+pub mod preflight;
 pub mod report;
 pub mod runtime;
 pub mod schema;
 pub mod yaml;
 
 pub use config::{
-    ApiSettings, Loaded, MAX_THREADS, OnError, Pipeline, QueueScope, QueueSpec, Settings,
-    StageSpec, load_file, load_str,
+    ApiSettings, LoadOptions, Loaded, MAX_THREADS, OnError, Pipeline, QueueScope, QueueSpec,
+    Settings, StageSpec, load_file, load_file_with, load_str, load_str_with,
 };
 pub use diagnostic::{Diagnostic, Severity};
 pub use report::RunReport;

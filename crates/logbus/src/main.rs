@@ -81,6 +81,11 @@ enum Command {
         /// and the stage that set each.
         #[arg(long)]
         fields: bool,
+        /// Also check the host: input files readable, output and state
+        /// directories writable, listen addresses free, TLS files, programs,
+        /// the open-file limit (run it on the host, before start).
+        #[arg(long)]
+        preflight: bool,
         #[arg(long, value_enum, default_value_t = validate_cmd::ValidateFormat::Text)]
         format: validate_cmd::ValidateFormat,
     },
@@ -209,11 +214,13 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             deny_warnings,
             strict_fields,
             fields,
+            preflight,
             format,
         } => Ok(validate_cmd::run(
             &files,
             &validate_cmd::ValidateArgs {
                 deny_warnings,
+                preflight,
                 strict_fields,
                 fields,
                 format,

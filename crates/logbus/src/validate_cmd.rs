@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use logbus_core::flow::Shape;
-use logbus_core::{Diagnostic, Loaded, Severity, load_file};
+use logbus_core::{Diagnostic, Loaded, Severity};
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq)]
 pub enum ValidateFormat {
@@ -19,6 +19,7 @@ pub enum ValidateFormat {
 
 pub struct ValidateArgs {
     pub deny_warnings: bool,
+    pub preflight: bool,
     pub strict_fields: bool,
     pub fields: bool,
     pub format: ValidateFormat,
@@ -93,7 +94,10 @@ pub fn run(paths: &[PathBuf], args: &ValidateArgs) -> ExitCode {
     let mut text = String::new();
     for file in &files {
         let name = file.display().to_string();
-        let loaded = match load_file(file, &registry) {
+        let options = logbus_core::LoadOptions {
+            record_fields: args.fields,
+        };
+        let loaded = match logbus_core::load_file_with(file, &registry, options) {
             Ok(l) => l,
             Err(e) => {
                 worst = 2;
@@ -116,8 +120,11 @@ pub fn run(paths: &[PathBuf], args: &ValidateArgs) -> ExitCode {
         let mut diagnostics = loaded.diagnostics.clone();
         if args.strict_fields {
             diagnostics.extend(loaded.undeclared.iter().cloned());
-            diagnostics.sort_by_key(|d| (d.line.unwrap_or(0), d.col.unwrap_or(0)));
         }
+        if args.preflight {
+            diagnostics.extend(loaded.preflight());
+        }
+        diagnostics.sort_by_key(|d| (d.line.unwrap_or(0), d.col.unwrap_or(0)));
         let failing = |d: &Diagnostic| d.severity == Severity::Error || args.deny_warnings;
         let valid = !diagnostics.iter().any(failing);
         if !valid {

@@ -80,7 +80,7 @@ async fn an_output_upstream_of_the_input_is_not_downstream() {
     let text = "stages:
   gen: { source: generator, count: 1 }
   a: { parser: json, inputs: [gen] }
-  b: { parser: json, inputs: [a] }
+  b: { formatter: json, inputs: [a] }
   out: { sink: blackhole, inputs: [b] }
 ";
     let got = outcomes(
@@ -253,7 +253,8 @@ async fn an_attached_formatter_is_tested_on_its_own() {
     let got = outcomes(
         "stages:
   gen: { source: generator, count: 1 }
-  out: { sink: blackhole, inputs: [gen], format: json }
+  parse: { parser: json, inputs: [gen] }
+  out: { sink: blackhole, inputs: [parse], format: json }
 ",
         r#"- name: formats
   input: { stage: out.format, events: [{ a: 1 }] }

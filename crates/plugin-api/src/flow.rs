@@ -167,6 +167,9 @@ pub enum Step {
     },
     /// Any field may be set, changed or deleted from here (a script).
     Opaque,
+    /// Raw events become parsed ones holding their text as `message` (what
+    /// a script is handed); parsed ones pass as they are.
+    RawAsMessage,
     /// Raw or parsed events of unknown fields (a plugin that says nothing).
     EmitAny,
 }

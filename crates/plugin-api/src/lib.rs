@@ -8,6 +8,7 @@
 //! and the queues live in their own crates and are re-exported.
 
 pub mod flow;
+pub mod host;
 pub mod line_buffer;
 pub mod metrics;
 pub mod output;
@@ -25,6 +26,7 @@ pub mod writing_a_plugin {}
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use flow::{FieldRead, FieldType, Flow, Needs, ReadRole, Step};
+pub use host::{HostNeed, StatedNeed};
 pub use line_buffer::LineBuffer;
 /// The event and its acknowledgement (crate `logbus-event`).
 pub use logbus_event as event;

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::channel::Receiver;
 use crate::event::Event;
 use crate::flow::Flow;
+use crate::host::StatedNeed;
 use crate::metrics::StageMetrics;
 use crate::output::Output;
 
@@ -343,6 +344,12 @@ pub trait Plugin: Send + Sync + 'static {
     fn flow(&self, _options: &Value) -> Flow {
         Flow::unknown(self.kind())
     }
+    /// What the stage needs from the host (files, directories, ports), as
+    /// these options say ([`crate::host`]); checked by `validate
+    /// --preflight`, never at plain validation.
+    fn host_needs(&self, _options: &Value, _cx: &BuildContext) -> Vec<StatedNeed> {
+        Vec::new()
+    }
     /// Checks options without doing any I/O.
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError>;
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>>;
@@ -387,6 +394,12 @@ pub trait TypedPlugin: Send + Sync + 'static {
     fn flow(&self, _options: &Self::Options) -> Flow {
         Flow::unknown(Self::KIND)
     }
+
+    /// See [`Plugin::host_needs`]. Paths are resolved with
+    /// [`BuildContext::resolve`].
+    fn host_needs(&self, _options: &Self::Options, _cx: &BuildContext) -> Vec<StatedNeed> {
+        Vec::new()
+    }
 }
 
 /// Adapter from [`TypedPlugin`] to [`Plugin`].
@@ -403,7 +416,7 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
         T::DESCRIPTION
     }
     fn options_schema(&self) -> Value {
-        schemars::schema_for!(T::Options).to_value()
+        (*options_schema::<T::Options>()).clone()
     }
     fn max_per_pipeline(&self) -> Option<usize> {
         T::MAX_PER_PIPELINE
@@ -412,27 +425,52 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
         T::ACKNOWLEDGEMENTS
     }
     fn outputs(&self, options: &Value) -> Vec<String> {
-        match parse_all::<T::Options>(options, &self.options_schema()) {
+        match parse_all::<T::Options>(options, &options_schema::<T::Options>()) {
             (Some(opts), _) => self.0.outputs(&opts),
             (None, _) => Vec::new(),
         }
     }
     fn flow(&self, options: &Value) -> Flow {
-        match parse_all::<T::Options>(options, &self.options_schema()) {
+        match parse_all::<T::Options>(options, &options_schema::<T::Options>()) {
             (Some(opts), _) => self.0.flow(&opts),
             (None, _) => Flow::unknown(T::KIND),
         }
     }
+    fn host_needs(&self, options: &Value, cx: &BuildContext) -> Vec<StatedNeed> {
+        match parse_all::<T::Options>(options, &options_schema::<T::Options>()) {
+            (Some(opts), _) => self.0.host_needs(&opts, cx),
+            (None, _) => Vec::new(),
+        }
+    }
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError> {
-        match checked_options::<T::Options>(options, &self.options_schema()) {
+        match checked_options::<T::Options>(options, &options_schema::<T::Options>()) {
             Ok(opts) => self.0.check_in_context(&opts, cx),
             Err(errors) => errors,
         }
     }
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>> {
-        let opts = checked_options::<T::Options>(options, &self.options_schema())?;
+        let opts = checked_options::<T::Options>(options, &options_schema::<T::Options>())?;
         self.0.build(opts, cx).map_err(|e| vec![e])
     }
+}
+
+/// The JSON Schema of an option struct, generated once per type: every
+/// stage asks for it several times while a pipeline is validated (its
+/// outputs, its flow, its host needs, its check), and generating it is
+/// most of the cost of validating a stage.
+fn options_schema<O: schemars::JsonSchema + 'static>() -> Arc<Value> {
+    use std::any::TypeId;
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SCHEMAS: OnceLock<Mutex<HashMap<TypeId, Arc<Value>>>> = OnceLock::new();
+    let mut schemas = SCHEMAS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    schemas
+        .entry(TypeId::of::<O>())
+        .or_insert_with(|| Arc::new(schemars::schema_for!(O).to_value()))
+        .clone()
 }
 
 /// Parsed and checked options: unknown keys, types and declared ranges
@@ -514,20 +552,177 @@ fn parse_all<T: DeserializeOwned>(
         }
     }
     errors.extend(range_errors(&cleaned, schema));
-    match serde_path_to_error::deserialize::<_, T>(&cleaned) {
-        Ok(v) => (Some(v), errors),
-        Err(e) => {
-            let path = path_segments(e.path());
-            // Out of range and not of the type (-1 for a count): once.
-            if !errors.iter().any(|r| r.path.first() == path.first()) {
-                errors.push(OptionError {
-                    path,
-                    message: e.into_inner().to_string(),
-                    offset: None,
-                });
+    // Every type error, not the first: after one, the option is replaced
+    // by a value of its declared type (or removed) and the rest is read
+    // again, once per option at most.
+    let properties = schema.get("properties").and_then(Value::as_object);
+    let mut failed: Vec<String> = Vec::new();
+    loop {
+        match serde_path_to_error::deserialize::<_, T>(&cleaned) {
+            Ok(v) if failed.is_empty() => return (Some(v), errors),
+            Ok(_) => return (None, errors),
+            Err(e) => {
+                let path = path_segments(e.path());
+                let message = e.into_inner().to_string();
+                let top = path.first().cloned();
+                // A required option removed after its own error: said.
+                if failed
+                    .iter()
+                    .any(|f| message == format!("missing field `{f}`"))
+                {
+                    return (None, errors);
+                }
+                let property = top.as_deref().and_then(|k| properties?.get(k));
+                let plain = match path.len() {
+                    1 => plain_words(&message, property),
+                    _ => plain_words(&message, None),
+                };
+                // Out of range and not of the type (-1 for a count): once.
+                if !errors.iter().any(|r| r.path.first() == path.first()) {
+                    errors.push(OptionError {
+                        path,
+                        message: plain,
+                        offset: None,
+                    });
+                }
+                let Some(key) = top else {
+                    return (None, errors);
+                };
+                if failed.contains(&key) {
+                    return (None, errors);
+                }
+                let stand_in = property.and_then(stand_in);
+                match (cleaned.as_object_mut(), stand_in) {
+                    (Some(map), Some(v)) => {
+                        map.insert(key.clone(), v);
+                    }
+                    (Some(map), None) => {
+                        map.shift_remove(&key);
+                    }
+                    (None, _) => return (None, errors),
+                }
+                failed.push(key);
             }
-            (None, errors)
         }
+    }
+}
+
+/// A value of an option's declared type that deserialises whatever the
+/// range (to read the options after a type error): `""`, `0`, `false`,
+/// `[]`, `{}`; `None` for types the schema does not give plainly.
+fn stand_in(property: &Value) -> Option<Value> {
+    let ty = match property.get("type")? {
+        Value::String(t) => t.as_str(),
+        Value::Array(types) => types
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null")?,
+        _ => return None,
+    };
+    Some(match ty {
+        "string" => Value::from(""),
+        "integer" | "number" => property.get("minimum").cloned().unwrap_or(Value::from(0)),
+        "boolean" => Value::from(false),
+        "array" => Value::Array(Vec::new()),
+        "object" => Value::Object(Default::default()),
+        _ => return None,
+    })
+}
+
+/// A serde type error in the words a user writes a config in: `expected a
+/// whole number, got the string "x"` instead of `invalid type: string
+/// "x", expected u64`. The option's schema, when given, names the type
+/// more exactly than serde can (`a list of strings`).
+pub fn plain_words(message: &str, property: Option<&Value>) -> String {
+    let Some((unexpected, expected)) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+        .and_then(|rest| rest.rsplit_once(", expected "))
+    else {
+        return message.to_string();
+    };
+    let expected = property
+        .and_then(describe_schema)
+        .unwrap_or_else(|| describe_expected(expected));
+    format!(
+        "expected {expected}, got {}",
+        describe_unexpected(unexpected)
+    )
+}
+
+/// What a schema fragment accepts, in words (`a list of strings`).
+pub fn describe_schema(property: &Value) -> Option<String> {
+    let ty = match property.get("type")? {
+        Value::String(t) => t.as_str(),
+        Value::Array(types) => types
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null")?,
+        _ => return None,
+    };
+    Some(match ty {
+        "integer" => match property.get("minimum").and_then(Value::as_f64) {
+            Some(m) if m >= 0.0 => "a whole number, 0 or more".to_string(),
+            _ => "a whole number".to_string(),
+        },
+        "number" => "a number".to_string(),
+        "string" => "a string".to_string(),
+        "boolean" => "true or false".to_string(),
+        "object" => "a map".to_string(),
+        "array" => match property.get("items").and_then(describe_schema) {
+            Some(item) => format!("a list of {}", plural(&item)),
+            None => "a list".to_string(),
+        },
+        _ => return None,
+    })
+}
+
+/// `a string` → `strings`, for `a list of ...`.
+fn plural(item: &str) -> String {
+    match item {
+        "a string" => "strings".into(),
+        "a number" => "numbers".into(),
+        "a map" => "maps".into(),
+        "true or false" => "booleans".into(),
+        "a whole number" | "a whole number, 0 or more" => "whole numbers".into(),
+        other => format!("items each {other}"),
+    }
+}
+
+fn describe_expected(serde: &str) -> String {
+    match serde {
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "a whole number, 0 or more".into(),
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "a whole number".into(),
+        "f32" | "f64" => "a number".into(),
+        "a boolean" => "true or false".into(),
+        "a sequence" => "a list".into(),
+        "path string" => "a path (a string)".into(),
+        "a map" => "a map".into(),
+        s if s.starts_with("struct ") => "a map of options".into(),
+        other => other.into(),
+    }
+}
+
+fn describe_unexpected(serde: &str) -> String {
+    if let Some(s) = serde.strip_prefix("string ") {
+        return format!("the string {s}");
+    }
+    for (prefix, what) in [
+        ("integer ", "the number "),
+        ("floating point ", "the number "),
+    ] {
+        if let Some(n) = serde.strip_prefix(prefix) {
+            return format!("{what}{}", n.trim_matches('`'));
+        }
+    }
+    if let Some(b) = serde.strip_prefix("boolean ") {
+        return b.trim_matches('`').to_string();
+    }
+    match serde {
+        "sequence" => "a list".into(),
+        "map" => "a map".into(),
+        "unit value" | "null" => "nothing (null)".into(),
+        other => other.into(),
     }
 }
 
@@ -711,6 +906,81 @@ mod tests {
             errors(serde_json::json!({"in_fligth": 2, "level": 0})).len(),
             2
         );
+    }
+
+    #[test]
+    fn every_type_error_is_reported_in_plain_words() {
+        #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Many {
+            path: String,
+            count: u64,
+            ratio: f64,
+            on: bool,
+            names: Vec<String>,
+            #[serde(default)]
+            #[schemars(range(min = 1))]
+            size: Option<u32>,
+        }
+        let schema = schemars::schema_for!(Many).to_value();
+        let errors = |v: Value| match parse_options::<Many>(&v, &schema) {
+            Ok(_) => Vec::new(),
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>(),
+        };
+        assert_eq!(
+            errors(serde_json::json!({
+                "path": ["a"], "count": "x", "ratio": true, "on": "yes", "names": "n", "size": 0
+            })),
+            [
+                "size: must be at least 1, got 0",
+                "path: expected a string, got a list",
+                "count: expected a whole number, 0 or more, got the string \"x\"",
+                "ratio: expected a number, got true",
+                "on: expected true or false, got the string \"yes\"",
+                "names: expected a list of strings, got the string \"n\"",
+            ]
+        );
+        // Inside a list: serde's words, translated.
+        assert_eq!(
+            errors(
+                serde_json::json!({"path": "p", "count": 1, "ratio": 1, "on": true, "names": ["a", 2]})
+            ),
+            ["names.1: expected a string, got the number 2"]
+        );
+        // A required option after a type error is not also "missing".
+        assert_eq!(
+            errors(serde_json::json!({"path": 1})),
+            [
+                "path: expected a string, got the number 1",
+                "count: missing field `count`"
+            ]
+            .map(|s| s.replace("count: ", ": "))
+        );
+        assert_eq!(
+            plain_words("invalid type: null, expected f64", None),
+            "expected a number, got nothing (null)"
+        );
+        assert_eq!(
+            plain_words("invalid value: integer `-1`, expected usize", None),
+            "expected a whole number, 0 or more, got the number -1"
+        );
+        assert_eq!(
+            plain_words("unknown variant `x`", None),
+            "unknown variant `x`"
+        );
+        assert_eq!(
+            stand_in(&serde_json::json!({"type": "integer", "minimum": 3})),
+            Some(3.into())
+        );
+        assert_eq!(
+            stand_in(&serde_json::json!({"type": ["string", "null"]})),
+            Some("".into())
+        );
+        assert_eq!(stand_in(&serde_json::json!({"$ref": "#/x"})), None);
     }
 
     #[test]
@@ -929,7 +1199,7 @@ mod tests {
         // A type error says where, inside a list too.
         assert_eq!(
             check(serde_json::json!({"routes": ["a", 2]})),
-            ["routes.1: invalid type: integer `2`, expected a string"]
+            ["routes.1: expected a string, got the number 2"]
         );
     }
 

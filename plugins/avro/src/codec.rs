@@ -285,6 +285,12 @@ impl TypedPlugin for AvroParser {
     const NAME: &'static str = "avro";
     const KIND: StageKind = StageKind::Parser;
     const DESCRIPTION: &'static str = "Reads Avro: a whole object container file per event (one event per record), or single-object encoded / bare datums with a configured schema.";
+    /// Records of the writer's schema: parsed, fields open (a union's
+    /// branches differ).
+    fn flow(&self, _o: &AvroParserOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::open_fields(&[]).needs(logbus_plugin_api::Needs::Raw)
+    }
+
     fn build(&self, o: AvroParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         let schema = o.schema.as_ref().map(parse_schema).transpose()?;
         Ok(Built::Processor(Box::new(ParseAvro {
@@ -347,6 +353,10 @@ impl TypedPlugin for AvroFormatter {
     const NAME: &'static str = "avro";
     const KIND: StageKind = StageKind::Formatter;
     const DESCRIPTION: &'static str = "Writes each event as Avro against the configured schema: single-object encoding (default) or a bare datum.";
+    fn flow(&self, _o: &AvroFormatterOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw().needs(logbus_plugin_api::Needs::Fields)
+    }
+
     fn build(&self, o: AvroFormatterOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Processor(Box::new(FormatAvro {
             encoding: o.encoding,

@@ -172,6 +172,27 @@ impl TypedPlugin for S3Source {
         "with state_dir: an object's key enters the checkpoint once the sinks confirmed every event of it, and a partly confirmed object resumes after its confirmed messages, so a restart re-sends, never skips (without it, every run reads every object)",
     );
 
+    /// `state_dir` is made at start.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        use logbus_plugin_api::{HostNeed, StatedNeed};
+        o.state_dir
+            .iter()
+            .map(|dir| {
+                StatedNeed::new(
+                    HostNeed::WriteDir {
+                        path: cx.resolve(dir),
+                        create: true,
+                    },
+                    &["state_dir"],
+                )
+            })
+            .collect()
+    }
+
     /// Raw events (one per line or message); a `codec:` parses them.
     fn flow(&self, _options: &Self::Options) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::raw()

@@ -111,6 +111,22 @@ impl TypedPlugin for Exec {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "Runs a command and turns each line of its standard output into an event: followed as a stream (with a restart policy) or run on a schedule.";
 
+    /// The program must be found and executable.
+    fn host_needs(
+        &self,
+        o: &ExecOptions,
+        _cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        use logbus_plugin_api::{HostNeed, StatedNeed};
+        o.command
+            .first()
+            .map(|name| {
+                StatedNeed::new(HostNeed::Program { name: name.clone() }, &["command", "0"])
+            })
+            .into_iter()
+            .collect()
+    }
+
     /// Raw events (one per line or message); a `codec:` parses them.
     fn flow(&self, _options: &ExecOptions) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::raw()

@@ -151,6 +151,30 @@ impl TypedPlugin for Journald {
     );
     const DESCRIPTION: &'static str = "The systemd journal (or journal files) via `journalctl -o export`, with unit and priority filters and a saved cursor.";
 
+    /// `journalctl` must be there; `state_dir` is made at start.
+    fn host_needs(
+        &self,
+        o: &JournaldOptions,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        use logbus_plugin_api::{HostNeed, StatedNeed};
+        vec![
+            StatedNeed::new(
+                HostNeed::Program {
+                    name: "journalctl".into(),
+                },
+                &[],
+            ),
+            StatedNeed::new(
+                HostNeed::WriteDir {
+                    path: cx.resolve(&o.state_dir),
+                    create: true,
+                },
+                &["state_dir"],
+            ),
+        ]
+    }
+
     /// Journal entries: parsed, with whatever fields each entry has.
     fn flow(&self, _o: &JournaldOptions) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::open_fields(&[])

@@ -254,6 +254,48 @@ impl TypedPlugin for HttpSource {
     );
     const DESCRIPTION: &'static str = "An HTTP server taking NDJSON, plain lines or a JSON array (gzip/zstd bodies, bearer token); answers only once the events are in the pipeline, 503 + Retry-After when it stays full.";
 
+    /// The address must be free; TLS files readable PEM; each connection
+    /// holds a file descriptor.
+    fn host_needs(
+        &self,
+        o: &HttpSourceOptions,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        use logbus_plugin_api::{HostNeed, StatedNeed};
+        let mut needs = vec![
+            StatedNeed::new(
+                HostNeed::Listen {
+                    address: o.address.clone(),
+                    udp: false,
+                },
+                &["address"],
+            ),
+            StatedNeed::new(
+                HostNeed::OpenFiles {
+                    count: o.max_connections as u64,
+                },
+                &["max_connections"],
+            ),
+        ];
+        if let Some(tls) = &o.tls {
+            needs.push(StatedNeed::new(
+                HostNeed::Pem {
+                    path: cx.resolve(&tls.cert_file),
+                    key: false,
+                },
+                &["tls", "cert_file"],
+            ));
+            needs.push(StatedNeed::new(
+                HostNeed::Pem {
+                    path: cx.resolve(&tls.key_file),
+                    key: true,
+                },
+                &["tls", "key_file"],
+            ));
+        }
+        needs
+    }
+
     /// Raw events (one per line or message); a `codec:` parses them.
     fn flow(&self, _options: &HttpSourceOptions) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::raw()

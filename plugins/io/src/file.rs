@@ -87,6 +87,31 @@ impl TypedPlugin for FileSource {
     const DESCRIPTION: &'static str =
         "Reads one file to EOF, one event per line; with state_dir, resumes where it stopped.";
 
+    /// The file must be readable; `state_dir` is made at start.
+    fn host_needs(
+        &self,
+        o: &FileSourceOptions,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        use logbus_plugin_api::{HostNeed, StatedNeed};
+        let mut needs = vec![StatedNeed::new(
+            HostNeed::ReadFile {
+                path: cx.resolve(&o.path),
+            },
+            &["path"],
+        )];
+        if let Some(dir) = &o.state_dir {
+            needs.push(StatedNeed::new(
+                HostNeed::WriteDir {
+                    path: cx.resolve(dir),
+                    create: true,
+                },
+                &["state_dir"],
+            ));
+        }
+        needs
+    }
+
     /// Raw events (one per line or message); a `codec:` parses them.
     fn flow(&self, _options: &FileSourceOptions) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::raw()
@@ -388,6 +413,33 @@ impl TypedPlugin for FileSink {
     const NAME: &'static str = "file";
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Appends each event as a line to a file: raw events as they are, parsed events as JSON; path templates from fields and time, size rotation.";
+
+    /// The directory every rendered path lies in, and the files it keeps
+    /// open at once.
+    fn host_needs(
+        &self,
+        o: &FileSinkOptions,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        use logbus_plugin_api::{HostNeed, StatedNeed};
+        let dir = logbus_plugin_api::host::fixed_dir(&o.path.to_string_lossy());
+        vec![
+            StatedNeed::new(
+                HostNeed::WriteDir {
+                    path: cx.resolve(&dir),
+                    // Templated folders are made as events need them.
+                    create: o.create_dirs || template_has_dirs(&o.path),
+                },
+                &["path"],
+            ),
+            StatedNeed::new(
+                HostNeed::OpenFiles {
+                    count: o.max_open_files as u64,
+                },
+                &["max_open_files"],
+            ),
+        ]
+    }
 
     /// The path template's fields.
     fn flow(&self, o: &FileSinkOptions) -> logbus_plugin_api::Flow {

@@ -44,6 +44,15 @@ pub struct JsOptions {
     #[serde(default = "default_memory")]
     #[schemars(range(min = 1, max = 4096))]
     pub memory_limit_mb: u64,
+    /// The fields the script sets on every event it emits, by dotted path
+    /// and type (`string`, `number`, `boolean`, `object`, `array`, `any`).
+    /// Without it `logbus validate` knows nothing of the script's output;
+    /// with it, later reads are checked against what came in plus these
+    /// (the script is taken to leave other fields as it received them).
+    /// At run time an emitted event that lacks one or holds another type
+    /// is an error for `on_error`.
+    #[serde(default)]
+    pub fields: logbus_plugin_api::flow::FieldDeclaration,
 }
 
 fn default_timeout() -> u64 {
@@ -73,6 +82,9 @@ impl CheckOptions for JsOptions {
                 &["timeout_ms"],
                 format!("must be between 1 and 60000, got {}", self.timeout_ms),
             ));
+        }
+        if let Err(e) = logbus_plugin_api::flow::DeclaredFields::parse(&self.fields, "fields") {
+            errors.extend(e);
         }
         if !(1..=4096).contains(&self.memory_limit_mb) {
             errors.push(OptionError::at(
@@ -110,6 +122,19 @@ impl TypedPlugin for JsTransform {
     const KIND: StageKind = StageKind::Transform;
     const DESCRIPTION: &'static str =
         "run a JavaScript process(event, ctx) per event (QuickJS, one runtime per worker)";
+
+    /// A raw event reaches the script as `{message}`; without `fields:`
+    /// the output is unknown.
+    fn flow(&self, options: &JsOptions) -> logbus_plugin_api::Flow {
+        use logbus_plugin_api::flow::DeclaredFields;
+        let declared = DeclaredFields::parse(&options.fields, "fields").unwrap_or_default();
+        if declared.is_empty() {
+            return logbus_plugin_api::Flow::unknown(StageKind::Transform);
+        }
+        let mut flow = logbus_plugin_api::Flow::pass().then(logbus_plugin_api::Step::RawAsMessage);
+        flow.steps.extend(declared.steps("fields"));
+        flow
+    }
 
     /// `logbus validate` compiles the script (without running it).
     fn check_in_context(&self, options: &JsOptions, cx: &BuildContext) -> Vec<OptionError> {
@@ -372,6 +397,8 @@ pub struct JsWorker {
     wants_meta: bool,
     timeout: Duration,
     memory_limit: u64,
+    /// `fields:`: what every emitted event must carry.
+    declared: logbus_plugin_api::flow::DeclaredFields,
 }
 
 impl JsWorker {
@@ -484,6 +511,8 @@ impl JsWorker {
             budget,
             timeout,
             memory_limit: options.memory_limit_mb << 20,
+            declared: logbus_plugin_api::flow::DeclaredFields::parse(&options.fields, "fields")
+                .map_err(|e| e[0].message.clone())?,
         })
     }
 }
@@ -492,7 +521,7 @@ impl Processor for JsWorker {
     fn process(&mut self, event: &mut Event) -> Result<Verdict, EventError> {
         let outcome = self.context.with(|ctx| self.call(&ctx, event));
         let Err(error) = outcome else {
-            return outcome;
+            return self.held_to_declaration(event, outcome);
         };
         // An exception may leave garbage behind.
         self.runtime.run_gc();
@@ -510,6 +539,29 @@ impl Processor for JsWorker {
 }
 
 impl JsWorker {
+    /// What the script emitted, held to its `fields:` declaration.
+    fn held_to_declaration(
+        &self,
+        event: &Event,
+        outcome: Result<Verdict, EventError>,
+    ) -> Result<Verdict, EventError> {
+        if self.declared.is_empty() {
+            return outcome;
+        }
+        match &outcome {
+            Ok(Verdict::Keep) => self.declared.check(event)?,
+            Ok(Verdict::Replace(events)) => {
+                for (i, e) in events.iter().enumerate() {
+                    self.declared.check(e).map_err(|err| {
+                        EventError::new(format!("event {i} of the result: {err}"))
+                    })?;
+                }
+            }
+            _ => {}
+        }
+        outcome
+    }
+
     /// One call of `process`, with the CPU budget armed from the call
     /// until its result is read back or its error described: getters,
     /// Proxy traps and `toString` run script code in both.
@@ -702,6 +754,7 @@ mod tests {
             file: None,
             timeout_ms: 1000,
             memory_limit_mb: 64,
+            fields: Default::default(),
         };
         let cx = BuildContext {
             stage_id: "leak".into(),
@@ -730,6 +783,55 @@ mod tests {
             objects_after <= objects_before,
             "{objects_before} objects after 60 calls, {objects_after} after 3060"
         );
+    }
+
+    /// `fields:`: each emitted event is held to the declaration; the flow
+    /// is the input plus the declared fields, a raw input as `message`.
+    #[test]
+    fn declared_fields_are_held_to_and_stated() {
+        let script = r#"
+            function process(e) {
+              if (e.message === "skip") return e;
+              if (e.message === "two") return [{ took: 1 }, { took: "x" }];
+              e.took = e.message.length;
+              return e;
+            }
+        "#;
+        let options = JsOptions {
+            script: Some(script.into()),
+            file: None,
+            timeout_ms: 1000,
+            memory_limit_mb: 64,
+            fields: [("took".to_string(), "number".to_string())].into(),
+        };
+        let cx = BuildContext {
+            stage_id: "js".into(),
+            base_dir: ".".into(),
+            worker: 0,
+        };
+        let mut worker = JsWorker::new(script, &options, &cx).unwrap();
+        let raw = |text: &'static str| {
+            Event::raw(
+                logbus_plugin_api::Bytes::from_static(text.as_bytes()),
+                logbus_plugin_api::Meta::at("t", 1),
+            )
+        };
+        assert!(worker.process(&mut raw("hello")).is_ok());
+        let e = worker.process(&mut raw("skip")).unwrap_err();
+        assert_eq!(e.0, "declared field `took` is missing");
+        let e = worker.process(&mut raw("two")).unwrap_err();
+        assert_eq!(
+            e.0,
+            "event 1 of the result: declared field `took` should be a number, got a string"
+        );
+        let flow = JsTransform.flow(&options);
+        assert_eq!(flow.steps[0], logbus_plugin_api::Step::RawAsMessage);
+        assert_eq!(flow.steps.len(), 2);
+        let unknown = JsTransform.flow(&JsOptions {
+            fields: Default::default(),
+            ..options
+        });
+        assert_eq!(unknown.steps, [logbus_plugin_api::Step::Opaque]);
     }
 
     /// The first frame with a position gives it, with or without a column.

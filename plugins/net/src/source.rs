@@ -114,6 +114,48 @@ impl TypedPlugin for SyslogSource {
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "Syslog messages over TCP (newline or octet-counting framing, detected per connection) or UDP; raw events for `codec: syslog`.";
 
+    /// The address must be free; TLS files readable PEM; each connection
+    /// holds a file descriptor.
+    fn host_needs(
+        &self,
+        o: &SyslogSourceOptions,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        use logbus_plugin_api::{HostNeed, StatedNeed};
+        let mut needs = vec![StatedNeed::new(
+            HostNeed::Listen {
+                address: o.address.clone(),
+                udp: o.mode == crate::Mode::Udp,
+            },
+            &["address"],
+        )];
+        if o.mode == crate::Mode::Tcp {
+            needs.push(StatedNeed::new(
+                HostNeed::OpenFiles {
+                    count: o.max_connections as u64,
+                },
+                &["max_connections"],
+            ));
+        }
+        if let Some(tls) = &o.tls {
+            needs.push(StatedNeed::new(
+                HostNeed::Pem {
+                    path: cx.resolve(&tls.cert_file),
+                    key: false,
+                },
+                &["tls", "cert_file"],
+            ));
+            needs.push(StatedNeed::new(
+                HostNeed::Pem {
+                    path: cx.resolve(&tls.key_file),
+                    key: true,
+                },
+                &["tls", "key_file"],
+            ));
+        }
+        needs
+    }
+
     /// Raw events (one per line or message); a `codec:` parses them.
     fn flow(&self, _options: &SyslogSourceOptions) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::raw()

@@ -201,6 +201,11 @@ impl TypedPlugin for ParquetParser {
     const KIND: StageKind = StageKind::Parser;
     const DESCRIPTION: &'static str =
         "Reads a whole Parquet file (one raw event) into one event per row.";
+    /// Rows of the file's schema: parsed, fields open.
+    fn flow(&self, _o: &ParquetParserOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::open_fields(&[]).needs(logbus_plugin_api::Needs::Raw)
+    }
+
     fn build(&self, o: ParquetParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Processor(Box::new(ParseParquet {
             limits: Limits {

@@ -239,6 +239,39 @@ pub mod source {
         );
         const DESCRIPTION: &'static str = "Follows files matching globs as they grow, across rotation, truncation and restarts (saved positions), one event per line or multi-line event.";
 
+        /// Each glob should match something; `state_dir` is made at start.
+        fn host_needs(
+            &self,
+            o: &TailOptions,
+            cx: &BuildContext,
+        ) -> Vec<logbus_plugin_api::StatedNeed> {
+            use logbus_plugin_api::{HostNeed, StatedNeed};
+            let mut needs: Vec<StatedNeed> = o
+                .paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    StatedNeed::new(
+                        HostNeed::ReadGlob {
+                            pattern: cx
+                                .resolve(std::path::Path::new(p))
+                                .to_string_lossy()
+                                .into_owned(),
+                        },
+                        &["paths", &i.to_string()],
+                    )
+                })
+                .collect();
+            needs.push(StatedNeed::new(
+                HostNeed::WriteDir {
+                    path: cx.resolve(&o.state_dir),
+                    create: true,
+                },
+                &["state_dir"],
+            ));
+            needs
+        }
+
         /// Raw events (one per line or message); a `codec:` parses them.
         fn flow(&self, _options: &TailOptions) -> logbus_plugin_api::Flow {
             logbus_plugin_api::Flow::raw()

@@ -1151,4 +1151,73 @@ mod tests {
             assert_eq!(ja, jb, "{options}");
         }
     }
+
+    /// The flow states each operation in the order the plan applies them,
+    /// each at its option.
+    #[test]
+    fn the_flow_follows_the_operations_in_order() {
+        use logbus_plugin_api::{FieldRead, FieldType, Flow, Needs, ReadRole, Step};
+        let o: FieldsOptions = serde_json::from_value(json!({
+            "copy": { "a": "a2" },
+            "rename": { "b": "b2" },
+            "set": { "c": "{{x}}-{{ y.z }}", "n": 1, "t": true, "o": {}, "l": [], "z": null },
+            "from_meta": { "m1": "origin", "m2": "source", "m3": "attributes", "m4": "attributes.k" },
+            "lookup": { "d": { "from": "e", "table": {} } },
+            "convert": { "f": "integer", "g": "float", "h": "boolean", "i": "string" },
+            "case": { "j": "upper" },
+            "delete": ["k"]
+        }))
+        .unwrap();
+        let flow = FieldsTransform.flow(&o);
+        assert_eq!(flow.needs, Needs::Fields);
+        let read = |f: &str, opt: &[&str]| Step::Read(FieldRead::new(f, opt, ReadRole::Optional));
+        let set = |f: &str, ty: FieldType, opt: &[&str]| Step::Set {
+            field: f.into(),
+            ty,
+            option: opt.iter().map(|s| s.to_string()).collect(),
+        };
+        let expected = Flow::pass()
+            .needs(Needs::Fields)
+            .then(read("a", &["copy", "a"]))
+            .then(Step::Copy {
+                from: "a".into(),
+                to: "a2".into(),
+                option: vec!["copy".into(), "a".into()],
+            })
+            .then(read("b", &["rename", "b"]))
+            .then(Step::Rename {
+                from: "b".into(),
+                to: "b2".into(),
+                option: vec!["rename".into(), "b".into()],
+            })
+            .then(Step::Read(
+                FieldRead::new("x", &["set", "c"], ReadRole::Optional).at_offset(2),
+            ))
+            .then(Step::Read(
+                FieldRead::new("y.z", &["set", "c"], ReadRole::Optional).at_offset(9),
+            ))
+            .then(set("c", FieldType::String, &["set", "c"]))
+            .then(set("n", FieldType::Number, &["set", "n"]))
+            .then(set("t", FieldType::Bool, &["set", "t"]))
+            .then(set("o", FieldType::Object, &["set", "o"]))
+            .then(set("l", FieldType::Array, &["set", "l"]))
+            .then(set("z", FieldType::Any, &["set", "z"]))
+            .then(set("m1", FieldType::String, &["from_meta", "m1"]))
+            .then(set("m2", FieldType::String, &["from_meta", "m2"]))
+            .then(set("m3", FieldType::Object, &["from_meta", "m3"]))
+            .then(set("m4", FieldType::Any, &["from_meta", "m4"]))
+            .then(read("e", &["lookup", "d", "from"]))
+            .then(set("d", FieldType::Any, &["lookup", "d"]))
+            .then(read("f", &["convert", "f"]))
+            .then(set("f", FieldType::Number, &["convert", "f"]))
+            .then(read("g", &["convert", "g"]))
+            .then(set("g", FieldType::Number, &["convert", "g"]))
+            .then(read("h", &["convert", "h"]))
+            .then(set("h", FieldType::Bool, &["convert", "h"]))
+            .then(read("i", &["convert", "i"]))
+            .then(set("i", FieldType::String, &["convert", "i"]))
+            .then(read("j", &["case", "j"]))
+            .delete("k", &["delete", "0"]);
+        assert_eq!(flow, expected);
+    }
 }

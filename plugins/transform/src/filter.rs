@@ -519,4 +519,100 @@ mod tests {
             "field path `a..b` has an empty segment"
         );
     }
+
+    /// Each form of filter states the field it reads, its role and the
+    /// type it compares with.
+    #[test]
+    fn the_flow_names_what_each_form_reads() {
+        use logbus_plugin_api::{FieldRead, FieldType, Needs, ReadRole, Step};
+        let flow = |v: serde_json::Value| {
+            let o: FilterOptions = serde_json::from_value(v).unwrap();
+            let f = FilterTransform.flow(&o);
+            assert_eq!(f.needs, Needs::Fields);
+            f.steps
+        };
+        let read = |role, ty: Option<FieldType>| {
+            let r = FieldRead::new("x", &["field"], role);
+            Step::Read(match ty {
+                Some(t) => r.expecting(t),
+                None => r,
+            })
+        };
+        use FieldType::*;
+        use ReadRole::*;
+        for (options, want) in [
+            (
+                serde_json::json!({"field": "x", "exists": true}),
+                read(Probe, None),
+            ),
+            (
+                serde_json::json!({"field": "x", "gt": 1}),
+                read(Optional, Some(Number)),
+            ),
+            (
+                serde_json::json!({"field": "x", "gte": 1}),
+                read(Optional, Some(Number)),
+            ),
+            (
+                serde_json::json!({"field": "x", "lt": 1}),
+                read(Optional, Some(Number)),
+            ),
+            (
+                serde_json::json!({"field": "x", "lte": 1}),
+                read(Optional, Some(Number)),
+            ),
+            (
+                serde_json::json!({"field": "x", "matches": "a"}),
+                read(Optional, Some(String)),
+            ),
+            (
+                serde_json::json!({"field": "x", "equals": "a"}),
+                read(Optional, Some(String)),
+            ),
+            (
+                serde_json::json!({"field": "x", "not_equals": 2}),
+                read(Optional, Some(Number)),
+            ),
+            (
+                serde_json::json!({"field": "x", "equals": null}),
+                read(Optional, None),
+            ),
+            (
+                serde_json::json!({"field": "x", "in": [1, 2]}),
+                read(Optional, Some(Number)),
+            ),
+            (
+                serde_json::json!({"field": "x", "in": [1, "a"]}),
+                read(Optional, None),
+            ),
+            (
+                serde_json::json!({"field": "x", "contains": "a"}),
+                read(Optional, None),
+            ),
+        ] {
+            assert_eq!(flow(options.clone()), [want], "{options}");
+        }
+        let steps = flow(serde_json::json!({"condition": "a == b && c > 1"}));
+        let roles: Vec<(
+            std::string::String,
+            ReadRole,
+            Option<FieldType>,
+            Option<usize>,
+        )> = steps
+            .iter()
+            .map(|s| match s {
+                Step::Read(r) => (r.field.clone(), r.role, r.expects, r.offset),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("a".into(), Optional, None, Some(0)),
+                ("b".into(), RightOperand, None, Some(5)),
+                ("c".into(), Optional, Some(Number), Some(10)),
+            ]
+        );
+        assert!(flow(serde_json::json!({"condition": "a =="})).is_empty());
+    }
 }

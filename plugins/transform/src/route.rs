@@ -306,4 +306,31 @@ mod tests {
                 .contains("needs a parsed event")
         );
     }
+
+    /// Each route's condition is read at its own option.
+    #[test]
+    fn the_flow_reads_each_routes_condition_at_its_option() {
+        use logbus_plugin_api::{Needs, Step};
+        let o: RouteOptions = serde_json::from_value(serde_json::json!({
+            "routes": { "a": "x == 1", "b": "exists(y)", "bad": "((" }
+        }))
+        .unwrap();
+        let flow = RouteTransform.flow(&o);
+        assert_eq!(flow.needs, Needs::Fields);
+        let reads: Vec<(String, Vec<String>)> = flow
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Read(r) => (r.field.clone(), r.option.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            reads,
+            [
+                ("x".to_string(), vec!["routes".to_string(), "a".to_string()]),
+                ("y".to_string(), vec!["routes".to_string(), "b".to_string()]),
+            ]
+        );
+    }
 }

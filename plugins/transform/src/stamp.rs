@@ -197,4 +197,31 @@ mod tests {
         e.payload().write_json(&mut json);
         assert_eq!(json, br#"{"ts":42,"a":1}"#);
     }
+
+    /// The stamp's field and its type.
+    #[test]
+    fn the_flow_sets_the_field_with_its_format_type() {
+        use logbus_plugin_api::{FieldType, Needs, Step};
+        for (format, ty) in [
+            ("rfc3339", FieldType::String),
+            ("unix_s", FieldType::Number),
+            ("unix_ms", FieldType::Number),
+            ("unix_us", FieldType::Number),
+            ("unix_ns", FieldType::Number),
+        ] {
+            let o: StampOptions =
+                serde_json::from_value(json!({"field": "at", "format": format})).unwrap();
+            let flow = StampTransform.flow(&o);
+            assert_eq!(flow.needs, Needs::Fields);
+            assert_eq!(
+                flow.steps,
+                [Step::Set {
+                    field: "at".into(),
+                    ty,
+                    option: vec!["field".into()]
+                }],
+                "{format}"
+            );
+        }
+    }
 }

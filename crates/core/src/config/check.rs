@@ -17,6 +17,7 @@ use super::{
 };
 use crate::diagnostic::Diagnostic;
 use crate::flow::{FlowStage, Shape};
+use crate::preflight::PlacedNeed;
 use crate::yaml::{self, Node, NodeKind, Pos};
 
 /// The outcome of validation: a pipeline when there is no error, and every
@@ -27,8 +28,18 @@ pub struct Loaded {
     /// Reads of fields no stage declares, where a stage left the fields
     /// open: warnings `validate --strict-fields` adds.
     pub undeclared: Vec<Diagnostic>,
-    /// What each output carries, in dependency order (`validate --fields`).
+    /// What each output carries, in dependency order, when
+    /// [`LoadOptions::record_fields`] asked for it (`validate --fields`).
     pub fields: Vec<(String, Shape)>,
+    /// What the stages need from the host (`validate --preflight`).
+    pub host_needs: Vec<PlacedNeed>,
+}
+
+impl Loaded {
+    /// The host checks of `validate --preflight` ([`crate::preflight`]).
+    pub fn preflight(&self) -> Vec<Diagnostic> {
+        crate::preflight::check(&self.host_needs, self.pipeline.as_ref())
+    }
 }
 
 impl Loaded {
@@ -45,10 +56,33 @@ pub struct UnreadableFile {
     pub source: std::io::Error,
 }
 
+/// What validation keeps beyond the diagnostics and the pipeline.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Keep what each output carries ([`Loaded::fields`]): memory in
+    /// proportion to stages × fields, for `validate --fields`.
+    pub record_fields: bool,
+}
+
 /// Reads and validates a pipeline file, expanding variables from the process environment.
 pub fn load_file(path: &Path, registry: &Registry) -> Result<Loaded, UnreadableFile> {
+    load_file_with(path, registry, LoadOptions::default())
+}
+
+/// [`load_file`] keeping what [`LoadOptions`] asks for.
+pub fn load_file_with(
+    path: &Path,
+    registry: &Registry,
+    options: LoadOptions,
+) -> Result<Loaded, UnreadableFile> {
     let text = read_text(path)?;
-    Ok(load_str(&text, path, registry, &|k| std::env::var(k).ok()))
+    Ok(load_str_with(
+        &text,
+        path,
+        registry,
+        &|k| std::env::var(k).ok(),
+        options,
+    ))
 }
 
 /// A pipeline file's text. A file that is not UTF-8 is refused naming the
@@ -83,12 +117,25 @@ pub fn load_str(
     registry: &Registry,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Loaded {
+    load_str_with(text, path, registry, env, LoadOptions::default())
+}
+
+/// [`load_str`] keeping what [`LoadOptions`] asks for.
+pub fn load_str_with(
+    text: &str,
+    path: &Path,
+    registry: &Registry,
+    env: &dyn Fn(&str) -> Option<String>,
+    options: LoadOptions,
+) -> Loaded {
     let mut cx = Checker {
+        options,
         registry,
         env,
         diags: Vec::new(),
         undeclared: Vec::new(),
         flow_outputs: Vec::new(),
+        host_needs: Vec::new(),
         base_dir: path
             .parent()
             .map(Path::to_path_buf)
@@ -106,15 +153,18 @@ pub fn load_str(
         diagnostics,
         undeclared,
         fields: cx.flow_outputs,
+        host_needs: cx.host_needs,
     }
 }
 
 struct Checker<'a> {
+    options: LoadOptions,
     registry: &'a Registry,
     env: &'a dyn Fn(&str) -> Option<String>,
     diags: Vec<Diagnostic>,
     undeclared: Vec<Diagnostic>,
     flow_outputs: Vec<(String, Shape)>,
+    host_needs: Vec<PlacedNeed>,
     base_dir: PathBuf,
 }
 
@@ -367,6 +417,9 @@ impl Checker<'_> {
             .as_ref()
             .map_or_else(Flow::pass, |p| p.flow(&options));
         let step_pos = place_steps(&flow, Some(node), pos);
+        if let Some(p) = &plugin {
+            self.place_needs(id, p.as_ref(), &options, Some(node), pos);
+        }
         Some(RawStage {
             id: id.to_string(),
             pos,
@@ -777,6 +830,13 @@ impl Checker<'_> {
         }
         let flow = plugin.flow(&options);
         let step_pos = place_steps(&flow, options_node, value.pos);
+        self.place_needs(
+            &attached_id,
+            plugin.as_ref(),
+            &options,
+            options_node,
+            value.pos,
+        );
         Some(Box::new(RawStage {
             id: attached_id,
             pos: key.pos,
@@ -1062,6 +1122,35 @@ impl Checker<'_> {
         }
     }
 
+    /// What the stage needs from the host, at the options that say so
+    /// (checked by `validate --preflight` only).
+    fn place_needs(
+        &mut self,
+        id: &str,
+        plugin: &dyn Plugin,
+        options: &Value,
+        node: Option<&Node>,
+        fallback: Pos,
+    ) {
+        let bcx = BuildContext {
+            stage_id: id.to_string(),
+            base_dir: self.base_dir.clone(),
+            worker: 0,
+        };
+        for stated in plugin.host_needs(options, &bcx) {
+            let pos = match node {
+                Some(n) if !stated.option.is_empty() => n.pos_of(&stated.option),
+                _ => fallback,
+            };
+            self.host_needs.push(PlacedNeed {
+                stage: id.to_string(),
+                pos,
+                option: stated.option.join("."),
+                need: stated.need,
+            });
+        }
+    }
+
     /// Follows the data through the graph ([`crate::flow`]).
     fn check_flow(&mut self, stages: &[RawStage]) {
         let flow_stages: Vec<FlowStage<'_>> = stages
@@ -1079,7 +1168,7 @@ impl Checker<'_> {
                 })
             })
             .collect();
-        let report = crate::flow::analyse(&flow_stages);
+        let report = crate::flow::analyse(&flow_stages, self.options.record_fields);
         self.diags.extend(report.diagnostics);
         self.undeclared = report.undeclared;
         self.flow_outputs = report.outputs;

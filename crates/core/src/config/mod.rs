@@ -11,7 +11,10 @@ mod check;
 mod model;
 mod settings;
 
-pub use check::{Loaded, UnreadableFile, load_file, load_str, read_text};
+pub use check::{
+    LoadOptions, Loaded, UnreadableFile, load_file, load_file_with, load_str, load_str_with,
+    read_text,
+};
 pub use model::{InflightBound, Pipeline, StageSpec};
 pub use settings::*;
 

@@ -216,13 +216,23 @@ impl Pipeline {
             return Vec::new();
         }
         let is_processor = |s: &StageSpec| !matches!(s.kind, StageKind::Source | StageKind::Sink);
+        // By id, and how many stages read each output: once, not per
+        // stage (validation stays linear in the stages).
+        let by_id: HashMap<&str, &StageSpec> =
+            self.stages.iter().map(|s| (s.id.as_str(), s)).collect();
+        let mut readers: HashMap<&str, usize> = HashMap::new();
+        for s in &self.stages {
+            for i in &s.inputs {
+                *readers.entry(i.as_str()).or_default() += 1;
+            }
+        }
         // The stage each stage joins, if any.
         let joins = |b: &StageSpec| -> Option<&StageSpec> {
             let [input] = b.inputs.as_slice() else {
                 return None;
             };
-            let a = self.stage(input)?;
-            let only_reader = self.readers_of(&a.id).count() == 1;
+            let a = *by_id.get(input.as_str())?;
+            let only_reader = readers.get(a.id.as_str()) == Some(&1);
             (is_processor(a)
                 && is_processor(b)
                 && only_reader

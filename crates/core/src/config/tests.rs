@@ -740,9 +740,7 @@ fn settings_are_checked_where_they_are_written() {
     );
     assert_eq!(
         diags(&format!("settings: 5\n{GOOD}")),
-        [
-            "p.yml:1:11: error[settings]: settings: invalid type: integer `5`, expected struct Settings"
-        ]
+        ["p.yml:1:11: error[settings]: settings: expected a map of options, got the number 5"]
     );
     assert_eq!(
         bad("  api: { listen: '0.0.0.0:1', token: short }"),

@@ -39,7 +39,7 @@ fn run(stages: &[S]) -> FlowReport {
             step_pos: &s.pos,
         })
         .collect();
-    analyse(&views)
+    analyse(&views, true)
 }
 
 fn codes(r: &FlowReport) -> Vec<(&'static str, String)> {
@@ -205,14 +205,118 @@ fn sets_renames_deletes_and_types_follow_the_steps_in_order() {
                 .read(read("http", ReadRole::Required)),
         ),
     ]);
+    // `host` is set and deleted before anything reads it.
     assert_eq!(
         codes(&r),
         [
+            ("field-set-unused", "t".to_string()),
             ("type-mismatch", "s".to_string()),
             ("field-not-produced", "s".to_string()),
             ("field-not-produced", "s".to_string())
         ]
     );
+}
+
+#[test]
+fn a_set_field_deleted_unread_is_reported_only_on_a_path_without_fan_out() {
+    let setter = || {
+        Flow::pass()
+            .needs(Needs::Fields)
+            .set("x", FieldType::String, &[])
+    };
+    let deleter = || Flow::pass().needs(Needs::Fields).delete("x", &[]);
+    let src = || {
+        stage(
+            "a",
+            StageKind::Source,
+            &[],
+            Flow::fields(&[("y", FieldType::Number)]),
+        )
+    };
+    // a → set → delete: reported at the delete, naming the setter.
+    let r = run(&[
+        src(),
+        stage("set", StageKind::Transform, &["a"], setter()),
+        stage("del", StageKind::Transform, &["set"], deleter()),
+    ]);
+    assert_eq!(codes(&r), [("field-set-unused", "del".to_string())]);
+    assert!(
+        r.diagnostics[0].message.contains("set by `set`"),
+        "{}",
+        r.diagnostics[0].message
+    );
+    // Read in between: nothing.
+    let r = run(&[
+        src(),
+        stage("set", StageKind::Transform, &["a"], setter()),
+        stage(
+            "f",
+            StageKind::Transform,
+            &["set"],
+            Flow::pass().read(read("x", ReadRole::Optional)),
+        ),
+        stage("del", StageKind::Transform, &["f"], deleter()),
+    ]);
+    assert!(r.diagnostics.is_empty(), "{:?}", codes(&r));
+    // Fan-out after the set: one branch may read it, another drop it.
+    let r = run(&[
+        src(),
+        stage("set", StageKind::Transform, &["a"], setter()),
+        stage("del", StageKind::Transform, &["set"], deleter()),
+        stage("other", StageKind::Sink, &["set"], Flow::pass()),
+    ]);
+    assert!(r.diagnostics.is_empty(), "{:?}", codes(&r));
+    // Parsed out of the input (a parser's fields) and dropped: on purpose.
+    let r = run(&[
+        stage("a", StageKind::Source, &[], Flow::raw()),
+        stage(
+            "p",
+            StageKind::Parser,
+            &["a"],
+            Flow::fields(&[("x", FieldType::String)]).needs(Needs::Raw),
+        ),
+        stage("del", StageKind::Transform, &["p"], deleter()),
+    ]);
+    assert!(r.diagnostics.is_empty(), "{:?}", codes(&r));
+    // A script between may have read it.
+    let r = run(&[
+        src(),
+        stage("set", StageKind::Transform, &["a"], setter()),
+        stage(
+            "js",
+            StageKind::Transform,
+            &["set"],
+            Flow::unknown(StageKind::Transform),
+        ),
+        stage("del", StageKind::Transform, &["js"], deleter()),
+    ]);
+    assert!(r.diagnostics.is_empty(), "{:?}", codes(&r));
+}
+
+#[test]
+fn a_raw_event_handed_to_a_script_becomes_a_message() {
+    let r = run(&[
+        stage("a", StageKind::Source, &[], Flow::raw()),
+        stage(
+            "js",
+            StageKind::Transform,
+            &["a"],
+            Flow::pass()
+                .then(Step::RawAsMessage)
+                .set("took", FieldType::Number, &[]),
+        ),
+        stage(
+            "f",
+            StageKind::Transform,
+            &["js"],
+            Flow::pass()
+                .needs(Needs::Fields)
+                .read(read("message", ReadRole::Required).expecting(FieldType::String))
+                .read(read("took", ReadRole::Required).expecting(FieldType::Number))
+                .read(read("other", ReadRole::Required)),
+        ),
+    ]);
+    assert_eq!(codes(&r), [("field-not-produced", "f".to_string())]);
 }
 
 #[test]

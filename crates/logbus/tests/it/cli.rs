@@ -944,6 +944,32 @@ fn stdin_stops_reading_while_the_pipeline_is_full() {
     drain.join().unwrap();
 }
 
+/// docs/editor.md recommends `logbus fmt --check` in CI: every YAML file
+/// the project ships passes it (directories, test files included).
+#[test]
+fn every_shipped_yaml_file_is_formatted() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let o = logbus()
+        .args(["fmt", "--check"])
+        .args(
+            [
+                "pipelines",
+                "examples",
+                "xtask/pipelines",
+                "crates/logbus/tests/flow-corpus",
+            ]
+            .map(|d| root.join(d)),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn fmt_formats_every_shipped_pipeline_idempotently_and_keeps_its_comments() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -1003,7 +1029,7 @@ fn fmt_check_and_write() {
     assert!(o.status.success());
     assert_eq!(
         std::fs::read_to_string(&p).unwrap(),
-        "stages:\n  out:  # printed\n    sink: stdout\n    inputs: [read]\n  read:\n    source: stdin\n"
+        "stages:\n  out: { sink: stdout, inputs: [read] }  # printed\n  read: { source: stdin }\n"
     );
     let o = logbus().args(["fmt", "--check"]).arg(&p).output().unwrap();
     assert_eq!(o.status.code(), Some(0));

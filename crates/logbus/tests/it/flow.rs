@@ -11,12 +11,13 @@ fn repo() -> PathBuf {
 }
 
 /// The flow codes (docs/validation.md).
-const FLOW_CODES: [&str; 5] = [
+const FLOW_CODES: [&str; 6] = [
     "needs-fields",
     "needs-raw",
     "field-not-produced",
     "field-compared-to-unknown",
     "type-mismatch",
+    "field-set-unused",
 ];
 
 /// `# expect: code line, code line` on the first line of a corpus file.
@@ -161,7 +162,15 @@ stages:
     let registry = logbus::catalog::registry();
     for (case, feeding) in cases {
         let text = case.replace("OUT", &out.display().to_string());
-        let loaded = logbus_core::load_str(&text, &dir.path().join("p.yml"), &registry, &|_| None);
+        let loaded = logbus_core::load_str_with(
+            &text,
+            &dir.path().join("p.yml"),
+            &registry,
+            &|_| None,
+            logbus_core::LoadOptions {
+                record_fields: true,
+            },
+        );
         assert!(!loaded.has_errors(), "{:#?}", loaded.diagnostics);
         let known = loaded
             .fields

@@ -31,6 +31,7 @@ mod opensearch;
 #[cfg(feature = "sink-opensearch")]
 #[path = "../../../../plugins/opensearch/tests/common/mod.rs"]
 mod opensearch_common;
+mod preflight;
 mod reload;
 mod route;
 mod runtime;

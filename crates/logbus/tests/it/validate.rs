@@ -135,7 +135,41 @@ fn wrong_option_type_points_at_the_option() {
     );
     assert_eq!(at(&d), (2, 27));
     assert!(d.message.contains("option `count`"), "{}", d.message);
-    assert!(d.message.contains("invalid type"), "{}", d.message);
+    assert!(
+        d.message
+            .ends_with("expected a whole number, 0 or more, got the string \"lots\""),
+        "{}",
+        d.message
+    );
+}
+
+/// Every type error of a stage at once, each at its option.
+#[test]
+fn every_type_error_of_a_stage_is_reported() {
+    let all = diags(
+        "stages:\n  read: { source: file, path: [a], max_line_bytes: \"x\", state_dir: 5 }\n  out: { sink: stdout, inputs: [read] }\n",
+    );
+    let found: Vec<(usize, usize, &str)> = all
+        .iter()
+        .map(|d| (d.line.unwrap(), d.col.unwrap(), d.message.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (2, 25, "option `path`: expected a string, got a list"),
+            (
+                2,
+                36,
+                "option `max_line_bytes`: expected a whole number, 0 or more, got the string \"x\""
+            ),
+            (
+                2,
+                57,
+                "option `state_dir`: expected a string, got the number 5"
+            ),
+        ],
+        "{all:#?}"
+    );
 }
 
 #[test]
