@@ -229,6 +229,8 @@ pub struct FlowReport {
     /// What each stage's main (or each named) output carries, by output
     /// name, in dependency order.
     pub outputs: Vec<(String, Shape)>,
+    /// What arrives at each stage, by stage id, when recording.
+    pub inputs: Vec<(String, Shape)>,
 }
 
 /// The stage that produces output `name`, by index.
@@ -283,6 +285,9 @@ pub fn analyse(stages: &[FlowStage<'_>], record: bool) -> FlowReport {
             }
         }
         let out = run_stage(s, &input, &carried, &mut report);
+        if record {
+            report.inputs.push((s.id.to_string(), input.clone()));
+        }
         if s.kind == StageKind::Sink {
         } else if s.named_outputs.is_empty() {
             if record {

@@ -5,6 +5,7 @@
 //! [`Registry`](logbus_plugin_api::Registry) the caller fills.
 
 pub mod config;
+pub mod connect;
 pub mod diagnostic;
 pub mod flow;
 pub mod fmt;

@@ -86,6 +86,16 @@ enum Command {
         /// the open-file limit (run it on the host, before start).
         #[arg(long)]
         preflight: bool,
+        /// Also reach each stage's service with its credentials, read-only:
+        /// Kafka brokers and topics, OpenSearch, the ClickHouse table and
+        /// its columns (against the fields that arrive), S3 buckets,
+        /// CloudWatch groups, OTLP endpoints.
+        #[arg(long)]
+        connect: bool,
+        /// How long each service may take to answer `--connect`, in
+        /// seconds.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+        connect_timeout: u64,
         #[arg(long, value_enum, default_value_t = validate_cmd::ValidateFormat::Text)]
         format: validate_cmd::ValidateFormat,
     },
@@ -215,12 +225,15 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             strict_fields,
             fields,
             preflight,
+            connect,
+            connect_timeout,
             format,
         } => Ok(validate_cmd::run(
             &files,
             &validate_cmd::ValidateArgs {
                 deny_warnings,
                 preflight,
+                connect: connect.then(|| std::time::Duration::from_secs(connect_timeout)),
                 strict_fields,
                 fields,
                 format,

@@ -20,6 +20,8 @@ pub enum ValidateFormat {
 pub struct ValidateArgs {
     pub deny_warnings: bool,
     pub preflight: bool,
+    /// `--connect`, with how long each service may take.
+    pub connect: Option<std::time::Duration>,
     pub strict_fields: bool,
     pub fields: bool,
     pub format: ValidateFormat,
@@ -96,6 +98,7 @@ pub fn run(paths: &[PathBuf], args: &ValidateArgs) -> ExitCode {
         let name = file.display().to_string();
         let options = logbus_core::LoadOptions {
             record_fields: args.fields,
+            connect: args.connect.is_some(),
         };
         let loaded = match logbus_core::load_file_with(file, &registry, options) {
             Ok(l) => l,
@@ -123,6 +126,9 @@ pub fn run(paths: &[PathBuf], args: &ValidateArgs) -> ExitCode {
         }
         if args.preflight {
             diagnostics.extend(loaded.preflight());
+        }
+        if let Some(timeout) = args.connect {
+            diagnostics.extend(connect(&loaded, timeout));
         }
         diagnostics.sort_by_key(|d| (d.line.unwrap_or(0), d.col.unwrap_or(0)));
         let failing = |d: &Diagnostic| d.severity == Severity::Error || args.deny_warnings;
@@ -162,6 +168,25 @@ pub fn run(paths: &[PathBuf], args: &ValidateArgs) -> ExitCode {
         _ => crate::emit(&text),
     }
     ExitCode::from(worst)
+}
+
+/// The services probed ([`logbus_core::connect`]); only a pipeline that
+/// passed validation is worth reaching for.
+fn connect(loaded: &Loaded, timeout: std::time::Duration) -> Vec<Diagnostic> {
+    if loaded.has_errors() {
+        return Vec::new();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(r) => r.block_on(logbus_core::connect::connect(&loaded.services, timeout)),
+        Err(e) => vec![Diagnostic::error(
+            "service-unreachable",
+            format!("cannot start the runtime the probes need: {e}"),
+        )],
+    }
 }
 
 fn json_report(

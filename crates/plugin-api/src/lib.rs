@@ -7,6 +7,7 @@
 //! (`output`), its counters (`metrics`), the registry — while the event
 //! and the queues live in their own crates and are re-exported.
 
+pub mod connect;
 pub mod flow;
 pub mod host;
 pub mod line_buffer;
@@ -25,6 +26,7 @@ pub mod writing_a_plugin {}
 
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
+pub use connect::{ArrivingFields, ConnectContext, FindingLevel, Probe, ServiceFinding};
 pub use flow::{FieldRead, FieldType, Flow, Needs, ReadRole, Step};
 pub use host::{HostNeed, StatedNeed};
 pub use line_buffer::LineBuffer;

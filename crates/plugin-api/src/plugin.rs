@@ -15,6 +15,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::channel::Receiver;
+use crate::connect::{ConnectContext, Probe};
 use crate::event::Event;
 use crate::flow::Flow;
 use crate::host::StatedNeed;
@@ -350,6 +351,13 @@ pub trait Plugin: Send + Sync + 'static {
     fn host_needs(&self, _options: &Value, _cx: &BuildContext) -> Vec<StatedNeed> {
         Vec::new()
     }
+    /// A read-only probe of the service these options name (its address,
+    /// credentials, topic, bucket, table), for `validate --connect`
+    /// ([`crate::connect`]); `None` (the default) for a stage with no
+    /// service, or options that do not parse.
+    fn connect(&self, _options: &Value, _cx: ConnectContext) -> Option<Probe> {
+        None
+    }
     /// Checks options without doing any I/O.
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError>;
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>>;
@@ -400,6 +408,12 @@ pub trait TypedPlugin: Send + Sync + 'static {
     fn host_needs(&self, _options: &Self::Options, _cx: &BuildContext) -> Vec<StatedNeed> {
         Vec::new()
     }
+
+    /// See [`Plugin::connect`]; called only for options that passed every
+    /// check.
+    fn connect(&self, _options: &Self::Options, _cx: ConnectContext) -> Option<Probe> {
+        None
+    }
 }
 
 /// Adapter from [`TypedPlugin`] to [`Plugin`].
@@ -441,6 +455,10 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
             (Some(opts), _) => self.0.host_needs(&opts, cx),
             (None, _) => Vec::new(),
         }
+    }
+    fn connect(&self, options: &Value, cx: ConnectContext) -> Option<Probe> {
+        let opts = checked_options::<T::Options>(options, &options_schema::<T::Options>()).ok()?;
+        self.0.connect(&opts, cx)
     }
     fn check(&self, options: &Value, cx: &BuildContext) -> Vec<OptionError> {
         match checked_options::<T::Options>(options, &options_schema::<T::Options>()) {

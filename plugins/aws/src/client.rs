@@ -151,6 +151,78 @@ where
     }
 }
 
+/// An S3 client as the stage configures it.
+#[cfg(any(feature = "sink-s3", feature = "source-s3"))]
+pub async fn s3_client(o: &AwsOptions) -> aws_sdk_s3::Client {
+    let config = sdk_config(o).await;
+    aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(&config)
+            .force_path_style(o.force_path_style)
+            .build(),
+    )
+}
+
+/// Error codes by which AWS and S3-compatible stores refuse the
+/// credentials themselves (not a permission).
+const BAD_CREDENTIALS: &[&str] = &[
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "UnrecognizedClientException",
+    "InvalidSignatureException",
+    "InvalidClientTokenId",
+    "ExpiredToken",
+    "ExpiredTokenException",
+];
+
+/// What a failed probe request means for `validate --connect`: the store
+/// not reached, the credentials refused, the thing named missing (one of
+/// `missing_codes`, at `missing_at`), or a permission denied (an error,
+/// or a warning where the stage may hold a narrower permission than the
+/// probe needs: `denied_is_warning`).
+pub fn probe_finding<E>(
+    e: &aws_smithy_runtime_api::client::result::SdkError<E, aws_smithy_runtime_api::http::Response>,
+    service: &str,
+    missing_codes: &[&str],
+    missing_at: &[&str],
+    denied_is_warning: bool,
+) -> logbus_plugin_api::ServiceFinding
+where
+    E: aws_smithy_types::error::metadata::ProvideErrorMetadata
+        + std::error::Error
+        + Send
+        + Sync
+        + 'static,
+{
+    use aws_smithy_runtime_api::client::result::SdkError;
+    use logbus_plugin_api::ServiceFinding;
+    use logbus_plugin_api::connect::{MISSING, REFUSED, UNREACHABLE};
+    let (words, _) = describe(e, &[]);
+    let SdkError::ServiceError(answer) = e else {
+        return ServiceFinding::error(UNREACHABLE, &["endpoint"], format!("{service}: {words}"));
+    };
+    let code = answer.err().code().unwrap_or("");
+    let status = answer.raw().status().as_u16();
+    if missing_codes.contains(&code) {
+        ServiceFinding::error(MISSING, missing_at, format!("{service}: {words}"))
+    } else if BAD_CREDENTIALS.contains(&code) {
+        ServiceFinding::error(
+            REFUSED,
+            &["access_key_id"],
+            format!("{service} refused the credentials: {words}"),
+        )
+    } else if matches!(status, 401 | 403) && denied_is_warning {
+        ServiceFinding::warning(
+            REFUSED,
+            missing_at,
+            format!(
+                "{service}: {words} (the probe needs to list; a policy that only lets the stage write would refuse it too)"
+            ),
+        )
+    } else {
+        ServiceFinding::error(REFUSED, missing_at, format!("{service}: {words}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -178,6 +178,24 @@ impl TypedPlugin for CloudWatchLogsSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Amazon CloudWatch Logs: PutLogEvents batches within the service's limits (10,000 events, 1 MiB counting 26 bytes per event, 24 hours, sorted), group and stream from templates and created if missing; events refused as too old, too new or expired to <id>.dead.";
 
+    /// The credentials tried on the group (listed by its name), and a
+    /// fixed group and stream looked up unless `create_missing` makes
+    /// them at the first batch.
+    fn connect(
+        &self,
+        o: &Self::Options,
+        _cx: logbus_plugin_api::ConnectContext,
+    ) -> Option<logbus_plugin_api::Probe> {
+        let fixed = |t: &str| !t.contains("{{") && !t.contains('%');
+        let group = fixed(&o.group).then(|| o.group.clone());
+        let stream = fixed(&o.stream).then(|| o.stream.clone());
+        let (aws, create) = (o.aws.clone(), o.create_missing);
+        Some(Box::pin(async move {
+            let client = Client::new(&sdk_config(&aws).await);
+            probe_group(&client, group, stream, create).await
+        }))
+    }
+
     /// The group and stream templates' fields.
     fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {
         use logbus_plugin_api::flow::template_reads;
@@ -474,6 +492,83 @@ impl Sink for CloudWatchWriter {
             )
         });
         driver.run(cx).await
+    }
+}
+
+/// `validate --connect`: a group listed by its name (which any valid
+/// credentials may do), then its stream.
+async fn probe_group(
+    client: &Client,
+    group: Option<String>,
+    stream: Option<String>,
+    create: bool,
+) -> Vec<logbus_plugin_api::ServiceFinding> {
+    use crate::client::probe_finding;
+    use logbus_plugin_api::ServiceFinding;
+    use logbus_plugin_api::connect::MISSING;
+    let prefix = group.clone().unwrap_or_default();
+    let listed = client
+        .describe_log_groups()
+        .log_group_name_prefix(&prefix)
+        .limit(50)
+        .send()
+        .await;
+    let groups = match listed {
+        Ok(l) => l,
+        Err(e) => return vec![probe_finding(&e, "CloudWatch Logs", &[], &["group"], false)],
+    };
+    let Some(group) = group else {
+        return Vec::new();
+    };
+    let exists = groups
+        .log_groups()
+        .iter()
+        .any(|g| g.log_group_name() == Some(group.as_str()));
+    if !exists {
+        return match create {
+            true => Vec::new(),
+            false => vec![ServiceFinding::error(
+                MISSING,
+                &["group"],
+                format!(
+                    "log group `{group}` does not exist, and `create_missing: false`: every event would be refused"
+                ),
+            )],
+        };
+    }
+    let Some(stream) = stream else {
+        return Vec::new();
+    };
+    let streams = client
+        .describe_log_streams()
+        .log_group_name(&group)
+        .log_stream_name_prefix(&stream)
+        .limit(50)
+        .send()
+        .await;
+    match streams {
+        Err(e) => vec![probe_finding(
+            &e,
+            "CloudWatch Logs",
+            &["ResourceNotFoundException"],
+            &["stream"],
+            false,
+        )],
+        Ok(s)
+            if create
+                || s.log_streams()
+                    .iter()
+                    .any(|s| s.log_stream_name() == Some(stream.as_str())) =>
+        {
+            Vec::new()
+        }
+        Ok(_) => vec![ServiceFinding::error(
+            MISSING,
+            &["stream"],
+            format!(
+                "log stream `{stream}` does not exist in `{group}`, and `create_missing: false`: every event would be refused"
+            ),
+        )],
     }
 }
 

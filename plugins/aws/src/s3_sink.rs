@@ -32,7 +32,7 @@ use logbus_plugin_api::{
 use logbus_sink::{Misfit, ObjectFormat, ObjectWriter, RetryPolicy, Template};
 use serde::Deserialize;
 
-use crate::client::{AwsOptions, describe, sdk_config};
+use crate::client::{AwsOptions, describe, s3_client};
 
 /// S3's smallest part (all but the last).
 const MIN_PART: usize = 5 << 20;
@@ -406,6 +406,34 @@ impl TypedPlugin for S3Sink {
     const NAME: &'static str = "s3";
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Amazon S3 (or any S3-compatible store): events into objects per key prefix, compressed as written and uploaded in parts, so an object is never whole in memory; its events are confirmed once the object is complete.";
+
+    /// The bucket listed (one key) with the stage's credentials.
+    fn connect(
+        &self,
+        o: &Self::Options,
+        _cx: logbus_plugin_api::ConnectContext,
+    ) -> Option<logbus_plugin_api::Probe> {
+        let (aws, bucket) = (o.aws.clone(), o.bucket.clone());
+        Some(Box::pin(async move {
+            let client = s3_client(&aws).await;
+            match client
+                .list_objects_v2()
+                .bucket(&bucket)
+                .max_keys(1)
+                .send()
+                .await
+            {
+                Ok(_) => Vec::new(),
+                Err(e) => vec![crate::client::probe_finding(
+                    &e,
+                    &format!("S3 bucket `{bucket}`"),
+                    &["NoSuchBucket"],
+                    &["bucket"],
+                    true,
+                )],
+            }
+        }))
+    }
 
     /// The key prefix template's fields.
     fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {
@@ -833,12 +861,8 @@ fn object_key(prefix: &str, options: &S3SinkOptions) -> String {
 impl Sink for S3Writer {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
         let o = &self.options;
-        let config = sdk_config(&o.aws).await;
-        let s3 = aws_sdk_s3::config::Builder::from(&config)
-            .force_path_style(o.aws.force_path_style)
-            .build();
         let up = Uploader {
-            client: Client::from_conf(s3),
+            client: s3_client(&o.aws).await,
             options: o,
             retry: RetryPolicy {
                 initial_backoff: Duration::from_millis(o.retry_initial_backoff_ms),

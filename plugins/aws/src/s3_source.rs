@@ -35,7 +35,7 @@ use logbus_plugin_api::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::client::{AwsOptions, describe, sdk_config};
+use crate::client::{AwsOptions, describe, s3_client};
 use logbus_sink::RetryPolicy;
 
 /// Read size from an object's (decompressed) stream.
@@ -171,6 +171,35 @@ impl TypedPlugin for S3Source {
     const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
         "with state_dir: an object's key enters the checkpoint once the sinks confirmed every event of it, and a partly confirmed object resumes after its confirmed messages, so a restart re-sends, never skips (without it, every run reads every object)",
     );
+
+    /// The prefix listed (one key) with the stage's credentials.
+    fn connect(
+        &self,
+        o: &Self::Options,
+        _cx: logbus_plugin_api::ConnectContext,
+    ) -> Option<logbus_plugin_api::Probe> {
+        let (aws, bucket, prefix) = (o.aws.clone(), o.bucket.clone(), o.prefix.clone());
+        Some(Box::pin(async move {
+            let client = s3_client(&aws).await;
+            let listed = client
+                .list_objects_v2()
+                .bucket(&bucket)
+                .prefix(&prefix)
+                .max_keys(1)
+                .send()
+                .await;
+            match listed {
+                Ok(_) => Vec::new(),
+                Err(e) => vec![crate::client::probe_finding(
+                    &e,
+                    &format!("S3 bucket `{bucket}`"),
+                    &["NoSuchBucket"],
+                    &["bucket"],
+                    false,
+                )],
+            }
+        }))
+    }
 
     /// `state_dir` is made at start.
     fn host_needs(
@@ -655,12 +684,7 @@ async fn read_attempt(
 impl Source for S3Reader {
     async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
         let o = &self.options;
-        let config = sdk_config(&o.aws).await;
-        let client = Client::from_conf(
-            aws_sdk_s3::config::Builder::from(&config)
-                .force_path_style(o.aws.force_path_style)
-                .build(),
-        );
+        let client = s3_client(&o.aws).await;
         let progress = Arc::new(Mutex::new(Progress {
             saved: load(&self.state, &cx.id)?,
             pass: BTreeMap::new(),

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Duration;
 
+use logbus_plugin_api::connect::{self, ArrivingFields, ConnectContext, Probe, ServiceFinding};
 use logbus_plugin_api::{
     BuildContext, Built, Bytes, CheckOptions, Event, FieldPath, OptionError, Sink, SinkContext,
     StageError, StageKind, TypedPlugin, async_trait,
@@ -56,7 +57,7 @@ pub enum InsertCompression {
 }
 
 /// Options of `sink: clickhouse`.
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClickHouseSinkOptions {
     /// The HTTP interface: `http://host:8123`, or `https://host:8443`.
@@ -225,75 +226,97 @@ impl TypedPlugin for ClickHouseSink {
     const DESCRIPTION: &'static str = "ClickHouse: batched RowBinary inserts (LZ4) with a column mapping checked against DESCRIBE TABLE at start; values that do not fit and rows the server refuses (found by splitting the batch) to <id>.dead, the rest stored.";
 
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
-        let tls = options.tls.clone().unwrap_or_default();
-        let tls = tls.config(&cx.base_dir).map_err(|e| {
-            let key: &[&str] = match tls.ca_file {
-                Some(_) => &["tls", "ca_file"],
-                None => &["tls"],
-            };
-            OptionError::at(key, e.to_string())
-        })?;
-        // Idle connections dropped after 2 s, as the crate's own client.
-        let http =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(2))
-                .build(connector(tls));
-        let mut client = clickhouse::Client::with_http_client(http)
-            .with_url(&options.url)
-            .with_database(&options.database)
-            .with_compression(match options.compression {
-                InsertCompression::None => clickhouse::Compression::None,
-                InsertCompression::Lz4 => clickhouse::Compression::Lz4,
-            });
-        if let Some(user) = &options.username {
-            client = client.with_user(user);
-        }
-        if let Some(var) = &options.password_env {
-            let password = std::env::var(var).map_err(|_| {
-                OptionError::at(
-                    &["password_env"],
-                    format!("the environment variable `{var}` is not set (or not UTF-8)"),
-                )
-            })?;
-            client = client.with_password(password);
-        }
-        let mapping: Vec<Mapped> = options
-            .columns
-            .iter()
-            .flatten()
-            .map(|(name, spec)| {
-                let (field, stated) = match spec {
-                    ColumnSpec::Field(f) => (Some(f.clone()), None),
-                    ColumnSpec::Full { field, kind } => (field.clone(), kind.clone()),
-                };
-                Mapped {
-                    name: name.clone(),
-                    field,
-                    stated,
-                }
-            })
-            .collect();
-        let config = DriverConfig {
-            limits: options.delivery().limits(),
-            retry: options.delivery().retry(),
-            in_flight: options.in_flight,
-            on_rejected: options.on_rejected,
-            destination: format!(
-                "ClickHouse {} {}.{}",
-                options.url, options.database, options.table
-            ),
-        };
-        Ok(Built::Sink(Box::new(ClickHouseWriter {
-            client,
-            url: options.url,
-            database: options.database,
-            table: options.table,
-            mapping: (!mapping.is_empty()).then_some(mapping),
-            timeout: Duration::from_millis(options.request_timeout_ms),
-            deduplicate: options.deduplicate,
-            config,
-        })))
+        Ok(Built::Sink(Box::new(writer(options, cx)?)))
     }
+
+    /// `DESCRIBE TABLE` with the stage's credentials, the mapping checked
+    /// as the stage checks it at start, and each column's field against
+    /// what the flow analysis knows arrives.
+    fn connect(&self, options: &Self::Options, cx: ConnectContext) -> Option<Probe> {
+        let bcx = cx.build_context();
+        let options = options.clone();
+        Some(Box::pin(async move {
+            match writer(options, &bcx) {
+                Ok(w) => w.probe(&cx.arriving).await,
+                Err(e) => vec![ServiceFinding::setup(e)],
+            }
+        }))
+    }
+}
+
+/// The stage's writer: the client with its TLS and credentials, the
+/// mapping as stated (checked against the table at start).
+fn writer(
+    options: ClickHouseSinkOptions,
+    cx: &BuildContext,
+) -> Result<ClickHouseWriter, OptionError> {
+    let tls = options.tls.clone().unwrap_or_default();
+    let tls = tls.config(&cx.base_dir).map_err(|e| {
+        let key: &[&str] = match tls.ca_file {
+            Some(_) => &["tls", "ca_file"],
+            None => &["tls"],
+        };
+        OptionError::at(key, e.to_string())
+    })?;
+    // Idle connections dropped after 2 s, as the crate's own client.
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(2))
+        .build(connector(tls));
+    let mut client = clickhouse::Client::with_http_client(http)
+        .with_url(&options.url)
+        .with_database(&options.database)
+        .with_compression(match options.compression {
+            InsertCompression::None => clickhouse::Compression::None,
+            InsertCompression::Lz4 => clickhouse::Compression::Lz4,
+        });
+    if let Some(user) = &options.username {
+        client = client.with_user(user);
+    }
+    if let Some(var) = &options.password_env {
+        let password = std::env::var(var).map_err(|_| {
+            OptionError::at(
+                &["password_env"],
+                format!("the environment variable `{var}` is not set (or not UTF-8)"),
+            )
+        })?;
+        client = client.with_password(password);
+    }
+    let mapping: Vec<Mapped> = options
+        .columns
+        .iter()
+        .flatten()
+        .map(|(name, spec)| {
+            let (field, stated) = match spec {
+                ColumnSpec::Field(f) => (Some(f.clone()), None),
+                ColumnSpec::Full { field, kind } => (field.clone(), kind.clone()),
+            };
+            Mapped {
+                name: name.clone(),
+                field,
+                stated,
+            }
+        })
+        .collect();
+    let config = DriverConfig {
+        limits: options.delivery().limits(),
+        retry: options.delivery().retry(),
+        in_flight: options.in_flight,
+        on_rejected: options.on_rejected,
+        destination: format!(
+            "ClickHouse {} {}.{}",
+            options.url, options.database, options.table
+        ),
+    };
+    Ok(ClickHouseWriter {
+        client,
+        url: options.url,
+        database: options.database,
+        table: options.table,
+        mapping: (!mapping.is_empty()).then_some(mapping),
+        timeout: Duration::from_millis(options.request_timeout_ms),
+        deduplicate: options.deduplicate,
+        config,
+    })
 }
 
 /// One column the user mapped: its name, the field it takes (default:
@@ -415,7 +438,7 @@ impl ClickHouseWriter {
     }
 
     /// The columns to write, checked against the table.
-    fn plan(&self, table: &[DescribedColumn]) -> Result<Vec<Column>, String> {
+    fn plan(&self, table: &[DescribedColumn]) -> Result<Vec<Column>, PlanError> {
         let writable: Vec<&DescribedColumn> = table
             .iter()
             .filter(|c| !matches!(c.default_type.as_str(), "MATERIALIZED" | "ALIAS"))
@@ -446,32 +469,135 @@ impl ClickHouseWriter {
                     .filter(|n| strsim::levenshtein(n, &name) <= 2)
                     .map(|n| format!("; did you mean `{n}`?"))
                     .unwrap_or_default();
-                return Err(format!(
-                    "column `{name}` is not in the table (its columns: {}){hint}",
-                    names.join(", ")
+                return Err(PlanError::new(
+                    &name,
+                    format!(
+                        "column `{name}` is not in the table (its columns: {}){hint}",
+                        names.join(", ")
+                    ),
                 ));
             };
             if matches!(found.default_type.as_str(), "MATERIALIZED" | "ALIAS") {
-                return Err(format!(
-                    "column `{name}` is {} (computed by the server): it cannot be written",
-                    found.default_type
+                return Err(PlanError::new(
+                    &name,
+                    format!(
+                        "column `{name}` is {} (computed by the server): it cannot be written",
+                        found.default_type
+                    ),
                 ));
             }
             if let Some(stated) = stated
                 && normalise(&stated) != normalise(&found.kind)
             {
-                return Err(format!(
-                    "column `{name}`: the mapping says {stated}, the table has {}",
-                    found.kind
+                return Err(PlanError::new(
+                    &name,
+                    format!(
+                        "column `{name}`: the mapping says {stated}, the table has {}",
+                        found.kind
+                    ),
                 ));
             }
-            let kind =
-                ColumnType::parse(&found.kind).map_err(|e| format!("column `{name}`: {e}"))?;
+            let kind = ColumnType::parse(&found.kind)
+                .map_err(|e| PlanError::new(&name, format!("column `{name}`: {e}")))?;
             let field = field.unwrap_or_else(|| name.clone());
-            let path = FieldPath::parse(&field).map_err(|e| format!("column `{name}`: {e}"))?;
-            columns.push(Column { name, path, kind });
+            let path = FieldPath::parse(&field)
+                .map_err(|e| PlanError::new(&name, format!("column `{name}`: {e}")))?;
+            columns.push(Column {
+                name,
+                field,
+                path,
+                kind,
+                nullable: found.kind.starts_with("Nullable("),
+                has_default: !found.default_type.is_empty(),
+            });
         }
         Ok(columns)
+    }
+
+    /// What `validate --connect` finds: the table described with these
+    /// credentials, the mapping planned as at start, and the fields that
+    /// arrive compared with the columns.
+    async fn probe(&self, arriving: &ArrivingFields) -> Vec<ServiceFinding> {
+        let table = match self.describe().await {
+            Ok(t) => t,
+            Err(Failure::Transient(reason)) => {
+                return vec![ServiceFinding::error(
+                    connect::UNREACHABLE,
+                    &["url"],
+                    format!("ClickHouse at {}: {reason}", self.url),
+                )];
+            }
+            Err(Failure::Data(reason)) => return vec![refusal(&reason)],
+        };
+        let columns = match self.plan(&table) {
+            Ok(c) => c,
+            Err(e) => {
+                return vec![ServiceFinding::error(
+                    COLUMN_MISMATCH,
+                    &self.option_of(&e.column),
+                    e.message,
+                )];
+            }
+        };
+        let mut found = Vec::new();
+        for c in &columns {
+            if arriving.may_have(&c.field) {
+                continue;
+            }
+            // The insert names every column it writes, so a DEFAULT is
+            // not used for a missing field.
+            let gets = match (c.nullable, c.has_default) {
+                (true, _) => "NULL",
+                (false, true) => {
+                    "the type's zero value, not the column's DEFAULT (the insert names the column)"
+                }
+                (false, false) => "the type's zero value",
+            };
+            found.push(ServiceFinding::warning(
+                connect::COLUMN_NOT_PRODUCED,
+                &self.option_of(&c.name),
+                format!(
+                    "column `{}` is written from field `{}`, which no upstream stage produces: every row gets {gets}",
+                    c.name, c.field
+                ),
+            ));
+        }
+        if self.mapping.is_none()
+            && let Some(top) = arriving.closed_top_level()
+        {
+            let stored: Vec<&str> = columns
+                .iter()
+                .map(|c| c.field.split('.').next().unwrap_or(&c.field))
+                .collect();
+            let lost: Vec<String> = top
+                .into_iter()
+                .filter(|f| !stored.contains(f))
+                .map(|f| format!("`{f}`"))
+                .collect();
+            if !lost.is_empty() {
+                found.push(ServiceFinding::warning(
+                    connect::FIELD_NOT_STORED,
+                    &["table"],
+                    format!(
+                        "{} arrive{} but table {}.{} has no such column: not stored (map them with `columns:`, or add the columns)",
+                        lost.join(", "),
+                        if lost.len() == 1 { "s" } else { "" },
+                        self.database,
+                        self.table
+                    ),
+                ));
+            }
+        }
+        found
+    }
+
+    /// Where a column's finding belongs: its mapping entry, or the table
+    /// when every column is taken by name.
+    fn option_of<'a>(&'a self, column: &'a str) -> Vec<&'a str> {
+        match &self.mapping {
+            Some(m) if m.iter().any(|c| c.name == column) => vec!["columns", column],
+            _ => vec!["table"],
+        }
     }
 }
 
@@ -512,8 +638,63 @@ impl Sink for ClickHouseWriter {
 
 struct Column {
     name: String,
+    /// The field as the mapping names it.
+    field: String,
     path: FieldPath,
     kind: ColumnType,
+    nullable: bool,
+    has_default: bool,
+}
+
+/// A column the stage cannot write as mapped.
+#[derive(Debug)]
+struct PlanError {
+    column: String,
+    message: String,
+}
+
+impl PlanError {
+    fn new(column: &str, message: String) -> Self {
+        PlanError {
+            column: column.to_string(),
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The mapping does not fit the table (the stage would fail at start).
+const COLUMN_MISMATCH: &str = "column-mismatch";
+
+/// The server answered `DESCRIBE TABLE` with an error: which option is at
+/// fault, from ClickHouse's error code.
+fn refusal(reason: &str) -> ServiceFinding {
+    // Some answers wrap the text as `{"exception": "..."}`.
+    let unwrapped = serde_json::from_str::<serde_json::Value>(reason)
+        .ok()
+        .and_then(|v| v["exception"].as_str().map(str::to_string));
+    let reason = unwrapped.as_deref().unwrap_or(reason);
+    let code: Option<u32> = reason
+        .split("Code: ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok());
+    match code {
+        // UNKNOWN_TABLE
+        Some(60) => ServiceFinding::error(connect::MISSING, &["table"], reason),
+        // UNKNOWN_DATABASE
+        Some(81) => ServiceFinding::error(connect::MISSING, &["database"], reason),
+        // UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, AUTHENTICATION_FAILED
+        Some(192 | 193 | 194 | 516) => {
+            ServiceFinding::error(connect::REFUSED, &["username"], reason)
+        }
+        _ => ServiceFinding::error(connect::REFUSED, &["table"], reason),
+    }
 }
 
 /// One RowBinary row per event, in the insert's column order.
@@ -699,6 +880,32 @@ impl Service for ClickHouseService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `validate --connect`: the server's error code says which option is
+    /// at fault; a JSON-wrapped answer is unwrapped.
+    #[test]
+    fn a_refused_describe_names_the_option_at_fault() {
+        let at = |reason: &str| {
+            let f = refusal(reason);
+            (f.code, f.option.join("."), f.message)
+        };
+        assert_eq!(
+            at("Code: 60. DB::Exception: Table default.x does not exist. (UNKNOWN_TABLE)").0,
+            connect::MISSING
+        );
+        assert_eq!(
+            at("Code: 81. DB::Exception: Database d does not exist. (UNKNOWN_DATABASE)").1,
+            "database"
+        );
+        let wrong = at("Code: 516. DB::Exception: logbus: Authentication failed");
+        assert_eq!((wrong.0, wrong.1.as_str()), (connect::REFUSED, "username"));
+        let wrapped = at(r#"{"exception": "Code: 60. DB::Exception: Table t does not exist"}"#);
+        assert_eq!((wrapped.0, wrapped.1.as_str()), (connect::MISSING, "table"));
+        assert_eq!(wrapped.2, "Code: 60. DB::Exception: Table t does not exist");
+        let other = at("Code: 497. DB::Exception: Not enough privileges");
+        assert_eq!((other.0, other.1.as_str()), (connect::REFUSED, "table"));
+        assert_eq!(at("no code at all").0, connect::REFUSED);
+    }
 
     #[test]
     fn codes_are_read_from_server_exceptions() {

@@ -4,6 +4,8 @@ use logbus_plugin_api::Registry;
 
 #[cfg(any(feature = "sink-kafka", feature = "source-kafka"))]
 pub mod client;
+#[cfg(any(feature = "sink-kafka", feature = "source-kafka"))]
+pub mod probe;
 #[cfg(feature = "sink-kafka")]
 pub mod sink;
 #[cfg(feature = "source-kafka")]

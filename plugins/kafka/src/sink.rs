@@ -294,6 +294,28 @@ impl TypedPlugin for KafkaSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Kafka producer (librdkafka): topic and key from templates, headers from fields, gzip/snappy/lz4/zstd, idempotent acks=all; commits each event on its delivery report, refused ones to <id>.dead.";
 
+    /// The brokers reached with the stage's security settings; a fixed
+    /// topic looked up ([`crate::probe`]).
+    fn connect(
+        &self,
+        o: &KafkaSinkOptions,
+        cx: logbus_plugin_api::ConnectContext,
+    ) -> Option<logbus_plugin_api::Probe> {
+        let topics = match o.topic.contains("{{") {
+            true => Vec::new(),
+            false => vec![(o.topic.clone(), vec!["topic".to_string()])],
+        };
+        let spec = crate::probe::ProbeSpec {
+            brokers: o.brokers.clone(),
+            tls: o.tls.clone(),
+            sasl: o.sasl.clone(),
+            librdkafka: o.librdkafka.clone(),
+            topics,
+            reader: false,
+        };
+        Some(crate::probe::probe(spec, &cx.build_context(), cx.timeout))
+    }
+
     /// The topic and key templates' fields, and the header fields (a
     /// missing header is left out).
     fn flow(&self, o: &KafkaSinkOptions) -> logbus_plugin_api::Flow {

@@ -235,6 +235,31 @@ impl TypedPlugin for KafkaSource {
     const DESCRIPTION: &'static str = "Kafka consumer-group member (librdkafka): topics by name or pattern, offsets committed only for finished events, rebalances, bounded prefetch; topic, partition, offset, key, headers and timestamp as attributes.";
 
     /// Raw events (one per line or message); a `codec:` parses them.
+    /// The brokers reached with the stage's security settings; each topic
+    /// named (not a pattern) looked up ([`crate::probe`]).
+    fn connect(
+        &self,
+        o: &KafkaSourceOptions,
+        cx: logbus_plugin_api::ConnectContext,
+    ) -> Option<logbus_plugin_api::Probe> {
+        let topics = o
+            .topics
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.starts_with('^'))
+            .map(|(i, t)| (t.clone(), vec!["topics".to_string(), i.to_string()]))
+            .collect();
+        let spec = crate::probe::ProbeSpec {
+            brokers: o.brokers.clone(),
+            tls: o.tls.clone(),
+            sasl: o.sasl.clone(),
+            librdkafka: o.librdkafka.clone(),
+            topics,
+            reader: true,
+        };
+        Some(crate::probe::probe(spec, &cx.build_context(), cx.timeout))
+    }
+
     fn flow(&self, _options: &KafkaSourceOptions) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::raw()
     }

@@ -23,6 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use logbus_compress::{CompressWriter, Compression};
+use logbus_plugin_api::connect::{self, ConnectContext, Probe, ServiceFinding};
 use logbus_plugin_api::{
     BuildContext, Built, Bytes, CheckOptions, Event, FieldPath, OptionError, Payload, Sink,
     SinkContext, StageError, StageKind, TypedPlugin, async_trait,
@@ -286,15 +287,21 @@ impl TypedPlugin for OpenSearchSink {
         reads.into_iter().fold(Flow::pass(), Flow::read)
     }
 
+    fn connect(&self, options: &Self::Options, cx: ConnectContext) -> Option<Probe> {
+        let fixed = |t: &str| !t.contains("{{") && !t.contains('%');
+        let index = fixed(&options.index).then(|| options.index.clone());
+        let pipeline = options.pipeline.clone().filter(|p| fixed(p));
+        let endpoints = options.endpoints.clone();
+        let connection = connection(options, &cx.build_context());
+        Some(Box::pin(async move {
+            match connection {
+                Ok((client, auth)) => probe(client, auth, endpoints, index, pipeline).await,
+                Err(e) => vec![ServiceFinding::setup(e)],
+            }
+        }))
+    }
+
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
-        let secret = |key: &str, var: &str| {
-            std::env::var(var).map_err(|_| {
-                OptionError::at(
-                    &[key],
-                    format!("the environment variable `{var}` is not set (or not UTF-8)"),
-                )
-            })
-        };
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
             reqwest::header::CONTENT_TYPE,
@@ -306,34 +313,7 @@ impl TypedPlugin for OpenSearchSink {
                 reqwest::header::HeaderValue::from_static("gzip"),
             );
         }
-        let auth = match (&options.username, &options.bearer_token_env) {
-            (Some(user), _) => Auth::Basic {
-                user: user.clone(),
-                password: options
-                    .password_env
-                    .as_deref()
-                    .map(|var| secret("password_env", var))
-                    .transpose()?,
-            },
-            (None, Some(var)) => Auth::Bearer(secret("bearer_token_env", var)?.trim().to_string()),
-            (None, None) => Auth::None,
-        };
-        let tls = options.tls.clone().unwrap_or_default();
-        let tls = tls.config(&cx.base_dir).map_err(|e| {
-            let key: &[&str] = match tls.ca_file {
-                Some(_) => &["tls", "ca_file"],
-                None => &["tls"],
-            };
-            OptionError::at(key, e.to_string())
-        })?;
-        let client = reqwest::Client::builder()
-            .use_preconfigured_tls((*tls).clone())
-            .timeout(Duration::from_millis(options.request_timeout_ms))
-            .pool_max_idle_per_host(options.in_flight)
-            .build()
-            .map_err(|e| {
-                OptionError::at(&["endpoints"], format!("building the HTTP client: {e}"))
-            })?;
+        let (client, auth) = connection(&options, cx)?;
         let field = |key: &str, f: &str| {
             FieldPath::parse(f).map_err(|e| OptionError::at(&[key], e.to_string()))
         };
@@ -391,6 +371,149 @@ impl TypedPlugin for OpenSearchSink {
             driver: Driver::new(service, encoder, config),
         })))
     }
+}
+
+/// The HTTP client (TLS, timeout) and the credentials, as the stage and
+/// its `validate --connect` probe use them.
+fn connection(
+    options: &OpenSearchSinkOptions,
+    cx: &BuildContext,
+) -> Result<(reqwest::Client, Auth), OptionError> {
+    let secret = |key: &str, var: &str| {
+        std::env::var(var).map_err(|_| {
+            OptionError::at(
+                &[key],
+                format!("the environment variable `{var}` is not set (or not UTF-8)"),
+            )
+        })
+    };
+    let auth = match (&options.username, &options.bearer_token_env) {
+        (Some(user), _) => Auth::Basic {
+            user: user.clone(),
+            password: options
+                .password_env
+                .as_deref()
+                .map(|var| secret("password_env", var))
+                .transpose()?,
+        },
+        (None, Some(var)) => Auth::Bearer(secret("bearer_token_env", var)?.trim().to_string()),
+        (None, None) => Auth::None,
+    };
+    let tls = options.tls.clone().unwrap_or_default();
+    let tls = tls.config(&cx.base_dir).map_err(|e| {
+        let key: &[&str] = match tls.ca_file {
+            Some(_) => &["tls", "ca_file"],
+            None => &["tls"],
+        };
+        OptionError::at(key, e.to_string())
+    })?;
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls((*tls).clone())
+        .timeout(Duration::from_millis(options.request_timeout_ms))
+        .pool_max_idle_per_host(options.in_flight)
+        .build()
+        .map_err(|e| OptionError::at(&["endpoints"], format!("building the HTTP client: {e}")))?;
+    Ok((client, auth))
+}
+
+impl Auth {
+    fn apply(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self {
+            Auth::None => request,
+            Auth::Basic { user, password } => request.basic_auth(user, password.as_deref()),
+            Auth::Bearer(token) => request.bearer_auth(token),
+        }
+    }
+}
+
+/// `validate --connect`: each endpoint answers with these credentials; a
+/// fixed index may be created if missing (unless the cluster forbids it);
+/// a fixed ingest pipeline exists.
+async fn probe(
+    client: reqwest::Client,
+    auth: Auth,
+    endpoints: Vec<String>,
+    index: Option<String>,
+    pipeline: Option<String>,
+) -> Vec<ServiceFinding> {
+    let credentials: &[&str] = match &auth {
+        Auth::Bearer(_) => &["bearer_token_env"],
+        _ => &["username"],
+    };
+    let mut found = Vec::new();
+    let mut reached = None;
+    for (i, endpoint) in endpoints.iter().enumerate() {
+        let base = endpoint.trim_end_matches('/').to_string();
+        let at = ["endpoints".to_string(), i.to_string()];
+        let at: Vec<&str> = at.iter().map(String::as_str).collect();
+        match auth.apply(client.get(format!("{base}/"))).send().await {
+            Err(e) => found.push(ServiceFinding::error(
+                connect::UNREACHABLE,
+                &at,
+                format!("{base}: {}", error_chain(&e)),
+            )),
+            Ok(r) if matches!(r.status().as_u16(), 401 | 403) => found.push(ServiceFinding::error(
+                connect::REFUSED,
+                credentials,
+                format!("{base} refused the credentials: HTTP {}", r.status()),
+            )),
+            Ok(r) if !r.status().is_success() => found.push(ServiceFinding::error(
+                connect::UNREACHABLE,
+                &at,
+                format!("{base} answered HTTP {} to GET /", r.status()),
+            )),
+            Ok(_) => {
+                reached.get_or_insert(base);
+            }
+        }
+    }
+    let Some(base) = reached else {
+        return found;
+    };
+    let get = |path: String| auth.apply(client.get(format!("{base}/{path}"))).send();
+    if let Some(pipeline) = pipeline
+        && let Ok(r) = get(format!("_ingest/pipeline/{pipeline}")).await
+        && r.status() == reqwest::StatusCode::NOT_FOUND
+    {
+        found.push(ServiceFinding::error(
+            connect::MISSING,
+            &["pipeline"],
+            format!("ingest pipeline `{pipeline}` does not exist on the cluster: every document would be refused"),
+        ));
+    }
+    if let Some(index) = index
+        && let Ok(r) = auth
+            .apply(client.head(format!("{base}/{index}")))
+            .send()
+            .await
+        && r.status() == reqwest::StatusCode::NOT_FOUND
+    {
+        let settings = get(
+            "_cluster/settings?include_defaults=true&flat_settings=true&filter_path=*.action.auto_create_index".into(),
+        )
+        .await;
+        let forbidden = match settings {
+            Ok(r) => r
+                .bytes()
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .is_some_and(|v| {
+                    ["persistent", "transient", "defaults"]
+                        .iter()
+                        .any(|scope| v[scope]["action.auto_create_index"].as_str() == Some("false"))
+                }),
+            Err(_) => false,
+        };
+        if forbidden {
+            found.push(ServiceFinding::error(
+                connect::MISSING,
+                &["index"],
+                format!("index `{index}` does not exist and the cluster does not create indices (`action.auto_create_index: false`): every document would be refused"),
+            ));
+        }
+    }
+    found
 }
 
 struct OpenSearchWriter {
@@ -609,11 +732,7 @@ impl Service for OpenSearchService {
             .post(url)
             .headers(self.headers.clone())
             .body(request.body.clone());
-        post = match &self.auth {
-            Auth::None => post,
-            Auth::Basic { user, password } => post.basic_auth(user, password.as_deref()),
-            Auth::Bearer(token) => post.bearer_auth(token),
-        };
+        post = self.auth.apply(post);
         let sent = post.send().await;
         let resp = match sent {
             Ok(r) => r,

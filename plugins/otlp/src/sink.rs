@@ -21,6 +21,7 @@ use std::io::Write;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use logbus_plugin_api::connect::{self, ConnectContext, Probe, ServiceFinding};
 use logbus_plugin_api::{
     BuildContext, Built, Bytes, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
     StageKind, TypedPlugin, async_trait,
@@ -246,109 +247,62 @@ impl TypedPlugin for OtlpSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "OpenTelemetry log records to an OTLP receiver over gRPC or HTTP (protobuf, gzip, headers), batched per resource and scope, retried as the OTLP specification says; commits once the receiver accepted the request.";
 
+    /// An empty export (no log records) sent as the stage would send a
+    /// batch: the endpoint, protocol, TLS and headers (credentials)
+    /// answered for, nothing stored.
+    fn connect(&self, options: &OtlpSinkOptions, cx: ConnectContext) -> Option<Probe> {
+        let service = service(options, &cx.build_context());
+        Some(Box::pin(async move {
+            let service = match service {
+                Ok(s) => s,
+                Err(e) => return vec![ServiceFinding::setup(e)],
+            };
+            let empty = match service.compressed(Vec::new()) {
+                Ok(b) => b,
+                Err(e) => return vec![ServiceFinding::error(connect::SETUP, &["compression"], e)],
+            };
+            match service.export(empty).await {
+                Ok(_) => Vec::new(),
+                Err(Response::Retry { reason, .. }) => vec![ServiceFinding::error(
+                    connect::UNREACHABLE,
+                    &["endpoint"],
+                    format!("{}: {reason}", service.url),
+                )],
+                Err(Response::Rejected { reason }) => {
+                    let denied = ["401", "403", "Unauthenticated", "PermissionDenied"]
+                        .iter()
+                        .any(|w| reason.contains(w));
+                    let at: &[&str] = if denied { &["headers"] } else { &["endpoint"] };
+                    vec![ServiceFinding::error(
+                        connect::REFUSED,
+                        at,
+                        format!("{} refused an empty export: {reason}", service.url),
+                    )]
+                }
+                Err(other) => vec![ServiceFinding::error(
+                    connect::REFUSED,
+                    &["endpoint"],
+                    format!("{}: {other:?}", service.url),
+                )],
+            }
+        }))
+    }
+
     fn build(&self, options: OtlpSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
-        let url = options.url();
-        let transport = match options.protocol {
-            Protocol::Grpc => {
-                let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
-                    .map_err(|e| OptionError::at(&["endpoint"], e.to_string()))?
-                    .connect_timeout(Duration::from_millis(options.request_timeout_ms))
-                    .timeout(Duration::from_millis(options.request_timeout_ms))
-                    .tcp_nodelay(true);
-                let mut metadata = tonic::metadata::MetadataMap::new();
-                for (k, v) in &options.headers {
-                    let key =
-                        tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                            .map_err(|_| {
-                                OptionError::at(&["headers", k], "not a valid header name")
-                            })?;
-                    let value = v.parse().map_err(|_| {
-                        OptionError::at(&["headers", k], "not a valid header value")
-                    })?;
-                    metadata.insert(key, value);
-                }
-                let tls = if url.starts_with("https://") {
-                    let uri: tonic::codegen::http::Uri = url
-                        .parse()
-                        .map_err(|e| OptionError::at(&["endpoint"], format!("{e}")))?;
-                    let host = uri.host().unwrap_or_default();
-                    let port = uri.port_u16().unwrap_or(443);
-                    let settings = options.tls.clone().unwrap_or_default();
-                    let name = settings
-                        .server_name(&format!("{host}:{port}"))
-                        .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
-                    let config = settings
-                        .config_with_alpn(&cx.base_dir, &[b"h2"])
-                        .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
-                    Some(TlsConnect {
-                        connector: logbus_tls::TlsConnector::from(config),
-                        name,
-                        host: host.trim_start_matches('[').trim_end_matches(']').into(),
-                        port,
-                    })
-                } else {
-                    None
-                };
-                Transport::Grpc {
-                    endpoint: Box::new(endpoint),
-                    tls,
-                    channel: OnceLock::new(),
-                    metadata,
-                }
-            }
-            Protocol::Http => {
-                let tls = options.tls.clone().unwrap_or_default();
-                let tls = tls
-                    .config(&cx.base_dir)
-                    .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
-                let client = reqwest::Client::builder()
-                    .use_preconfigured_tls((*tls).clone())
-                    .timeout(Duration::from_millis(options.request_timeout_ms))
-                    .pool_max_idle_per_host(options.in_flight)
-                    .build()
-                    .map_err(|e| {
-                        OptionError::at(&["endpoint"], format!("building the HTTP client: {e}"))
-                    })?;
-                let mut headers = reqwest::header::HeaderMap::new();
-                headers.insert(
-                    reqwest::header::CONTENT_TYPE,
-                    reqwest::header::HeaderValue::from_static("application/x-protobuf"),
-                );
-                if options.compression == OtlpCompression::Gzip {
-                    headers.insert(
-                        reqwest::header::CONTENT_ENCODING,
-                        reqwest::header::HeaderValue::from_static("gzip"),
-                    );
-                }
-                for (k, v) in &options.headers {
-                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                        .map_err(|_| OptionError::at(&["headers", k], "not a valid header name"))?;
-                    let value = reqwest::header::HeaderValue::from_str(v).map_err(|_| {
-                        OptionError::at(&["headers", k], "not a valid header value")
-                    })?;
-                    headers.insert(name, value);
-                }
-                Transport::Http { client, headers }
-            }
-        };
+        let service = service(&options, cx)?;
         let config = DriverConfig {
             limits: options.delivery().limits(),
             retry: options.delivery().retry(),
             in_flight: options.in_flight,
             on_rejected: options.on_rejected,
             destination: format!(
-                "OTLP/{} {url}",
+                "OTLP/{} {}",
                 match options.protocol {
                     Protocol::Grpc => "gRPC",
                     Protocol::Http => "HTTP",
-                }
+                },
+                service.url
             ),
-        };
-        let service = OtlpService {
-            transport,
-            url,
-            gzip: options.compression == OtlpCompression::Gzip,
-            gzip_level: options.compression_level.unwrap_or(6),
         };
         let encoder = RecordEncoder(Mapping {
             body: options.body_field.clone(),
@@ -358,6 +312,97 @@ impl TypedPlugin for OtlpSink {
         let driver = Driver::new(service, encoder, config).partition_by(batch_key);
         Ok(Built::Sink(Box::new(OtlpWriter { driver })))
     }
+}
+
+/// The transport as the options set it up (the stage's and the probe's).
+fn service(options: &OtlpSinkOptions, cx: &BuildContext) -> Result<OtlpService, OptionError> {
+    let url = options.url();
+    let transport = match options.protocol {
+        Protocol::Grpc => {
+            let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+                .map_err(|e| OptionError::at(&["endpoint"], e.to_string()))?
+                .connect_timeout(Duration::from_millis(options.request_timeout_ms))
+                .timeout(Duration::from_millis(options.request_timeout_ms))
+                .tcp_nodelay(true);
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            for (k, v) in &options.headers {
+                let key =
+                    tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                        .map_err(|_| OptionError::at(&["headers", k], "not a valid header name"))?;
+                let value = v
+                    .parse()
+                    .map_err(|_| OptionError::at(&["headers", k], "not a valid header value"))?;
+                metadata.insert(key, value);
+            }
+            let tls = if url.starts_with("https://") {
+                let uri: tonic::codegen::http::Uri = url
+                    .parse()
+                    .map_err(|e| OptionError::at(&["endpoint"], format!("{e}")))?;
+                let host = uri.host().unwrap_or_default();
+                let port = uri.port_u16().unwrap_or(443);
+                let settings = options.tls.clone().unwrap_or_default();
+                let name = settings
+                    .server_name(&format!("{host}:{port}"))
+                    .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
+                let config = settings
+                    .config_with_alpn(&cx.base_dir, &[b"h2"])
+                    .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
+                Some(TlsConnect {
+                    connector: logbus_tls::TlsConnector::from(config),
+                    name,
+                    host: host.trim_start_matches('[').trim_end_matches(']').into(),
+                    port,
+                })
+            } else {
+                None
+            };
+            Transport::Grpc {
+                endpoint: Box::new(endpoint),
+                tls,
+                channel: OnceLock::new(),
+                metadata,
+            }
+        }
+        Protocol::Http => {
+            let tls = options.tls.clone().unwrap_or_default();
+            let tls = tls
+                .config(&cx.base_dir)
+                .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
+            let client = reqwest::Client::builder()
+                .use_preconfigured_tls((*tls).clone())
+                .timeout(Duration::from_millis(options.request_timeout_ms))
+                .pool_max_idle_per_host(options.in_flight)
+                .build()
+                .map_err(|e| {
+                    OptionError::at(&["endpoint"], format!("building the HTTP client: {e}"))
+                })?;
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(
+                reqwest::header::CONTENT_TYPE,
+                reqwest::header::HeaderValue::from_static("application/x-protobuf"),
+            );
+            if options.compression == OtlpCompression::Gzip {
+                headers.insert(
+                    reqwest::header::CONTENT_ENCODING,
+                    reqwest::header::HeaderValue::from_static("gzip"),
+                );
+            }
+            for (k, v) in &options.headers {
+                let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| OptionError::at(&["headers", k], "not a valid header name"))?;
+                let value = reqwest::header::HeaderValue::from_str(v)
+                    .map_err(|_| OptionError::at(&["headers", k], "not a valid header value"))?;
+                headers.insert(name, value);
+            }
+            Transport::Http { client, headers }
+        }
+    };
+    Ok(OtlpService {
+        transport,
+        url,
+        gzip: options.compression == OtlpCompression::Gzip,
+        gzip_level: options.compression_level.unwrap_or(6),
+    })
 }
 
 /// Events with the same resource and scope share a request.
@@ -488,22 +533,47 @@ impl Service for OtlpService {
         drop(scope_logs);
         let mut request = Vec::with_capacity(resource_logs.len() + 8);
         field(1, &resource_logs, &mut request);
-        if self.gzip && matches!(self.transport, Transport::Http { .. }) {
-            let mut w = flate2::write::GzEncoder::new(
-                Vec::with_capacity(request.len() / 4),
-                flate2::Compression::new(self.gzip_level),
-            );
-            w.write_all(&request)
-                .map_err(|e| format!("compressing the request: {e}"))?;
-            request = w
-                .finish()
-                .map_err(|e| format!("compressing the request: {e}"))?;
-        }
-        Ok(Bytes::from(request))
+        self.compressed(request)
     }
 
     async fn send(&self, request: &Bytes) -> Response {
-        let answer = match &self.transport {
+        match self.export(request.clone()).await {
+            Ok(Some(partial)) => {
+                tracing::warn!(
+                    destination = %self.url,
+                    "the receiver refused {} log records for good: {}",
+                    partial.rejected_log_records,
+                    partial.error_message
+                );
+                Response::Delivered
+            }
+            Ok(None) => Response::Delivered,
+            Err(response) => response,
+        }
+    }
+}
+
+impl OtlpService {
+    /// The request as sent: gzip-compressed for OTLP/HTTP with
+    /// `compression: gzip` (gRPC compresses its own frames).
+    fn compressed(&self, request: Vec<u8>) -> Result<Bytes, String> {
+        if !(self.gzip && matches!(self.transport, Transport::Http { .. })) {
+            return Ok(Bytes::from(request));
+        }
+        let mut w = flate2::write::GzEncoder::new(
+            Vec::with_capacity(request.len() / 4),
+            flate2::Compression::new(self.gzip_level),
+        );
+        w.write_all(&request)
+            .map_err(|e| format!("compressing the request: {e}"))?;
+        w.finish()
+            .map(Bytes::from)
+            .map_err(|e| format!("compressing the request: {e}"))
+    }
+
+    /// One export request and what the receiver answered.
+    async fn export(&self, request: Bytes) -> Answer {
+        match &self.transport {
             Transport::Grpc {
                 endpoint,
                 tls,
@@ -516,24 +586,11 @@ impl Service for OtlpService {
                         Some(tls) => endpoint.connect_with_connector_lazy(tls.clone().service()),
                     })
                     .clone();
-                send_grpc(channel, metadata, request.clone(), self.gzip).await
+                send_grpc(channel, metadata, request, self.gzip).await
             }
             Transport::Http { client, headers } => {
-                send_http(client, &self.url, headers, request.clone()).await
+                send_http(client, &self.url, headers, request).await
             }
-        };
-        match answer {
-            Ok(Some(partial)) => {
-                tracing::warn!(
-                    destination = %self.url,
-                    "the receiver refused {} log records for good: {}",
-                    partial.rejected_log_records,
-                    partial.error_message
-                );
-                Response::Delivered
-            }
-            Ok(None) => Response::Delivered,
-            Err(response) => response,
         }
     }
 }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use logbus_plugin_api::{
-    BuildContext, CheckOptions, Flow, Plugin, Registry, StageKind, Step, closest, parse_options,
+    ArrivingFields, BuildContext, CheckOptions, Flow, Plugin, Registry, StageKind, Step, closest,
+    parse_options,
 };
 use serde_json::Value;
 
@@ -15,6 +16,7 @@ use super::{
     COMMON_KEYS, DEAD_SUFFIX, ERRORS_SUFFIX, MAX_WORKERS, OnError, Pipeline, QueueKind, QueueScope,
     QueueSpec, Settings, StageSpec,
 };
+use crate::connect::PlacedService;
 use crate::diagnostic::Diagnostic;
 use crate::flow::{FlowStage, Shape};
 use crate::preflight::PlacedNeed;
@@ -33,6 +35,9 @@ pub struct Loaded {
     pub fields: Vec<(String, Shape)>,
     /// What the stages need from the host (`validate --preflight`).
     pub host_needs: Vec<PlacedNeed>,
+    /// The stages as `validate --connect` probes them, when
+    /// [`LoadOptions::connect`] asked for them.
+    pub services: Vec<PlacedService>,
 }
 
 impl Loaded {
@@ -62,6 +67,9 @@ pub struct LoadOptions {
     /// Keep what each output carries ([`Loaded::fields`]): memory in
     /// proportion to stages × fields, for `validate --fields`.
     pub record_fields: bool,
+    /// Keep each stage's options, their places and what arrives at it
+    /// ([`Loaded::services`]), for `validate --connect`.
+    pub connect: bool,
 }
 
 /// Reads and validates a pipeline file, expanding variables from the process environment.
@@ -136,6 +144,8 @@ pub fn load_str_with(
         undeclared: Vec::new(),
         flow_outputs: Vec::new(),
         host_needs: Vec::new(),
+        services: Vec::new(),
+        arriving: Vec::new(),
         base_dir: path
             .parent()
             .map(Path::to_path_buf)
@@ -154,6 +164,7 @@ pub fn load_str_with(
         undeclared,
         fields: cx.flow_outputs,
         host_needs: cx.host_needs,
+        services: crate::connect::with_arriving(cx.services, &cx.arriving),
     }
 }
 
@@ -165,6 +176,8 @@ struct Checker<'a> {
     undeclared: Vec<Diagnostic>,
     flow_outputs: Vec<(String, Shape)>,
     host_needs: Vec<PlacedNeed>,
+    services: Vec<PlacedService>,
+    arriving: Vec<(String, Shape)>,
     base_dir: PathBuf,
 }
 
@@ -419,6 +432,7 @@ impl Checker<'_> {
         let step_pos = place_steps(&flow, Some(node), pos);
         if let Some(p) = &plugin {
             self.place_needs(id, p.as_ref(), &options, Some(node), pos);
+            self.keep_for_connect(id, p, &options, Some(node), pos);
         }
         Some(RawStage {
             id: id.to_string(),
@@ -837,6 +851,7 @@ impl Checker<'_> {
             options_node,
             value.pos,
         );
+        self.keep_for_connect(&attached_id, &plugin, &options, options_node, value.pos);
         Some(Box::new(RawStage {
             id: attached_id,
             pos: key.pos,
@@ -1151,6 +1166,28 @@ impl Checker<'_> {
         }
     }
 
+    /// A stage as `validate --connect` will probe it (only when asked).
+    fn keep_for_connect(
+        &mut self,
+        id: &str,
+        plugin: &Arc<dyn Plugin>,
+        options: &Value,
+        node: Option<&Node>,
+        pos: Pos,
+    ) {
+        if self.options.connect {
+            self.services.push(PlacedService {
+                stage: id.to_string(),
+                plugin: plugin.clone(),
+                options: options.clone(),
+                node: node.cloned(),
+                pos,
+                base_dir: self.base_dir.clone(),
+                arriving: ArrivingFields::default(),
+            });
+        }
+    }
+
     /// Follows the data through the graph ([`crate::flow`]).
     fn check_flow(&mut self, stages: &[RawStage]) {
         let flow_stages: Vec<FlowStage<'_>> = stages
@@ -1168,10 +1205,14 @@ impl Checker<'_> {
                 })
             })
             .collect();
-        let report = crate::flow::analyse(&flow_stages, self.options.record_fields);
+        let record = self.options.record_fields || self.options.connect;
+        let report = crate::flow::analyse(&flow_stages, record);
         self.diags.extend(report.diagnostics);
         self.undeclared = report.undeclared;
-        self.flow_outputs = report.outputs;
+        if self.options.record_fields {
+            self.flow_outputs = report.outputs;
+        }
+        self.arriving = report.inputs;
     }
 
     fn check_plugin_limits(&mut self, stages: &[RawStage]) {

@@ -8,11 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn logbus() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_logbus"));
-    c.env("LOGBUS_LOG", "warn");
-    c
-}
+use crate::support::logbus;
 
 fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     let p = dir.join(name);

@@ -10,11 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::{Engine, http};
 
-fn logbus() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_logbus"));
-    c.env("LOGBUS_LOG", "warn");
-    c
-}
+use crate::support::logbus;
 
 fn pipeline(dir: &Path, queue: &str) -> std::path::PathBuf {
     let p = dir.join("p.yml");

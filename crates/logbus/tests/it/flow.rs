@@ -169,6 +169,7 @@ stages:
             &|_| None,
             logbus_core::LoadOptions {
                 record_fields: true,
+                connect: false,
             },
         );
         assert!(!loaded.has_errors(), "{:#?}", loaded.diagnostics);
@@ -217,6 +218,63 @@ fn leaf_paths(v: &serde_json::Value, prefix: String, out: &mut Vec<String>) {
     }
 }
 
+/// The codes `validate --connect` can print: what the plugins' probes
+/// pass to `ServiceFinding::error`/`warning`, a literal or a constant
+/// (`connect::MISSING`, a plugin's own `COLUMN_MISMATCH`).
+fn connect_codes() -> std::collections::BTreeSet<String> {
+    let mut files = vec![repo().join("crates/plugin-api/src/connect.rs")];
+    let mut stack = vec![repo().join("plugins")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let texts: Vec<String> = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
+    // `const NAME: &str = "code";`, wherever declared.
+    let mut consts = std::collections::HashMap::new();
+    for text in &texts {
+        for line in text.lines() {
+            let line = line.trim_start().trim_start_matches("pub ");
+            if let Some(rest) = line.strip_prefix("const ")
+                && let Some((name, value)) = rest.split_once(": &str = \"")
+            {
+                consts.insert(name.to_string(), value.trim_end_matches("\";").to_string());
+            }
+        }
+    }
+    let mut codes = std::collections::BTreeSet::new();
+    for text in &texts {
+        for opener in ["ServiceFinding::error(", "ServiceFinding::warning("] {
+            for (at, _) in text.match_indices(opener) {
+                let rest = text[at + opener.len()..].trim_start();
+                let arg = &rest[..rest.find(',').unwrap_or(0)];
+                let code = match arg.strip_prefix('"') {
+                    Some(quoted) => quoted.trim_end_matches('"').to_string(),
+                    // A variable: the constructor passing its argument on.
+                    None if arg.chars().all(|c| c.is_ascii_lowercase() || c == '_') => continue,
+                    None => {
+                        let name = arg.rsplit("::").next().unwrap();
+                        consts
+                            .get(name)
+                            .unwrap_or_else(|| panic!("the code `{arg}` is no known constant"))
+                            .clone()
+                    }
+                };
+                codes.insert(code);
+            }
+        }
+    }
+    codes
+}
+
 /// Every code validation can print is in docs/validation.md's table.
 #[test]
 fn every_diagnostic_code_is_documented() {
@@ -246,6 +304,9 @@ fn every_diagnostic_code_is_documented() {
         }
     }
     assert!(codes.len() > 30, "{codes:?}");
+    let probe_codes = connect_codes();
+    assert!(probe_codes.len() >= 7, "{probe_codes:?}");
+    codes.extend(probe_codes);
     let missing: Vec<&String> = codes
         .iter()
         .filter(|c| !doc.contains(&format!("`{c}`")))
@@ -253,11 +314,7 @@ fn every_diagnostic_code_is_documented() {
     assert!(missing.is_empty(), "not in docs/validation.md: {missing:?}");
 }
 
-fn logbus() -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_logbus"));
-    c.env("LOGBUS_LOG", "warn");
-    c
-}
+use crate::support::logbus;
 
 /// A directory of pipelines in each output format, with one exit code for
 /// the lot; `--fields` and `--strict-fields`.

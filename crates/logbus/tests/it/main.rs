@@ -12,6 +12,7 @@ mod clickhouse;
 #[path = "../../../../plugins/clickhouse/tests/common/mod.rs"]
 mod clickhouse_common;
 mod compress;
+mod connect;
 mod crash;
 mod durable;
 mod edge_agent;

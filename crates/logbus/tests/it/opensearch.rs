@@ -17,11 +17,7 @@ use crate::support::rss;
 /// `{{seq}}` of the generator counts from 0.
 const FIRST_SEQ: u64 = 0;
 
-fn logbus() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_logbus"));
-    c.env("LOGBUS_LOG", "warn");
-    c
-}
+use crate::support::logbus;
 
 /// The example, on a file of 3,000 lines: one line in 100 is not JSON
 /// (to `not_json`), one in 50 has a `status` the index template maps as

@@ -1,10 +1,6 @@
 //! `validate --preflight`: the host's side, each finding at its option.
 
-fn logbus() -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_logbus"));
-    c.env("LOGBUS_LOG", "warn");
-    c
-}
+use crate::support::logbus;
 
 #[test]
 fn preflight_finds_what_the_host_lacks_at_the_option_that_names_it() {

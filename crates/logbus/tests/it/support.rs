@@ -408,3 +408,10 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         tokio::task::yield_now().await;
     }
 }
+
+/// The `logbus` binary of this build, logging warnings only.
+pub fn logbus() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_logbus"));
+    c.env("LOGBUS_LOG", "warn");
+    c
+}
