@@ -37,6 +37,8 @@ pub fn check(needs: &[PlacedNeed], pipeline: Option<&Pipeline>) -> Vec<Diagnosti
             HostNeed::WriteDir { path, create } => writable_dir(path, *create),
             HostNeed::Listen { address, udp } => free_address(address, *udp),
             HostNeed::Pem { path, key } => pem(path, *key),
+            HostNeed::TlsIdentity { cert, key } => tls_identity(cert, key),
+            HostNeed::EnvVar { name } => env_var(name),
             HostNeed::Program { name } => program(name),
             HostNeed::OpenFiles { count } => {
                 open_files += count;
@@ -231,24 +233,47 @@ fn free_address(address: &str, udp: bool) -> Option<Diagnostic> {
     })
 }
 
+/// A PEM file as the stage's own loader reads it (crate `logbus-tls`).
 fn pem(path: &Path, key: bool) -> Option<Diagnostic> {
-    let text = match std::fs::read(path) {
-        Ok(t) => t,
-        Err(e) => {
-            return Some(Diagnostic::error(
-                "host-tls",
-                format!("cannot read {}: {}", path.display(), io_words(&e)),
-            ));
-        }
+    let checked = match key {
+        true => logbus_tls::check_private_key(path),
+        false => logbus_tls::check_certificates(path),
     };
-    let text = String::from_utf8_lossy(&text);
-    let (label, what) = if key {
-        ("PRIVATE KEY-----", "PEM private key")
+    let what = if key {
+        "a PEM private key"
     } else {
-        ("-----BEGIN CERTIFICATE-----", "PEM certificate")
+        "PEM certificates"
     };
-    let found = text.contains("-----BEGIN") && text.contains(label);
-    (!found).then(|| Diagnostic::error("host-tls", format!("{} holds no {what}", path.display())))
+    checked
+        .err()
+        .map(|e| Diagnostic::error("host-tls", format!("{e} (expected {what})")))
+}
+
+/// A certificate and key that belong together; reported only when both
+/// files are fine on their own (their own needs say what is wrong else).
+fn tls_identity(cert: &Path, key: &Path) -> Option<Diagnostic> {
+    if pem(cert, false).is_some() || pem(key, true).is_some() {
+        return None;
+    }
+    logbus_tls::check_identity(cert, key)
+        .err()
+        .map(|e| Diagnostic::error("host-tls", e.to_string()))
+}
+
+fn env_var(name: &str) -> Option<Diagnostic> {
+    match std::env::var(name) {
+        Ok(_) => None,
+        Err(std::env::VarError::NotPresent) => Some(Diagnostic::error(
+            "host-env",
+            format!(
+                "the environment variable `{name}` is not set (the stage reads its secret from it)"
+            ),
+        )),
+        Err(std::env::VarError::NotUnicode(_)) => Some(Diagnostic::error(
+            "host-env",
+            format!("the environment variable `{name}` is not UTF-8"),
+        )),
+    }
 }
 
 fn program(name: &str) -> Option<Diagnostic> {
@@ -410,34 +435,97 @@ mod tests {
         );
 
         let dir = tempfile::tempdir().unwrap();
-        let cert = dir.path().join("c.pem");
+        let pair = |name: &str| {
+            let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+            let cert = dir.path().join(format!("{name}.crt"));
+            let key = dir.path().join(format!("{name}.key"));
+            std::fs::write(&cert, made.cert.pem()).unwrap();
+            std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+            (cert, key)
+        };
+        let (cert, key) = pair("one");
+        let (_, other_key) = pair("two");
+        let broken = dir.path().join("broken.pem");
         std::fs::write(
-            &cert,
-            "-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n",
+            &broken,
+            "-----BEGIN CERTIFICATE-----\nMII!\n-----END CERTIFICATE-----\n",
         )
         .unwrap();
+        let identity = |cert: &PathBuf, key: &PathBuf| HostNeed::TlsIdentity {
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+        // The right pair, each file on its own: nothing to say.
+        assert!(
+            codes(vec![
+                HostNeed::Pem {
+                    path: cert.clone(),
+                    key: false
+                },
+                HostNeed::Pem {
+                    path: key.clone(),
+                    key: true
+                },
+                identity(&cert, &key),
+            ])
+            .is_empty()
+        );
         let found = codes(vec![
+            // A certificate where a key belongs, a key that is not there.
             HostNeed::Pem {
                 path: cert.clone(),
-                key: false,
-            },
-            HostNeed::Pem {
-                path: cert,
                 key: true,
             },
             HostNeed::Pem {
                 path: dir.path().join("k.pem"),
                 key: true,
             },
+            // Base64 that does not decode.
+            HostNeed::Pem {
+                path: broken.clone(),
+                key: false,
+            },
+            // Two good files that do not belong together.
+            identity(&cert, &other_key),
+            // A broken file: its own need reports it, not the pair.
+            identity(&broken, &key),
         ]);
         let got: Vec<&str> = found.iter().map(|(c, _)| *c).collect();
-        assert_eq!(got, ["host-tls", "host-tls"]);
+        assert_eq!(got, ["host-tls"; 4], "{found:?}");
+        assert!(found[0].1.contains("one.crt"), "{}", found[0].1);
         assert!(
-            found[0].1.ends_with("c.pem holds no PEM private key"),
+            found[0].1.ends_with("(expected a PEM private key)"),
             "{}",
             found[0].1
         );
-        assert!(found[1].1.contains("cannot read "), "{}", found[1].1);
+        assert!(found[1].1.contains("k.pem"), "{}", found[1].1);
+        assert!(found[2].1.contains("broken.pem"), "{}", found[2].1);
+        assert!(
+            found[3].1.contains("does not belong to the certificate"),
+            "{}",
+            found[3].1
+        );
+    }
+
+    #[test]
+    fn an_unset_secret_variable_is_an_error() {
+        let found = codes(vec![
+            HostNeed::EnvVar {
+                name: "PATH".into(),
+            },
+            HostNeed::EnvVar {
+                name: "LOGBUS_NO_SUCH_VARIABLE_SET".into(),
+            },
+        ]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "host-env");
+        assert!(
+            found[0]
+                .1
+                .contains("`LOGBUS_NO_SUCH_VARIABLE_SET` is not set"),
+            "{}",
+            found[0].1
+        );
     }
 
     #[test]

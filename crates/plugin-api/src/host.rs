@@ -23,8 +23,14 @@ pub enum HostNeed {
     WriteDir { path: PathBuf, create: bool },
     /// An address listened on: it must be free to bind.
     Listen { address: String, udp: bool },
-    /// A PEM file: readable, holding a certificate (or a private key).
+    /// A PEM file: readable, holding certificates (or a private key)
+    /// that parse.
     Pem { path: PathBuf, key: bool },
+    /// A certificate and its private key, which must belong together
+    /// (stated besides the two `Pem` needs; checked when both parse).
+    TlsIdentity { cert: PathBuf, key: PathBuf },
+    /// An environment variable the stage reads its secret from.
+    EnvVar { name: String },
     /// A program run by name or path: it must be found and executable.
     Program { name: String },
     /// File descriptors the stage may hold at once (files, connections),
@@ -44,6 +50,54 @@ impl StatedNeed {
         StatedNeed {
             need,
             option: option.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+impl StatedNeed {
+    /// A listener's or a client's certificate and key under the option
+    /// map `at` (`["tls"]`: `tls.cert_file`, `tls.key_file`): each file
+    /// read, and the pair matched.
+    pub fn tls_identity(cert: PathBuf, key: PathBuf, at: &[&str]) -> Vec<StatedNeed> {
+        let option = |name: &str| {
+            at.iter()
+                .copied()
+                .chain([name])
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        vec![
+            StatedNeed {
+                need: HostNeed::Pem {
+                    path: cert.clone(),
+                    key: false,
+                },
+                option: option("cert_file"),
+            },
+            StatedNeed {
+                need: HostNeed::Pem {
+                    path: key.clone(),
+                    key: true,
+                },
+                option: option("key_file"),
+            },
+            StatedNeed {
+                need: HostNeed::TlsIdentity { cert, key },
+                option: option("key_file"),
+            },
+        ]
+    }
+
+    /// A CA bundle a client verifies its server with (`tls.ca_file`).
+    pub fn tls_ca(path: PathBuf, at: &[&str]) -> StatedNeed {
+        StatedNeed {
+            need: HostNeed::Pem { path, key: false },
+            option: at
+                .iter()
+                .copied()
+                .chain(["ca_file"])
+                .map(str::to_string)
+                .collect(),
         }
     }
 }

@@ -45,6 +45,8 @@ pub enum TlsError {
     },
     #[error("{} holds no certificate", .0.display())]
     NoCertificate(PathBuf),
+    #[error("the private key in {} does not belong to the certificate in {}", key.display(), cert.display())]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
     #[error("`{0}` is not a valid server name")]
@@ -72,6 +74,33 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
+/// Checks a certificate file as a stage would load it (`validate
+/// --preflight`): readable, PEM, at least one certificate.
+pub fn check_certificates(path: &Path) -> Result<(), TlsError> {
+    certs(path).map(|_| ())
+}
+
+/// Checks a private key file as a stage would load it.
+pub fn check_private_key(path: &Path) -> Result<(), TlsError> {
+    PrivateKeyDer::from_pem_file(path)
+        .map(|_| ())
+        .map_err(|source| TlsError::Read {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Checks that the key is one rustls can sign with and belongs to the
+/// certificate (the first of the chain), as a listener's start does.
+pub fn check_identity(cert: &Path, key: &Path) -> Result<(), TlsError> {
+    ServerTls {
+        cert_file: cert.to_owned(),
+        key_file: key.to_owned(),
+    }
+    .acceptor(Path::new(""))
+    .map(|_| ())
+}
+
 impl ServerTls {
     /// Paths resolved against `base` (the pipeline file's directory).
     pub fn acceptor(&self, base: &Path) -> Result<TlsAcceptor, TlsError> {
@@ -95,7 +124,16 @@ impl ServerTls {
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
-            .with_single_cert(chain, key)?;
+            .with_single_cert(chain, key)
+            .map_err(|e| match e {
+                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+                    TlsError::KeyMismatch {
+                        cert: cert_file.clone(),
+                        key: key_file.clone(),
+                    }
+                }
+                other => other.into(),
+            })?;
         config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
@@ -188,6 +226,30 @@ mod tests {
 
     /// A self-signed `localhost` certificate and key in `dir` as `c.pem`
     /// and `k.pem`.
+    #[test]
+    fn a_key_that_belongs_to_another_certificate_is_found() {
+        let one = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        self_signed(one.path());
+        self_signed(other.path());
+        let (c1, k1) = (one.path().join("c.pem"), one.path().join("k.pem"));
+        let k2 = other.path().join("k.pem");
+        assert!(check_certificates(&c1).is_ok());
+        assert!(check_private_key(&k1).is_ok());
+        assert!(check_identity(&c1, &k1).is_ok());
+        let err = check_identity(&c1, &k2).err().unwrap().to_string();
+        assert!(err.contains("does not belong to the certificate"), "{err}");
+        assert!(check_private_key(&c1).is_err(), "a certificate is no key");
+        assert!(check_certificates(&k1).is_err(), "a key is no certificate");
+        let broken = one.path().join("broken.pem");
+        std::fs::write(
+            &broken,
+            "-----BEGIN CERTIFICATE-----\nMII!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        assert!(check_certificates(&broken).is_err());
+    }
+
     fn self_signed(dir: &Path) {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         std::fs::write(dir.join("c.pem"), cert.cert.pem()).unwrap();
@@ -317,7 +379,10 @@ mod tests {
             key_file: "k2.pem".into(),
         };
         let err = mismatched.acceptor(dir.path()).err().unwrap().to_string();
-        assert!(err.starts_with("TLS configuration"), "{err}");
+        assert!(
+            err.contains("k2.pem does not belong to the certificate"),
+            "{err}"
+        );
         std::fs::write(
             dir.path().join("junk.pem"),
             "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",

@@ -225,6 +225,28 @@ impl TypedPlugin for ClickHouseSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "ClickHouse: batched RowBinary inserts (LZ4) with a column mapping checked against DESCRIBE TABLE at start; values that do not fit and rows the server refuses (found by splitting the batch) to <id>.dead, the rest stored.";
 
+    /// The CA file, and the variable the password comes from.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        if let Some(ca) = o.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+            needs.push(logbus_plugin_api::StatedNeed::tls_ca(
+                cx.resolve(ca),
+                &["tls"],
+            ));
+        }
+        if let Some(name) = &o.password_env {
+            needs.push(logbus_plugin_api::StatedNeed::new(
+                logbus_plugin_api::HostNeed::EnvVar { name: name.clone() },
+                &["password_env"],
+            ));
+        }
+        needs
+    }
+
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
         Ok(Built::Sink(Box::new(writer(options, cx)?)))
     }

@@ -228,6 +228,25 @@ impl TypedPlugin for EmailSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Sends events by mail over SMTP, many per message, at most N messages per period (the rest counted and summarised).";
 
+    /// The CA file.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        if let Some(ca) = &o.ca_file {
+            needs.push(logbus_plugin_api::StatedNeed::new(
+                logbus_plugin_api::HostNeed::Pem {
+                    path: cx.resolve(ca),
+                    key: false,
+                },
+                &["ca_file"],
+            ));
+        }
+        needs
+    }
+
     fn build(&self, o: EmailSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let bad = |key: &str, e: String| OptionError::at(&[key], e);
         let from: Mailbox = o.from.parse().map_err(|e| bad("from", format!("{e}")))?;

@@ -205,6 +205,22 @@ impl TypedPlugin for HttpSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Batched HTTP POST/PUT (NDJSON or a JSON array, gzip/zstd), several requests in flight, retries with full jitter and Retry-After; commits only on 2xx, refused events to <id>.dead.";
 
+    /// The CA file.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        if let Some(ca) = o.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+            needs.push(logbus_plugin_api::StatedNeed::tls_ca(
+                cx.resolve(ca),
+                &["tls"],
+            ));
+        }
+        needs
+    }
+
     fn build(&self, options: HttpSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let tls = options.tls.clone().unwrap_or_default();
         let tls = tls.config(&cx.base_dir).map_err(|e| {

@@ -278,19 +278,10 @@ impl TypedPlugin for HttpSource {
             ),
         ];
         if let Some(tls) = &o.tls {
-            needs.push(StatedNeed::new(
-                HostNeed::Pem {
-                    path: cx.resolve(&tls.cert_file),
-                    key: false,
-                },
-                &["tls", "cert_file"],
-            ));
-            needs.push(StatedNeed::new(
-                HostNeed::Pem {
-                    path: cx.resolve(&tls.key_file),
-                    key: true,
-                },
-                &["tls", "key_file"],
+            needs.extend(StatedNeed::tls_identity(
+                cx.resolve(&tls.cert_file),
+                cx.resolve(&tls.key_file),
+                &["tls"],
             ));
         }
         needs

@@ -294,6 +294,31 @@ impl TypedPlugin for KafkaSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Kafka producer (librdkafka): topic and key from templates, headers from fields, gzip/snappy/lz4/zstd, idempotent acks=all; commits each event on its delivery report, refused ones to <id>.dead.";
 
+    /// The TLS files librdkafka reads.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        if let Some(tls) = &o.tls {
+            if let Some(ca) = &tls.ca_file {
+                needs.push(logbus_plugin_api::StatedNeed::tls_ca(
+                    cx.resolve(ca),
+                    &["tls"],
+                ));
+            }
+            if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+                needs.extend(logbus_plugin_api::StatedNeed::tls_identity(
+                    cx.resolve(cert),
+                    cx.resolve(key),
+                    &["tls"],
+                ));
+            }
+        }
+        needs
+    }
+
     /// The brokers reached with the stage's security settings; a fixed
     /// topic looked up ([`crate::probe`]).
     fn connect(

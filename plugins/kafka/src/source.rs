@@ -234,6 +234,31 @@ impl TypedPlugin for KafkaSource {
     );
     const DESCRIPTION: &'static str = "Kafka consumer-group member (librdkafka): topics by name or pattern, offsets committed only for finished events, rebalances, bounded prefetch; topic, partition, offset, key, headers and timestamp as attributes.";
 
+    /// The TLS files librdkafka reads.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        if let Some(tls) = &o.tls {
+            if let Some(ca) = &tls.ca_file {
+                needs.push(logbus_plugin_api::StatedNeed::tls_ca(
+                    cx.resolve(ca),
+                    &["tls"],
+                ));
+            }
+            if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+                needs.extend(logbus_plugin_api::StatedNeed::tls_identity(
+                    cx.resolve(cert),
+                    cx.resolve(key),
+                    &["tls"],
+                ));
+            }
+        }
+        needs
+    }
+
     /// Raw events (one per line or message); a `codec:` parses them.
     /// The brokers reached with the stage's security settings; each topic
     /// named (not a pattern) looked up ([`crate::probe`]).

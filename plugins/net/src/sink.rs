@@ -114,6 +114,22 @@ impl TypedPlugin for SyslogSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "Forwards messages over TCP (octet counting or newline) or UDP; reconnects and resends, holding the pipeline while the receiver is away.";
 
+    /// The CA file.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        if let Some(ca) = o.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+            needs.push(logbus_plugin_api::StatedNeed::tls_ca(
+                cx.resolve(ca),
+                &["tls"],
+            ));
+        }
+        needs
+    }
+
     fn build(&self, options: SyslogSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let tls = match &options.tls {
             Some(t) => {

@@ -268,6 +268,34 @@ impl TypedPlugin for OpenSearchSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "OpenSearch _bulk (index or create, index names from fields and the event's date, ids from a field, ingest pipeline, gzip), several bulks in flight; per-item outcomes: 429/5xx retried, refused documents to <id>.dead with the reason.";
 
+    /// The CA file, and the variables the credentials come from.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        if let Some(ca) = o.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+            needs.push(logbus_plugin_api::StatedNeed::tls_ca(
+                cx.resolve(ca),
+                &["tls"],
+            ));
+        }
+        if let Some(name) = &o.password_env {
+            needs.push(logbus_plugin_api::StatedNeed::new(
+                logbus_plugin_api::HostNeed::EnvVar { name: name.clone() },
+                &["password_env"],
+            ));
+        }
+        if let Some(name) = &o.bearer_token_env {
+            needs.push(logbus_plugin_api::StatedNeed::new(
+                logbus_plugin_api::HostNeed::EnvVar { name: name.clone() },
+                &["bearer_token_env"],
+            ));
+        }
+        needs
+    }
+
     /// The index and pipeline templates' fields and `id_field` (a
     /// missing `time_field` falls back to the ingest time: not a read).
     fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {

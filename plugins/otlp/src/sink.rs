@@ -247,6 +247,22 @@ impl TypedPlugin for OtlpSink {
     const KIND: StageKind = StageKind::Sink;
     const DESCRIPTION: &'static str = "OpenTelemetry log records to an OTLP receiver over gRPC or HTTP (protobuf, gzip, headers), batched per resource and scope, retried as the OTLP specification says; commits once the receiver accepted the request.";
 
+    /// The CA file.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        if let Some(ca) = o.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+            needs.push(logbus_plugin_api::StatedNeed::tls_ca(
+                cx.resolve(ca),
+                &["tls"],
+            ));
+        }
+        needs
+    }
+
     /// An empty export (no log records) sent as the stage would send a
     /// batch: the endpoint, protocol, TLS and headers (credentials)
     /// answered for, nothing stored.

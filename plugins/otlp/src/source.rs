@@ -181,6 +181,44 @@ impl TypedPlugin for OtlpSource {
     const NAME: &'static str = "otlp";
     const KIND: StageKind = StageKind::Source;
     const DESCRIPTION: &'static str = "OpenTelemetry logs over OTLP/gRPC and OTLP/HTTP (protobuf or JSON, gzip): each log record one event with its body, severity, times, trace context, attributes, resource and scope; answers once the records are accepted (or delivered), UNAVAILABLE/503 with a retry delay when the pipeline stays full. Traces and metrics are refused.";
+
+    /// The addresses it listens on, its connections, its TLS files.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        let mut needs = Vec::new();
+        use logbus_plugin_api::{HostNeed, StatedNeed};
+        for (address, option) in [
+            (&o.grpc_address, "grpc_address"),
+            (&o.http_address, "http_address"),
+        ] {
+            if let Some(address) = address {
+                needs.push(StatedNeed::new(
+                    HostNeed::Listen {
+                        address: address.clone(),
+                        udp: false,
+                    },
+                    &[option],
+                ));
+            }
+        }
+        needs.push(StatedNeed::new(
+            HostNeed::OpenFiles {
+                count: o.max_connections as u64,
+            },
+            &["max_connections"],
+        ));
+        if let Some(tls) = &o.tls {
+            needs.extend(StatedNeed::tls_identity(
+                cx.resolve(&tls.cert_file),
+                cx.resolve(&tls.key_file),
+                &["tls"],
+            ));
+        }
+        needs
+    }
     const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
         "with `ack: sink`, a request is answered success only once its records are delivered (those refused for good as partial success); an OTLP client retries what was not answered, so nothing is lost",
     );

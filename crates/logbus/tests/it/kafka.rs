@@ -436,3 +436,53 @@ fn the_kafka_examples_validate_and_pass_their_tests() {
         }
     }
 }
+
+/// The TLS files librdkafka reads are stated for `validate --preflight`:
+/// a CA that is not there, a client certificate whose key is another's.
+#[test]
+fn preflight_reads_the_kafka_tls_files() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["one", "two"] {
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(dir.path().join(format!("{name}.crt")), made.cert.pem()).unwrap();
+        std::fs::write(
+            dir.path().join(format!("{name}.key")),
+            made.key_pair.serialize_pem(),
+        )
+        .unwrap();
+    }
+    let text = "stages:
+  read:
+    source: kafka
+    brokers: 127.0.0.1:9093
+    group_id: g
+    topics: [t]
+    tls: { ca_file: absent.pem, cert_file: one.crt, key_file: one.key }
+  out:
+    sink: kafka
+    inputs: [read]
+    brokers: 127.0.0.1:9093
+    topic: t
+    tls: { ca_file: one.crt, cert_file: one.crt, key_file: two.key }
+";
+    let file = dir.path().join("p.yml");
+    std::fs::write(&file, text).unwrap();
+    let o = crate::support::logbus()
+        .args(["validate", "--preflight"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let found: Vec<&str> = out.lines().filter(|l| l.contains("[host-tls]")).collect();
+    assert_eq!(found.len(), 2, "{out}");
+    assert!(
+        found[0].contains("stage `read`: option `tls.ca_file`:") && found[0].contains("absent.pem"),
+        "{out}"
+    );
+    assert!(
+        found[1].contains("stage `out`: option `tls.key_file`:")
+            && found[1].contains("two.key does not belong to the certificate"),
+        "{out}"
+    );
+}
