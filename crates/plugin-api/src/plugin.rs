@@ -628,16 +628,21 @@ fn parse_all<T: DeserializeOwned>(
 /// A value of an option's declared type that deserialises whatever the
 /// range (to read the options after a type error): `""`, `0`, `false`,
 /// `[]`, `{}`; `None` for types the schema does not give plainly.
-fn stand_in(property: &Value) -> Option<Value> {
-    let ty = match property.get("type")? {
-        Value::String(t) => t.as_str(),
+/// The JSON Schema type of an option, an optional one's (`["integer",
+/// "null"]`) included.
+fn schema_type(property: &Value) -> Option<&str> {
+    match property.get("type")? {
+        Value::String(t) => Some(t.as_str()),
         Value::Array(types) => types
             .iter()
             .filter_map(Value::as_str)
-            .find(|t| *t != "null")?,
-        _ => return None,
-    };
-    Some(match ty {
+            .find(|t| *t != "null"),
+        _ => None,
+    }
+}
+
+fn stand_in(property: &Value) -> Option<Value> {
+    Some(match schema_type(property)? {
         "string" => Value::from(""),
         "integer" | "number" => property.get("minimum").cloned().unwrap_or(Value::from(0)),
         "boolean" => Value::from(false),
@@ -670,15 +675,7 @@ pub fn plain_words(message: &str, property: Option<&Value>) -> String {
 
 /// What a schema fragment accepts, in words (`a list of strings`).
 pub fn describe_schema(property: &Value) -> Option<String> {
-    let ty = match property.get("type")? {
-        Value::String(t) => t.as_str(),
-        Value::Array(types) => types
-            .iter()
-            .filter_map(Value::as_str)
-            .find(|t| *t != "null")?,
-        _ => return None,
-    };
-    Some(match ty {
+    Some(match schema_type(property)? {
         "integer" => match property.get("minimum").and_then(Value::as_f64) {
             Some(m) if m >= 0.0 => "a whole number, 0 or more".to_string(),
             _ => "a whole number".to_string(),

@@ -45,9 +45,7 @@ impl Loaded {
     pub fn preflight(&self) -> Vec<Diagnostic> {
         crate::preflight::check(&self.host_needs, self.pipeline.as_ref())
     }
-}
 
-impl Loaded {
     pub fn has_errors(&self) -> bool {
         self.diagnostics.iter().any(Diagnostic::is_error)
     }
