@@ -1,8 +1,9 @@
 //! What a stage needs from the host it runs on, stated from its options.
 //!
-//! Validation does no I/O, so a sink writing into a directory that does
-//! not exist, a source reading a file nobody can read, or a listener on a
-//! port already taken passes it and fails milliseconds into the run.
+//! Validation reads only the pipeline's own files, so a sink writing into
+//! a directory that does not exist, a source reading a file nobody can
+//! read, or a listener on a port already taken passes it and fails
+//! milliseconds into the run.
 //! `logbus validate --preflight` checks these statements on the host (the
 //! systemd unit runs it before every start), each finding at the option
 //! that names the path or address, with the fix. A plugin states; the

@@ -5,7 +5,10 @@
 //! than a `Retry-After` the destination sent, and an optional cap on
 //! attempts or on elapsed time after which the sink gives up.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime};
+
+use logbus_plugin_api::CancellationToken;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -68,6 +71,99 @@ impl RetryPolicy {
 /// Reads a `Retry-After` header value in either of its forms (RFC 9110
 /// §10.2.3): a number of seconds, or an HTTP date (a date already past
 /// means "now"). Anything else is ignored.
+/// What one attempt of a retried operation came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Attempt<T> {
+    Done(T),
+    /// Another try may work: why this one failed, and how long the other
+    /// side asked to be left alone (`Retry-After`), if it did.
+    Again {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// It failed after getting further than the attempt before (a read
+    /// that delivered more): the attempts and the time count afresh.
+    Further(String),
+    /// Another try would fail the same way.
+    Fail(String),
+}
+
+impl<T> Attempt<T> {
+    /// A transient failure with no `Retry-After`.
+    pub fn again(reason: impl Into<String>) -> Self {
+        Attempt::Again {
+            reason: reason.into(),
+            retry_after: None,
+        }
+    }
+}
+
+/// How a retried operation ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Retried<T> {
+    Done(T),
+    /// Refused for good: the reason.
+    Failed(String),
+    /// The policy's attempts or time ran out: the last reason.
+    GaveUp {
+        reason: String,
+        attempts: u32,
+    },
+    /// `stop` was cancelled while waiting to try again: the last reason.
+    Stopped(String),
+}
+
+impl RetryPolicy {
+    /// Runs `attempt` (given its number, from 1) until it is done or
+    /// refused for good, the policy gives up, or `stop` is cancelled
+    /// while waiting for the next try. `waiting` hears of each retry
+    /// before its wait (the reason and the delay), to log and count it.
+    /// The one retry loop of every sink and source outside the
+    /// [`crate::Driver`] (which retries batches partly).
+    pub async fn run<T, Fut>(
+        &self,
+        stop: &CancellationToken,
+        mut attempt: impl FnMut(u32) -> Fut,
+        mut waiting: impl FnMut(&str, Duration),
+    ) -> Retried<T>
+    where
+        Fut: Future<Output = Attempt<T>>,
+    {
+        let mut started = tokio::time::Instant::now();
+        let mut n = 0;
+        let mut tried = 0;
+        loop {
+            n += 1;
+            tried += 1;
+            let (reason, retry_after) = match attempt(tried).await {
+                Attempt::Done(v) => return Retried::Done(v),
+                Attempt::Fail(reason) => return Retried::Failed(reason),
+                Attempt::Again {
+                    reason,
+                    retry_after,
+                } => (reason, retry_after),
+                Attempt::Further(reason) => {
+                    n = 1;
+                    started = tokio::time::Instant::now();
+                    (reason, None)
+                }
+            };
+            let Some(delay) = self.next_delay(n, started.elapsed(), retry_after, fastrand::f64())
+            else {
+                return Retried::GaveUp {
+                    reason,
+                    attempts: n,
+                };
+            };
+            waiting(&reason, delay);
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = stop.cancelled() => return Retried::Stopped(reason),
+            }
+        }
+    }
+}
+
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if let Ok(seconds) = value.parse::<u64>() {
@@ -157,6 +253,106 @@ mod tests {
             p.next_delay(1, Duration::from_secs(10) - delay, None, 1.0),
             Some(delay)
         );
+    }
+
+    /// The attempt numbers a scripted operation was called with.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<u32>>>;
+
+    /// A scripted operation: the outcomes of its attempts in turn.
+    fn script(
+        outcomes: Vec<Attempt<u32>>,
+    ) -> (Seen, impl FnMut(u32) -> std::future::Ready<Attempt<u32>>) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let mut outcomes = outcomes.into_iter();
+        let attempt = move |n| {
+            log.lock().unwrap().push(n);
+            std::future::ready(outcomes.next().expect("no more attempts scripted"))
+        };
+        (seen, attempt)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_retries_transient_failures_until_done() {
+        let (seen, attempt) = script(vec![
+            Attempt::again("down"),
+            Attempt::Again {
+                reason: "busy".into(),
+                retry_after: Some(Duration::from_secs(1)),
+            },
+            Attempt::Done(7),
+        ]);
+        let mut waits = Vec::new();
+        let got = policy()
+            .run(&CancellationToken::new(), attempt, |why, d| {
+                waits.push((why.to_string(), d))
+            })
+            .await;
+        assert_eq!(got, Retried::Done(7));
+        assert_eq!(*seen.lock().unwrap(), [1, 2, 3]);
+        assert_eq!(waits.len(), 2);
+        assert_eq!(waits[0].0, "down");
+        assert!(waits[0].1 <= Duration::from_millis(100));
+        // The server's Retry-After is a floor.
+        assert_eq!(waits[1], ("busy".into(), Duration::from_secs(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_ends_at_a_refusal_at_the_cap_and_at_stop() {
+        let stop = CancellationToken::new();
+        let (_, attempt) = script(vec![Attempt::again("a"), Attempt::Fail("no".into())]);
+        let got = policy().run(&stop, attempt, |_, _| {}).await;
+        assert_eq!(got, Retried::Failed("no".into()));
+
+        let capped = RetryPolicy {
+            max_attempts: Some(2),
+            ..policy()
+        };
+        let (seen, attempt) = script(vec![Attempt::again("a"), Attempt::again("b")]);
+        let got = capped.run(&stop, attempt, |_, _| {}).await;
+        assert_eq!(
+            got,
+            Retried::GaveUp {
+                reason: "b".into(),
+                attempts: 2
+            }
+        );
+        assert_eq!(seen.lock().unwrap().len(), 2);
+
+        // Cancelled during the wait: no further attempt.
+        let (seen, attempt) = script(vec![Attempt::again("a")]);
+        let stopping = stop.clone();
+        let got = policy()
+            .run(&stop, attempt, move |_, _| stopping.cancel())
+            .await;
+        assert_eq!(got, Retried::Stopped("a".into()));
+        assert_eq!(seen.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_counts_the_attempts_afresh() {
+        let capped = RetryPolicy {
+            max_attempts: Some(2),
+            ..policy()
+        };
+        // Without the progress in the middle, the third attempt would
+        // never run (the cap is 2).
+        let (seen, attempt) = script(vec![
+            Attempt::again("a"),
+            Attempt::Further("got further".into()),
+            Attempt::again("b"),
+        ]);
+        let got = capped
+            .run(&CancellationToken::new(), attempt, |_, _| {})
+            .await;
+        assert_eq!(
+            got,
+            Retried::GaveUp {
+                reason: "b".into(),
+                attempts: 2
+            }
+        );
+        assert_eq!(*seen.lock().unwrap(), [1, 2, 3]);
     }
 
     #[test]

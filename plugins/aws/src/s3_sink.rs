@@ -29,7 +29,7 @@ use logbus_plugin_api::{
     Ack, BuildContext, Built, CheckOptions, Event, OptionError, Outcome, Payload, Sink,
     SinkContext, StageError, StageKind, TypedPlugin, async_trait, attach_error,
 };
-use logbus_sink::{Misfit, ObjectFormat, ObjectWriter, RetryPolicy, Template};
+use logbus_sink::{Attempt, Misfit, ObjectFormat, ObjectWriter, Retried, RetryPolicy, Template};
 use serde::Deserialize;
 
 use crate::client::{AwsOptions, describe, s3_client};
@@ -194,12 +194,10 @@ impl CheckOptions for S3SinkOptions {
                 "must be at least 1",
             ));
         }
-        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
-            errors.push(OptionError::at(
-                &["retry_max_backoff_ms"],
-                "must not be below `retry_initial_backoff_ms`",
-            ));
-        }
+        errors.extend(logbus_sink::check_backoff(
+            self.retry_initial_backoff_ms,
+            self.retry_max_backoff_ms,
+        ));
         if self.ssekms_key_id.is_some() && self.server_side_encryption.as_deref() != Some("aws:kms")
         {
             errors.push(OptionError::at(
@@ -531,44 +529,50 @@ impl Uploader<'_> {
         Fut: std::future::Future<Output = Result<T, SdkError<E>>>,
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        let began = Instant::now();
-        let mut n = 0u32;
-        loop {
-            n += 1;
-            let timeout = Duration::from_millis(self.options.request_timeout_ms);
-            let outcome = tokio::select! {
-                r = tokio::time::timeout(timeout, attempt()) => r,
-                () = self.cx.stop.cancelled() => {
-                    return Err(Failed { message: format!("{what}: stopped at the drain deadline while retrying") });
-                }
-            };
-            let (message, retryable) = match outcome {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => describe(&e, &["SlowDown", "RequestTimeout", "InternalError"]),
-                Err(_) => (format!("no answer within {timeout:?}"), true),
-            };
-            if !retryable {
-                return Err(Failed {
-                    message: format!("{what}: {message}"),
-                });
+        let timeout = Duration::from_millis(self.options.request_timeout_ms);
+        let stop = &self.cx.stop;
+        let retried = self
+            .retry
+            .run(
+                stop,
+                |_| {
+                    let sent = attempt();
+                    async move {
+                        let outcome = tokio::select! {
+                            r = tokio::time::timeout(timeout, sent) => r,
+                            () = stop.cancelled() => {
+                                return Attempt::Fail("stopped at the drain deadline while retrying".into());
+                            }
+                        };
+                        match outcome {
+                            Ok(Ok(v)) => Attempt::Done(v),
+                            Ok(Err(e)) => {
+                                match describe(&e, &["SlowDown", "RequestTimeout", "InternalError"]) {
+                                    (message, true) => Attempt::again(message),
+                                    (message, false) => Attempt::Fail(message),
+                                }
+                            }
+                            Err(_) => Attempt::again(format!("no answer within {timeout:?}")),
+                        }
+                    }
+                },
+                |message, delay| {
+                    tracing::warn!(stage = %self.cx.id, "{what}: {message}; retrying in {delay:?}");
+                    self.cx.metrics.add_retried(1);
+                },
+            )
+            .await;
+        let message = match retried {
+            Retried::Done(v) => return Ok(v),
+            Retried::Failed(message) => format!("{what}: {message}"),
+            Retried::GaveUp { reason, attempts } => {
+                format!("{what}: {reason} (gave up after {attempts} attempts)")
             }
-            let Some(delay) = self
-                .retry
-                .next_delay(n, began.elapsed(), None, fastrand::f64())
-            else {
-                return Err(Failed {
-                    message: format!("{what}: {message} (gave up after {n} attempts)"),
-                });
-            };
-            tracing::warn!(stage = %self.cx.id, "{what}: {message}; retrying in {delay:?}");
-            self.cx.metrics.add_retried(1);
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = self.cx.stop.cancelled() => {
-                    return Err(Failed { message: format!("{what}: {message} (stopped at the drain deadline while retrying)") });
-                }
+            Retried::Stopped(reason) => {
+                format!("{what}: {reason} (stopped at the drain deadline while retrying)")
             }
-        }
+        };
+        Err(Failed { message })
     }
 
     async fn start_upload(&self, key: &str) -> Result<String, Failed> {

@@ -36,7 +36,7 @@ use logbus_plugin_api::{
 use serde::{Deserialize, Serialize};
 
 use crate::client::{AwsOptions, describe, s3_client};
-use logbus_sink::RetryPolicy;
+use logbus_sink::{Attempt, Retried, RetryPolicy};
 
 /// Read size from an object's (decompressed) stream.
 const READ_CHUNK: usize = 128 * 1024;
@@ -148,12 +148,10 @@ impl CheckOptions for S3SourceOptions {
                 "must be at least 1",
             ));
         }
-        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
-            errors.push(OptionError::at(
-                &["retry_max_backoff_ms"],
-                "must not be below `retry_initial_backoff_ms`",
-            ));
-        }
+        errors.extend(logbus_sink::check_backoff(
+            self.retry_initial_backoff_ms,
+            self.retry_max_backoff_ms,
+        ));
         if self.poll_interval_ms == Some(0) {
             errors.push(OptionError::at(&["poll_interval_ms"], "must be at least 1"));
         }
@@ -416,33 +414,31 @@ impl S3Reader {
         cx: &SourceContext,
     ) -> Option<Result<Vec<String>, StageError>> {
         let o = &self.options;
-        let retry = self.retry_policy();
-        let began = Instant::now();
-        let mut n = 0;
-        loop {
-            n += 1;
-            let (message, transient) = match self.list(client, saved).await {
-                Ok(keys) => return Some(Ok(keys)),
-                Err(failed) => failed,
-            };
-            let what = format!("listing s3://{}/{}", o.bucket, o.prefix);
-            let delay = transient
-                .then(|| retry.next_delay(n, began.elapsed(), None, fastrand::f64()))
-                .flatten();
-            let Some(delay) = delay else {
-                let tries = if transient {
-                    format!(" (gave up after {n} attempts)")
-                } else {
-                    String::new()
-                };
-                return Some(Err(StageError::Other(format!("{what}: {message}{tries}"))));
-            };
-            tracing::warn!(stage = %cx.id, "{what}: {message}; retrying in {delay:?}");
-            cx.output.metrics().add_retried(1);
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = cx.shutdown.cancelled() => return None,
-            }
+        let what = format!("listing s3://{}/{}", o.bucket, o.prefix);
+        let retried = self
+            .retry_policy()
+            .run(
+                &cx.shutdown,
+                |_| async {
+                    match self.list(client, saved).await {
+                        Ok(keys) => Attempt::Done(keys),
+                        Err((message, true)) => Attempt::again(message),
+                        Err((message, false)) => Attempt::Fail(message),
+                    }
+                },
+                |message, delay| {
+                    tracing::warn!(stage = %cx.id, "{what}: {message}; retrying in {delay:?}");
+                    cx.output.metrics().add_retried(1);
+                },
+            )
+            .await;
+        match retried {
+            Retried::Done(keys) => Some(Ok(keys)),
+            Retried::Failed(message) => Some(Err(StageError::Other(format!("{what}: {message}")))),
+            Retried::GaveUp { reason, attempts } => Some(Err(StageError::Other(format!(
+                "{what}: {reason} (gave up after {attempts} attempts)"
+            )))),
+            Retried::Stopped(_) => None,
         }
     }
 
@@ -747,41 +743,46 @@ impl Source for S3Reader {
                             origin: Some(Arc::from(what.as_str())),
                             attributes: None,
                         };
-                        let retry = this.retry_policy();
-                        let mut began = Instant::now();
-                        let mut n = 0;
-                        loop {
-                            n += 1;
-                            let sent_before = track.sent.load(std::sync::atomic::Ordering::Acquire);
-                            let failure = match read_attempt(
-                                &client, &this, &key, &what, &track, &output, &handle, &shutdown,
-                                &template,
+                        let retried = this
+                            .retry_policy()
+                            .run(
+                                &shutdown,
+                                |_| async {
+                                    let sent_before =
+                                        track.sent.load(std::sync::atomic::Ordering::Acquire);
+                                    let failure = match read_attempt(
+                                        &client, &this, &key, &what, &track, &output, &handle,
+                                        &shutdown, &template,
+                                    )
+                                    .await
+                                    {
+                                        Ok(()) => return Attempt::Done(Ok(())),
+                                        Err(f) if !f.transient => return Attempt::Done(Err(f.error)),
+                                        Err(f) => f,
+                                    };
+                                    let reason = failure.error.to_string();
+                                    // It got further: the attempts count afresh.
+                                    if track.sent.load(std::sync::atomic::Ordering::Acquire)
+                                        > sent_before
+                                    {
+                                        Attempt::Further(reason)
+                                    } else {
+                                        Attempt::again(reason)
+                                    }
+                                },
+                                |reason, delay| {
+                                    tracing::warn!(stage = %source_id, "{reason}; reading it again in {delay:?}");
+                                    output.metrics().add_retried(1);
+                                },
                             )
-                            .await
-                            {
-                                Ok(()) => return Ok(()),
-                                Err(f) if !f.transient => return Err(f.error),
-                                Err(f) => f,
-                            };
-                            if track.sent.load(std::sync::atomic::Ordering::Acquire) > sent_before {
-                                // It got further: count the attempts afresh.
-                                n = 1;
-                                began = Instant::now();
-                            }
-                            let Some(delay) =
-                                retry.next_delay(n, began.elapsed(), None, fastrand::f64())
-                            else {
-                                return Err(StageError::Other(format!(
-                                    "{} (gave up after {n} attempts)",
-                                    failure.error
-                                )));
-                            };
-                            tracing::warn!(stage = %source_id, "{}; reading it again in {delay:?}", failure.error);
-                            output.metrics().add_retried(1);
-                            tokio::select! {
-                                () = tokio::time::sleep(delay) => {}
-                                () = shutdown.cancelled() => return Ok(()),
-                            }
+                            .await;
+                        match retried {
+                            Retried::Done(read) => read,
+                            Retried::Failed(reason) => Err(StageError::Other(reason)),
+                            Retried::GaveUp { reason, attempts } => Err(StageError::Other(
+                                format!("{reason} (gave up after {attempts} attempts)"),
+                            )),
+                            Retried::Stopped(_) => Ok(()),
                         }
                     });
                 }

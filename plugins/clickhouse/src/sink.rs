@@ -24,8 +24,8 @@ use logbus_plugin_api::{
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
-    Service, error_chain,
+    Attempt, Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
+    Response, Retried, Service, error_chain,
 };
 use serde::Deserialize;
 
@@ -425,38 +425,33 @@ impl ClickHouseWriter {
         cx: &SinkContext,
         at: &str,
     ) -> Result<Vec<DescribedColumn>, StageError> {
-        let started = tokio::time::Instant::now();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let reason = match self.describe().await {
-                Ok(columns) => return Ok(columns),
-                Err(Failure::Data(reason)) => {
-                    return Err(StageError::Other(format!(
-                        "{at}: DESCRIBE TABLE failed: {reason}"
-                    )));
-                }
-                Err(Failure::Transient(reason)) => reason,
-            };
-            let Some(delay) =
-                self.config
-                    .retry
-                    .next_delay(attempt, started.elapsed(), None, fastrand::f64())
-            else {
-                return Err(StageError::Other(format!(
-                    "{at}: DESCRIBE TABLE failed after {attempt} attempts: {reason}"
-                )));
-            };
-            tracing::warn!(stage = %cx.id, "{at}: DESCRIBE TABLE failed, retrying in {delay:.1?}: {reason}");
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = cx.stop.cancelled() => {
-                    return Err(StageError::Other(format!(
-                        "{at}: stopped while the server could not be reached: {reason}"
-                    )));
-                }
+        let retried = self
+            .config
+            .retry
+            .run(
+                &cx.stop,
+                |_| async {
+                    match self.describe().await {
+                        Ok(columns) => Attempt::Done(columns),
+                        Err(Failure::Data(reason)) => Attempt::Fail(reason),
+                        Err(Failure::Transient(reason)) => Attempt::again(reason),
+                    }
+                },
+                |reason, delay| {
+                    tracing::warn!(stage = %cx.id, "{at}: DESCRIBE TABLE failed, retrying in {delay:.1?}: {reason}");
+                },
+            )
+            .await;
+        Err(StageError::Other(match retried {
+            Retried::Done(columns) => return Ok(columns),
+            Retried::Failed(reason) => format!("{at}: DESCRIBE TABLE failed: {reason}"),
+            Retried::GaveUp { reason, attempts } => {
+                format!("{at}: DESCRIBE TABLE failed after {attempts} attempts: {reason}")
             }
-        }
+            Retried::Stopped(reason) => {
+                format!("{at}: stopped while the server could not be reached: {reason}")
+            }
+        }))
     }
 
     /// The columns to write, checked against the table.

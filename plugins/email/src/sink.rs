@@ -204,12 +204,10 @@ impl CheckOptions for EmailSinkOptions {
                 ));
             }
         }
-        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
-            errors.push(OptionError::at(
-                &["retry_max_backoff_ms"],
-                "must not be below `retry_initial_backoff_ms`",
-            ));
-        }
+        errors.extend(logbus_sink::check_backoff(
+            self.retry_initial_backoff_ms,
+            self.retry_max_backoff_ms,
+        ));
         if let Err(e) = template(&self.subject) {
             errors.push(OptionError::at(&["subject"], e));
         }

@@ -202,17 +202,6 @@ struct Reader {
     files: Vec<PathBuf>,
 }
 
-fn save_cursor(path: &PathBuf, cursor: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("cursor.tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(cursor.as_bytes())?;
-        f.sync_data()?;
-    }
-    std::fs::rename(&tmp, path)
-}
-
 #[async_trait]
 impl Source for Reader {
     async fn run(self: Box<Self>, cx: SourceContext) -> Result<(), StageError> {
@@ -379,7 +368,7 @@ impl Reader {
         if saved.as_ref() == Some(&c) {
             return;
         }
-        match save_cursor(&self.state, &c) {
+        match logbus_plugin_api::state::replace_file(&self.state, c.as_bytes()) {
             Ok(()) => *saved = Some(c),
             Err(e) => {
                 tracing::warn!("saving the journal cursor to {}: {e}", self.state.display());

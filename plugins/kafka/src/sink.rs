@@ -232,6 +232,10 @@ impl CheckOptions for KafkaSinkOptions {
                 "must be at least 1",
             ));
         }
+        errors.extend(logbus_sink::check_backoff(
+            self.retry_initial_backoff_ms,
+            self.retry_max_backoff_ms,
+        ));
         errors
     }
 }
@@ -736,6 +740,26 @@ mod tests {
                 assert!(expected(&of(code), prefix), "{code:?}: {:?}", of(code));
             }
         }
+    }
+
+    /// A maximum backoff below the initial one is refused, as by every
+    /// other sink (it was accepted here once).
+    #[test]
+    fn a_max_backoff_below_the_initial_one_is_refused() {
+        let options: KafkaSinkOptions = serde_json::from_value(serde_json::json!({
+            "brokers": "b:9092", "topic": "t",
+            "retry_initial_backoff_ms": 5000, "retry_max_backoff_ms": 100,
+        }))
+        .unwrap();
+        let found: Vec<String> = options
+            .check()
+            .iter()
+            .map(|e| format!("{}: {}", e.path.join("."), e.message))
+            .collect();
+        assert_eq!(
+            found,
+            ["retry_max_backoff_ms: must not be below `retry_initial_backoff_ms`"]
+        );
     }
 
     /// Every batching, retry and flow option reaches the sink core.

@@ -96,12 +96,10 @@ impl CheckOptions for SyslogSinkOptions {
         if self.mode == Mode::Udp && self.tls.is_some() {
             errors.push(OptionError::at(&["tls"], "applies only with `mode: tcp`"));
         }
-        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms {
-            errors.push(OptionError::at(
-                &["retry_max_backoff_ms"],
-                "must not be below `retry_initial_backoff_ms`",
-            ));
-        }
+        errors.extend(logbus_sink::check_backoff(
+            self.retry_initial_backoff_ms,
+            self.retry_max_backoff_ms,
+        ));
         errors
     }
 }

@@ -609,5 +609,10 @@ mod otlp {
             ["19:5 service-unreachable crossed"],
             "{found:#?}"
         );
+        let crossed = only(&found, "crossed");
+        assert!(
+            crossed.contains("option `endpoint`: http://127.0.0.1:4327/v1/logs"),
+            "{crossed}"
+        );
     }
 }
