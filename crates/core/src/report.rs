@@ -1,6 +1,14 @@
 //! The reconciliation at exit: every event a source emitted is committed,
 //! discarded on purpose, or errored, and anything else is `lost` — which must
 //! be zero. Printed on stderr and written as JSON by `--stats-json`.
+//!
+//! The arithmetic: per stage, what came in plus what the stage created
+//! equals what went out, was discarded, errored or routed; per channel,
+//! what was sent was received (a durable queue adds what it recovered from
+//! an earlier run and takes off what it keeps for the next). `lost` sums
+//! every imbalance, so one number says whether anything vanished and the
+//! per-stage table says where. `StatsHandle` (in `runtime.rs`) builds the
+//! same report while the pipeline runs, for the API.
 
 use std::fmt;
 use std::time::Duration;

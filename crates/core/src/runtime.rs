@@ -6,11 +6,20 @@
 //! ends, and applies reloads: a reload swaps only the stages whose config
 //! changed, adds and removes stages, and rewires outputs in place, so the
 //! channels and in-flight events of unchanged stages are never touched.
+//! None of it needs the plugins' cooperation: outputs deliver to a target
+//! list the supervisor replaces, a sink's receiver is interrupted at a
+//! batch boundary and handed, with what is queued, to its replacement, and
+//! a processor worker takes its replacement between batches. The
+//! supervisor keeps only weak senders to the channels, so a channel still
+//! closes when its last real upstream ends.
 //!
 //! # Clean shutdown
 //! Cancelling the shutdown token stops the sources only. Every other stage
 //! ends when its input ends, i.e. after it has processed everything its
 //! upstreams sent, so a shutdown drains the pipeline instead of dropping it.
+//! Sinks get `settings.drain_timeout_ms` for it; then the supervisor cancels
+//! every sink's `SinkContext::stop`, and what a sink still holds is errored
+//! (by the sink core), so a checkpointing source reads it again.
 //!
 //! # Failure
 //! A stage that fails is reported by id; the engine then stops the sources

@@ -89,6 +89,22 @@ impl StatedNeed {
         ]
     }
 
+    /// A client's `tls.ca_file`, if set (resolved against the pipeline's
+    /// directory).
+    pub fn client_ca(ca: Option<&std::path::Path>, cx: &crate::BuildContext) -> Option<StatedNeed> {
+        ca.map(|ca| StatedNeed::tls_ca(cx.resolve(ca), &["tls"]))
+    }
+
+    /// The variable a secret is read from (`password_env`), if set.
+    pub fn secret_env(name: Option<&str>, option: &str) -> Option<StatedNeed> {
+        name.map(|name| StatedNeed {
+            need: HostNeed::EnvVar {
+                name: name.to_string(),
+            },
+            option: vec![option.to_string()],
+        })
+    }
+
     /// A CA bundle a client verifies its server with (`tls.ca_file`).
     pub fn tls_ca(path: PathBuf, at: &[&str]) -> StatedNeed {
         StatedNeed {

@@ -1,8 +1,10 @@
 //! The contract between the LogBus engine and its plugins.
 //!
-//! Plugin crates depend on this crate only, never on the engine, so a plugin
+//! Plugin crates depend on this crate and never on the engine, so a plugin
 //! cannot reach around the wiring: it receives events, produces events, and
-//! the engine owns the channels between them. What a plugin author reads is
+//! the engine owns the channels between them. (Besides this one, a plugin
+//! crate may use the helper crates: the sink core, TLS, compression,
+//! framing, connection slots, conditions.) What a plugin author reads is
 //! here — the stage traits and their contexts (`plugin`), a stage's output
 //! (`output`), its counters (`metrics`), the registry — while the event
 //! and the queues live in their own crates and are re-exported.

@@ -1,6 +1,6 @@
 //! Per-stage counters. They are the single source of truth for the exit
-//! summary, `--stats-json` and (later) the metrics endpoint, so those can
-//! never disagree.
+//! summary, `--stats-json`, the API's `/metrics` and `/api/stats`, and
+//! `logbus top`, so those can never disagree.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

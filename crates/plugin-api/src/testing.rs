@@ -1,7 +1,9 @@
 //! Helpers for plugin tests (feature `testing`): build a plugin from JSON
 //! options the way the engine does, run a source into a channel, feed a
-//! sink, and read option errors as `path: message` text. One copy here
-//! instead of one per plugin crate.
+//! sink, read option errors as `path: message` text, and hold each plugin's
+//! page in `docs/plugins` to its option schema (every plugin crate runs
+//! that over what it registers; the binary's tests over every plugin).
+//! One copy here instead of one per plugin crate.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,12 +1,17 @@
-//! The loop every batching sink runs. It reads the input into the
-//! batcher, keeps up to `in_flight` requests going, and settles each event
-//! by what the destination said about it: delivered events are committed
-//! (and their acknowledgements released), refused ones go to `<id>.dead`
-//! or the sink's `on_rejected` policy, and events still held when the
-//! drain deadline passes are errored, so a checkpointing source sends them
-//! again. An input batch is released only when all of its events are
-//! settled: that, and reading only while no closed batch waits for a
-//! request slot, keeps what the sink holds within
+//! The loop of every sink that delivers batches to a service: those built
+//! on `Driver::new` (http, email, syslog, kafka, opensearch, clickhouse,
+//! cloudwatch_logs, otlp). Sinks whose unit is a write or a whole object
+//! (file, stdout, blackhole, avro, parquet, and s3, whose object can
+//! outgrow memory and goes up in parts) keep loops of their own.
+//!
+//! It reads the input into the batcher, keeps up to `in_flight` requests
+//! going, and settles each event by what the destination said about it:
+//! delivered events are committed (and their acknowledgements released),
+//! refused ones go to `<id>.dead` or the sink's `on_rejected` policy, and
+//! events still held when the drain deadline passes are errored, so a
+//! checkpointing source sends them again. An input batch is released only
+//! when all of its events are settled: that, and reading only while no
+//! closed batch waits for a request slot, keeps what the sink holds within
 //! `(in_flight + 1) × max_events` plus the open partitions.
 
 use std::collections::{BTreeMap, VecDeque};

@@ -1,4 +1,10 @@
-//! AWS plugins. Each is its own cargo feature.
+//! AWS plugins: `sink: s3`, `source: s3` and `sink: cloudwatch_logs`. Each
+//! is its own cargo feature; `client.rs` is what all of them share to reach
+//! AWS. The S3 sink writes objects through the sink core's object formats:
+//! plain lines here, and Parquet and Avro behind the `s3-parquet` and
+//! `s3-avro` features, which take their formats from the Parquet and Avro
+//! plugin crates. That is the one place a plugin crate depends on another:
+//! a format is written once, for its own sink and for S3 alike.
 
 use logbus_plugin_api::Registry;
 

@@ -231,20 +231,15 @@ impl TypedPlugin for ClickHouseSink {
         o: &Self::Options,
         cx: &BuildContext,
     ) -> Vec<logbus_plugin_api::StatedNeed> {
-        let mut needs = Vec::new();
-        if let Some(ca) = o.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
-            needs.push(logbus_plugin_api::StatedNeed::tls_ca(
-                cx.resolve(ca),
-                &["tls"],
-            ));
-        }
-        if let Some(name) = &o.password_env {
-            needs.push(logbus_plugin_api::StatedNeed::new(
-                logbus_plugin_api::HostNeed::EnvVar { name: name.clone() },
-                &["password_env"],
-            ));
-        }
-        needs
+        use logbus_plugin_api::StatedNeed;
+        let ca = o.tls.as_ref().and_then(|t| t.ca_file.as_deref());
+        StatedNeed::client_ca(ca, cx)
+            .into_iter()
+            .chain(StatedNeed::secret_env(
+                o.password_env.as_deref(),
+                "password_env",
+            ))
+            .collect()
     }
 
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {

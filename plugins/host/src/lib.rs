@@ -1,6 +1,8 @@
 //! Host-local sources: `scheduler` (an event on a cron expression or an
-//! interval), `exec` (a command's standard output as events) and
-//! `sysinfo` (host metrics as events). Each is its own cargo feature.
+//! interval), `exec` (a command's standard output as events), `sysinfo`
+//! (host metrics as events) and `journald` (the systemd journal through a
+//! `journalctl` child, its cursor saved once the sinks finished). Each is
+//! its own cargo feature.
 
 use logbus_plugin_api::Registry;
 

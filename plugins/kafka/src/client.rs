@@ -71,6 +71,27 @@ pub fn check_connection(brokers: &str, tls: Option<&KafkaTls>) -> Vec<OptionErro
 }
 
 /// `security.protocol` and the TLS and SASL properties.
+/// The TLS files librdkafka reads, for `validate --preflight`.
+pub fn tls_needs(tls: Option<&KafkaTls>, cx: &BuildContext) -> Vec<logbus_plugin_api::StatedNeed> {
+    use logbus_plugin_api::StatedNeed;
+    let Some(tls) = tls else {
+        return Vec::new();
+    };
+    let mut needs: Vec<StatedNeed> = tls
+        .ca_file
+        .iter()
+        .map(|ca| StatedNeed::tls_ca(cx.resolve(ca), &["tls"]))
+        .collect();
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        needs.extend(StatedNeed::tls_identity(
+            cx.resolve(cert),
+            cx.resolve(key),
+            &["tls"],
+        ));
+    }
+    needs
+}
+
 pub fn apply_security(
     c: &mut ClientConfig,
     tls: Option<&KafkaTls>,

@@ -38,6 +38,25 @@ pub struct ProbeSpec {
     pub reader: bool,
 }
 
+impl ProbeSpec {
+    /// The connection settings of a stage; no topic to look up.
+    pub fn new(
+        brokers: &str,
+        tls: &Option<KafkaTls>,
+        sasl: &Option<Sasl>,
+        librdkafka: &BTreeMap<String, String>,
+    ) -> Self {
+        ProbeSpec {
+            brokers: brokers.to_string(),
+            tls: tls.clone(),
+            sasl: sasl.clone(),
+            librdkafka: librdkafka.clone(),
+            topics: Vec::new(),
+            reader: false,
+        }
+    }
+}
+
 /// Keeps what librdkafka said went wrong, an authentication failure above
 /// all (the metadata request itself only times out then). Its log lines
 /// are read too: they come from its own threads, where its error events

@@ -304,23 +304,7 @@ impl TypedPlugin for KafkaSink {
         o: &Self::Options,
         cx: &BuildContext,
     ) -> Vec<logbus_plugin_api::StatedNeed> {
-        let mut needs = Vec::new();
-        if let Some(tls) = &o.tls {
-            if let Some(ca) = &tls.ca_file {
-                needs.push(logbus_plugin_api::StatedNeed::tls_ca(
-                    cx.resolve(ca),
-                    &["tls"],
-                ));
-            }
-            if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
-                needs.extend(logbus_plugin_api::StatedNeed::tls_identity(
-                    cx.resolve(cert),
-                    cx.resolve(key),
-                    &["tls"],
-                ));
-            }
-        }
-        needs
+        crate::client::tls_needs(o.tls.as_ref(), cx)
     }
 
     /// The brokers reached with the stage's security settings; a fixed
@@ -335,12 +319,9 @@ impl TypedPlugin for KafkaSink {
             false => vec![(o.topic.clone(), vec!["topic".to_string()])],
         };
         let spec = crate::probe::ProbeSpec {
-            brokers: o.brokers.clone(),
-            tls: o.tls.clone(),
-            sasl: o.sasl.clone(),
-            librdkafka: o.librdkafka.clone(),
             topics,
             reader: false,
+            ..crate::probe::ProbeSpec::new(&o.brokers, &o.tls, &o.sasl, &o.librdkafka)
         };
         Some(crate::probe::probe(spec, &cx.build_context(), cx.timeout))
     }

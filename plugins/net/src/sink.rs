@@ -118,14 +118,10 @@ impl TypedPlugin for SyslogSink {
         o: &Self::Options,
         cx: &BuildContext,
     ) -> Vec<logbus_plugin_api::StatedNeed> {
-        let mut needs = Vec::new();
-        if let Some(ca) = o.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
-            needs.push(logbus_plugin_api::StatedNeed::tls_ca(
-                cx.resolve(ca),
-                &["tls"],
-            ));
-        }
-        needs
+        let ca = o.tls.as_ref().and_then(|t| t.ca_file.as_deref());
+        logbus_plugin_api::StatedNeed::client_ca(ca, cx)
+            .into_iter()
+            .collect()
     }
 
     fn build(&self, options: SyslogSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {

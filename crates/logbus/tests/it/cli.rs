@@ -940,6 +940,45 @@ fn stdin_stops_reading_while_the_pipeline_is_full() {
     drain.join().unwrap();
 }
 
+/// ARCHITECTURE.md stays true about where things are: every path it
+/// names in backticks exists, and it stays short enough to read.
+#[test]
+fn architecture_names_only_paths_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let tops = [
+        "crates/",
+        "plugins/",
+        "docs/",
+        ".ci/",
+        "fuzz/",
+        "examples/",
+        "pipelines/",
+        "xtask/",
+        ".cargo/",
+    ];
+    let named: Vec<&str> = text
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| tops.iter().any(|t| span.starts_with(t)) && !span.contains(' '))
+        .collect();
+    assert!(named.len() > 40, "{named:?}");
+    let missing: Vec<&&str> = named
+        .iter()
+        .filter(|p| !root.join(p.trim_end_matches('/')).exists())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names paths that do not exist: {missing:?}"
+    );
+    let lines = text.lines().count();
+    assert!(
+        lines <= 220,
+        "ARCHITECTURE.md has {lines} lines; keep it near 200"
+    );
+}
+
 /// docs/editor.md recommends `logbus fmt --check` in CI: every YAML file
 /// the project ships passes it (directories, test files included).
 #[test]
