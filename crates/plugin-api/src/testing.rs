@@ -40,6 +40,75 @@ pub fn build_errors(plugin: &dyn Plugin, options: Value) -> String {
     }
 }
 
+/// What the stage states it needs from the host (`validate --preflight`),
+/// one `option: need` line each, paths relative to the current directory:
+/// `tls.ca_file: Pem ca.pem`, `password_env: EnvVar P`, `address: Listen
+/// 127.0.0.1:514/udp`, `max_connections: OpenFiles 10`.
+pub fn host_needs(plugin: &dyn Plugin, options: Value) -> Vec<String> {
+    use crate::HostNeed;
+    plugin
+        .host_needs(&options, &context())
+        .into_iter()
+        .map(|s| {
+            let need = match s.need {
+                HostNeed::ReadFile { path } => format!("ReadFile {}", path.display()),
+                HostNeed::ReadGlob { pattern } => format!("ReadGlob {pattern}"),
+                HostNeed::WriteDir { path, create } => {
+                    format!("WriteDir {} create={create}", path.display())
+                }
+                HostNeed::Listen { address, udp } => {
+                    format!("Listen {address}/{}", if udp { "udp" } else { "tcp" })
+                }
+                HostNeed::Pem { path, key } => {
+                    format!("Pem{} {}", if key { "Key" } else { "" }, path.display())
+                }
+                HostNeed::TlsIdentity { cert, key } => {
+                    format!("TlsIdentity {} {}", cert.display(), key.display())
+                }
+                HostNeed::Program { name } => format!("Program {name}"),
+                HostNeed::OpenFiles { count } => format!("OpenFiles {count}"),
+                HostNeed::EnvVar { name } => format!("EnvVar {name}"),
+            };
+            format!("{}: {need}", s.option.join("."))
+        })
+        .collect()
+}
+
+/// What `validate --connect` finds for the stage, one `option code` line
+/// each, with `arriving` fields (unknown when `None`) and a 10 s timeout;
+/// panics when the plugin has no probe.
+pub async fn probe(
+    plugin: &dyn Plugin,
+    options: Value,
+    arriving: Option<crate::ArrivingFields>,
+) -> Vec<String> {
+    probe_findings(plugin, options, arriving)
+        .await
+        .into_iter()
+        .map(|f| format!("{} {}", f.option.join("."), f.code))
+        .collect()
+}
+
+/// [`probe`]'s findings whole (level and message too).
+pub async fn probe_findings(
+    plugin: &dyn Plugin,
+    options: Value,
+    arriving: Option<crate::ArrivingFields>,
+) -> Vec<crate::ServiceFinding> {
+    let cx = crate::ConnectContext {
+        stage_id: "s".into(),
+        base_dir: ".".into(),
+        timeout: std::time::Duration::from_secs(10),
+        arriving: arriving.unwrap_or_default(),
+    };
+    let probe = plugin
+        .connect(&options, cx)
+        .expect("the plugin has a probe");
+    tokio::time::timeout(std::time::Duration::from_secs(10), probe)
+        .await
+        .expect("the probe answers within its timeout")
+}
+
 /// `path: message` of each error, joined with `; `.
 fn joined(errors: &[crate::OptionError]) -> String {
     errors

@@ -325,3 +325,40 @@ fn option_errors_name_the_option() {
         with(json!({"timestamp_field": "a..b"}))
     );
 }
+
+/// `validate --connect`: with `create_missing: false` a missing group or
+/// stream is found; with it (the default), nothing.
+#[ignore = "needs a CloudWatch Logs server (.ci/services up cloudwatch); run with --include-ignored"]
+#[tokio::test]
+async fn the_probe_finds_what_would_not_be_created() {
+    let url = cloudwatch();
+    let group = unique("probe");
+    logs_python(
+        &url,
+        "logs.create_log_group(logGroupName=ARGS[0]); logs.create_log_stream(logGroupName=ARGS[0], logStreamName='s1')",
+        &[&group],
+    );
+    let plugin = Typed(logbus_aws::cloudwatch_logs::CloudWatchLogsSink);
+    let probe = |group: String, stream: &str, create: bool| {
+        testing::probe(
+            &plugin,
+            json!({ "group": group, "stream": stream, "create_missing": create, "endpoint": url,
+                    "region": "us-east-1", "access_key_id": "test", "secret_access_key": "test" }),
+            None,
+        )
+    };
+    assert!(probe(group.clone(), "s1", false).await.is_empty());
+    assert_eq!(
+        probe(format!("{group}-absent"), "s1", false).await,
+        ["group service-missing"]
+    );
+    assert_eq!(
+        probe(group.clone(), "s2", false).await,
+        ["stream service-missing"]
+    );
+    assert!(
+        probe(format!("{group}-absent"), "s1", true)
+            .await
+            .is_empty()
+    );
+}

@@ -863,3 +863,29 @@ async fn avro_objects_are_containers_of_blocks() {
         .collect();
     assert_eq!(rows, &want);
 }
+
+/// `validate --connect`: the bucket is listed with the stage's keys.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
+#[tokio::test]
+async fn the_probe_finds_a_missing_bucket_and_a_wrong_secret() {
+    let url = endpoint();
+    let present = bucket(&url, "probe");
+    let plugin = Typed(logbus_aws::s3_sink::S3Sink);
+    let probe = |bucket: &str, secret: &str| {
+        testing::probe(
+            &plugin,
+            json!({ "bucket": bucket, "endpoint": url, "force_path_style": true, "region": "us-east-1",
+                     "access_key_id": ACCESS_KEY, "secret_access_key": secret }),
+            None,
+        )
+    };
+    assert!(probe(&present, SECRET_KEY).await.is_empty());
+    assert_eq!(
+        probe(&format!("{present}-absent"), SECRET_KEY).await,
+        ["bucket service-missing"]
+    );
+    assert_eq!(
+        probe(&present, "not-the-secret").await,
+        ["access_key_id service-refused"]
+    );
+}

@@ -572,3 +572,25 @@ fn option_errors_name_the_option() {
     );
     assert_eq!(with(json!({"bucket": ""})), "bucket: must not be empty");
 }
+
+/// `validate --connect`: the prefix is listed with the stage's keys.
+#[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
+#[tokio::test]
+async fn the_probe_finds_a_missing_bucket() {
+    let url = endpoint();
+    let present = bucket(&url, "probe");
+    let plugin = Typed(logbus_aws::s3_source::S3Source);
+    let probe = |bucket: String| {
+        testing::probe(
+            &plugin,
+            json!({ "bucket": bucket, "prefix": "logs/", "endpoint": url, "force_path_style": true,
+                     "region": "us-east-1", "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY }),
+            None,
+        )
+    };
+    assert!(probe(present.clone()).await.is_empty());
+    assert_eq!(
+        probe(format!("{present}-absent")).await,
+        ["bucket service-missing"]
+    );
+}

@@ -893,6 +893,31 @@ impl Service for ClickHouseService {
 mod tests {
     use super::*;
 
+    /// `validate --preflight` learns of the CA file and the password's
+    /// variable.
+    #[test]
+    fn the_ca_file_and_the_password_variable_are_stated() {
+        let needs = logbus_plugin_api::testing::host_needs(
+            &logbus_plugin_api::Typed(ClickHouseSink),
+            serde_json::json!({
+                "url": "https://h:8443", "table": "t", "tls": { "ca_file": "ca.pem" },
+                "username": "u", "password_env": "CH_PASSWORD",
+            }),
+        );
+        assert_eq!(
+            needs,
+            [
+                "tls.ca_file: Pem ./ca.pem",
+                "password_env: EnvVar CH_PASSWORD"
+            ]
+        );
+        let none = logbus_plugin_api::testing::host_needs(
+            &logbus_plugin_api::Typed(ClickHouseSink),
+            serde_json::json!({ "url": "http://h:8123", "table": "t" }),
+        );
+        assert!(none.is_empty(), "{none:?}");
+    }
+
     /// `validate --connect`: the server's error code says which option is
     /// at fault; a JSON-wrapped answer is unwrapped.
     #[test]

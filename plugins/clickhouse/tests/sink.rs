@@ -630,3 +630,48 @@ async fn an_insert_refused_for_a_reason_not_in_the_rows_is_retried() {
     assert_eq!(ids[0]["n"], "10", "{ids:?}");
     assert_eq!(metrics.snapshot().events_out, 20);
 }
+
+/// `validate --connect`: a missing table is found at `table`; on a real
+/// one, the columns no arriving field fills and the arriving fields no
+/// column stores are found.
+#[ignore = "needs a ClickHouse server (.ci/services up clickhouse); run with --include-ignored"]
+#[tokio::test]
+async fn the_probe_describes_the_table_against_the_arriving_fields() {
+    let url = server(MODERN);
+    let name = table("probe");
+    sql(
+        &url,
+        &format!(
+            "CREATE TABLE {name} (level String, msg String) ENGINE = MergeTree ORDER BY level"
+        ),
+    );
+    let plugin = Typed(logbus_clickhouse::sink::ClickHouseSink);
+    let missing = testing::probe(
+        &plugin,
+        json!({ "url": url, "table": "no_such_table_here" }),
+        None,
+    )
+    .await;
+    assert_eq!(missing, ["table service-missing"]);
+    let arriving = logbus_plugin_api::ArrivingFields {
+        fields: [
+            ("level".to_string(), logbus_plugin_api::FieldType::String),
+            ("code".to_string(), logbus_plugin_api::FieldType::String),
+        ]
+        .into(),
+        open: false,
+        known: true,
+    };
+    let found = testing::probe(
+        &plugin,
+        json!({ "url": url, "table": name }),
+        Some(arriving.clone()),
+    )
+    .await;
+    assert_eq!(
+        found,
+        ["table column-not-produced", "table field-not-stored"]
+    );
+    let unknown = testing::probe(&plugin, json!({ "url": url, "table": name }), None).await;
+    assert!(unknown.is_empty(), "{unknown:?}");
+}

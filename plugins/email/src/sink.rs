@@ -450,6 +450,19 @@ impl Mailer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `validate --preflight` learns of the CA file.
+    #[test]
+    fn the_ca_file_is_stated() {
+        let needs = logbus_plugin_api::testing::host_needs(
+            &logbus_plugin_api::Typed(EmailSink),
+            serde_json::json!({
+                "host": "h", "tls": "tls", "ca_file": "ca.pem",
+                "from": "a@example.com", "to": ["b@example.com"],
+            }),
+        );
+        assert_eq!(needs, ["ca_file: Pem ./ca.pem"]);
+    }
     use logbus_plugin_api::Meta;
 
     /// A template is text and `{{…}}` pieces, no empty text between them,

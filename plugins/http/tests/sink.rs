@@ -496,3 +496,13 @@ async fn a_long_answer_is_quoted_in_part() {
         "more than 512 bytes: {err}"
     );
 }
+
+/// `validate --preflight` learns of the CA file.
+#[test]
+fn the_ca_file_is_stated() {
+    let needs = testing::host_needs(
+        &Typed(logbus_http::sink::HttpSink),
+        json!({ "url": "https://h/", "tls": { "ca_file": "ca.pem" } }),
+    );
+    assert_eq!(needs, ["tls.ca_file: Pem ./ca.pem"]);
+}

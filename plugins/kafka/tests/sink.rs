@@ -270,3 +270,73 @@ async fn sasl_credentials_are_used_and_a_wrong_password_fails_clearly() {
         .collect();
     assert_eq!(ids, (0..30).collect::<Vec<_>>());
 }
+
+/// `validate --connect`: a fixed topic is looked up (the test broker
+/// creates none by itself), a templated one is not.
+#[ignore = "needs a Kafka broker and kafka-python (.ci/services up kafka; pip install kafka-python); run with --include-ignored"]
+#[tokio::test]
+async fn the_probe_looks_up_a_fixed_topic() {
+    let brokers = brokers();
+    let present = topic(&brokers, "probe", 1);
+    let plugin = Typed(logbus_kafka::sink::KafkaSink);
+    let probe = |topic: String| {
+        testing::probe(&plugin, json!({ "brokers": brokers, "topic": topic }), None)
+    };
+    assert!(probe(present.clone()).await.is_empty());
+    assert_eq!(
+        probe(format!("{present}-absent")).await,
+        ["topic service-missing"]
+    );
+    assert!(probe("{{t}}".into()).await.is_empty());
+    // The broker creates no topic: an error that says so.
+    let found = testing::probe_findings(
+        &plugin,
+        json!({ "brokers": brokers, "topic": format!("{present}-absent") }),
+        None,
+    )
+    .await;
+    assert_eq!(found[0].level, logbus_plugin_api::FindingLevel::Error);
+    assert!(
+        found[0]
+            .message
+            .contains("`auto.create.topics.enable=false`"),
+        "{}",
+        found[0].message
+    );
+    // Credentials the SASL listener refuses, told from a broker that
+    // does not answer.
+    let refused = testing::probe(
+        &plugin,
+        json!({ "brokers": SASL_BROKERS, "topic": present,
+                "sasl": { "mechanism": "scram-sha-256", "username": "logbus", "password": "wrong" } }),
+        None,
+    )
+    .await;
+    assert_eq!(refused, ["sasl service-refused"]);
+    let nowhere = testing::probe(
+        &plugin,
+        json!({ "brokers": "127.0.0.1:1", "topic": present }),
+        None,
+    )
+    .await;
+    assert_eq!(nowhere, ["brokers service-unreachable"]);
+}
+
+/// `validate --preflight` learns of the TLS files librdkafka reads.
+#[test]
+fn the_tls_files_are_stated() {
+    let needs = testing::host_needs(
+        &Typed(logbus_kafka::sink::KafkaSink),
+        json!({ "brokers": "b:9093", "topic": "t",
+                "tls": { "ca_file": "ca.pem", "cert_file": "c.pem", "key_file": "k.pem" } }),
+    );
+    assert_eq!(
+        needs,
+        [
+            "tls.ca_file: Pem ./ca.pem",
+            "tls.cert_file: Pem ./c.pem",
+            "tls.key_file: PemKey ./k.pem",
+            "tls.key_file: TlsIdentity ./c.pem ./k.pem",
+        ]
+    );
+}

@@ -542,3 +542,29 @@ fn option_errors_name_the_option() {
         "{e}"
     );
 }
+
+/// `validate --connect`: each named topic is looked up, patterns are not.
+#[ignore = "needs a Kafka broker and kafka-python (.ci/services up kafka; pip install kafka-python); run with --include-ignored"]
+#[tokio::test]
+async fn the_probe_looks_up_the_named_topics() {
+    let brokers = brokers();
+    let present = topic(&brokers, "probe", 1);
+    let found = testing::probe(
+        &Typed(logbus_kafka::source::KafkaSource),
+        json!({ "brokers": brokers, "group_id": "probe",
+                "topics": [present, format!("{present}-absent"), "^probe-.*"] }),
+        None,
+    )
+    .await;
+    assert_eq!(found, ["topics.1 service-missing"]);
+}
+
+/// `validate --preflight` learns of the TLS files librdkafka reads.
+#[test]
+fn the_tls_files_are_stated() {
+    let needs = testing::host_needs(
+        &Typed(logbus_kafka::source::KafkaSource),
+        json!({ "brokers": "b:9093", "group_id": "g", "topics": ["t"], "tls": { "ca_file": "ca.pem" } }),
+    );
+    assert_eq!(needs, ["tls.ca_file: Pem ./ca.pem"]);
+}

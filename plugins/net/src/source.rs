@@ -407,6 +407,29 @@ async fn send(output: &Output, messages: &mut Vec<Bytes>, source: &Arc<str>) -> 
 mod tests {
     use super::*;
 
+    /// `validate --preflight` learns of the address, the connections and
+    /// the TLS files.
+    #[test]
+    fn the_address_connections_and_tls_files_are_stated() {
+        let needs = logbus_plugin_api::testing::host_needs(
+            &logbus_plugin_api::Typed(SyslogSource),
+            serde_json::json!({
+                "address": "127.0.0.1:6514", "mode": "tcp", "max_connections": 10,
+                "tls": { "cert_file": "c.pem", "key_file": "k.pem" },
+            }),
+        );
+        assert_eq!(
+            needs,
+            [
+                "address: Listen 127.0.0.1:6514/tcp",
+                "max_connections: OpenFiles 10",
+                "tls.cert_file: Pem ./c.pem",
+                "tls.key_file: PemKey ./k.pem",
+                "tls.key_file: TlsIdentity ./c.pem ./k.pem",
+            ]
+        );
+    }
+
     fn text(bytes: &[u8], max: usize) -> Option<String> {
         datagram(bytes, max, &Arc::from("s"))
             .map(|e| String::from_utf8(e.as_raw().unwrap().to_vec()).unwrap())

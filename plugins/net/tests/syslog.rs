@@ -484,3 +484,13 @@ async fn a_tcp_messages_trailing_line_ends_and_nuls_are_trimmed() {
     }
     assert_eq!(rest, 0, "the empty frames made no events");
 }
+
+/// `validate --preflight` learns of the CA file.
+#[test]
+fn the_sink_states_its_ca_file() {
+    let needs = logbus_plugin_api::testing::host_needs(
+        &Typed(logbus_net::sink::SyslogSink),
+        json!({ "address": "h:6514", "tls": { "ca_file": "ca.pem" } }),
+    );
+    assert_eq!(needs, ["tls.ca_file: Pem ./ca.pem"]);
+}

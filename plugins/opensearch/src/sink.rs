@@ -815,6 +815,34 @@ impl Service for OpenSearchService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `validate --preflight` learns of the CA file and the variables the
+    /// credentials come from.
+    #[test]
+    fn the_ca_file_and_the_secret_variables_are_stated() {
+        let needs = |options| {
+            logbus_plugin_api::testing::host_needs(
+                &logbus_plugin_api::Typed(OpenSearchSink),
+                options,
+            )
+        };
+        assert_eq!(
+            needs(serde_json::json!({
+                "endpoints": ["https://h:9200"], "index": "i", "tls": { "ca_file": "ca.pem" },
+                "username": "u", "password_env": "OS_PASSWORD",
+            })),
+            [
+                "tls.ca_file: Pem ./ca.pem",
+                "password_env: EnvVar OS_PASSWORD"
+            ]
+        );
+        assert_eq!(
+            needs(serde_json::json!({
+                "endpoints": ["https://h:9200"], "index": "i", "bearer_token_env": "OS_TOKEN",
+            })),
+            ["bearer_token_env: EnvVar OS_TOKEN"]
+        );
+    }
     use logbus_plugin_api::Meta;
     use serde_json::json;
 

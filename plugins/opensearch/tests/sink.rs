@@ -419,3 +419,80 @@ fn bad_options_are_named() {
         "{err}"
     );
 }
+
+/// `validate --connect`: the node answers; a missing ingest pipeline is
+/// found at `pipeline`.
+#[ignore = "needs an OpenSearch node (.ci/services up opensearch); run with --include-ignored"]
+#[tokio::test]
+async fn the_probe_finds_a_missing_ingest_pipeline() {
+    let url = node();
+    let plugin = Typed(logbus_opensearch::sink::OpenSearchSink);
+    let fine = testing::probe(
+        &plugin,
+        json!({ "endpoints": [url], "index": "logs" }),
+        None,
+    )
+    .await;
+    assert!(fine.is_empty(), "{fine:?}");
+    let missing = testing::probe(
+        &plugin,
+        json!({ "endpoints": [url], "index": "logs", "pipeline": "probe-no-such-pipeline" }),
+        None,
+    )
+    .await;
+    assert_eq!(missing, ["pipeline service-missing"]);
+}
+
+/// A server on loopback that answers every request with `status` and an
+/// empty body (the test node has no security plugin, so it never refuses
+/// credentials itself).
+fn answering(status: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+        }
+    });
+    port
+}
+
+/// `validate --connect`: refused credentials are found at the option that
+/// gives them.
+#[tokio::test]
+async fn the_probe_names_refused_credentials() {
+    let port = answering("401 Unauthorized");
+    let plugin = Typed(logbus_opensearch::sink::OpenSearchSink);
+    let url = format!("http://127.0.0.1:{port}");
+    let basic = testing::probe(
+        &plugin,
+        json!({ "endpoints": [url], "index": "i", "username": "u" }),
+        None,
+    )
+    .await;
+    assert_eq!(basic, ["username service-refused"]);
+    // A bearer token from a variable every process has.
+    let bearer = testing::probe_findings(
+        &plugin,
+        json!({ "endpoints": [url], "index": "i", "bearer_token_env": "PATH" }),
+        None,
+    )
+    .await;
+    assert_eq!(bearer.len(), 1, "{bearer:?}");
+    assert_eq!(bearer[0].option, ["bearer_token_env"]);
+    let broken = answering("500 Internal Server Error");
+    let other = testing::probe(
+        &plugin,
+        json!({ "endpoints": [format!("http://127.0.0.1:{broken}")], "index": "i" }),
+        None,
+    )
+    .await;
+    assert_eq!(other, ["endpoints.0 service-unreachable"]);
+}

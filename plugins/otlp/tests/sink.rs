@@ -1038,3 +1038,93 @@ async fn a_partial_success_over_grpc_is_logged() {
     );
     shutdown.cancel();
 }
+
+/// `validate --preflight` learns of the CA file.
+#[test]
+fn the_ca_file_is_stated() {
+    let needs = testing::host_needs(
+        &Typed(logbus_otlp::sink::OtlpSink),
+        json!({ "endpoint": "https://h:4318", "protocol": "http", "tls": { "ca_file": "ca.pem" } }),
+    );
+    assert_eq!(needs, ["tls.ca_file: Pem ./ca.pem"]);
+}
+
+/// `validate --connect` sends an empty export as the stage would: a
+/// receiver that is not there is unreachable, at `endpoint`; one that is
+/// accepts it and nothing is found.
+#[tokio::test]
+async fn the_probe_sends_an_empty_export() {
+    use logbus_plugin_api::{ArrivingFields, ConnectContext, Plugin};
+    let cx = || ConnectContext {
+        stage_id: "s".into(),
+        base_dir: ".".into(),
+        timeout: Duration::from_secs(5),
+        arriving: ArrivingFields::default(),
+    };
+    let closed = free_port();
+    let probe = Typed(logbus_otlp::sink::OtlpSink)
+        .connect(
+            &json!({ "endpoint": format!("http://127.0.0.1:{closed}"), "protocol": "http" }),
+            cx(),
+        )
+        .expect("a probe");
+    let found = probe.await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].code, "service-unreachable");
+    assert_eq!(found[0].option, ["endpoint"]);
+
+    let (grpc, http) = (free_port(), free_port());
+    let receiver = receiver(grpc, http, 16).await;
+    for (protocol, port) in [("grpc", grpc), ("http", http)] {
+        let probe = Typed(logbus_otlp::sink::OtlpSink)
+            .connect(
+                &json!({ "endpoint": format!("http://127.0.0.1:{port}"), "protocol": protocol }),
+                cx(),
+            )
+            .expect("a probe");
+        let found = probe.await;
+        assert!(found.is_empty(), "{protocol}: {found:?}");
+    }
+    drop(receiver);
+}
+
+/// A server on loopback that answers every request with `status` and an
+/// empty body (the test node has no security plugin, so it never refuses
+/// credentials itself).
+fn answering(status: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+        }
+    });
+    port
+}
+
+/// `validate --connect`: an export refused for its credentials is found
+/// at `headers`, one refused otherwise at `endpoint`.
+#[tokio::test]
+async fn the_probe_names_a_refused_export() {
+    let plugin = Typed(logbus_otlp::sink::OtlpSink);
+    for (status, at) in [
+        ("401 Unauthorized", "headers"),
+        ("400 Bad Request", "endpoint"),
+    ] {
+        let port = answering(status);
+        let found = testing::probe(
+            &plugin,
+            json!({ "endpoint": format!("http://127.0.0.1:{port}"), "protocol": "http" }),
+            None,
+        )
+        .await;
+        assert_eq!(found, [format!("{at} service-refused")], "{status}");
+    }
+}

@@ -641,3 +641,25 @@ fn option_errors_name_the_option() {
         "http_address: must differ from `grpc_address`"
     );
 }
+
+/// `validate --preflight` learns of both addresses, the connections and
+/// the TLS files.
+#[test]
+fn the_addresses_connections_and_tls_files_are_stated() {
+    let needs = testing::host_needs(
+        &Typed(logbus_otlp::source::OtlpSource),
+        json!({ "grpc_address": "127.0.0.1:4317", "http_address": "127.0.0.1:4318",
+                "max_connections": 8, "tls": { "cert_file": "c.pem", "key_file": "k.pem" } }),
+    );
+    assert_eq!(
+        needs,
+        [
+            "grpc_address: Listen 127.0.0.1:4317/tcp",
+            "http_address: Listen 127.0.0.1:4318/tcp",
+            "max_connections: OpenFiles 8",
+            "tls.cert_file: Pem ./c.pem",
+            "tls.key_file: PemKey ./k.pem",
+            "tls.key_file: TlsIdentity ./c.pem ./k.pem",
+        ]
+    );
+}
