@@ -340,3 +340,27 @@ fn settle_all_delivered(
     logbus_plugin_api::Event::settle_all(&mut events, logbus_plugin_api::Outcome::Delivered);
     events
 }
+
+/// `validate --preflight` learns of the listen address, the connections
+/// it may hold and the TLS files.
+#[test]
+fn the_address_connections_and_tls_files_are_stated() {
+    let needs = testing::host_needs(
+        &Typed(logbus_http::source::HttpSource),
+        json!({
+            "address": "127.0.0.1:8080",
+            "max_connections": 64,
+            "tls": { "cert_file": "c.pem", "key_file": "k.pem" },
+        }),
+    );
+    assert_eq!(
+        needs,
+        [
+            "address: Listen 127.0.0.1:8080/tcp",
+            "max_connections: OpenFiles 64",
+            "tls.cert_file: Pem ./c.pem",
+            "tls.key_file: PemKey ./k.pem",
+            "tls.key_file: TlsIdentity ./c.pem ./k.pem",
+        ]
+    );
+}

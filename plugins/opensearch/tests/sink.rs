@@ -441,6 +441,15 @@ async fn the_probe_finds_a_missing_ingest_pipeline() {
     )
     .await;
     assert_eq!(missing, ["pipeline service-missing"]);
+    // A pipeline or index named per event (`{{field}}`, `%Y`) is not
+    // looked up: which one exists is known only when events arrive.
+    let templated = testing::probe(
+        &plugin,
+        json!({ "endpoints": [url], "index": "logs-%Y", "pipeline": "{{ pipeline }}" }),
+        None,
+    )
+    .await;
+    assert!(templated.is_empty(), "{templated:?}");
 }
 
 /// A server on loopback that answers every request with `status` and an
