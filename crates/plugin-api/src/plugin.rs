@@ -580,8 +580,13 @@ fn parse_all<T: DeserializeOwned>(
             Ok(v) if failed.is_empty() => return (Some(v), errors),
             Ok(_) => return (None, errors),
             Err(e) => {
-                let path = path_segments(e.path());
+                let mut path = path_segments(e.path());
                 let message = e.into_inner().to_string();
+                if path.is_empty() {
+                    // Inside a `#[serde(flatten)]` block serde forgets
+                    // where it was: find the option by standing each in.
+                    path.extend(flattened_culprit::<T>(&cleaned, properties, &message));
+                }
                 let top = path.first().cloned();
                 // A required option removed after its own error: said.
                 if failed
@@ -623,6 +628,49 @@ fn parse_all<T: DeserializeOwned>(
             }
         }
     }
+}
+
+/// The top-level option whose value causes `message` when it sits in a
+/// flattened block (shared options such as `Retrying`, `AwsOptions`):
+/// the first whose stand-in makes that error go away.
+fn flattened_culprit<T: DeserializeOwned>(
+    options: &Value,
+    properties: Option<&serde_json::Map<String, Value>>,
+    message: &str,
+) -> Option<String> {
+    let about_a_value = [
+        "invalid type",
+        "invalid value",
+        "invalid length",
+        "unknown variant",
+    ];
+    if !about_a_value.iter().any(|p| message.starts_with(p)) {
+        return None;
+    }
+    let map = options.as_object()?;
+    map.keys()
+        .find(|key| {
+            let mut tried = options.clone();
+            let Some(tried_map) = tried.as_object_mut() else {
+                return false;
+            };
+            match properties.and_then(|p| p.get(*key)).and_then(stand_in) {
+                Some(v) => {
+                    tried_map.insert((*key).clone(), v);
+                }
+                None => {
+                    tried_map.shift_remove(*key);
+                }
+            }
+            match T::deserialize(&tried) {
+                Ok(_) => true,
+                Err(e) => {
+                    let now = e.to_string();
+                    now != message && !now.starts_with("missing field")
+                }
+            }
+        })
+        .cloned()
 }
 
 /// A value of an option's declared type that deserialises whatever the
@@ -921,6 +969,51 @@ mod tests {
             errors(serde_json::json!({"in_fligth": 2, "level": 0})).len(),
             2
         );
+    }
+
+    /// Options of a shared block a plugin flattens into its own (the
+    /// sink core's `Retrying`) are named as if they were its own.
+    #[test]
+    fn type_errors_in_a_flattened_block_name_the_option() {
+        #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+        #[allow(dead_code)]
+        struct Shared {
+            #[serde(default)]
+            backoff_ms: u64,
+            #[serde(default)]
+            attempts: Option<u32>,
+        }
+        #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Own {
+            url: String,
+            #[serde(flatten)]
+            shared: Shared,
+        }
+        let schema = schemars::schema_for!(Own).to_value();
+        let errors = |v: Value| match parse_options::<Own>(&v, &schema) {
+            Ok(_) => Vec::new(),
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>(),
+        };
+        assert_eq!(
+            errors(serde_json::json!({"url": "u", "backoff_ms": "soon", "attempts": -1})),
+            [
+                "attempts: must be at least 0, got -1",
+                "backoff_ms: expected a whole number, 0 or more, got the string \"soon\"",
+            ]
+        );
+        assert_eq!(
+            errors(serde_json::json!({"url": 1, "attempts": "x"})),
+            [
+                "url: expected a string, got the number 1",
+                "attempts: expected a whole number, 0 or more, got the string \"x\"",
+            ]
+        );
+        assert!(errors(serde_json::json!({"url": "u", "attempts": 3})).is_empty());
     }
 
     #[test]

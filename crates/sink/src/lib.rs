@@ -20,7 +20,7 @@ pub use batch::{Batch, BatchLimits, Batcher};
 pub use driver::{Driver, DriverConfig, ItemResult, OnRejected, Response, Service};
 pub use encode::{Encoder, Framing, JsonArray, JsonLines, write_json_or_raw};
 pub use object::{Misfit, ObjectFormat, ObjectWriter};
-pub use options::{DeliveryOptions, check_backoff, error_chain};
+pub use options::{BatchDefaults, Batching, RetryDefaults, Retrying, check_requests, error_chain};
 pub use retry::{Attempt, Retried, RetryPolicy, parse_retry_after};
 pub use template::Template;
 pub use time::event_time_ms;

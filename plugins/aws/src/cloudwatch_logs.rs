@@ -21,8 +21,8 @@ use logbus_plugin_api::{
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
-    Template, event_time_ms,
+    Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
+    Response, RetryDefaults, Retrying, Template, check_requests, event_time_ms,
 };
 use serde::Deserialize;
 
@@ -58,22 +58,14 @@ pub struct CloudWatchLogsOptions {
     /// The field with the event's time (RFC 3339 text, or epoch seconds or
     /// milliseconds); else, or when missing, the time the event was read.
     pub timestamp_field: Option<String>,
-    #[serde(default = "default_max_events")]
-    pub batch_max_events: usize,
-    #[serde(default = "default_max_bytes")]
-    pub batch_max_bytes: usize,
-    #[serde(default = "default_timeout")]
-    pub batch_timeout_ms: u64,
+    #[serde(flatten)]
+    pub batching: Batching<CloudWatchDefaults>,
     #[serde(default = "default_in_flight")]
     pub in_flight: usize,
     #[serde(default = "default_request_timeout")]
     pub request_timeout_ms: u64,
-    #[serde(default = "default_initial_backoff")]
-    pub retry_initial_backoff_ms: u64,
-    #[serde(default = "default_max_backoff")]
-    pub retry_max_backoff_ms: u64,
-    pub retry_max_attempts: Option<u32>,
-    pub retry_max_elapsed_ms: Option<u64>,
+    #[serde(flatten)]
+    pub retrying: Retrying<CloudWatchDefaults>,
     #[serde(default)]
     pub on_rejected: OnRejected,
     #[serde(flatten)]
@@ -83,25 +75,10 @@ pub struct CloudWatchLogsOptions {
 fn yes() -> bool {
     true
 }
-fn default_max_events() -> usize {
-    MAX_EVENTS
-}
-fn default_max_bytes() -> usize {
-    MAX_BYTES
-}
-fn default_timeout() -> u64 {
-    1000
-}
 fn default_in_flight() -> usize {
     1
 }
 fn default_request_timeout() -> u64 {
-    30_000
-}
-fn default_initial_backoff() -> u64 {
-    200
-}
-fn default_max_backoff() -> u64 {
     30_000
 }
 
@@ -111,29 +88,28 @@ const RETENTIONS: &[i32] = &[
     3288, 3653,
 ];
 
-impl CloudWatchLogsOptions {
-    fn delivery(&self) -> DeliveryOptions {
-        DeliveryOptions {
-            batch_max_events: self.batch_max_events,
-            batch_max_bytes: self.batch_max_bytes,
-            batch_timeout_ms: self.batch_timeout_ms,
-            request_timeout_ms: self.request_timeout_ms,
-            retry_initial_backoff_ms: self.retry_initial_backoff_ms,
-            retry_max_backoff_ms: self.retry_max_backoff_ms,
-            retry_max_attempts: self.retry_max_attempts,
-            retry_max_elapsed_ms: self.retry_max_elapsed_ms,
-            in_flight: self.in_flight,
-            // Requests to one stream are not ordered with each other by the
-            // service, so a few at most.
-            max_in_flight: 16,
-        }
-    }
+/// `sink: cloudwatch_logs`'s own batch and retry defaults.
+pub struct CloudWatchDefaults;
+
+impl BatchDefaults for CloudWatchDefaults {
+    const BATCH_MAX_EVENTS: usize = MAX_EVENTS;
+    const BATCH_MAX_BYTES: usize = MAX_BYTES;
+    const BATCH_TIMEOUT_MS: u64 = 1000;
+}
+
+impl RetryDefaults for CloudWatchDefaults {
+    const RETRY_INITIAL_BACKOFF_MS: u64 = 200;
+    const RETRY_MAX_BACKOFF_MS: u64 = 30_000;
 }
 
 impl CheckOptions for CloudWatchLogsOptions {
     fn check(&self) -> Vec<OptionError> {
         let mut errors = self.aws.check();
-        errors.extend(self.delivery().check());
+        errors.extend(self.batching.check());
+        errors.extend(self.retrying.check());
+        // Requests to one stream are not ordered with each other by the
+        // service, so a few at most.
+        errors.extend(check_requests(self.request_timeout_ms, self.in_flight, 16));
         for (key, text) in [("group", &self.group), ("stream", &self.stream)] {
             if text.is_empty() {
                 errors.push(OptionError::at(&[key], "must not be empty"));
@@ -141,13 +117,13 @@ impl CheckOptions for CloudWatchLogsOptions {
                 errors.push(OptionError::at(&[key], e));
             }
         }
-        if self.batch_max_events > MAX_EVENTS {
+        if self.batching.batch_max_events > MAX_EVENTS {
             errors.push(OptionError::at(
                 &["batch_max_events"],
                 format!("at most {MAX_EVENTS} (the service's limit per request)"),
             ));
         }
-        if self.batch_max_bytes > MAX_BYTES {
+        if self.batching.batch_max_bytes > MAX_BYTES {
             errors.push(OptionError::at(
                 &["batch_max_bytes"],
                 format!("at most {MAX_BYTES} (the service's limit per request, 26 bytes per event included)"),
@@ -465,7 +441,6 @@ impl Sink for CloudWatchWriter {
         let o = &self.options;
         let config = sdk_config(&o.aws).await;
         let client = Client::new(&config);
-        let delivery = o.delivery();
         let driver = Driver::new(
             CloudWatchService {
                 client,
@@ -474,8 +449,8 @@ impl Sink for CloudWatchWriter {
             },
             self.encoder.take().expect("run once"),
             DriverConfig {
-                limits: delivery.limits(),
-                retry: delivery.retry(),
+                limits: o.batching.limits(),
+                retry: o.retrying.policy(),
                 in_flight: o.in_flight,
                 on_rejected: o.on_rejected,
                 destination: format!("CloudWatch Logs {}", o.group),
@@ -740,7 +715,7 @@ mod tests {
             serde_json::from_value(serde_json::json!({"group": "g", "stream": "s"})).unwrap();
         let encoder = LogEventEncoder { time: None };
         for (events, size) in [(10_001usize, 10usize), (2_000, 1_000)] {
-            let mut batcher = Batcher::new(o.delivery().limits(), Framing::CONCAT);
+            let mut batcher = Batcher::new(o.batching.limits(), Framing::CONCAT);
             let mut sealed = std::collections::VecDeque::new();
             for _ in 0..events {
                 let e = Event::raw("x".repeat(size), Meta::now("t".into()));

@@ -29,7 +29,10 @@ use logbus_plugin_api::{
     Ack, BuildContext, Built, CheckOptions, Event, OptionError, Outcome, Payload, Sink,
     SinkContext, StageError, StageKind, TypedPlugin, async_trait, attach_error,
 };
-use logbus_sink::{Attempt, Misfit, ObjectFormat, ObjectWriter, Retried, RetryPolicy, Template};
+use logbus_sink::{
+    Attempt, Misfit, ObjectFormat, ObjectWriter, Retried, RetryDefaults, RetryPolicy, Retrying,
+    Template,
+};
 use serde::Deserialize;
 
 use crate::client::{AwsOptions, describe, s3_client};
@@ -117,15 +120,14 @@ pub struct S3SinkOptions {
     pub aws: AwsOptions,
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
-    #[serde(default = "default_initial_backoff_ms")]
-    pub retry_initial_backoff_ms: u64,
-    #[serde(default = "default_max_backoff_ms")]
-    pub retry_max_backoff_ms: u64,
-    /// Give up on a request after this many attempts (retries for ever if
-    /// unset, until the drain deadline of a shutdown).
-    pub retry_max_attempts: Option<u32>,
-    pub retry_max_elapsed_ms: Option<u64>,
+    #[serde(flatten)]
+    pub retrying: Retrying<S3SinkDefaults>,
 }
+
+/// `sink: s3`'s own retry defaults.
+pub struct S3SinkDefaults;
+
+impl RetryDefaults for S3SinkDefaults {}
 
 fn default_prefix() -> String {
     "%Y/%m/%d/".into()
@@ -144,12 +146,6 @@ fn default_max_open_objects() -> usize {
 }
 fn default_request_timeout_ms() -> u64 {
     60_000
-}
-fn default_initial_backoff_ms() -> u64 {
-    100
-}
-fn default_max_backoff_ms() -> u64 {
-    30_000
 }
 
 impl CheckOptions for S3SinkOptions {
@@ -175,8 +171,6 @@ impl CheckOptions for S3SinkOptions {
             ("max_object_age_ms", self.max_object_age_ms),
             ("max_open_objects", self.max_open_objects as u64),
             ("request_timeout_ms", self.request_timeout_ms),
-            ("retry_initial_backoff_ms", self.retry_initial_backoff_ms),
-            ("retry_max_backoff_ms", self.retry_max_backoff_ms),
         ] {
             if value == 0 {
                 errors.push(OptionError::at(&[key], "must be at least 1"));
@@ -188,16 +182,7 @@ impl CheckOptions for S3SinkOptions {
                 "must be at least 1",
             ));
         }
-        if self.retry_max_attempts == Some(0) {
-            errors.push(OptionError::at(
-                &["retry_max_attempts"],
-                "must be at least 1",
-            ));
-        }
-        errors.extend(logbus_sink::check_backoff(
-            self.retry_initial_backoff_ms,
-            self.retry_max_backoff_ms,
-        ));
+        errors.extend(self.retrying.check());
         if self.ssekms_key_id.is_some() && self.server_side_encryption.as_deref() != Some("aws:kms")
         {
             errors.push(OptionError::at(
@@ -868,12 +853,7 @@ impl Sink for S3Writer {
         let up = Uploader {
             client: s3_client(&o.aws).await,
             options: o,
-            retry: RetryPolicy {
-                initial_backoff: Duration::from_millis(o.retry_initial_backoff_ms),
-                max_backoff: Duration::from_millis(o.retry_max_backoff_ms),
-                max_attempts: o.retry_max_attempts,
-                max_elapsed: o.retry_max_elapsed_ms.map(Duration::from_millis),
-            },
+            retry: o.retrying.policy(),
             cx: Stage {
                 id: cx.id.clone(),
                 metrics: cx.metrics.clone(),

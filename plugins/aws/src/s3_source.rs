@@ -36,7 +36,7 @@ use logbus_plugin_api::{
 use serde::{Deserialize, Serialize};
 
 use crate::client::{AwsOptions, describe, s3_client};
-use logbus_sink::{Attempt, Retried, RetryPolicy};
+use logbus_sink::{Attempt, Retried, RetryDefaults, RetryPolicy, Retrying};
 
 /// Read size from an object's (decompressed) stream.
 const READ_CHUNK: usize = 128 * 1024;
@@ -83,22 +83,14 @@ pub struct S3SourceOptions {
     pub aws: AwsOptions,
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
-    #[serde(default = "default_initial_backoff_ms")]
-    pub retry_initial_backoff_ms: u64,
-    #[serde(default = "default_max_backoff_ms")]
-    pub retry_max_backoff_ms: u64,
-    /// Give up (ending the stage with the error) after this many attempts
-    /// at a listing or an object without progress; unset: retry until
-    /// shutdown.
-    pub retry_max_attempts: Option<u32>,
+    #[serde(flatten)]
+    pub retrying: Retrying<S3SourceDefaults>,
 }
 
-fn default_initial_backoff_ms() -> u64 {
-    100
-}
-fn default_max_backoff_ms() -> u64 {
-    30_000
-}
+/// `source: s3`'s own retry defaults.
+pub struct S3SourceDefaults;
+
+impl RetryDefaults for S3SourceDefaults {}
 
 fn default_concurrency() -> usize {
     4
@@ -135,23 +127,12 @@ impl CheckOptions for S3SourceOptions {
         for (key, value) in [
             ("max_line_bytes", self.max_line_bytes as u64),
             ("request_timeout_ms", self.request_timeout_ms),
-            ("retry_initial_backoff_ms", self.retry_initial_backoff_ms),
-            ("retry_max_backoff_ms", self.retry_max_backoff_ms),
         ] {
             if value == 0 {
                 errors.push(OptionError::at(&[key], "must be at least 1"));
             }
         }
-        if self.retry_max_attempts == Some(0) {
-            errors.push(OptionError::at(
-                &["retry_max_attempts"],
-                "must be at least 1",
-            ));
-        }
-        errors.extend(logbus_sink::check_backoff(
-            self.retry_initial_backoff_ms,
-            self.retry_max_backoff_ms,
-        ));
+        errors.extend(self.retrying.check());
         if self.poll_interval_ms == Some(0) {
             errors.push(OptionError::at(&["poll_interval_ms"], "must be at least 1"));
         }
@@ -397,12 +378,7 @@ impl S3Reader {
     /// Every wanted key after `after`, in order, not yet finished.
     fn retry_policy(&self) -> RetryPolicy {
         let o = &self.options;
-        RetryPolicy {
-            initial_backoff: Duration::from_millis(o.retry_initial_backoff_ms),
-            max_backoff: Duration::from_millis(o.retry_max_backoff_ms),
-            max_attempts: o.retry_max_attempts,
-            max_elapsed: None,
-        }
+        o.retrying.policy()
     }
 
     /// [`Self::list`], retried while it fails transiently; `None` at a

@@ -554,7 +554,6 @@ fn option_bounds_hold_at_their_edges() {
         "max_open_objects",
         "request_timeout_ms",
         "max_object_events",
-        "retry_max_attempts",
     ] {
         assert_eq!(e(json!({ key: 1 })), "", "{key}: 1");
         assert_eq!(
@@ -563,9 +562,18 @@ fn option_bounds_hold_at_their_edges() {
             "{key}: 0"
         );
     }
+    // The shared retry block's bounds, worded as for every sink.
+    for key in ["retry_max_attempts", "retry_max_elapsed_ms"] {
+        assert_eq!(e(json!({ key: 1 })), "", "{key}: 1");
+        assert_eq!(
+            e(json!({ key: 0 })),
+            format!("{key}: must be at least 1, got 0"),
+            "{key}: 0"
+        );
+    }
     assert_eq!(
         e(json!({"retry_initial_backoff_ms": 0, "retry_max_backoff_ms": 0})),
-        "retry_initial_backoff_ms: must be at least 1; retry_max_backoff_ms: must be at least 1"
+        "retry_initial_backoff_ms: must be at least 1, got 0; retry_max_backoff_ms: must be at least 1, got 0"
     );
     assert_eq!(
         e(json!({"retry_initial_backoff_ms": 5, "retry_max_backoff_ms": 5})),

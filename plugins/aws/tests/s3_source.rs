@@ -544,7 +544,6 @@ fn option_errors_name_the_option() {
     for key in [
         "max_line_bytes",
         "request_timeout_ms",
-        "retry_max_attempts",
         "poll_interval_ms",
     ] {
         assert_eq!(with(json!({ key: 1 })), "", "{key}: 1");
@@ -554,9 +553,18 @@ fn option_errors_name_the_option() {
             "{key}: 0"
         );
     }
+    // The shared retry block's bounds, worded as for every sink.
+    for key in ["retry_max_attempts", "retry_max_elapsed_ms"] {
+        assert_eq!(with(json!({ key: 1 })), "", "{key}: 1");
+        assert_eq!(
+            with(json!({ key: 0 })),
+            format!("{key}: must be at least 1, got 0"),
+            "{key}: 0"
+        );
+    }
     assert_eq!(
         with(json!({"retry_initial_backoff_ms": 0, "retry_max_backoff_ms": 0})),
-        "retry_initial_backoff_ms: must be at least 1; retry_max_backoff_ms: must be at least 1"
+        "retry_initial_backoff_ms: must be at least 1, got 0; retry_max_backoff_ms: must be at least 1, got 0"
     );
     assert_eq!(
         with(json!({"retry_initial_backoff_ms": 5, "retry_max_backoff_ms": 5})),

@@ -24,8 +24,8 @@ use logbus_plugin_api::{
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Attempt, Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
-    Response, Retried, Service, error_chain,
+    Attempt, Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
+    Response, Retried, RetryDefaults, Retrying, Service, check_requests, error_chain,
 };
 use serde::Deserialize;
 
@@ -82,31 +82,14 @@ pub struct ClickHouseSinkOptions {
     /// `lz4` (default) or `none`.
     #[serde(default)]
     pub compression: InsertCompression,
-    #[serde(default = "default_max_events")]
-    #[schemars(range(min = 1))]
-    pub batch_max_events: usize,
-    /// Most RowBinary bytes in one insert (before compression).
-    #[serde(default = "default_max_bytes")]
-    #[schemars(range(min = 1))]
-    pub batch_max_bytes: usize,
-    #[serde(default = "default_batch_timeout")]
-    pub batch_timeout_ms: u64,
+    #[serde(flatten)]
+    pub batching: Batching<ClickHouseDefaults>,
     /// Most time to send an insert and for the server to answer it.
     #[serde(default = "default_request_timeout")]
     #[schemars(range(min = 1))]
     pub request_timeout_ms: u64,
-    #[serde(default = "default_initial_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_initial_backoff_ms: u64,
-    #[serde(default = "default_max_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_max_backoff_ms: u64,
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_attempts: Option<u32>,
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_elapsed_ms: Option<u64>,
+    #[serde(flatten)]
+    pub retrying: Retrying<ClickHouseDefaults>,
     /// Most inserts waiting for an answer at once.
     #[serde(default = "default_in_flight")]
     #[schemars(range(min = 1, max = 64))]
@@ -126,22 +109,7 @@ pub struct ClickHouseSinkOptions {
 fn default_database() -> String {
     "default".into()
 }
-fn default_max_events() -> usize {
-    10_000
-}
-fn default_max_bytes() -> usize {
-    16 << 20
-}
-fn default_batch_timeout() -> u64 {
-    1000
-}
 fn default_request_timeout() -> u64 {
-    30_000
-}
-fn default_initial_backoff() -> u64 {
-    100
-}
-fn default_max_backoff() -> u64 {
     30_000
 }
 fn default_in_flight() -> usize {
@@ -153,22 +121,16 @@ fn identifier(name: &str) -> String {
     format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
 }
 
-impl ClickHouseSinkOptions {
-    fn delivery(&self) -> DeliveryOptions {
-        DeliveryOptions {
-            batch_max_events: self.batch_max_events,
-            batch_max_bytes: self.batch_max_bytes,
-            batch_timeout_ms: self.batch_timeout_ms,
-            request_timeout_ms: self.request_timeout_ms,
-            retry_initial_backoff_ms: self.retry_initial_backoff_ms,
-            retry_max_backoff_ms: self.retry_max_backoff_ms,
-            retry_max_attempts: self.retry_max_attempts,
-            retry_max_elapsed_ms: self.retry_max_elapsed_ms,
-            in_flight: self.in_flight,
-            max_in_flight: 64,
-        }
-    }
+/// `sink: clickhouse`'s own batch and retry defaults.
+pub struct ClickHouseDefaults;
+
+impl BatchDefaults for ClickHouseDefaults {
+    const BATCH_MAX_EVENTS: usize = 10_000;
+    const BATCH_MAX_BYTES: usize = 16 << 20;
+    const BATCH_TIMEOUT_MS: u64 = 1000;
 }
+
+impl RetryDefaults for ClickHouseDefaults {}
 
 impl CheckOptions for ClickHouseSinkOptions {
     fn check(&self) -> Vec<OptionError> {
@@ -212,7 +174,9 @@ impl CheckOptions for ClickHouseSinkOptions {
         if self.password_env.is_some() && self.username.is_none() {
             errors.push(OptionError::at(&["password_env"], "needs `username`"));
         }
-        errors.extend(self.delivery().check());
+        errors.extend(self.batching.check());
+        errors.extend(self.retrying.check());
+        errors.extend(check_requests(self.request_timeout_ms, self.in_flight, 64));
         errors
     }
 }
@@ -315,8 +279,8 @@ fn writer(
         })
         .collect();
     let config = DriverConfig {
-        limits: options.delivery().limits(),
-        retry: options.delivery().retry(),
+        limits: options.batching.limits(),
+        retry: options.retrying.policy(),
         in_flight: options.in_flight,
         on_rejected: options.on_rejected,
         destination: format!(

@@ -19,7 +19,8 @@ use logbus_plugin_api::{
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, BatchLimits, Driver, DriverConfig, JsonLines, OnRejected, Response, RetryPolicy, Service,
+    Batch, BatchDefaults, BatchLimits, Batching, Driver, DriverConfig, JsonLines, OnRejected,
+    Response, RetryDefaults, Retrying, Service,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -56,13 +57,8 @@ pub struct EmailSinkOptions {
     /// raw events as they are, structured ones as JSON.
     #[serde(default)]
     pub body: Option<String>,
-    /// Most events in one message.
-    #[serde(default = "default_max_events")]
-    #[schemars(range(min = 1))]
-    pub batch_max_events: usize,
-    /// A message goes out this long after its first event at the latest.
-    #[serde(default = "default_batch_timeout")]
-    pub batch_timeout_ms: u64,
+    #[serde(flatten)]
+    pub batching: Batching<EmailDefaults>,
     /// At most this many messages per `period_ms`...
     #[serde(default = "default_max_messages")]
     #[schemars(range(min = 1))]
@@ -75,12 +71,22 @@ pub struct EmailSinkOptions {
     #[serde(default = "default_timeout")]
     #[schemars(range(min = 1))]
     pub timeout_ms: u64,
-    #[serde(default = "default_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_initial_backoff_ms: u64,
-    #[serde(default = "default_max_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_max_backoff_ms: u64,
+    #[serde(flatten)]
+    pub retrying: Retrying<EmailDefaults>,
+}
+
+/// `sink: email`'s own batch and retry defaults.
+pub struct EmailDefaults;
+
+impl BatchDefaults for EmailDefaults {
+    const BATCH_MAX_EVENTS: usize = 100;
+    const BATCH_MAX_BYTES: usize = 10 << 20;
+    const BATCH_TIMEOUT_MS: u64 = 10_000;
+}
+
+impl RetryDefaults for EmailDefaults {
+    const RETRY_INITIAL_BACKOFF_MS: u64 = 1000;
+    const RETRY_MAX_BACKOFF_MS: u64 = 60_000;
 }
 
 #[derive(
@@ -100,12 +106,6 @@ fn default_port() -> u16 {
 fn default_subject() -> String {
     "[logbus] {{count}} events from {{stage}}".into()
 }
-fn default_max_events() -> usize {
-    100
-}
-fn default_batch_timeout() -> u64 {
-    10_000
-}
 fn default_max_messages() -> u32 {
     10
 }
@@ -114,12 +114,6 @@ fn default_period() -> u64 {
 }
 fn default_timeout() -> u64 {
     30_000
-}
-fn default_backoff() -> u64 {
-    1000
-}
-fn default_max_backoff() -> u64 {
-    60_000
 }
 
 /// `{{...}}` pieces of a subject or body line.
@@ -204,10 +198,8 @@ impl CheckOptions for EmailSinkOptions {
                 ));
             }
         }
-        errors.extend(logbus_sink::check_backoff(
-            self.retry_initial_backoff_ms,
-            self.retry_max_backoff_ms,
-        ));
+        errors.extend(self.batching.check());
+        errors.extend(self.retrying.check());
         if let Err(e) = template(&self.subject) {
             errors.push(OptionError::at(&["subject"], e));
         }
@@ -285,18 +277,12 @@ impl TypedPlugin for EmailSink {
             builder = builder.credentials(Credentials::new(u.clone(), p.clone()));
         }
         let config = DriverConfig {
+            // One message's events, whatever fields they carry.
             limits: BatchLimits {
-                max_events: o.batch_max_events,
-                max_bytes: usize::MAX,
-                max_age: Duration::from_millis(o.batch_timeout_ms),
                 max_partitions: 1,
+                ..o.batching.limits()
             },
-            retry: RetryPolicy {
-                initial_backoff: Duration::from_millis(o.retry_initial_backoff_ms),
-                max_backoff: Duration::from_millis(o.retry_max_backoff_ms),
-                max_attempts: None,
-                max_elapsed: None,
-            },
+            retry: o.retrying.policy(),
             // One SMTP conversation at a time keeps the rate limit exact.
             in_flight: 1,
             on_rejected: OnRejected::Fail,

@@ -20,8 +20,8 @@ use logbus_plugin_api::{
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, DeliveryOptions, Driver, DriverConfig, JsonArray, JsonLines, OnRejected, Response,
-    Service, error_chain, parse_retry_after,
+    Batch, BatchDefaults, Batching, Driver, DriverConfig, JsonArray, JsonLines, OnRejected,
+    Response, RetryDefaults, Retrying, Service, check_requests, error_chain, parse_retry_after,
 };
 use serde::Deserialize;
 
@@ -84,39 +84,14 @@ pub struct HttpSinkOptions {
     /// Sent as `Authorization: Bearer <token>`.
     #[serde(default)]
     pub bearer_token: Option<String>,
-    /// Most events in one request.
-    #[serde(default = "default_max_events")]
-    #[schemars(range(min = 1))]
-    pub batch_max_events: usize,
-    /// Most body bytes (before compression) in one request.
-    #[serde(default = "default_max_bytes")]
-    #[schemars(range(min = 1))]
-    pub batch_max_bytes: usize,
-    /// A partial batch is sent once its first event has waited this long.
-    #[serde(default = "default_batch_timeout")]
-    pub batch_timeout_ms: u64,
+    #[serde(flatten)]
+    pub batching: Batching<HttpDefaults>,
     /// Whole-request timeout (connect, send, response).
     #[serde(default = "default_request_timeout")]
     #[schemars(range(min = 1))]
     pub request_timeout_ms: u64,
-    /// First retry delay; doubles per attempt (with full jitter).
-    #[serde(default = "default_initial_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_initial_backoff_ms: u64,
-    /// Longest retry delay (also caps `Retry-After`).
-    #[serde(default = "default_max_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_max_backoff_ms: u64,
-    /// Give up after this many attempts; unset: retry until the
-    /// destination is back, holding the pipeline. Events given up on go to
-    /// `<id>.dead` when a stage reads it; otherwise the stage fails.
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_attempts: Option<u32>,
-    /// Give up once a batch has been retried for this long (as above).
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_elapsed_ms: Option<u64>,
+    #[serde(flatten)]
+    pub retrying: Retrying<HttpDefaults>,
     /// Most requests waiting for an answer at once. With more than one,
     /// batches may arrive out of order; `1` keeps the order.
     #[serde(default = "default_in_flight")]
@@ -132,41 +107,20 @@ fn default_in_flight() -> usize {
     4
 }
 
-fn default_max_events() -> usize {
-    1000
-}
-fn default_max_bytes() -> usize {
-    1 << 20
-}
-fn default_batch_timeout() -> u64 {
-    1000
-}
 fn default_request_timeout() -> u64 {
     10_000
 }
-fn default_initial_backoff() -> u64 {
-    100
-}
-fn default_max_backoff() -> u64 {
-    30_000
+
+/// `sink: http`'s own batch and retry defaults.
+pub struct HttpDefaults;
+
+impl BatchDefaults for HttpDefaults {
+    const BATCH_MAX_EVENTS: usize = 1000;
+    const BATCH_MAX_BYTES: usize = 1 << 20;
+    const BATCH_TIMEOUT_MS: u64 = 1000;
 }
 
-impl HttpSinkOptions {
-    fn delivery(&self) -> DeliveryOptions {
-        DeliveryOptions {
-            batch_max_events: self.batch_max_events,
-            batch_max_bytes: self.batch_max_bytes,
-            batch_timeout_ms: self.batch_timeout_ms,
-            request_timeout_ms: self.request_timeout_ms,
-            retry_initial_backoff_ms: self.retry_initial_backoff_ms,
-            retry_max_backoff_ms: self.retry_max_backoff_ms,
-            retry_max_attempts: self.retry_max_attempts,
-            retry_max_elapsed_ms: self.retry_max_elapsed_ms,
-            in_flight: self.in_flight,
-            max_in_flight: 256,
-        }
-    }
-}
+impl RetryDefaults for HttpDefaults {}
 
 impl CheckOptions for HttpSinkOptions {
     fn check(&self) -> Vec<OptionError> {
@@ -184,7 +138,9 @@ impl CheckOptions for HttpSinkOptions {
                 "the URL's host is the name verified; `server_name` applies to syslog only",
             ));
         }
-        errors.extend(self.delivery().check());
+        errors.extend(self.batching.check());
+        errors.extend(self.retrying.check());
+        errors.extend(check_requests(self.request_timeout_ms, self.in_flight, 256));
         for name in self.headers.keys() {
             if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 errors.push(OptionError::at(
@@ -266,8 +222,8 @@ impl TypedPlugin for HttpSink {
             Method::Put => reqwest::Method::PUT,
         };
         let config = DriverConfig {
-            limits: options.delivery().limits(),
-            retry: options.delivery().retry(),
+            limits: options.batching.limits(),
+            retry: options.retrying.policy(),
             in_flight: options.in_flight,
             on_rejected: options.on_rejected,
             destination: format!("{method} {}", options.url),

@@ -30,8 +30,8 @@ use logbus_plugin_api::{
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, BatchLimits, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
-    RetryPolicy, Service, Template, write_json_or_raw,
+    Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
+    Response, RetryDefaults, Retrying, Service, Template, write_json_or_raw,
 };
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -125,27 +125,14 @@ pub struct KafkaSinkOptions {
     #[serde(default = "default_max_message")]
     #[schemars(range(min = 1000, max = 1000000000))]
     pub max_message_bytes: usize,
-    /// Events handed to the producer together (one delivery wait).
-    #[serde(default = "default_batch_events")]
-    #[schemars(range(min = 1))]
-    pub batch_max_events: usize,
-    /// A partial batch is handed over once its first event waited this long.
-    #[serde(default = "default_batch_timeout")]
-    pub batch_timeout_ms: u64,
+    #[serde(flatten)]
+    pub batching: Batching<KafkaDefaults>,
     /// Batches waiting for delivery reports at once.
     #[serde(default = "default_in_flight")]
     #[schemars(range(min = 1, max = 64))]
     pub in_flight: usize,
-    #[serde(default = "default_initial_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_initial_backoff_ms: u64,
-    #[serde(default = "default_max_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_max_backoff_ms: u64,
-    /// Give up after this many attempts (unset: until the brokers are back).
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_attempts: Option<u32>,
+    #[serde(flatten)]
+    pub retrying: Retrying<KafkaDefaults>,
     /// Without a stage reading `<id>.dead`: `fail` (default) or `drop`.
     #[serde(default)]
     pub on_rejected: OnRejected,
@@ -157,6 +144,22 @@ pub struct KafkaSinkOptions {
     /// (they override the ones above).
     #[serde(default)]
     pub librdkafka: BTreeMap<String, String>,
+}
+
+/// `sink: kafka`'s own batch and retry defaults.
+pub struct KafkaDefaults;
+
+impl BatchDefaults for KafkaDefaults {
+    const BATCH_MAX_EVENTS: usize = 1000;
+    // Messages go one by one to librdkafka, which batches for the wire
+    // itself: here the bytes bound a batch's memory, not a request body.
+    const BATCH_MAX_BYTES: usize = 64 << 20;
+    const BATCH_TIMEOUT_MS: u64 = 50;
+}
+
+impl RetryDefaults for KafkaDefaults {
+    const RETRY_INITIAL_BACKOFF_MS: u64 = 100;
+    const RETRY_MAX_BACKOFF_MS: u64 = 10_000;
 }
 
 fn default_linger() -> u64 {
@@ -171,20 +174,8 @@ fn default_replace_stuck_after() -> u64 {
 fn default_max_message() -> usize {
     1_000_000
 }
-fn default_batch_events() -> usize {
-    1000
-}
-fn default_batch_timeout() -> u64 {
-    50
-}
 fn default_in_flight() -> usize {
     16
-}
-fn default_initial_backoff() -> u64 {
-    100
-}
-fn default_max_backoff() -> u64 {
-    10_000
 }
 
 impl CheckOptions for KafkaSinkOptions {
@@ -223,19 +214,8 @@ impl CheckOptions for KafkaSinkOptions {
         if !(1..=64).contains(&self.in_flight) {
             errors.push(OptionError::at(&["in_flight"], "must be between 1 and 64"));
         }
-        if self.batch_max_events == 0 {
-            errors.push(OptionError::at(&["batch_max_events"], "must be at least 1"));
-        }
-        if self.retry_max_attempts == Some(0) {
-            errors.push(OptionError::at(
-                &["retry_max_attempts"],
-                "must be at least 1",
-            ));
-        }
-        errors.extend(logbus_sink::check_backoff(
-            self.retry_initial_backoff_ms,
-            self.retry_max_backoff_ms,
-        ));
+        errors.extend(self.batching.check());
+        errors.extend(self.retrying.check());
         errors
     }
 }
@@ -271,20 +251,8 @@ impl KafkaSinkOptions {
     /// The sink core's settings from these options.
     fn driver_config(&self) -> DriverConfig {
         DriverConfig {
-            limits: BatchLimits {
-                max_events: self.batch_max_events,
-                // Messages go one by one to librdkafka, which batches for
-                // the wire itself: bound a batch's memory, not its body.
-                max_bytes: 64 << 20,
-                max_age: Duration::from_millis(self.batch_timeout_ms),
-                ..BatchLimits::default()
-            },
-            retry: RetryPolicy {
-                initial_backoff: Duration::from_millis(self.retry_initial_backoff_ms),
-                max_backoff: Duration::from_millis(self.retry_max_backoff_ms),
-                max_attempts: self.retry_max_attempts,
-                max_elapsed: None,
-            },
+            limits: self.batching.limits(),
+            retry: self.retrying.policy(),
             in_flight: self.in_flight,
             on_rejected: self.on_rejected,
             destination: format!("kafka {} topic {}", self.brokers, self.topic),
@@ -638,6 +606,7 @@ fn outcome(e: &KafkaError, topic: &str) -> ItemResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use logbus_sink::{BatchLimits, RetryPolicy};
 
     /// A service whose brokers are not there: every message times out.
     fn unserved(stuck_after: Duration) -> KafkaService {

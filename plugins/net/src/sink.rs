@@ -22,7 +22,7 @@ use logbus_plugin_api::{
 };
 use logbus_sink::{
     Batch, BatchLimits, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
-    RetryPolicy, Service, write_json_or_raw,
+    RetryDefaults, Retrying, Service, write_json_or_raw,
 };
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
@@ -54,27 +54,24 @@ pub struct SyslogSinkOptions {
     #[serde(default = "default_connect_timeout")]
     #[schemars(range(min = 1))]
     pub connect_timeout_ms: u64,
-    /// First delay before connecting (or sending) again; doubles to the max.
-    #[serde(default = "default_initial_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_initial_backoff_ms: u64,
-    #[serde(default = "default_max_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_max_backoff_ms: u64,
+    #[serde(flatten)]
+    pub retrying: Retrying<SyslogDefaults>,
     /// TCP only: connect with TLS (RFC 5425). `{}` trusts the built-in
     /// Mozilla roots; `ca_file` a private CA.
     #[serde(default)]
     pub tls: Option<logbus_tls::ClientTls>,
 }
 
+/// `sink: syslog`'s own batch and retry defaults.
+pub struct SyslogDefaults;
+
+impl RetryDefaults for SyslogDefaults {
+    const RETRY_INITIAL_BACKOFF_MS: u64 = 100;
+    const RETRY_MAX_BACKOFF_MS: u64 = 10_000;
+}
+
 fn default_connect_timeout() -> u64 {
     5000
-}
-fn default_initial_backoff() -> u64 {
-    100
-}
-fn default_max_backoff() -> u64 {
-    10_000
 }
 
 impl CheckOptions for SyslogSinkOptions {
@@ -96,10 +93,7 @@ impl CheckOptions for SyslogSinkOptions {
         if self.mode == Mode::Udp && self.tls.is_some() {
             errors.push(OptionError::at(&["tls"], "applies only with `mode: tcp`"));
         }
-        errors.extend(logbus_sink::check_backoff(
-            self.retry_initial_backoff_ms,
-            self.retry_max_backoff_ms,
-        ));
+        errors.extend(self.retrying.check());
         errors
     }
 }
@@ -148,12 +142,7 @@ impl TypedPlugin for SyslogSink {
                 max_age: Duration::ZERO,
                 max_partitions: 1,
             },
-            retry: RetryPolicy {
-                initial_backoff: Duration::from_millis(options.retry_initial_backoff_ms),
-                max_backoff: Duration::from_millis(options.retry_max_backoff_ms),
-                max_attempts: None,
-                max_elapsed: None,
-            },
+            retry: options.retrying.policy(),
             in_flight: 1,
             on_rejected: OnRejected::Fail,
             destination: format!(

@@ -427,8 +427,8 @@ fn options_left_out_take_the_documented_defaults() {
     assert_eq!(
         (
             sink.connect_timeout_ms,
-            sink.retry_initial_backoff_ms,
-            sink.retry_max_backoff_ms
+            sink.retrying.retry_initial_backoff_ms,
+            sink.retrying.retry_max_backoff_ms
         ),
         (5000, 100, 10_000)
     );

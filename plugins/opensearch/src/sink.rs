@@ -29,8 +29,9 @@ use logbus_plugin_api::{
     SinkContext, StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, DeliveryOptions, Driver, DriverConfig, Encoder, ItemResult, OnRejected, Response,
-    Service, Template, error_chain, event_time_ms, parse_retry_after,
+    Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
+    Response, RetryDefaults, Retrying, Service, Template, check_requests, error_chain,
+    event_time_ms, parse_retry_after,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -118,39 +119,14 @@ pub struct OpenSearchSinkOptions {
     /// For `https://`: `{ ca_file: ... }` trusts a private CA.
     #[serde(default)]
     pub tls: Option<logbus_tls::ClientTls>,
-    /// Most events in one bulk.
-    #[serde(default = "default_max_events")]
-    #[schemars(range(min = 1))]
-    pub batch_max_events: usize,
-    /// Most body bytes (action lines and documents, before gzip) in one
-    /// bulk.
-    #[serde(default = "default_max_bytes")]
-    #[schemars(range(min = 1))]
-    pub batch_max_bytes: usize,
-    /// A partial bulk is sent once its first event has waited this long.
-    #[serde(default = "default_batch_timeout")]
-    pub batch_timeout_ms: u64,
+    #[serde(flatten)]
+    pub batching: Batching<OpenSearchDefaults>,
     /// Whole-request timeout (connect, send, answer).
     #[serde(default = "default_request_timeout")]
     #[schemars(range(min = 1))]
     pub request_timeout_ms: u64,
-    /// First retry delay; doubles per attempt (with full jitter).
-    #[serde(default = "default_initial_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_initial_backoff_ms: u64,
-    /// Longest retry delay (also caps `Retry-After`).
-    #[serde(default = "default_max_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_max_backoff_ms: u64,
-    /// Give up after this many attempts; unset: retry until the cluster
-    /// takes it, holding the pipeline.
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_attempts: Option<u32>,
-    /// Give up once a batch has been retried for this long.
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_elapsed_ms: Option<u64>,
+    #[serde(flatten)]
+    pub retrying: Retrying<OpenSearchDefaults>,
     /// Most bulks waiting for an answer at once.
     #[serde(default = "default_in_flight")]
     #[schemars(range(min = 1, max = 256))]
@@ -167,41 +143,20 @@ fn default_time_field() -> String {
 fn default_in_flight() -> usize {
     4
 }
-fn default_max_events() -> usize {
-    1000
-}
-fn default_max_bytes() -> usize {
-    5 << 20
-}
-fn default_batch_timeout() -> u64 {
-    1000
-}
 fn default_request_timeout() -> u64 {
     30_000
 }
-fn default_initial_backoff() -> u64 {
-    100
-}
-fn default_max_backoff() -> u64 {
-    30_000
+
+/// `sink: opensearch`'s own batch and retry defaults.
+pub struct OpenSearchDefaults;
+
+impl BatchDefaults for OpenSearchDefaults {
+    const BATCH_MAX_EVENTS: usize = 1000;
+    const BATCH_MAX_BYTES: usize = 5 << 20;
+    const BATCH_TIMEOUT_MS: u64 = 1000;
 }
 
-impl OpenSearchSinkOptions {
-    fn delivery(&self) -> DeliveryOptions {
-        DeliveryOptions {
-            batch_max_events: self.batch_max_events,
-            batch_max_bytes: self.batch_max_bytes,
-            batch_timeout_ms: self.batch_timeout_ms,
-            request_timeout_ms: self.request_timeout_ms,
-            retry_initial_backoff_ms: self.retry_initial_backoff_ms,
-            retry_max_backoff_ms: self.retry_max_backoff_ms,
-            retry_max_attempts: self.retry_max_attempts,
-            retry_max_elapsed_ms: self.retry_max_elapsed_ms,
-            in_flight: self.in_flight,
-            max_in_flight: 256,
-        }
-    }
-}
+impl RetryDefaults for OpenSearchDefaults {}
 
 impl CheckOptions for OpenSearchSinkOptions {
     fn check(&self) -> Vec<OptionError> {
@@ -255,7 +210,9 @@ impl CheckOptions for OpenSearchSinkOptions {
                 "the URL's host is the name verified",
             ));
         }
-        errors.extend(self.delivery().check());
+        errors.extend(self.batching.check());
+        errors.extend(self.retrying.check());
+        errors.extend(check_requests(self.request_timeout_ms, self.in_flight, 256));
         errors
     }
 }
@@ -372,8 +329,8 @@ impl TypedPlugin for OpenSearchSink {
             })
             .collect();
         let config = DriverConfig {
-            limits: options.delivery().limits(),
-            retry: options.delivery().retry(),
+            limits: options.batching.limits(),
+            retry: options.retrying.policy(),
             in_flight: options.in_flight,
             on_rejected: options.on_rejected,
             destination: format!("OpenSearch {}", options.endpoints.join(", ")),

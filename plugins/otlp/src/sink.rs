@@ -27,8 +27,8 @@ use logbus_plugin_api::{
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Batch, DeliveryOptions, Driver, DriverConfig, Encoder, OnRejected, Response, Service,
-    error_chain, parse_retry_after,
+    Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, OnRejected, Response,
+    RetryDefaults, Retrying, Service, check_requests, error_chain, parse_retry_after,
 };
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceResponse;
 use prost::Message;
@@ -96,29 +96,13 @@ pub struct OtlpSinkOptions {
     /// `h2`.
     #[serde(default)]
     pub tls: Option<logbus_tls::ClientTls>,
-    #[serde(default = "default_max_events")]
-    #[schemars(range(min = 1))]
-    pub batch_max_events: usize,
-    #[serde(default = "default_max_bytes")]
-    #[schemars(range(min = 1))]
-    pub batch_max_bytes: usize,
-    #[serde(default = "default_batch_timeout")]
-    pub batch_timeout_ms: u64,
+    #[serde(flatten)]
+    pub batching: Batching<OtlpDefaults>,
     #[serde(default = "default_request_timeout")]
     #[schemars(range(min = 1))]
     pub request_timeout_ms: u64,
-    #[serde(default = "default_initial_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_initial_backoff_ms: u64,
-    #[serde(default = "default_max_backoff")]
-    #[schemars(range(min = 1))]
-    pub retry_max_backoff_ms: u64,
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_attempts: Option<u32>,
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    pub retry_max_elapsed_ms: Option<u64>,
+    #[serde(flatten)]
+    pub retrying: Retrying<OtlpDefaults>,
     #[serde(default = "default_in_flight")]
     #[schemars(range(min = 1, max = 64))]
     pub in_flight: usize,
@@ -126,45 +110,25 @@ pub struct OtlpSinkOptions {
     pub on_rejected: OnRejected,
 }
 
-fn default_max_events() -> usize {
-    1000
+/// `sink: otlp`'s own batch and retry defaults.
+pub struct OtlpDefaults;
+
+impl BatchDefaults for OtlpDefaults {
+    const BATCH_MAX_EVENTS: usize = 1000;
+    const BATCH_MAX_BYTES: usize = 1 << 20;
+    const BATCH_TIMEOUT_MS: u64 = 1000;
 }
-fn default_max_bytes() -> usize {
-    // Receivers take 4 MiB by default (gRPC's message limit).
-    1 << 20
-}
-fn default_batch_timeout() -> u64 {
-    1000
-}
+
+impl RetryDefaults for OtlpDefaults {}
+
 fn default_request_timeout() -> u64 {
     10_000
-}
-fn default_initial_backoff() -> u64 {
-    100
-}
-fn default_max_backoff() -> u64 {
-    30_000
 }
 fn default_in_flight() -> usize {
     4
 }
 
 impl OtlpSinkOptions {
-    fn delivery(&self) -> DeliveryOptions {
-        DeliveryOptions {
-            batch_max_events: self.batch_max_events,
-            batch_max_bytes: self.batch_max_bytes,
-            batch_timeout_ms: self.batch_timeout_ms,
-            request_timeout_ms: self.request_timeout_ms,
-            retry_initial_backoff_ms: self.retry_initial_backoff_ms,
-            retry_max_backoff_ms: self.retry_max_backoff_ms,
-            retry_max_attempts: self.retry_max_attempts,
-            retry_max_elapsed_ms: self.retry_max_elapsed_ms,
-            in_flight: self.in_flight,
-            max_in_flight: 64,
-        }
-    }
-
     /// The URL requests go to.
     fn url(&self) -> String {
         let e = self.endpoint.trim_end_matches('/');
@@ -217,7 +181,9 @@ impl CheckOptions for OtlpSinkOptions {
                 errors.push(OptionError::at(&[key], "must not be empty"));
             }
         }
-        errors.extend(self.delivery().check());
+        errors.extend(self.batching.check());
+        errors.extend(self.retrying.check());
+        errors.extend(check_requests(self.request_timeout_ms, self.in_flight, 64));
         for (name, value) in &self.headers {
             if name.is_empty()
                 || !name
@@ -303,8 +269,8 @@ impl TypedPlugin for OtlpSink {
     fn build(&self, options: OtlpSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
         let service = service(&options, cx)?;
         let config = DriverConfig {
-            limits: options.delivery().limits(),
-            retry: options.delivery().retry(),
+            limits: options.batching.limits(),
+            retry: options.retrying.policy(),
             in_flight: options.in_flight,
             on_rejected: options.on_rejected,
             destination: format!(
