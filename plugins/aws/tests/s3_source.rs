@@ -541,11 +541,7 @@ fn option_errors_name_the_option() {
         with(json!({"concurrency": 65})),
         "concurrency: must be between 1 and 64, got 65"
     );
-    for key in [
-        "max_line_bytes",
-        "request_timeout_ms",
-        "poll_interval_ms",
-    ] {
+    for key in ["max_line_bytes", "request_timeout_ms", "poll_interval_ms"] {
         assert_eq!(with(json!({ key: 1 })), "", "{key}: 1");
         assert_eq!(
             with(json!({ key: 0 })),

@@ -494,3 +494,34 @@ fn the_sink_states_its_ca_file() {
     );
     assert_eq!(needs, ["tls.ca_file: Pem ./ca.pem"]);
 }
+
+/// `retry_max_attempts` (the sink core's shared retry block): with the
+/// receiver gone, the sink gives up after that many attempts instead of
+/// holding the pipeline, and its events are errored, not lost silently.
+#[tokio::test]
+async fn a_receiver_that_stays_down_is_given_up_on_after_the_attempts_allowed() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let events = (0..3)
+        .map(|i| Event::raw(format!("message {i}"), Meta::at("t", 0)))
+        .collect();
+    let (result, metrics) = run_sink_counting(
+        testing::sink(
+            &Typed(logbus_net::sink::SyslogSink),
+            json!({
+                "address": format!("127.0.0.1:{port}"),
+                "retry_initial_backoff_ms": 1,
+                "retry_max_backoff_ms": 5,
+                "retry_max_attempts": 3,
+            }),
+        ),
+        vec![events],
+        Arc::new(StageMetrics::default()),
+    )
+    .await;
+    let err = result.expect_err("gave up").to_string();
+    assert!(err.contains("3 attempts"), "{err}");
+    assert_eq!(metrics.snapshot().errored, 3);
+}
