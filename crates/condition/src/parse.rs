@@ -2,7 +2,7 @@
 //! comparison), checking types as it goes so that each error names the
 //! place it was found.
 
-use logbus_event::FieldPath;
+use logbus_event::{FieldPath, closest};
 use regex::Regex;
 use serde_json::Value;
 
@@ -444,29 +444,4 @@ impl Parser {
             ty,
         ))
     }
-}
-
-/// The candidate closest to `word`, if it is a likely typo.
-pub(crate) fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    candidates
-        .iter()
-        .map(|c| (distance(word, c), *c))
-        .filter(|(d, c)| *d <= (c.len() / 3).max(1))
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c)
-}
-
-pub(crate) fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }

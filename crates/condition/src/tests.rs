@@ -363,32 +363,7 @@ fn keywords_lists_and_path_segments_in_the_wrong_place() {
 }
 
 #[test]
-fn edit_distance_and_the_typo_threshold() {
-    use crate::parse::{closest, distance};
-    for (a, b, d) in [
-        ("", "", 0),
-        ("", "abc", 3),
-        ("abc", "", 3),
-        ("lower", "lower", 0),
-        ("lowr", "lower", 1),
-        ("lowerr", "lower", 1),
-        ("lowee", "lower", 1),
-        ("kitten", "sitting", 3),
-        ("flaw", "lawn", 2),
-        ("ab", "ba", 2),
-    ] {
-        assert_eq!(distance(a, b), d, "{a} -> {b}");
-    }
-    let names = ["exists", "len"];
-    // A third of the name's length, at least one.
-    assert_eq!(closest("exsts", &names), Some("exists"));
-    assert_eq!(closest("xsts", &names), Some("exists"));
-    assert_eq!(closest("xst", &names), None);
-    assert_eq!(closest("lex", &names), Some("len"));
-    assert_eq!(closest("lxx", &names), None);
-    assert_eq!(closest("foo", &names), None);
-    // The nearest wins.
-    assert_eq!(closest("abcdef", &["abcdxx", "abcdeg"]), Some("abcdeg"));
+fn an_unknown_function_is_named_with_the_closest_one() {
     assert_eq!(
         error("foo(a)").1,
         "`foo` is not a function (functions: exists, starts_with, ends_with, contains, lower, upper, len)"

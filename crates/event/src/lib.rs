@@ -18,6 +18,7 @@ pub mod ack;
 pub mod checkpoint;
 pub mod lazy;
 pub mod path;
+pub mod spelling;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub use ack::{Ack, AckReceiver, BatchAck, Outcome};
 pub use checkpoint::{AckCounts, OrderedCheckpoint};
 pub use lazy::LazyFields;
 pub use path::FieldPath;
+pub use spelling::closest;
 
 /// Structured fields of an event: a JSON object that keeps insertion order.
 pub type Fields = Map<String, Value>;

@@ -841,15 +841,7 @@ pub fn path_segments(path: &serde_path_to_error::Path) -> Vec<String> {
         .collect()
 }
 
-/// The candidate closest to `word`, if it is close enough to be a likely typo.
-pub fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    candidates
-        .iter()
-        .map(|c| (strsim::damerau_levenshtein(word, c), *c))
-        .filter(|(d, c)| *d <= 2.max(c.len() / 3))
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c)
-}
+pub use logbus_event::closest;
 
 /// Stateless processors can be plain closures.
 impl<F> Processor for F
@@ -1370,20 +1362,6 @@ mod tests {
             ),
             Ok(_) => panic!("accepted an option"),
         }
-    }
-
-    #[test]
-    fn the_closest_name_is_a_likely_typo_only() {
-        let names = ["path", "paths", "abcdefghi", "ab"];
-        assert_eq!(closest("paths", &names), Some("paths"));
-        assert_eq!(closest("pth", &names), Some("path"));
-        // Up to a third of a long name may differ ...
-        assert_eq!(closest("abcdefxyz", &names), Some("abcdefghi"));
-        assert_eq!(closest("abcdewxyz", &names), None);
-        // ... and two letters of a short one.
-        assert_eq!(closest("xy", &["ab"]), Some("ab"));
-        assert_eq!(closest("xyz", &["ab"]), None);
-        assert_eq!(closest("anything", &[]), None);
     }
 
     /// A plugin that says nothing of its limits, acknowledgements or

@@ -439,10 +439,7 @@ impl ClickHouseWriter {
         {
             let Some(found) = table.iter().find(|c| c.name == name) else {
                 let names: Vec<&str> = table.iter().map(|c| c.name.as_str()).collect();
-                let hint = names
-                    .iter()
-                    .min_by_key(|n| strsim::levenshtein(n, &name))
-                    .filter(|n| strsim::levenshtein(n, &name) <= 2)
+                let hint = logbus_plugin_api::closest(&name, &names)
                     .map(|n| format!("; did you mean `{n}`?"))
                     .unwrap_or_default();
                 return Err(PlanError::new(
