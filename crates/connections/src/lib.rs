@@ -21,6 +21,8 @@
 //! Time is tokio's clock, so tests drive it with a paused runtime instead
 //! of sleeping.
 
+#[cfg(feature = "admission")]
+pub mod admission;
 #[cfg(feature = "http")]
 pub mod http;
 

@@ -21,7 +21,7 @@
 //! that wait too, so the bound above still holds.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -31,13 +31,14 @@ use axum::response::{IntoResponse, Response};
 use logbus_connections::http::{HttpConnections, HttpVersion};
 use logbus_connections::{ConnectionTable, Limits};
 
-use crate::body::{Refused, split};
+use logbus_connections::admission::{Admission, Settled};
 use logbus_plugin_api::{
-    AckReceiver, BatchAck, BuildContext, Built, Bytes, CheckOptions, OptionError, Outcome, Output,
-    Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, Built, Bytes, CheckOptions, OptionError, Output, Source, SourceContext,
+    StageError, StageKind, TypedPlugin, async_trait,
 };
+
+use crate::body::{Refused, split};
 use serde::Deserialize;
-use tokio::sync::Semaphore;
 
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
@@ -133,19 +134,7 @@ fn default_header_timeout() -> u64 {
     10_000
 }
 
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum AckMode {
-    /// 200 once the events are in the pipeline's queues.
-    #[default]
-    Queued,
-    /// 200 once every event is delivered; 500 when the pipeline rejected
-    /// one for good, 503 when one errored (send again), 504 when the
-    /// confirmation did not come within `ack_timeout_ms`.
-    Sink,
-}
+pub use logbus_connections::admission::AckMode;
 
 fn default_ack_timeout() -> u64 {
     30_000
@@ -319,7 +308,7 @@ struct Shared {
     options: HttpSourceOptions,
     output: Output,
     source: Arc<str>,
-    slots: Semaphore,
+    admission: Admission,
 }
 
 #[async_trait]
@@ -337,7 +326,12 @@ impl Source for Server {
             self.options.header_timeout_ms,
         );
         let shared = Arc::new(Shared {
-            slots: Semaphore::new(self.options.max_concurrent_requests),
+            admission: Admission::new(
+                self.options.max_concurrent_requests,
+                Duration::from_millis(self.options.accept_timeout_ms),
+                self.options.ack,
+                Duration::from_millis(self.options.ack_timeout_ms),
+            ),
             options: self.options,
             output: cx.output,
             source: cx.id.clone(),
@@ -387,21 +381,14 @@ async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) ->
     }
     // A slot before the body is read: what a request holds in memory is
     // bounded by the slots, whatever clients send.
-    let slot = tokio::time::timeout(
-        Duration::from_millis(o.accept_timeout_ms),
-        s.slots.acquire(),
-    )
-    .await;
-    let Ok(Ok(_slot)) = slot else {
-        let mut r = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the pipeline is full; retry later",
+    let Some(_slot) = s.admission.slot().await else {
+        return retry_later(
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the pipeline is full; retry later",
+            ),
+            o.retry_after_secs,
         );
-        r.headers_mut().insert(
-            header::RETRY_AFTER,
-            o.retry_after_secs.to_string().parse().expect("a number"),
-        );
-        return r;
     };
     let raw = tokio::time::timeout(
         Duration::from_millis(o.body_timeout_ms),
@@ -449,18 +436,7 @@ async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) ->
     };
     drop(body);
     let n = events.len();
-    let (events, delivered) = match o.ack {
-        AckMode::Queued => (events, None),
-        AckMode::Sink => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let batch = BatchAck::new(Arc::new(RequestAck(Mutex::new(Some(tx)))), 0);
-            let events = events
-                .into_iter()
-                .map(|e| e.with_ack(batch.handle()))
-                .collect::<Vec<_>>();
-            (events, Some(rx))
-        }
-    };
+    let (events, pending) = s.admission.track(events);
     // Held until the pipeline took every event: the answer means accepted.
     if s.output.send(events).await.is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the pipeline is stopping");
@@ -473,33 +449,28 @@ async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) ->
         )
             .into_response()
     };
-    let Some(delivered) = delivered else {
+    let Some(pending) = pending else {
         return ok("accepted");
     };
     // `ack: sink`: still holding the slot, wait for the last event.
-    let waited = tokio::time::timeout(Duration::from_millis(o.ack_timeout_ms), delivered).await;
-    match waited {
-        Ok(Ok(Outcome::Delivered)) => ok("delivered"),
-        Ok(Ok(Outcome::Rejected)) => error(
+    match pending.settled().await {
+        Settled::Delivered => ok("delivered"),
+        Settled::Rejected(_) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "rejected: the pipeline refused some of the {n} events for good (a sink's destination, or on_error: drop); sending them again will not help"
             ),
         ),
-        Ok(Ok(Outcome::Errored)) | Ok(Err(_)) => {
-            let mut r = error(
+        Settled::Errored(_) => retry_later(
+            error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
                     "errored: some of the {n} events were not delivered (a stage failed or the pipeline is stopping); send them again"
                 ),
-            );
-            r.headers_mut().insert(
-                header::RETRY_AFTER,
-                o.retry_after_secs.to_string().parse().expect("a number"),
-            );
-            r
-        }
-        Err(_) => error(
+            ),
+            o.retry_after_secs,
+        ),
+        Settled::TimedOut => error(
             StatusCode::GATEWAY_TIMEOUT,
             format!(
                 "timed out: the {n} events were not confirmed delivered within {} ms; they may still be, so sending them again may duplicate",
@@ -509,16 +480,12 @@ async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) ->
     }
 }
 
-/// Hears the outcome of one request's events, once the last is finished.
-struct RequestAck(Mutex<Option<tokio::sync::oneshot::Sender<Outcome>>>);
-
-impl AckReceiver for RequestAck {
-    fn finished(&self, _token: u64, outcome: Outcome) {
-        let tx = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(tx) = tx {
-            let _ = tx.send(outcome);
-        }
-    }
+/// `response` with a `Retry-After` of `secs`.
+fn retry_later(mut response: Response, secs: u64) -> Response {
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+    response
 }
 
 /// The body, decompressed per `Content-Encoding`, at most `max` bytes.

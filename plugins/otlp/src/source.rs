@@ -15,19 +15,19 @@
 //! UNAVAILABLE so the client sends it again.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use logbus_connections::admission::{Admission, Settled};
 use logbus_connections::http::{HttpConnections, HttpVersion};
 use logbus_connections::{ConnectionTable, Limits};
 use logbus_plugin_api::{
-    AckReceiver, BatchAck, BuildContext, Built, CheckOptions, Event, Meta, OptionError, Outcome,
-    Output, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, Built, CheckOptions, Event, Meta, OptionError, Output, Source, SourceContext,
+    StageError, StageKind, TypedPlugin, async_trait,
 };
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
     LogsService, LogsServiceServer,
@@ -37,21 +37,10 @@ use opentelemetry_proto::tonic::collector::logs::v1::{
 };
 use prost::Message;
 use serde::Deserialize;
-use tokio::sync::Semaphore;
 
 use crate::model::{Layout, RpcStatus, record_to_fields};
 
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum AckMode {
-    /// Success once the records are in the pipeline's queues.
-    #[default]
-    Queued,
-    /// Success once every record is delivered by the sinks.
-    Sink,
-}
+pub use logbus_connections::admission::AckMode;
 
 /// Options of `source: otlp`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -272,7 +261,7 @@ struct Shared {
     options: OtlpSourceOptions,
     output: Output,
     source: Arc<str>,
-    slots: Semaphore,
+    admission: Admission,
 }
 
 /// Why a request was not taken.
@@ -313,34 +302,6 @@ impl Refusal {
     }
 }
 
-/// The outcomes of one request's records, each its own acknowledgement.
-struct RequestOutcomes {
-    remaining: AtomicU64,
-    rejected: AtomicU64,
-    errored: AtomicU64,
-    done: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
-}
-
-impl AckReceiver for RequestOutcomes {
-    fn finished(&self, _token: u64, outcome: Outcome) {
-        match outcome {
-            Outcome::Delivered => {}
-            Outcome::Rejected => {
-                self.rejected.fetch_add(1, Ordering::AcqRel);
-            }
-            Outcome::Errored => {
-                self.errored.fetch_add(1, Ordering::AcqRel);
-            }
-        }
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let tx = self.done.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(tx) = tx {
-                let _ = tx.send(());
-            }
-        }
-    }
-}
-
 impl Shared {
     fn retry_after(&self) -> Duration {
         Duration::from_secs(self.options.retry_after_secs)
@@ -348,17 +309,10 @@ impl Shared {
 
     /// A slot, or UNAVAILABLE once `accept_timeout_ms` passed.
     async fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Refusal> {
-        match tokio::time::timeout(
-            Duration::from_millis(self.options.accept_timeout_ms),
-            self.slots.acquire(),
-        )
-        .await
-        {
-            Ok(Ok(permit)) => Ok(permit),
-            _ => Err(Refusal::Unavailable(
-                "the pipeline is full; retry later".into(),
-            )),
-        }
+        self.admission
+            .slot()
+            .await
+            .ok_or_else(|| Refusal::Unavailable("the pipeline is full; retry later".into()))
     }
 
     /// The request's records into the pipeline; the answer once they are
@@ -399,51 +353,28 @@ impl Shared {
             }
         }
         drop(request);
-        let outcomes = match o.ack {
-            AckMode::Queued => None,
-            AckMode::Sink => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                let receiver = Arc::new(RequestOutcomes {
-                    remaining: AtomicU64::new(n as u64),
-                    rejected: AtomicU64::new(0),
-                    errored: AtomicU64::new(0),
-                    done: Mutex::new(Some(tx)),
-                });
-                let dyn_receiver: Arc<dyn AckReceiver> = receiver.clone();
-                events = events
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, e)| {
-                        let ack = BatchAck::new(dyn_receiver.clone(), i as u64);
-                        e.with_ack(ack.handle())
-                    })
-                    .collect();
-                Some((receiver, rx))
-            }
-        };
+        let (events, pending) = self.admission.track(events);
         if self.output.send(events).await.is_err() {
             return Err(Refusal::Unavailable("the pipeline is stopping".into()));
         }
-        let Some((receiver, rx)) = outcomes else {
+        let Some(pending) = pending else {
             return Ok(ExportLogsServiceResponse::default());
         };
-        let waited = tokio::time::timeout(Duration::from_millis(o.ack_timeout_ms), rx).await;
-        if waited.is_err() {
-            return Err(Refusal::Timeout(format!(
-                "the {n} log records were not confirmed delivered within {} ms; they may still be, so sending them again may duplicate",
-                o.ack_timeout_ms
-            )));
-        }
-        let errored = receiver.errored.load(Ordering::Acquire);
-        if errored > 0 {
-            return Err(Refusal::Unavailable(format!(
-                "{errored} of the {n} log records were not delivered (a stage failed or the pipeline is stopping); send them again"
-            )));
-        }
-        let rejected = receiver.rejected.load(Ordering::Acquire);
-        if rejected == 0 {
-            return Ok(ExportLogsServiceResponse::default());
-        }
+        let rejected = match pending.settled().await {
+            Settled::Delivered => return Ok(ExportLogsServiceResponse::default()),
+            Settled::Rejected(rejected) => rejected,
+            Settled::Errored(errored) => {
+                return Err(Refusal::Unavailable(format!(
+                    "{errored} of the {n} log records were not delivered (a stage failed or the pipeline is stopping); send them again"
+                )));
+            }
+            Settled::TimedOut => {
+                return Err(Refusal::Timeout(format!(
+                    "the {n} log records were not confirmed delivered within {} ms; they may still be, so sending them again may duplicate",
+                    o.ack_timeout_ms
+                )));
+            }
+        };
         Ok(ExportLogsServiceResponse {
             partial_success: Some(ExportLogsPartialSuccess {
                 rejected_log_records: rejected as i64,
@@ -503,7 +434,12 @@ impl Source for Receiver {
             options.header_timeout_ms,
         );
         let shared = Arc::new(Shared {
-            slots: Semaphore::new(options.max_concurrent_requests),
+            admission: Admission::new(
+                options.max_concurrent_requests,
+                Duration::from_millis(options.accept_timeout_ms),
+                options.ack,
+                Duration::from_millis(options.ack_timeout_ms),
+            ),
             options,
             output: cx.output,
             source: cx.id.clone(),
