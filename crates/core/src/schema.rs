@@ -210,7 +210,9 @@ pub fn pipeline_schema(registry: &Registry) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use logbus_plugin_api::{BuildContext, Built, CheckOptions, OptionError, Typed, TypedPlugin};
+    use logbus_plugin_api::{
+        BuildContext, CheckOptions, OptionError, Processor, Sink, Source, Typed, TypedPlugin,
+    };
 
     #[derive(serde::Deserialize, schemars::JsonSchema)]
     #[allow(dead_code)]
@@ -231,24 +233,25 @@ mod tests {
     impl CheckOptions for Options {}
 
     macro_rules! plugin {
-        ($t:ident, $name:literal, $kind:expr) => {
+        ($t:ident, $name:literal, $kind:expr, $stage:ty) => {
             struct $t;
             impl TypedPlugin for $t {
                 type Options = Options;
                 const NAME: &'static str = $name;
                 const KIND: StageKind = $kind;
+                type Stage = $stage;
                 const DESCRIPTION: &'static str = concat!("the ", $name);
-                fn build(&self, _: Options, _: &BuildContext) -> Result<Built, OptionError> {
+                fn build(&self, _: Options, _: &BuildContext) -> Result<Self::Stage, OptionError> {
                     Err(OptionError::at(&[], "not built"))
                 }
             }
         };
     }
-    plugin!(Gen, "gen", StageKind::Source);
-    plugin!(Lines, "lines", StageKind::Parser);
-    plugin!(Edit, "edit", StageKind::Transform);
-    plugin!(Csv, "csv", StageKind::Formatter);
-    plugin!(Out, "out", StageKind::Sink);
+    plugin!(Gen, "gen", StageKind::Source, Box<dyn Source>);
+    plugin!(Lines, "lines", StageKind::Parser, Box<dyn Processor>);
+    plugin!(Edit, "edit", StageKind::Transform, Box<dyn Processor>);
+    plugin!(Csv, "csv", StageKind::Formatter, Box<dyn Processor>);
+    plugin!(Out, "out", StageKind::Sink, Box<dyn Sink>);
 
     fn schema() -> Value {
         let mut r = Registry::new();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use logbus_core::config::{QueueKind, QueueSpec};
 use logbus_core::{OnError, Pipeline, StageSpec, start};
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Event, Meta, NoOptions, OptionError, Sink, SinkContext,
+    BuildContext, CancellationToken, Event, Meta, NoOptions, OptionError, Sink, SinkContext,
     Source, SourceContext, StageError, StageKind, Typed, TypedPlugin, async_trait,
 };
 use serde_json::Value;
@@ -226,10 +226,12 @@ impl TypedPlugin for InjectPlugin {
     type Options = NoOptions;
     const NAME: &'static str = "test-input";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str = "the events of a pipeline test";
 
-    fn build(&self, _options: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Source(Box::new(Inject(self.0.clone()))))
+    fn build(&self, _options: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Inject(self.0.clone())))
     }
 }
 
@@ -259,10 +261,12 @@ impl TypedPlugin for CollectPlugin {
     type Options = NoOptions;
     const NAME: &'static str = "test-output";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "collects the output of a pipeline test";
 
-    fn build(&self, _options: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Sink(Box::new(Collect(self.0.clone()))))
+    fn build(&self, _options: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Collect(self.0.clone())))
     }
 }
 

@@ -48,9 +48,10 @@ pub use logbus_queue::{
 pub use metrics::{StageCounts, StageMetrics};
 pub use output::{Output, OutputRole, OutputTargets, ProducerHold, Tap};
 pub use plugin::{
-    BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, OutputSet, Plugin,
-    Processor, Sink, SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin,
-    Verdict, attach_error, closest, panic_message, parse_options, path_segments,
+    BuildContext, Built, BuiltAs, BuiltStage, CheckOptions, EventError, NoOptions, OptionError,
+    OutputSet, Plugin, Processor, Sink, SinkContext, Source, SourceContext, StageError, StageKind,
+    Typed, TypedPlugin, Verdict, attach_error, closest, panic_message, parse_options,
+    path_segments,
 };
 pub use registry::Registry;
 pub use schemars;

@@ -56,6 +56,16 @@ impl StageKind {
         Self::ALL.into_iter().find(|k| k.key() == key)
     }
 
+    /// What a stage of this kind builds into: parsers, transforms and
+    /// formatters are all processors.
+    pub const fn built_as(self) -> BuiltAs {
+        match self {
+            StageKind::Source => BuiltAs::Source,
+            StageKind::Parser | StageKind::Transform | StageKind::Formatter => BuiltAs::Processor,
+            StageKind::Sink => BuiltAs::Sink,
+        }
+    }
+
     /// Parsers, transforms and formatters: one event in, zero or more out.
     pub fn is_processor(self) -> bool {
         matches!(
@@ -263,6 +273,90 @@ pub enum Built {
     Sink(Box<dyn Sink>),
 }
 
+impl Built {
+    pub fn built_as(&self) -> BuiltAs {
+        match self {
+            Built::Source(_) => BuiltAs::Source,
+            Built::Processor(_) => BuiltAs::Processor,
+            Built::Sink(_) => BuiltAs::Sink,
+        }
+    }
+}
+
+/// The three things a stage builds into (see [`StageKind::built_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltAs {
+    Source,
+    Processor,
+    Sink,
+}
+
+/// The stage a [`TypedPlugin`] builds: `Box<dyn Source>`,
+/// `Box<dyn Processor>` or `Box<dyn Sink>`. Its [`BuiltAs`] must be the
+/// one of the plugin's `KIND`, or the plugin does not compile once it is
+/// wrapped in [`Typed`]:
+///
+/// ```
+/// use logbus_plugin_api::*;
+/// struct Out;
+/// impl TypedPlugin for Out {
+///     type Options = NoOptions;
+///     const NAME: &'static str = "out";
+///     const KIND: StageKind = StageKind::Sink;
+///     type Stage = Box<dyn Sink>;
+///     const DESCRIPTION: &'static str = "a sink that builds a sink";
+///     fn build(&self, _: NoOptions, _: &BuildContext) -> Result<Self::Stage, OptionError> {
+///         Err(OptionError::at(&[], "not needed here"))
+///     }
+/// }
+/// let mut registry = Registry::new();
+/// registry.add(Typed(Out));
+/// ```
+///
+/// and the same plugin declaring a sink but building a source:
+///
+/// ```compile_fail
+/// use logbus_plugin_api::*;
+/// struct Out;
+/// impl TypedPlugin for Out {
+///     type Options = NoOptions;
+///     const NAME: &'static str = "out";
+///     const KIND: StageKind = StageKind::Sink;
+///     type Stage = Box<dyn Source>;
+///     const DESCRIPTION: &'static str = "a sink that builds a source";
+///     fn build(&self, _: NoOptions, _: &BuildContext) -> Result<Self::Stage, OptionError> {
+///         Err(OptionError::at(&[], "not needed here"))
+///     }
+/// }
+/// let mut registry = Registry::new();
+/// registry.add(Typed(Out));
+/// ```
+pub trait BuiltStage: Send + 'static {
+    const BUILT_AS: BuiltAs;
+    fn into_built(self) -> Built;
+}
+
+impl BuiltStage for Box<dyn Source> {
+    const BUILT_AS: BuiltAs = BuiltAs::Source;
+    fn into_built(self) -> Built {
+        Built::Source(self)
+    }
+}
+
+impl BuiltStage for Box<dyn Processor> {
+    const BUILT_AS: BuiltAs = BuiltAs::Processor;
+    fn into_built(self) -> Built {
+        Built::Processor(self)
+    }
+}
+
+impl BuiltStage for Box<dyn Sink> {
+    const BUILT_AS: BuiltAs = BuiltAs::Sink;
+    fn into_built(self) -> Built {
+        Built::Sink(self)
+    }
+}
+
 /// Where the plugin is being built.
 #[derive(Debug, Clone)]
 pub struct BuildContext {
@@ -377,13 +471,16 @@ pub trait TypedPlugin: Send + Sync + 'static {
     type Options: DeserializeOwned + schemars::JsonSchema + CheckOptions;
     const NAME: &'static str;
     const KIND: StageKind;
+    /// `Box<dyn Source>`, `Box<dyn Processor>` or `Box<dyn Sink>`, as
+    /// `KIND` says (checked when the plugin compiles).
+    type Stage: BuiltStage;
     const DESCRIPTION: &'static str;
     /// See [`Plugin::max_per_pipeline`].
     const MAX_PER_PIPELINE: Option<usize> = None;
     /// See [`Plugin::acknowledgements`].
     const ACKNOWLEDGEMENTS: Option<&'static str> = None;
 
-    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError>;
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError>;
 
     /// Checks that need the pipeline's location (e.g. compiling a script
     /// file), run by validation after the options parsed and passed
@@ -419,11 +516,21 @@ pub trait TypedPlugin: Send + Sync + 'static {
 /// Adapter from [`TypedPlugin`] to [`Plugin`].
 pub struct Typed<T>(pub T);
 
+impl<T: TypedPlugin> Typed<T> {
+    /// Fails to compile (when the plugin is wrapped) where `KIND` and the
+    /// stage `build` returns disagree, rather than at run time.
+    const KIND_FITS_STAGE: () = assert!(
+        T::KIND.built_as() as u8 == <T::Stage as BuiltStage>::BUILT_AS as u8,
+        "a TypedPlugin's KIND does not match the stage its build returns"
+    );
+}
+
 impl<T: TypedPlugin> Plugin for Typed<T> {
     fn name(&self) -> &'static str {
         T::NAME
     }
     fn kind(&self) -> StageKind {
+        let () = Self::KIND_FITS_STAGE;
         T::KIND
     }
     fn description(&self) -> &'static str {
@@ -467,8 +574,12 @@ impl<T: TypedPlugin> Plugin for Typed<T> {
         }
     }
     fn build(&self, options: &Value, cx: &BuildContext) -> Result<Built, Vec<OptionError>> {
+        let () = Self::KIND_FITS_STAGE;
         let opts = checked_options::<T::Options>(options, &options_schema::<T::Options>())?;
-        self.0.build(opts, cx).map_err(|e| vec![e])
+        self.0
+            .build(opts, cx)
+            .map(BuiltStage::into_built)
+            .map_err(|e| vec![e])
     }
 }
 
@@ -1204,17 +1315,21 @@ mod tests {
         type Options = RouterOptions;
         const NAME: &'static str = "router";
         const KIND: StageKind = StageKind::Transform;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str = "routes";
         const MAX_PER_PIPELINE: Option<usize> = Some(2);
         const ACKNOWLEDGEMENTS: Option<&'static str> = Some("never");
 
-        fn build(&self, options: RouterOptions, _: &BuildContext) -> Result<Built, OptionError> {
+        fn build(
+            &self,
+            options: RouterOptions,
+            _: &BuildContext,
+        ) -> Result<Self::Stage, OptionError> {
             if options.routes.iter().any(|r| r == "broken") {
                 return Err(OptionError::at(&["routes"], "cannot build `broken`"));
             }
-            Ok(Built::Processor(Box::new(|_: &mut Event| {
-                Ok(Verdict::Discard)
-            })))
+            Ok(Box::new(|_: &mut Event| Ok(Verdict::Discard)))
         }
 
         fn check_in_context(&self, options: &RouterOptions, cx: &BuildContext) -> Vec<OptionError> {
@@ -1410,8 +1525,10 @@ mod tests {
             type Options = Plain;
             const NAME: &'static str = "bare";
             const KIND: StageKind = StageKind::Sink;
+
+            type Stage = Box<dyn Sink>;
             const DESCRIPTION: &'static str = "nothing";
-            fn build(&self, _: Plain, _: &BuildContext) -> Result<Built, OptionError> {
+            fn build(&self, _: Plain, _: &BuildContext) -> Result<Self::Stage, OptionError> {
                 Err(OptionError::at(&[], "not built"))
             }
         }

@@ -755,8 +755,10 @@ mod tests {
         type Options = Opts;
         const NAME: &'static str = "p";
         const KIND: StageKind = StageKind::Sink;
+
+        type Stage = Box<dyn Sink>;
         const DESCRIPTION: &'static str = "";
-        fn build(&self, _: Opts, _: &BuildContext) -> Result<Built, OptionError> {
+        fn build(&self, _: Opts, _: &BuildContext) -> Result<Self::Stage, OptionError> {
             Err(OptionError::at(&[], "no"))
         }
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use apache_avro::types::Value as Avro;
 use apache_avro::{GenericSingleObjectReader, GenericSingleObjectWriter, Schema};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Fields, LineBuffer, OptionError, Payload,
+    BuildContext, CheckOptions, Event, EventError, Fields, LineBuffer, OptionError, Payload,
     Processor, StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
@@ -284,6 +284,8 @@ impl TypedPlugin for AvroParser {
     type Options = AvroParserOptions;
     const NAME: &'static str = "avro";
     const KIND: StageKind = StageKind::Parser;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "Reads Avro: a whole object container file per event (one event per record), or single-object encoded / bare datums with a configured schema.";
     /// Records of the writer's schema: parsed, fields open (a union's
     /// branches differ).
@@ -291,12 +293,12 @@ impl TypedPlugin for AvroParser {
         logbus_plugin_api::Flow::open_fields(&[]).needs(logbus_plugin_api::Needs::Raw)
     }
 
-    fn build(&self, o: AvroParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, o: AvroParserOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let schema = o.schema.as_ref().map(parse_schema).transpose()?;
-        Ok(Built::Processor(Box::new(ParseAvro {
+        Ok(Box::new(ParseAvro {
             encoding: o.encoding,
             schema,
-        })))
+        }))
     }
 }
 
@@ -352,17 +354,23 @@ impl TypedPlugin for AvroFormatter {
     type Options = AvroFormatterOptions;
     const NAME: &'static str = "avro";
     const KIND: StageKind = StageKind::Formatter;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "Writes each event as Avro against the configured schema: single-object encoding (default) or a bare datum.";
     fn flow(&self, _o: &AvroFormatterOptions) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::raw().needs(logbus_plugin_api::Needs::Fields)
     }
 
-    fn build(&self, o: AvroFormatterOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(FormatAvro {
+    fn build(
+        &self,
+        o: AvroFormatterOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(FormatAvro {
             encoding: o.encoding,
             schema: parse_schema(&o.schema)?,
             writer: None,
             buffer: LineBuffer::new(),
-        })))
+        }))
     }
 }

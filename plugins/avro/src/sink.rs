@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use apache_avro::types::Value as Avro;
 use apache_avro::{Codec, Schema, Writer};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, InputBatch, OptionError, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait, blocking,
+    BuildContext, CheckOptions, InputBatch, OptionError, Sink, SinkContext, StageError, StageKind,
+    TypedPlugin, async_trait, blocking,
 };
 use serde::Deserialize;
 use serde_json::Value as Json;
@@ -87,15 +87,21 @@ impl TypedPlugin for AvroSink {
     type Options = AvroSinkOptions;
     const NAME: &'static str = "avro";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Writes events as records of an Avro object container file, a block per write; committed once the block is written.";
 
-    fn build(&self, options: AvroSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: AvroSinkOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let schema = parse_schema(&options.schema)?;
-        Ok(Built::Sink(Box::new(AvroFileSink {
+        Ok(Box::new(AvroFileSink {
             path: cx.resolve(&options.path),
             schema,
             options,
-        })))
+        }))
     }
 }
 

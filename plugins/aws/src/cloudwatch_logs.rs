@@ -17,7 +17,7 @@ use aws_sdk_cloudwatchlogs::error::ProvideErrorMetadata;
 use aws_sdk_cloudwatchlogs::types::{InputLogEvent, RejectedLogEventsInfo};
 use chrono::{DateTime, Utc};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
+    BuildContext, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
@@ -152,6 +152,8 @@ impl TypedPlugin for CloudWatchLogsSink {
     type Options = CloudWatchLogsOptions;
     const NAME: &'static str = "cloudwatch_logs";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Amazon CloudWatch Logs: PutLogEvents batches within the service's limits (10,000 events, 1 MiB counting 26 bytes per event, 24 hours, sorted), group and stream from templates and created if missing; events refused as too old, too new or expired to <id>.dead.";
 
     /// The credentials tried on the group (listed by its name), and a
@@ -183,7 +185,11 @@ impl TypedPlugin for CloudWatchLogsSink {
         )
     }
 
-    fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: Self::Options,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let group =
             Template::parse_timed(&options.group).map_err(|e| OptionError::at(&["group"], e))?;
         let stream =
@@ -194,13 +200,13 @@ impl TypedPlugin for CloudWatchLogsSink {
             .map(FieldPath::parse)
             .transpose()
             .map_err(|e| OptionError::at(&["timestamp_field"], e.to_string()))?;
-        Ok(Built::Sink(Box::new(CloudWatchWriter {
+        Ok(Box::new(CloudWatchWriter {
             encoder: Some(LogEventEncoder { time: time.clone() }),
             group,
             stream,
             time,
             options,
-        })))
+        }))
     }
 }
 

@@ -26,8 +26,8 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use logbus_compress::{CompressWriter, Compression};
 use logbus_plugin_api::{
-    Ack, BuildContext, Built, CheckOptions, Event, OptionError, Outcome, Payload, Sink,
-    SinkContext, StageError, StageKind, TypedPlugin, async_trait, attach_error,
+    Ack, BuildContext, CheckOptions, Event, OptionError, Outcome, Payload, Sink, SinkContext,
+    StageError, StageKind, TypedPlugin, async_trait, attach_error,
 };
 use logbus_sink::{
     Attempt, Misfit, ObjectFormat, ObjectWriter, Retried, RetryDefaults, RetryPolicy, Retrying,
@@ -388,6 +388,8 @@ impl TypedPlugin for S3Sink {
     type Options = S3SinkOptions;
     const NAME: &'static str = "s3";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Amazon S3 (or any S3-compatible store): events into objects per key prefix, compressed as written and uploaded in parts, so an object is never whole in memory; its events are confirmed once the object is complete.";
 
     /// The bucket listed (one key) with the stage's credentials.
@@ -428,15 +430,19 @@ impl TypedPlugin for S3Sink {
             )
     }
 
-    fn build(&self, options: Self::Options, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: Self::Options,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let prefix = Template::parse_timed(&options.key_prefix)
             .map_err(|e| OptionError::at(&["key_prefix"], e))?;
         let format = options.make_format()?;
-        Ok(Built::Sink(Box::new(S3Writer {
+        Ok(Box::new(S3Writer {
             prefix,
             options,
             format,
-        })))
+        }))
     }
 }
 

@@ -29,9 +29,9 @@ use aws_sdk_s3::Client;
 use logbus_compress::ReadCompression;
 use logbus_framing::Deframer;
 use logbus_plugin_api::{
-    AckReceiver, BatchAck, BuildContext, Built, CheckOptions, Event, Meta, OptionError,
-    OrderedCheckpoint, Outcome, Output, Source, SourceContext, StageError, StageKind, TypedPlugin,
-    async_trait, now_ns,
+    AckReceiver, BatchAck, BuildContext, CheckOptions, Event, Meta, OptionError, OrderedCheckpoint,
+    Outcome, Output, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+    now_ns,
 };
 use serde::{Deserialize, Serialize};
 
@@ -146,6 +146,8 @@ impl TypedPlugin for S3Source {
     type Options = S3SourceOptions;
     const NAME: &'static str = "s3";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str = "The objects under an S3 prefix (or any S3-compatible store), listed in key order and optionally polled for new ones, read as streams (decompressed by magic bytes), with a checkpoint of finished keys and of the messages delivered from a partly read object.";
     const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
         "with state_dir: an object's key enters the checkpoint once the sinks confirmed every event of it, and a partly confirmed object resumes after its confirmed messages, so a restart re-sends, never skips (without it, every run reads every object)",
@@ -206,13 +208,13 @@ impl TypedPlugin for S3Source {
         logbus_plugin_api::Flow::raw()
     }
 
-    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let globs = |list: &[String]| -> Vec<glob::Pattern> {
             list.iter()
                 .filter_map(|g| glob::Pattern::new(g).ok())
                 .collect()
         };
-        Ok(Built::Source(Box::new(S3Reader {
+        Ok(Box::new(S3Reader {
             include: globs(&options.include),
             exclude: globs(&options.exclude),
             state: options
@@ -220,7 +222,7 @@ impl TypedPlugin for S3Source {
                 .as_ref()
                 .map(|d| cx.resolve(d).join(format!("{}.s3.json", cx.stage_id))),
             options,
-        })))
+        }))
     }
 }
 

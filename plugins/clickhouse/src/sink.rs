@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use logbus_plugin_api::connect::{self, ArrivingFields, ConnectContext, Probe, ServiceFinding};
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, FieldPath, OptionError, Sink, SinkContext,
+    BuildContext, Bytes, CheckOptions, Event, FieldPath, OptionError, Sink, SinkContext,
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
@@ -187,6 +187,8 @@ impl TypedPlugin for ClickHouseSink {
     type Options = ClickHouseSinkOptions;
     const NAME: &'static str = "clickhouse";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "ClickHouse: batched RowBinary inserts (LZ4) with a column mapping checked against DESCRIBE TABLE at start; values that do not fit and rows the server refuses (found by splitting the batch) to <id>.dead, the rest stored.";
 
     /// The CA file, and the variable the password comes from.
@@ -206,8 +208,8 @@ impl TypedPlugin for ClickHouseSink {
             .collect()
     }
 
-    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Sink(Box::new(writer(options, cx)?)))
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(writer(options, cx)?))
     }
 
     /// `DESCRIBE TABLE` with the stage's credentials, the mapping checked

@@ -87,8 +87,8 @@ pub fn encode(fields: &Fields, columns: &[String], delimiter: u8, out: &mut Vec<
 #[cfg(any(feature = "parser-csv", feature = "formatter-csv"))]
 mod plugins {
     use logbus_plugin_api::{
-        BuildContext, Built, CheckOptions, Event, EventError, LineBuffer, OptionError, Payload,
-        Processor, StageKind, TypedPlugin, Verdict,
+        BuildContext, CheckOptions, Event, EventError, LineBuffer, OptionError, Payload, Processor,
+        StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
 
@@ -179,6 +179,8 @@ mod plugins {
         type Options = CsvOptions;
         const NAME: &'static str = "csv";
         const KIND: StageKind = StageKind::Parser;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str = "Parses one CSV record per event into fields named by `columns` (or by a header record).";
         /// Given `columns`, exactly those (strings, or any type with
         /// `types: auto`); from a header record, unknown until it is read.
@@ -198,12 +200,12 @@ mod plugins {
                     flow.set(c.clone(), ty, &["columns", &i.to_string()])
                 })
         }
-        fn build(&self, o: CsvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-            Ok(Built::Processor(Box::new(ParseCsv {
+        fn build(&self, o: CsvOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+            Ok(Box::new(ParseCsv {
                 columns: o.columns,
                 delimiter: o.delimiter.as_bytes()[0],
                 auto: o.types == Types::Auto,
-            })))
+            }))
         }
     }
 
@@ -217,6 +219,8 @@ mod plugins {
         type Options = CsvOptions;
         const NAME: &'static str = "csv";
         const KIND: StageKind = StageKind::Formatter;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str =
             "Writes the `columns` of each event as one CSV record (RFC 4180 quoting).";
         /// The parser can take its columns from a header line; the
@@ -241,13 +245,13 @@ mod plugins {
             }
             flow.then(logbus_plugin_api::Step::EmitRaw)
         }
-        fn build(&self, o: CsvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        fn build(&self, o: CsvOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
             let Some(columns) = o.columns else {
                 return Err(no_columns());
             };
             let delimiter = o.delimiter.as_bytes()[0];
             let mut buffer = LineBuffer::new();
-            Ok(Built::Processor(Box::new(
+            Ok(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
                     let line = buffer.line(|out| {
                         encode(crate::fields_input(e, "csv")?, &columns, delimiter, out);
@@ -256,7 +260,7 @@ mod plugins {
                     *e.payload_mut() = Payload::Raw(line);
                     Ok(Verdict::Keep)
                 },
-            )))
+            ))
         }
     }
 }

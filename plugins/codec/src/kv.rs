@@ -321,7 +321,7 @@ fn write_quoted(s: &str, out: &mut Vec<u8>) {
 #[cfg(any(feature = "parser-kv", feature = "formatter-kv"))]
 mod plugins {
     use logbus_plugin_api::{
-        BuildContext, Built, CheckOptions, Event, EventError, LineBuffer, OptionError, Payload,
+        BuildContext, CheckOptions, Event, EventError, LineBuffer, OptionError, Payload, Processor,
         StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
@@ -392,21 +392,27 @@ mod plugins {
         type Options = KvOptions;
         const NAME: &'static str = "kv";
         const KIND: StageKind = StageKind::Parser;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str =
             "Parses key=value pairs (logfmt: quoted values, escapes, flags) into fields.";
         fn flow(&self, _o: &KvOptions) -> logbus_plugin_api::Flow {
             logbus_plugin_api::Flow::open_fields(&[]).needs(logbus_plugin_api::Needs::Raw)
         }
-        fn build(&self, options: KvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        fn build(
+            &self,
+            options: KvOptions,
+            _cx: &BuildContext,
+        ) -> Result<Self::Stage, OptionError> {
             let syntax = options.syntax();
-            Ok(Built::Processor(Box::new(
+            Ok(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
                     let fields = decode(crate::raw_input(e, "kv")?, &syntax)
                         .map_err(|err| EventError::new(format!("not key=value: {err}")))?;
                     *e.payload_mut() = Payload::Fields(fields);
                     Ok(Verdict::Keep)
                 },
-            )))
+            ))
         }
     }
 
@@ -416,15 +422,21 @@ mod plugins {
         type Options = KvOptions;
         const NAME: &'static str = "kv";
         const KIND: StageKind = StageKind::Formatter;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str =
             "Writes fields as one line of key=value pairs (logfmt), quoting where needed.";
         fn flow(&self, _o: &KvOptions) -> logbus_plugin_api::Flow {
             logbus_plugin_api::Flow::raw().needs(logbus_plugin_api::Needs::Fields)
         }
-        fn build(&self, options: KvOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        fn build(
+            &self,
+            options: KvOptions,
+            _cx: &BuildContext,
+        ) -> Result<Self::Stage, OptionError> {
             let syntax = options.syntax();
             let mut buffer = LineBuffer::new();
-            Ok(Built::Processor(Box::new(
+            Ok(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
                     let line = buffer.line(|out| {
                         encode(crate::fields_input(e, "kv")?, &syntax, out);
@@ -433,7 +445,7 @@ mod plugins {
                     *e.payload_mut() = Payload::Raw(line);
                     Ok(Verdict::Keep)
                 },
-            )))
+            ))
         }
     }
 }

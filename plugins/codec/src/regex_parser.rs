@@ -4,7 +4,7 @@
 #[cfg(feature = "parser-regex")]
 mod plugin {
     use logbus_plugin_api::{
-        BuildContext, Built, CheckOptions, Event, EventError, Fields, OptionError, Payload,
+        BuildContext, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
         StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
@@ -41,6 +41,8 @@ mod plugin {
         type Options = RegexOptions;
         const NAME: &'static str = "regex";
         const KIND: StageKind = StageKind::Parser;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str = "Matches a raw line against a pattern; its named captures become fields. No match is an error.";
         /// Exactly the named captures, each a string (an optional group
         /// that did not take part is absent, which a closed set allows).
@@ -55,11 +57,11 @@ mod plugin {
             }
             flow
         }
-        fn build(&self, o: RegexOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        fn build(&self, o: RegexOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
             let re = regex::Regex::new(&o.pattern)
                 .map_err(|e| OptionError::at(&["pattern"], e.to_string()))?;
             let names: Vec<String> = re.capture_names().flatten().map(str::to_string).collect();
-            Ok(Built::Processor(Box::new(
+            Ok(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
                     let bytes = crate::raw_input(e, "regex")?;
                     let text = std::str::from_utf8(bytes).map_err(|err| {
@@ -77,7 +79,7 @@ mod plugin {
                     *e.payload_mut() = Payload::Fields(fields);
                     Ok(Verdict::Keep)
                 },
-            )))
+            ))
         }
     }
 }

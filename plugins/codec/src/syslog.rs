@@ -380,7 +380,7 @@ mod plugins {
     #[allow(unused_imports)]
     use logbus_plugin_api::{
         BuildContext, Built, CheckOptions, Event, EventError, LineBuffer, NoOptions, OptionError,
-        Payload, StageKind, TypedPlugin, Verdict,
+        Payload, Processor, StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
 
@@ -403,6 +403,8 @@ mod plugins {
         type Options = SyslogParserOptions;
         const NAME: &'static str = "syslog";
         const KIND: StageKind = StageKind::Parser;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str = "Parses an RFC 5424 or RFC 3164 syslog message into fields (PRI, header, structured data, message).";
         fn flow(&self, _o: &SyslogParserOptions) -> logbus_plugin_api::Flow {
             use logbus_plugin_api::FieldType::{Number, Object, String};
@@ -424,16 +426,16 @@ mod plugins {
             &self,
             options: SyslogParserOptions,
             _cx: &BuildContext,
-        ) -> Result<Built, OptionError> {
+        ) -> Result<Self::Stage, OptionError> {
             let format = options.format;
-            Ok(Built::Processor(Box::new(
+            Ok(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
                     let fields = decode(crate::raw_input(e, "syslog")?, format)
                         .map_err(|err| EventError::new(format!("not syslog: {err}")))?;
                     *e.payload_mut() = Payload::Fields(fields);
                     Ok(Verdict::Keep)
                 },
-            )))
+            ))
         }
     }
 
@@ -445,13 +447,15 @@ mod plugins {
         type Options = NoOptions;
         const NAME: &'static str = "syslog";
         const KIND: StageKind = StageKind::Formatter;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str = "Writes fields as an RFC 5424 syslog message (missing header fields are `-`, a missing timestamp is now).";
         fn flow(&self, _o: &NoOptions) -> logbus_plugin_api::Flow {
             logbus_plugin_api::Flow::raw().needs(logbus_plugin_api::Needs::Fields)
         }
-        fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
             let mut buffer = LineBuffer::new();
-            Ok(Built::Processor(Box::new(
+            Ok(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
                     let now =
                         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
@@ -462,7 +466,7 @@ mod plugins {
                     *e.payload_mut() = Payload::Raw(line);
                     Ok(Verdict::Keep)
                 },
-            )))
+            ))
         }
     }
 }

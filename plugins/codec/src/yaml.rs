@@ -307,8 +307,8 @@ pub fn encode(fields: &Fields, out: &mut Vec<u8>) -> Result<(), String> {
 #[cfg(any(feature = "parser-yaml", feature = "formatter-yaml"))]
 mod plugins {
     use logbus_plugin_api::{
-        BuildContext, Built, CheckOptions, Event, EventError, Fields, LineBuffer, NoOptions,
-        OptionError, Payload, StageKind, TypedPlugin, Verdict,
+        BuildContext, CheckOptions, Event, EventError, Fields, LineBuffer, NoOptions, OptionError,
+        Payload, Processor, StageKind, TypedPlugin, Verdict,
     };
     use serde::Deserialize;
     use serde_json::Value;
@@ -331,12 +331,18 @@ mod plugins {
         type Options = YamlParserOptions;
         const NAME: &'static str = "yaml";
         const KIND: StageKind = StageKind::Parser;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str = "Parses YAML: each document of the event (one, or a ---separated stream) becomes an event.";
         fn flow(&self, _o: &YamlParserOptions) -> logbus_plugin_api::Flow {
             logbus_plugin_api::Flow::open_fields(&[]).needs(logbus_plugin_api::Needs::Raw)
         }
-        fn build(&self, o: YamlParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-            Ok(Built::Processor(Box::new(
+        fn build(
+            &self,
+            o: YamlParserOptions,
+            _cx: &BuildContext,
+        ) -> Result<Self::Stage, OptionError> {
+            Ok(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
                     let docs = super::decode(crate::raw_input(e, "yaml")?)
                         .map_err(|err| EventError::new(format!("not YAML: {err}")))?;
@@ -363,7 +369,7 @@ mod plugins {
                     }
                     Ok(Verdict::Replace(events))
                 },
-            )))
+            ))
         }
     }
 
@@ -373,13 +379,15 @@ mod plugins {
         type Options = NoOptions;
         const NAME: &'static str = "yaml";
         const KIND: StageKind = StageKind::Formatter;
+
+        type Stage = Box<dyn Processor>;
         const DESCRIPTION: &'static str = "Writes each event as one YAML document (starting with ---, so the output is a YAML stream).";
         fn flow(&self, _o: &NoOptions) -> logbus_plugin_api::Flow {
             logbus_plugin_api::Flow::raw().needs(logbus_plugin_api::Needs::Fields)
         }
-        fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+        fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
             let mut buffer = LineBuffer::new();
-            Ok(Built::Processor(Box::new(
+            Ok(Box::new(
                 move |e: &mut Event| -> Result<Verdict, EventError> {
                     let line = buffer.line(|out| {
                         super::encode(crate::fields_input(e, "yaml")?, out).map_err(EventError::new)
@@ -387,7 +395,7 @@ mod plugins {
                     *e.payload_mut() = Payload::Raw(line);
                     Ok(Verdict::Keep)
                 },
-            )))
+            ))
         }
     }
 }

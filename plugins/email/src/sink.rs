@@ -15,7 +15,7 @@ use lettre::message::{Mailbox, Message};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
+    BuildContext, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
@@ -216,6 +216,8 @@ impl TypedPlugin for EmailSink {
     type Options = EmailSinkOptions;
     const NAME: &'static str = "email";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Sends events by mail over SMTP, many per message, at most N messages per period (the rest counted and summarised).";
 
     /// The CA file.
@@ -237,7 +239,7 @@ impl TypedPlugin for EmailSink {
         needs
     }
 
-    fn build(&self, o: EmailSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, o: EmailSinkOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let bad = |key: &str, e: String| OptionError::at(&[key], e);
         let from: Mailbox = o.from.parse().map_err(|e| bad("from", format!("{e}")))?;
         let to =
@@ -305,9 +307,9 @@ impl TypedPlugin for EmailSink {
         };
         // The encoder only sizes the batch: the message is rendered from
         // the events, since a body line may name the message's `{{count}}`.
-        Ok(Built::Sink(Box::new(EmailWriter {
+        Ok(Box::new(EmailWriter {
             driver: Driver::new(mailer, JsonLines, config),
-        })))
+        }))
     }
 }
 

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError, Output, Source,
-    SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, Bytes, CheckOptions, Event, Meta, OptionError, Output, Source, SourceContext,
+    StageError, StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
@@ -109,6 +109,8 @@ impl TypedPlugin for Exec {
     type Options = ExecOptions;
     const NAME: &'static str = "exec";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str = "Runs a command and turns each line of its standard output into an event: followed as a stream (with a restart policy) or run on a schedule.";
 
     /// The program must be found and executable.
@@ -132,12 +134,12 @@ impl TypedPlugin for Exec {
         logbus_plugin_api::Flow::raw()
     }
 
-    fn build(&self, options: ExecOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: ExecOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let working_dir = options.working_dir.as_ref().map(|d| cx.resolve(d));
-        Ok(Built::Source(Box::new(Runner {
+        Ok(Box::new(Runner {
             options,
             working_dir,
-        })))
+        }))
     }
 }
 

@@ -17,9 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use logbus_plugin_api::{
-    BatchAck, BuildContext, Built, CheckOptions, Event, Fields, Meta, OptionError,
-    OrderedCheckpoint, Output, Source, SourceContext, StageError, StageKind, StageMetrics,
-    TypedPlugin, async_trait,
+    BatchAck, BuildContext, CheckOptions, Event, Fields, Meta, OptionError, OrderedCheckpoint,
+    Output, Source, SourceContext, StageError, StageKind, StageMetrics, TypedPlugin, async_trait,
 };
 
 /// Batches sent and not yet finished, by the cursor of their last entry.
@@ -146,6 +145,8 @@ impl TypedPlugin for Journald {
     type Options = JournaldOptions;
     const NAME: &'static str = "journald";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
         "end to end: the saved cursor never passes an entry the sinks have not confirmed, so a restart re-sends, never skips",
     );
@@ -180,18 +181,18 @@ impl TypedPlugin for Journald {
         logbus_plugin_api::Flow::open_fields(&[])
     }
 
-    fn build(&self, o: JournaldOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, o: JournaldOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let state = cx
             .resolve(&o.state_dir)
             .join(format!("{}.journald.cursor", cx.stage_id));
         let directory = o.directory.as_ref().map(|d| cx.resolve(d));
         let files = o.files.iter().map(|f| cx.resolve(f)).collect();
-        Ok(Built::Source(Box::new(Reader {
+        Ok(Box::new(Reader {
             options: o,
             state,
             directory,
             files,
-        })))
+        }))
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, Fields, Meta, OptionError, Source, SourceContext,
+    BuildContext, CheckOptions, Event, Fields, Meta, OptionError, Source, SourceContext,
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
@@ -68,6 +68,8 @@ impl TypedPlugin for Scheduler {
     type Options = SchedulerOptions;
     const NAME: &'static str = "scheduler";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str =
         "An event on a cron expression (UTC) or every interval: heartbeats and triggers.";
 
@@ -92,7 +94,11 @@ impl TypedPlugin for Scheduler {
         flow
     }
 
-    fn build(&self, options: SchedulerOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: SchedulerOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let schedule = match (&options.cron, options.interval_ms) {
             (Some(expr), _) => Schedule::Cron(Box::new(
                 parse_cron(expr).map_err(|e| OptionError::at(&["cron"], e))?,
@@ -102,7 +108,7 @@ impl TypedPlugin for Scheduler {
                 return Err(OptionError::at(&["cron"], "give `cron` or `interval_ms`"));
             }
         };
-        Ok(Built::Source(Box::new(Ticker { options, schedule })))
+        Ok(Box::new(Ticker { options, schedule }))
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, Fields, Meta, OptionError, Source, SourceContext,
+    BuildContext, CheckOptions, Event, Fields, Meta, OptionError, Source, SourceContext,
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
@@ -80,6 +80,8 @@ impl TypedPlugin for SysInfo {
     type Options = SysInfoOptions;
     const NAME: &'static str = "sysinfo";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str = "Host metrics as events every interval: CPU, memory, load, disks, network interfaces, top processes.";
 
     /// `kind`, `host` and `collected_at` on every event; the measurements
@@ -93,8 +95,12 @@ impl TypedPlugin for SysInfo {
         ])
     }
 
-    fn build(&self, options: SysInfoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Source(Box::new(Sampler { options })))
+    fn build(
+        &self,
+        options: SysInfoOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Sampler { options }))
     }
 }
 

@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use logbus_compress::{CompressWriter, Compression};
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, OptionError, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait,
+    BuildContext, Bytes, CheckOptions, OptionError, Sink, SinkContext, StageError, StageKind,
+    TypedPlugin, async_trait,
 };
 use logbus_sink::{
     Batch, BatchDefaults, Batching, Driver, DriverConfig, JsonArray, JsonLines, OnRejected,
@@ -159,6 +159,8 @@ impl TypedPlugin for HttpSink {
     type Options = HttpSinkOptions;
     const NAME: &'static str = "http";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Batched HTTP POST/PUT (NDJSON or a JSON array, gzip/zstd), several requests in flight, retries with full jitter and Retry-After; commits only on 2xx, refused events to <id>.dead.";
 
     /// The CA file.
@@ -173,7 +175,11 @@ impl TypedPlugin for HttpSink {
             .collect()
     }
 
-    fn build(&self, options: HttpSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: HttpSinkOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let tls = options.tls.clone().unwrap_or_default();
         let tls = tls.config(&cx.base_dir).map_err(|e| {
             let key: &[&str] = match tls.ca_file {
@@ -239,7 +245,7 @@ impl TypedPlugin for HttpSink {
             BodyEncoding::Ndjson => Driver::new(service, JsonLines, config),
             BodyEncoding::JsonArray => Driver::new(service, JsonArray, config),
         };
-        Ok(Built::Sink(Box::new(HttpWriter { driver })))
+        Ok(Box::new(HttpWriter { driver }))
     }
 }
 

@@ -33,8 +33,8 @@ use logbus_connections::{ConnectionTable, Limits};
 
 use logbus_connections::admission::{Admission, Settled};
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, OptionError, Output, Source, SourceContext,
-    StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, Bytes, CheckOptions, OptionError, Output, Source, SourceContext, StageError,
+    StageKind, TypedPlugin, async_trait,
 };
 
 use crate::body::{Refused, split};
@@ -238,6 +238,8 @@ impl TypedPlugin for HttpSource {
     type Options = HttpSourceOptions;
     const NAME: &'static str = "http";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
         "with `ack: sink`, a request is answered 200 only once its events are delivered; a client that resends what got no 200 loses nothing",
     );
@@ -281,7 +283,11 @@ impl TypedPlugin for HttpSource {
         logbus_plugin_api::Flow::raw()
     }
 
-    fn build(&self, options: HttpSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: HttpSourceOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let address = options
             .address
             .parse()
@@ -290,11 +296,11 @@ impl TypedPlugin for HttpSource {
             .map(|t| t.acceptor(&cx.base_dir))
             .transpose()
             .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
-        Ok(Built::Source(Box::new(Server {
+        Ok(Box::new(Server {
             options,
             address,
             tls,
-        })))
+        }))
     }
 }
 

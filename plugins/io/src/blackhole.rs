@@ -2,8 +2,8 @@
 //! measuring everything upstream of a real destination.
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, OptionError, Sink, SinkContext, StageError, StageKind,
-    TypedPlugin, async_trait,
+    BuildContext, CheckOptions, OptionError, Sink, SinkContext, StageError, StageKind, TypedPlugin,
+    async_trait,
 };
 use serde::Deserialize;
 
@@ -19,10 +19,16 @@ impl TypedPlugin for BlackholeSink {
     type Options = BlackholeOptions;
     const NAME: &'static str = "blackhole";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Counts events as committed and discards them.";
 
-    fn build(&self, _options: BlackholeOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Sink(Box::new(Blackhole)))
+    fn build(
+        &self,
+        _options: BlackholeOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Blackhole))
     }
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use logbus_compress::{CompressWriter, Compression, ReadCompression};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, OptionError, Sink, SinkContext, Source, SourceContext,
-    StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, CheckOptions, OptionError, Sink, SinkContext, Source, SourceContext, StageError,
+    StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
 
@@ -81,6 +81,8 @@ impl TypedPlugin for FileSource {
     type Options = FileSourceOptions;
     const NAME: &'static str = "file";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
         "with state_dir: the saved read position never passes a line the sinks have not confirmed, so a restart re-sends, never skips (without it, every run reads the whole file)",
     );
@@ -117,15 +119,19 @@ impl TypedPlugin for FileSource {
         logbus_plugin_api::Flow::raw()
     }
 
-    fn build(&self, options: FileSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Source(Box::new(FileReader {
+    fn build(
+        &self,
+        options: FileSourceOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(FileReader {
             path: cx.resolve(&options.path),
             max_line_bytes: options.max_line_bytes,
             compression: options.compression,
             framing: options.framing,
             state_dir: options.state_dir.map(|d| cx.resolve(&d)),
             save_every: std::time::Duration::from_millis(options.checkpoint_interval_ms),
-        })))
+        }))
     }
 }
 
@@ -412,6 +418,8 @@ impl TypedPlugin for FileSink {
     type Options = FileSinkOptions;
     const NAME: &'static str = "file";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Appends each event as a line to a file: raw events as they are, parsed events as JSON; path templates from fields and time, size rotation.";
 
     /// The directory every rendered path lies in, and the files it keeps
@@ -451,7 +459,11 @@ impl TypedPlugin for FileSink {
             )
     }
 
-    fn build(&self, options: FileSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: FileSinkOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let template = PathTemplate::parse(&options.path.to_string_lossy())
             .map_err(|e| OptionError::at(&["path"], e))?;
         if template.is_dynamic() || options.rotate_bytes.is_some() {
@@ -469,12 +481,12 @@ impl TypedPlugin for FileSink {
                     max_open_files: options.max_open_files,
                 },
             );
-            return Ok(Built::Sink(Box::new(TemplatedWriter { set })));
+            return Ok(Box::new(TemplatedWriter { set }));
         }
-        Ok(Built::Sink(Box::new(FileWriter {
+        Ok(Box::new(FileWriter {
             path: cx.resolve(&options.path),
             options,
-        })))
+        }))
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, Meta, OptionError, Source, SourceContext, StageError,
+    BuildContext, CheckOptions, Event, Meta, OptionError, Source, SourceContext, StageError,
     StageKind, TypedPlugin, async_trait, now_ns,
 };
 use serde::Deserialize;
@@ -50,6 +50,8 @@ impl TypedPlugin for GeneratorSource {
     type Options = GeneratorOptions;
     const NAME: &'static str = "generator";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str = "Emits synthetic lines from a template: a fixed count, at a fixed rate or as fast as accepted.";
 
     /// Raw events (one per line or message); a `codec:` parses them.
@@ -57,11 +59,15 @@ impl TypedPlugin for GeneratorSource {
         logbus_plugin_api::Flow::raw()
     }
 
-    fn build(&self, options: GeneratorOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Source(Box::new(Generator {
+    fn build(
+        &self,
+        options: GeneratorOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Generator {
             template: Template::parse(&options.template),
             options,
-        })))
+        }))
     }
 }
 

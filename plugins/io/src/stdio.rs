@@ -1,8 +1,8 @@
 //! `source: stdin` and `sink: stdout`: the shell-pipeline end points.
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, OptionError, Sink, SinkContext, Source, SourceContext,
-    StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, CheckOptions, OptionError, Sink, SinkContext, Source, SourceContext, StageError,
+    StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
 
@@ -37,6 +37,8 @@ impl TypedPlugin for StdinSource {
     type Options = StdinOptions;
     const NAME: &'static str = "stdin";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str =
         "Reads standard input to EOF, one event per line (raw bytes, newline removed).";
     // Two readers of one stdin would split the lines between them arbitrarily.
@@ -47,8 +49,8 @@ impl TypedPlugin for StdinSource {
         logbus_plugin_api::Flow::raw()
     }
 
-    fn build(&self, options: StdinOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Source(Box::new(Stdin { options })))
+    fn build(&self, options: StdinOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Stdin { options }))
     }
 }
 
@@ -86,12 +88,18 @@ impl TypedPlugin for StdoutSink {
     type Options = StdoutOptions;
     const NAME: &'static str = "stdout";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Writes each event as a line to standard output: raw events as they are, parsed events as JSON.";
 
-    fn build(&self, options: StdoutOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Sink(Box::new(Stdout {
+    fn build(
+        &self,
+        options: StdoutOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Stdout {
             framing: options.framing,
-        })))
+        }))
     }
 }
 

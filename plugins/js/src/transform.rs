@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
+    BuildContext, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
     StageKind, TypedPlugin, Verdict,
 };
 use rquickjs::{CatchResultExt, CaughtError, Context, Ctx, Function, Object, Runtime, Value};
@@ -120,6 +120,8 @@ impl TypedPlugin for JsTransform {
     type Options = JsOptions;
     const NAME: &'static str = "js";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str =
         "run a JavaScript process(event, ctx) per event (QuickJS, one runtime per worker)";
 
@@ -147,12 +149,12 @@ impl TypedPlugin for JsTransform {
         }
     }
 
-    fn build(&self, options: JsOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: JsOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let (source, option) = options.source(cx)?;
         syntax_check(&source).map_err(|e| OptionError::at(&[option], e))?;
         let worker =
             JsWorker::new(&source, &options, cx).map_err(|e| OptionError::at(&[option], e))?;
-        Ok(Built::Processor(Box::new(worker)))
+        Ok(Box::new(worker))
     }
 }
 

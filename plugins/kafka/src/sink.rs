@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait,
+    BuildContext, CheckOptions, Event, OptionError, Sink, SinkContext, StageError, StageKind,
+    TypedPlugin, async_trait,
 };
 use logbus_sink::{
     Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
@@ -264,6 +264,8 @@ impl TypedPlugin for KafkaSink {
     type Options = KafkaSinkOptions;
     const NAME: &'static str = "kafka";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Kafka producer (librdkafka): topic and key from templates, headers from fields, gzip/snappy/lz4/zstd, idempotent acks=all; commits each event on its delivery report, refused ones to <id>.dead.";
 
     /// The TLS files librdkafka reads.
@@ -307,7 +309,11 @@ impl TypedPlugin for KafkaSink {
         reads.into_iter().fold(Flow::pass(), Flow::read)
     }
 
-    fn build(&self, options: KafkaSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: KafkaSinkOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let topic = Template::parse(&options.topic).map_err(|e| OptionError::at(&["topic"], e))?;
         let key = options
             .key
@@ -340,11 +346,11 @@ impl TypedPlugin for KafkaSink {
             max_message_bytes: options.max_message_bytes,
         };
         let driver = Driver::new(service, Unframed, config);
-        Ok(Built::Sink(Box::new(KafkaWriter {
+        Ok(Box::new(KafkaWriter {
             driver,
             reports,
             brokers: options.brokers,
-        })))
+        }))
     }
 }
 

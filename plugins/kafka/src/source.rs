@@ -36,9 +36,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use logbus_plugin_api::{
-    AckReceiver, BatchAck, BuildContext, Built, Bytes, CheckOptions, Event, Fields, Meta,
-    OptionError, OrderedCheckpoint, Outcome, Output, Source, SourceContext, StageError, StageKind,
-    TypedPlugin, async_trait,
+    AckReceiver, BatchAck, BuildContext, Bytes, CheckOptions, Event, Fields, Meta, OptionError,
+    OrderedCheckpoint, Outcome, Output, Source, SourceContext, StageError, StageKind, TypedPlugin,
+    async_trait,
 };
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -229,6 +229,8 @@ impl TypedPlugin for KafkaSource {
     type Options = KafkaSourceOptions;
     const NAME: &'static str = "kafka";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
         "end to end: each partition's committed offset never passes an event the sinks have not confirmed, so a restart or a rebalance re-reads, never skips",
     );
@@ -270,9 +272,13 @@ impl TypedPlugin for KafkaSource {
         logbus_plugin_api::Flow::raw()
     }
 
-    fn build(&self, options: KafkaSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: KafkaSourceOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let config = options.client_config(cx);
-        Ok(Built::Source(Box::new(KafkaConsumerSource {
+        Ok(Box::new(KafkaConsumerSource {
             brokers: bootstrap_servers(&config),
             config,
             topics: options.topics,
@@ -280,7 +286,7 @@ impl TypedPlugin for KafkaSource {
             commit_interval: Duration::from_millis(options.commit_interval_ms),
             max_in_flight: options.max_in_flight_per_partition,
             drain: Duration::from_millis(options.drain_timeout_ms),
-        })))
+        }))
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use logbus_framing::{Framing, encode};
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
+    BuildContext, Bytes, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
@@ -104,6 +104,8 @@ impl TypedPlugin for SyslogSink {
     type Options = SyslogSinkOptions;
     const NAME: &'static str = "syslog";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Forwards messages over TCP (octet counting or newline) or UDP; reconnects and resends, holding the pipeline while the receiver is away.";
 
     /// The CA file.
@@ -118,7 +120,11 @@ impl TypedPlugin for SyslogSink {
             .collect()
     }
 
-    fn build(&self, options: SyslogSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: SyslogSinkOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let tls = match &options.tls {
             Some(t) => {
                 let bad = |e: logbus_tls::TlsError| OptionError::at(&["tls"], e.to_string());
@@ -160,9 +166,9 @@ impl TypedPlugin for SyslogSink {
             tcp: tokio::sync::Mutex::new(None),
             udp: tokio::sync::Mutex::new(None),
         };
-        Ok(Built::Sink(Box::new(SyslogWriter {
+        Ok(Box::new(SyslogWriter {
             driver: Driver::new(forwarder, Frame(framing), config),
-        })))
+        }))
     }
 }
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use logbus_framing::{Deframer, Framing};
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError, Output, Source,
-    SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, Bytes, CheckOptions, Event, Meta, OptionError, Output, Source, SourceContext,
+    StageError, StageKind, TypedPlugin, async_trait,
 };
 use serde::Deserialize;
 use std::time::Duration;
@@ -112,6 +112,8 @@ impl TypedPlugin for SyslogSource {
     type Options = SyslogSourceOptions;
     const NAME: &'static str = "syslog";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str = "Syslog messages over TCP (newline or octet-counting framing, detected per connection) or UDP; raw events for `codec: syslog`.";
 
     /// The address must be free; TLS files readable PEM; each connection
@@ -152,7 +154,11 @@ impl TypedPlugin for SyslogSource {
         logbus_plugin_api::Flow::raw()
     }
 
-    fn build(&self, options: SyslogSourceOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: SyslogSourceOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let address = options
             .address
             .parse()
@@ -161,11 +167,11 @@ impl TypedPlugin for SyslogSource {
             .map(|t| t.acceptor(&cx.base_dir))
             .transpose()
             .map_err(|e| OptionError::at(&["tls"], e.to_string()))?;
-        Ok(Built::Source(Box::new(Listener {
+        Ok(Box::new(Listener {
             options,
             address,
             tls,
-        })))
+        }))
     }
 }
 

@@ -25,8 +25,8 @@ use chrono::{DateTime, Utc};
 use logbus_compress::{CompressWriter, Compression};
 use logbus_plugin_api::connect::{self, ConnectContext, Probe, ServiceFinding};
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, FieldPath, OptionError, Payload, Sink,
-    SinkContext, StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, Bytes, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
+    StageError, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
     Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
@@ -223,6 +223,8 @@ impl TypedPlugin for OpenSearchSink {
     type Options = OpenSearchSinkOptions;
     const NAME: &'static str = "opensearch";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "OpenSearch _bulk (index or create, index names from fields and the event's date, ids from a field, ingest pipeline, gzip), several bulks in flight; per-item outcomes: 429/5xx retried, refused documents to <id>.dead with the reason.";
 
     /// The CA file, and the variables the credentials come from.
@@ -279,7 +281,7 @@ impl TypedPlugin for OpenSearchSink {
         }))
     }
 
-    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
             reqwest::header::CONTENT_TYPE,
@@ -345,9 +347,9 @@ impl TypedPlugin for OpenSearchSink {
             action: options.action,
             with_ids: options.id_field.is_some(),
         };
-        Ok(Built::Sink(Box::new(OpenSearchWriter {
+        Ok(Box::new(OpenSearchWriter {
             driver: Driver::new(service, encoder, config),
-        })))
+        }))
     }
 }
 

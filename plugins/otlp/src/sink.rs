@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use logbus_plugin_api::connect::{self, ConnectContext, Probe, ServiceFinding};
 use logbus_plugin_api::{
-    BuildContext, Built, Bytes, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
+    BuildContext, Bytes, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
@@ -211,6 +211,8 @@ impl TypedPlugin for OtlpSink {
     type Options = OtlpSinkOptions;
     const NAME: &'static str = "otlp";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "OpenTelemetry log records to an OTLP receiver over gRPC or HTTP (protobuf, gzip, headers), batched per resource and scope, retried as the OTLP specification says; commits once the receiver accepted the request.";
 
     /// The CA file.
@@ -266,7 +268,11 @@ impl TypedPlugin for OtlpSink {
         }))
     }
 
-    fn build(&self, options: OtlpSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: OtlpSinkOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let service = service(&options, cx)?;
         let config = DriverConfig {
             limits: options.batching.limits(),
@@ -288,7 +294,7 @@ impl TypedPlugin for OtlpSink {
             time: options.time_field.clone(),
         });
         let driver = Driver::new(service, encoder, config).partition_by(batch_key);
-        Ok(Built::Sink(Box::new(OtlpWriter { driver })))
+        Ok(Box::new(OtlpWriter { driver }))
     }
 }
 

@@ -26,7 +26,7 @@ use logbus_connections::admission::{Admission, Settled};
 use logbus_connections::http::{HttpConnections, HttpVersion};
 use logbus_connections::{ConnectionTable, Limits};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, Meta, OptionError, Output, Source, SourceContext,
+    BuildContext, CheckOptions, Event, Meta, OptionError, Output, Source, SourceContext,
     StageError, StageKind, TypedPlugin, async_trait,
 };
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
@@ -169,6 +169,8 @@ impl TypedPlugin for OtlpSource {
     type Options = OtlpSourceOptions;
     const NAME: &'static str = "otlp";
     const KIND: StageKind = StageKind::Source;
+
+    type Stage = Box<dyn Source>;
     const DESCRIPTION: &'static str = "OpenTelemetry logs over OTLP/gRPC and OTLP/HTTP (protobuf or JSON, gzip): each log record one event with its body, severity, times, trace context, attributes, resource and scope; answers once the records are accepted (or delivered), UNAVAILABLE/503 with a retry delay when the pipeline stays full. Traces and metrics are refused.";
 
     /// The addresses it listens on, its connections, its TLS files.
@@ -218,7 +220,7 @@ impl TypedPlugin for OtlpSource {
         logbus_plugin_api::Flow::open_fields(&[])
     }
 
-    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let parse = |key: &str, a: &Option<String>| {
             a.as_deref()
                 .map(|a| {
@@ -238,13 +240,13 @@ impl TypedPlugin for OtlpSource {
         // gRPC clients insist on ALPN `h2`; HTTP/1.1 says so too.
         let grpc_tls = acceptor(&[b"h2"])?;
         let tls = acceptor(&[b"http/1.1"])?;
-        Ok(Built::Source(Box::new(Receiver {
+        Ok(Box::new(Receiver {
             options,
             grpc,
             http,
             grpc_tls,
             tls,
-        })))
+        }))
     }
 }
 

@@ -3,7 +3,7 @@
 use arrow_json::writer::{LineDelimited, WriterBuilder};
 use bytes::Bytes;
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
+    BuildContext, CheckOptions, Event, EventError, Fields, OptionError, Payload, Processor,
     StageKind, TypedPlugin, Verdict,
 };
 use std::sync::Arc;
@@ -199,6 +199,8 @@ impl TypedPlugin for ParquetParser {
     type Options = ParquetParserOptions;
     const NAME: &'static str = "parquet";
     const KIND: StageKind = StageKind::Parser;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str =
         "Reads a whole Parquet file (one raw event) into one event per row.";
     /// Rows of the file's schema: parsed, fields open.
@@ -206,13 +208,17 @@ impl TypedPlugin for ParquetParser {
         logbus_plugin_api::Flow::open_fields(&[]).needs(logbus_plugin_api::Needs::Raw)
     }
 
-    fn build(&self, o: ParquetParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(ParseParquet {
+    fn build(
+        &self,
+        o: ParquetParserOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(ParseParquet {
             limits: Limits {
                 bytes: o.max_decoded_bytes,
                 rows: o.max_rows,
             },
-        })))
+        }))
     }
 }
 

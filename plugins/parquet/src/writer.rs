@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use arrow_json::reader::infer_json_schema_from_iterator;
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, InputBatch, OptionError, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait, blocking,
+    BuildContext, CheckOptions, InputBatch, OptionError, Sink, SinkContext, StageError, StageKind,
+    TypedPlugin, async_trait, blocking,
 };
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, GzipLevel, ZstdLevel};
@@ -195,20 +195,26 @@ impl TypedPlugin for ParquetSink {
     type Options = ParquetSinkOptions;
     const NAME: &'static str = "parquet";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "Writes events to Parquet files, one file per burst of input; committed when the file is closed.";
 
-    fn build(&self, options: ParquetSinkOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: ParquetSinkOptions,
+        cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let template = cx.resolve(Path::new(&options.path));
         let given = options
             .schema
             .as_ref()
             .map(GivenSchema::parse)
             .transpose()?;
-        Ok(Built::Sink(Box::new(ParquetFiles {
+        Ok(Box::new(ParquetFiles {
             template: template.to_string_lossy().into_owned(),
             options,
             given,
-        })))
+        }))
     }
 }
 

@@ -29,9 +29,8 @@ pub mod source {
     use std::time::{Duration, Instant};
 
     use logbus_plugin_api::{
-        BatchAck, BuildContext, Built, Bytes, CheckOptions, Event, Meta, OptionError,
-        OrderedCheckpoint, Output, Source, SourceContext, StageError, StageKind, TypedPlugin,
-        async_trait,
+        BatchAck, BuildContext, Bytes, CheckOptions, Event, Meta, OptionError, OrderedCheckpoint,
+        Output, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
     };
     use serde::Deserialize;
 
@@ -234,6 +233,8 @@ pub mod source {
         type Options = TailOptions;
         const NAME: &'static str = "tail";
         const KIND: StageKind = StageKind::Source;
+
+        type Stage = Box<dyn Source>;
         const ACKNOWLEDGEMENTS: Option<&'static str> = Some(
             "end to end: the saved position of each file never passes a line the sinks have not confirmed, so a restart re-sends, never skips",
         );
@@ -277,7 +278,7 @@ pub mod source {
             logbus_plugin_api::Flow::raw()
         }
 
-        fn build(&self, o: TailOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+        fn build(&self, o: TailOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
             let glob_of = |p: &String, key: &str| {
                 let path = cx.resolve(Path::new(p));
                 glob::Pattern::new(&path.to_string_lossy())
@@ -322,7 +323,7 @@ pub mod source {
                     })
                 }
             };
-            Ok(Built::Source(Box::new(Tail {
+            Ok(Box::new(Tail {
                 config: TailConfig {
                     include,
                     exclude,
@@ -340,7 +341,7 @@ pub mod source {
                 acknowledgements: o.acknowledgements,
                 poll: Duration::from_millis(o.poll_interval_ms),
                 checkpoint_every: Duration::from_millis(o.checkpoint_interval_ms),
-            })))
+            }))
         }
     }
 

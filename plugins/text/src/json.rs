@@ -3,8 +3,8 @@
 //! `formatter: json` (fields become one compact JSON line).
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, FieldType, Fields, Flow, LazyFields,
-    LineBuffer, Needs, OptionError, Payload, Processor, StageKind, Step, TypedPlugin, Verdict,
+    BuildContext, CheckOptions, Event, EventError, FieldType, Fields, Flow, LazyFields, LineBuffer,
+    Needs, OptionError, Payload, Processor, StageKind, Step, TypedPlugin, Verdict,
     flow::{DeclaredFields, FieldDeclaration},
 };
 use serde::Deserialize;
@@ -58,12 +58,18 @@ impl TypedPlugin for JsonParser {
     type Options = JsonParserOptions;
     const NAME: &'static str = "json";
     const KIND: StageKind = StageKind::Parser;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "Parses a raw line as a JSON object into fields. A line that is not JSON, or not an object, is an error for `on_error`.";
 
-    fn build(&self, options: JsonParserOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: JsonParserOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let declared =
             DeclaredFields::parse(&options.fields, "fields").map_err(|mut e| e.swap_remove(0))?;
-        Ok(Built::Processor(Box::new(ParseJson { options, declared })))
+        Ok(Box::new(ParseJson { options, declared }))
     }
 
     fn flow(&self, options: &JsonParserOptions) -> Flow {
@@ -275,14 +281,16 @@ impl TypedPlugin for JsonFormatter {
     type Options = JsonFormatterOptions;
     const NAME: &'static str = "json";
     const KIND: StageKind = StageKind::Formatter;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "Serialises parsed fields as one compact JSON object per event (raw bytes out). A raw event is an error.";
 
     fn build(
         &self,
         options: JsonFormatterOptions,
         _cx: &BuildContext,
-    ) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(FormatJson::new(options))))
+    ) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(FormatJson::new(options)))
     }
 
     fn flow(&self, _options: &JsonFormatterOptions) -> Flow {

@@ -4,8 +4,8 @@
 //! split into one event per line, sharing the original buffer.
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Flow, Needs, OptionError, Payload,
-    Processor, StageKind, TypedPlugin, Verdict,
+    BuildContext, CheckOptions, Event, EventError, Flow, Needs, OptionError, Payload, Processor,
+    StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 
@@ -33,10 +33,12 @@ impl TypedPlugin for LinesParser {
     type Options = LinesOptions;
     const NAME: &'static str = "lines";
     const KIND: StageKind = StageKind::Parser;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "Splits raw events into one event per line and strips `\\r`; empty lines are dropped unless skip_empty is false.";
 
-    fn build(&self, options: LinesOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(Lines(options))))
+    fn build(&self, options: LinesOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Lines(options)))
     }
 
     fn flow(&self, _options: &LinesOptions) -> Flow {

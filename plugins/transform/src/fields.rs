@@ -6,8 +6,8 @@
 //! native speed.
 
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, FieldRead, FieldType, Fields,
-    Flow, Needs, OptionError, Processor, ReadRole, StageKind, Step, TypedPlugin, Verdict,
+    BuildContext, CheckOptions, Event, EventError, FieldPath, FieldRead, FieldType, Fields, Flow,
+    Needs, OptionError, Processor, ReadRole, StageKind, Step, TypedPlugin, Verdict,
 };
 use std::borrow::Cow;
 
@@ -451,13 +451,15 @@ impl TypedPlugin for FieldsTransform {
     type Options = FieldsOptions;
     const NAME: &'static str = "fields";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "Reshapes parsed events: copy, rename, set (constants or `{{field}}` templates), from_meta (where the event came from), lookup (a table from a field's value), convert (types), case (upper/lower) and delete fields, in that order.";
 
-    fn build(&self, options: FieldsOptions, cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: FieldsOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let plan = options
             .plan_in(Some(&cx.base_dir))
             .map_err(|mut e| e.swap_remove(0))?;
-        Ok(Built::Processor(Box::new(plan)))
+        Ok(Box::new(plan))
     }
 
     /// The operations in the order the plan applies them.

@@ -6,8 +6,8 @@
 
 use logbus_condition::Condition;
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, FieldRead, FieldType, Flow,
-    Needs, OptionError, Processor, ReadRole, StageKind, TypedPlugin, Verdict,
+    BuildContext, CheckOptions, Event, EventError, FieldPath, FieldRead, FieldType, Flow, Needs,
+    OptionError, Processor, ReadRole, StageKind, TypedPlugin, Verdict,
 };
 use regex::Regex;
 use serde::Deserialize;
@@ -219,18 +219,24 @@ impl TypedPlugin for FilterTransform {
     type Options = FilterOptions;
     const NAME: &'static str = "filter";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "Keeps events that match a condition (`condition: level != \"debug\" && status >= 500`, or one field with equals, not_equals, in, contains, matches, exists, gt, gte, lt, lte); discards the rest.";
 
-    fn build(&self, options: FilterOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(
+        &self,
+        options: FilterOptions,
+        _cx: &BuildContext,
+    ) -> Result<Self::Stage, OptionError> {
         let test = match (&options.condition, &options.field) {
             (Some(text), _) => Test::Condition(compiled(text)?),
             (None, Some(field)) => Test::Field(field_path(field, &["field"])?, options.op()?),
             (None, None) => return Err(OptionError::at(&[], "give `condition` or `field`")),
         };
-        Ok(Built::Processor(Box::new(Filter {
+        Ok(Box::new(Filter {
             test,
             invert: options.invert,
-        })))
+        }))
     }
 
     fn flow(&self, o: &FilterOptions) -> Flow {

@@ -8,8 +8,8 @@
 
 use logbus_condition::Condition;
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, Flow, Needs, OptionError, OutputSet,
-    Processor, StageKind, TypedPlugin, Verdict,
+    BuildContext, CheckOptions, Event, EventError, Flow, Needs, OptionError, OutputSet, Processor,
+    StageKind, TypedPlugin, Verdict,
 };
 use serde::Deserialize;
 
@@ -112,6 +112,8 @@ impl TypedPlugin for RouteTransform {
     type Options = RouteOptions;
     const NAME: &'static str = "route";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "Sends each event to the named routes whose condition it matches (`routes: { failures: 'level == \"error\"' }`, read as `<id>.failures`), or only the first with `mode: first`; what matches none goes to `<id>._unmatched`.";
 
     fn outputs(&self, options: &RouteOptions) -> Vec<String> {
@@ -136,17 +138,17 @@ impl TypedPlugin for RouteTransform {
         flow
     }
 
-    fn build(&self, options: RouteOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, options: RouteOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let routes = options
             .routes
             .iter()
             .map(|(name, text)| condition(name, text))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Built::Processor(Box::new(Route {
+        Ok(Box::new(Route {
             unmatched: routes.len(),
             routes,
             first: options.mode == RouteMode::First,
-        })))
+        }))
     }
 }
 
@@ -195,7 +197,7 @@ mod tests {
     fn route(options: Value) -> Box<dyn Processor> {
         let o: RouteOptions = serde_json::from_value(options).unwrap();
         assert!(o.check().is_empty(), "{:?}", o.check());
-        let Ok(Built::Processor(route)) = RouteTransform.build(o, &testing::context()) else {
+        let Ok(route) = RouteTransform.build(o, &testing::context()) else {
             panic!("a route stage builds a processor");
         };
         route

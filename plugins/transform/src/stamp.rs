@@ -3,8 +3,8 @@
 
 use chrono::{DateTime, SecondsFormat};
 use logbus_plugin_api::{
-    BuildContext, Built, CheckOptions, Event, EventError, FieldPath, FieldType, Flow, Needs,
-    OptionError, Processor, StageKind, TypedPlugin, Verdict, now_ns,
+    BuildContext, CheckOptions, Event, EventError, FieldPath, FieldType, Flow, Needs, OptionError,
+    Processor, StageKind, TypedPlugin, Verdict, now_ns,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -72,15 +72,17 @@ impl TypedPlugin for StampTransform {
     type Options = StampOptions;
     const NAME: &'static str = "stamp";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str =
         "Adds a timestamp field: the ingest time (default) or the processing time.";
 
-    fn build(&self, options: StampOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(Stamp {
+    fn build(&self, options: StampOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(Stamp {
             field: field_path(&options.field, &["field"])?,
             format: options.format,
             time: options.time,
-        })))
+        }))
     }
 
     fn flow(&self, options: &StampOptions) -> Flow {

@@ -8,8 +8,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use logbus_core::{RunReport, start};
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, Event, EventError, NoOptions, OptionError, StageKind,
-    Typed, TypedPlugin, Verdict,
+    BuildContext, CancellationToken, Event, EventError, NoOptions, OptionError, Processor,
+    StageKind, Typed, TypedPlugin, Verdict,
 };
 
 use crate::reload::pipeline;
@@ -404,11 +404,13 @@ impl TypedPlugin for Hold {
     type Options = NoOptions;
     const NAME: &'static str = "hold";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "test: the first instance stops on seq 50 until released";
-    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let first = self.built.fetch_add(1, Ordering::SeqCst) == 0;
         let hold = self.clone();
-        Ok(Built::Processor(Box::new(
+        Ok(Box::new(
             move |e: &mut Event| -> Result<Verdict, EventError> {
                 let seq = e.as_fields().and_then(|f| f.get("seq")?.as_u64());
                 if first && seq == Some(50) {
@@ -431,7 +433,7 @@ impl TypedPlugin for Hold {
                 }
                 Ok(Verdict::Keep)
             },
-        )))
+        ))
     }
 }
 

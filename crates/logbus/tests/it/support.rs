@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use logbus_core::{Loaded, Pipeline, load_str};
 use logbus_plugin_api::{
-    BuildContext, Built, Event, EventError, NoOptions, OptionError, Registry, Sink, SinkContext,
-    StageError, StageKind, Typed, TypedPlugin, Verdict, async_trait,
+    BuildContext, Event, EventError, NoOptions, OptionError, Processor, Registry, Sink,
+    SinkContext, StageError, StageKind, Typed, TypedPlugin, Verdict, async_trait,
 };
 use tokio::sync::Semaphore;
 
@@ -81,16 +81,18 @@ impl TypedPlugin for CollectPlugin {
     type Options = NoOptions;
     const NAME: &'static str = "collect";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "test: keeps events in memory";
-    fn build(&self, _o: NoOptions, cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Sink(Box::new(CollectSink {
+    fn build(&self, _o: NoOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(CollectSink {
             id: cx.stage_id.clone(),
             plugin: Self::NAME,
             runs: self.0.runs.clone(),
             store: self.0.store.clone(),
             gate: None,
             max_batch: self.0.max_batch.clone(),
-        })))
+        }))
     }
 }
 
@@ -98,16 +100,18 @@ impl TypedPlugin for GatedPlugin {
     type Options = NoOptions;
     const NAME: &'static str = "gated";
     const KIND: StageKind = StageKind::Sink;
+
+    type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "test: keeps events, one batch per gate permit";
-    fn build(&self, _o: NoOptions, cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Sink(Box::new(CollectSink {
+    fn build(&self, _o: NoOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(CollectSink {
             id: cx.stage_id.clone(),
             plugin: Self::NAME,
             runs: self.0.runs.clone(),
             store: self.0.store.clone(),
             gate: self.0.gate.clone(),
             max_batch: self.0.max_batch.clone(),
-        })))
+        }))
     }
 }
 
@@ -115,20 +119,20 @@ impl TypedPlugin for PanicPlugin {
     type Options = NoOptions;
     const NAME: &'static str = "panic_on_seq_7";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "test: panics on the event whose seq is 7";
-    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(
-            |e: &mut Event| -> Result<Verdict, EventError> {
-                if e.as_fields()
-                    .and_then(|f| f.get("seq"))
-                    .and_then(|v| v.as_u64())
-                    == Some(7)
-                {
-                    panic!("seq 7 is cursed");
-                }
-                Ok(Verdict::Keep)
-            },
-        )))
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
+        Ok(Box::new(|e: &mut Event| -> Result<Verdict, EventError> {
+            if e.as_fields()
+                .and_then(|f| f.get("seq"))
+                .and_then(|v| v.as_u64())
+                == Some(7)
+            {
+                panic!("seq 7 is cursed");
+            }
+            Ok(Verdict::Keep)
+        }))
     }
 }
 
@@ -169,13 +173,16 @@ impl logbus_plugin_api::Processor for CountAtEnd {
 }
 
 impl CountAtEnd {
-    fn built(key: &'static str, fail_on_seq: Option<u64>) -> Result<Built, OptionError> {
-        Ok(Built::Processor(Box::new(CountAtEnd {
+    fn built(
+        key: &'static str,
+        fail_on_seq: Option<u64>,
+    ) -> Result<Box<dyn Processor>, OptionError> {
+        Ok(Box::new(CountAtEnd {
             key,
             fail_on_seq,
             seen: 0,
             meta: None,
-        })))
+        }))
     }
 }
 
@@ -183,8 +190,10 @@ impl TypedPlugin for CountAtEndPlugin {
     type Options = NoOptions;
     const NAME: &'static str = "count_at_end";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "test: emits how many events it saw when its input ends";
-    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         CountAtEnd::built("counted", None)
     }
 }
@@ -193,8 +202,10 @@ impl TypedPlugin for FailCountingPlugin {
     type Options = NoOptions;
     const NAME: &'static str = "fail_counting";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "test: fails on seq 7, emits a count at the end";
-    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         CountAtEnd::built("failed_stage_saw", Some(7))
     }
 }
@@ -215,10 +226,12 @@ impl TypedPlugin for HoldFirstBatch {
     type Options = NoOptions;
     const NAME: &'static str = "hold_first_batch";
     const KIND: StageKind = StageKind::Transform;
+
+    type Stage = Box<dyn Processor>;
     const DESCRIPTION: &'static str = "test: holds seq 0 until a later batch is processed";
-    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Built, OptionError> {
+    fn build(&self, _o: NoOptions, _cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let gate = self.clone();
-        Ok(Built::Processor(Box::new(
+        Ok(Box::new(
             move |e: &mut Event| -> Result<Verdict, EventError> {
                 let seq = e.as_fields().and_then(|f| f.get("seq")?.as_u64());
                 let (seen, cv) = &*gate.later_seen;
@@ -244,7 +257,7 @@ impl TypedPlugin for HoldFirstBatch {
                     _ => Ok(Verdict::Keep),
                 }
             },
-        )))
+        ))
     }
 }
 

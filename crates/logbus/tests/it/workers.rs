@@ -300,18 +300,19 @@ impl logbus_plugin_api::TypedPlugin for NoteWorker {
     type Options = logbus_plugin_api::NoOptions;
     const NAME: &'static str = "note_worker";
     const KIND: logbus_plugin_api::StageKind = logbus_plugin_api::StageKind::Transform;
+    type Stage = Box<dyn logbus_plugin_api::Processor>;
     const DESCRIPTION: &'static str = "test: stamps the worker index it was built with";
     fn build(
         &self,
         _o: logbus_plugin_api::NoOptions,
         cx: &logbus_plugin_api::BuildContext,
-    ) -> Result<logbus_plugin_api::Built, logbus_plugin_api::OptionError> {
+    ) -> Result<Self::Stage, logbus_plugin_api::OptionError> {
         self.0.lock().unwrap().push(cx.worker);
-        Ok(logbus_plugin_api::Built::Processor(Box::new(
+        Ok(Box::new(
             |_: &mut Event| -> Result<logbus_plugin_api::Verdict, logbus_plugin_api::EventError> {
                 Ok(logbus_plugin_api::Verdict::Keep)
             },
-        )))
+        ))
     }
 }
 
