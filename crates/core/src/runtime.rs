@@ -185,6 +185,21 @@ fn build_all<'a>(
                 ..pipeline.build_context(spec)
             };
             match spec.plugin.build(&spec.options, &cx) {
+                // A `Typed` plugin cannot get this wrong (it does not
+                // compile); one implementing `Plugin` by hand can, and the
+                // stage loops below rely on the kind.
+                Ok(b) if b.built_as() != spec.kind.built_as() => {
+                    errors.push(BuildError {
+                        stage: spec.id.clone(),
+                        message: format!(
+                            "plugin `{}` is a {} but built a {:?} (a bug in the plugin)",
+                            spec.plugin.name(),
+                            spec.kind.key(),
+                            b.built_as()
+                        ),
+                    });
+                    break;
+                }
                 Ok(b) => workers.push(b),
                 Err(errs) => {
                     errors.extend(errs.into_iter().map(|e| BuildError {

@@ -683,3 +683,57 @@ async fn a_sink_still_retrying_at_the_drain_deadline_gives_up_and_says_what_it_h
     assert_eq!(report.totals.committed, 0);
     assert_eq!(report.totals.errored, report.totals.emitted, "{report}");
 }
+
+/// A plugin written against `Plugin` by hand (not `Typed`, where this does
+/// not compile) whose kind says sink but which builds a processor: the
+/// pipeline does not start, and the error names the stage and the bug.
+#[tokio::test]
+async fn a_plugin_that_builds_another_kind_of_stage_is_refused_at_start() {
+    use logbus_plugin_api::{
+        BuildContext, Built, EventError, OptionError, Plugin, StageKind, Verdict,
+    };
+    struct MisKinded;
+    impl Plugin for MisKinded {
+        fn name(&self) -> &'static str {
+            "mis_kinded"
+        }
+        fn kind(&self) -> StageKind {
+            StageKind::Sink
+        }
+        fn description(&self) -> &'static str {
+            "test: says sink, builds a processor"
+        }
+        fn options_schema(&self) -> serde_json::Value {
+            json!({ "type": "object" })
+        }
+        fn check(&self, _: &serde_json::Value, _: &BuildContext) -> Vec<OptionError> {
+            Vec::new()
+        }
+        fn build(
+            &self,
+            _: &serde_json::Value,
+            _: &BuildContext,
+        ) -> Result<Built, Vec<OptionError>> {
+            Ok(Built::Processor(Box::new(
+                |_: &mut logbus_plugin_api::Event| -> Result<Verdict, EventError> {
+                    Ok(Verdict::Keep)
+                },
+            )))
+        }
+    }
+    let mut registry = TestPlugins::default().registry();
+    registry.add(MisKinded);
+    let p = valid(
+        "stages:\n  gen: { source: generator, count: 1 }\n  out: { sink: mis_kinded, inputs: [gen] }\n",
+        &registry,
+    );
+    let Err(errors) = start(&p, CancellationToken::new()) else {
+        panic!("started a sink that is a processor");
+    };
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].stage, "out");
+    assert_eq!(
+        errors[0].message,
+        "plugin `mis_kinded` is a sink but built a Processor (a bug in the plugin)"
+    );
+}
