@@ -7,7 +7,7 @@
 //! what was sent was received (a durable queue adds what it recovered from
 //! an earlier run and takes off what it keeps for the next). `lost` sums
 //! every imbalance, so one number says whether anything vanished and the
-//! per-stage table says where. `StatsHandle` (in `runtime.rs`) builds the
+//! per-stage table says where. `StatsHandle` (in `runtime/stats.rs`) builds the
 //! same report while the pipeline runs, for the API.
 
 use std::fmt;
