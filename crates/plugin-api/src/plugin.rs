@@ -1479,6 +1479,34 @@ mod tests {
         }
     }
 
+    /// Parsers, transforms and formatters build processors; each `Built`
+    /// says what it is, which the engine compares with the stage's kind.
+    #[test]
+    fn each_kind_builds_its_own_thing() {
+        let kinds: Vec<BuiltAs> = StageKind::ALL.iter().map(|k| k.built_as()).collect();
+        assert_eq!(
+            kinds,
+            [
+                BuiltAs::Source,
+                BuiltAs::Processor,
+                BuiltAs::Processor,
+                BuiltAs::Processor,
+                BuiltAs::Sink
+            ]
+        );
+        let keep = |_: &mut Event| -> Result<Verdict, EventError> { Ok(Verdict::Keep) };
+        assert_eq!(
+            Built::Processor(Box::new(keep)).built_as(),
+            BuiltAs::Processor
+        );
+        assert_eq!(<Box<dyn Source> as BuiltStage>::BUILT_AS, BuiltAs::Source);
+        assert_eq!(<Box<dyn Sink> as BuiltStage>::BUILT_AS, BuiltAs::Sink);
+        assert!(matches!(
+            BuiltStage::into_built(Box::new(keep) as Box<dyn Processor>),
+            Built::Processor(_)
+        ));
+    }
+
     /// A plugin that says nothing of its limits, acknowledgements or
     /// outputs has none: any number per pipeline, no acknowledgements, only
     /// the main output.
