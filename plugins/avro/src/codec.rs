@@ -94,15 +94,33 @@ fn limits() {
     });
 }
 
+/// Default of `max_decoded_bytes`: what one event's Avro may come to once
+/// decoded (the same default as the Parquet parser's).
+pub const DEFAULT_MAX_DECODED_BYTES: usize = 256 << 20;
+
+/// [`decode_within`] the default budget.
 pub fn decode(
     bytes: &[u8],
     encoding: Encoding,
     schema: Option<&Schema>,
 ) -> Result<Vec<Fields>, CodecError> {
+    decode_within(bytes, encoding, schema, DEFAULT_MAX_DECODED_BYTES)
+}
+
+/// Decodes one event's bytes, refusing first (see [`crate::bounds`]) input
+/// whose values would come to more than `max_decoded_bytes`.
+pub fn decode_within(
+    bytes: &[u8],
+    encoding: Encoding,
+    schema: Option<&Schema>,
+    max_decoded_bytes: usize,
+) -> Result<Vec<Fields>, CodecError> {
     limits();
     let err = |e: apache_avro::Error| CodecError(e.to_string());
+    let refused = |e: crate::bounds::OverBudget| CodecError(e.0);
     match encoding {
         Encoding::Container => {
+            crate::bounds::check_container(bytes, max_decoded_bytes).map_err(refused)?;
             let read = Arc::new(AtomicUsize::new(0));
             let input = Counted {
                 rest: bytes,
@@ -124,6 +142,10 @@ pub fn decode(
         }
         Encoding::SingleObject => {
             let schema = schema.ok_or_else(|| CodecError("no schema".into()))?;
+            // `C3 01` and the fingerprint, then the datum.
+            if let Some(datum) = bytes.get(10..) {
+                crate::bounds::check_datum(datum, schema, max_decoded_bytes).map_err(refused)?;
+            }
             let reader = GenericSingleObjectReader::new(schema.clone()).map_err(err)?;
             let mut input = bytes;
             let value = reader
@@ -134,6 +156,7 @@ pub fn decode(
         }
         Encoding::Datum => {
             let schema = schema.ok_or_else(|| CodecError("no schema".into()))?;
+            crate::bounds::check_datum(bytes, schema, max_decoded_bytes).map_err(refused)?;
             let mut input = bytes;
             let value = apache_avro::from_avro_datum(schema, &mut input, None)
                 .map_err(|e| at(bytes, input, e))?;
@@ -221,6 +244,16 @@ pub struct AvroParserOptions {
     /// `single-object` and `datum`; for `container`, the reader schema.
     #[serde(default)]
     pub schema: Option<Json>,
+    /// The most memory one event's Avro may take once decoded (the Avro
+    /// values and the fields made from them, estimated from the bytes
+    /// before anything is decoded). An event over it is refused whole,
+    /// with an error naming the byte where the budget ran out.
+    #[serde(default = "default_max_decoded_bytes")]
+    pub max_decoded_bytes: usize,
+}
+
+fn default_max_decoded_bytes() -> usize {
+    DEFAULT_MAX_DECODED_BYTES
 }
 
 fn container() -> Encoding {
@@ -238,14 +271,21 @@ pub(crate) fn parse_schema(schema: &Json) -> Result<Schema, OptionError> {
 
 impl CheckOptions for AvroParserOptions {
     fn check(&self) -> Vec<OptionError> {
-        match (&self.schema, self.encoding) {
+        let mut errors: Vec<OptionError> = match (&self.schema, self.encoding) {
             (None, Encoding::SingleObject | Encoding::Datum) => vec![OptionError::at(
                 &["schema"],
                 "`single-object` and `datum` need the schema",
             )],
             (Some(s), _) => parse_schema(s).err().into_iter().collect(),
             (None, Encoding::Container) => Vec::new(),
+        };
+        if self.max_decoded_bytes == 0 {
+            errors.push(OptionError::at(
+                &["max_decoded_bytes"],
+                "must be at least 1, got 0",
+            ));
         }
+        errors
     }
 }
 
@@ -254,6 +294,7 @@ pub struct AvroParser;
 struct ParseAvro {
     encoding: Encoding,
     schema: Option<Schema>,
+    max_decoded_bytes: usize,
 }
 
 impl Processor for ParseAvro {
@@ -263,8 +304,13 @@ impl Processor for ParseAvro {
                 "the avro parser needs a raw event; this one is already parsed",
             ));
         };
-        let records = decode(bytes, self.encoding, self.schema.as_ref())
-            .map_err(|e| EventError::new(format!("not Avro: {}", e.0)))?;
+        let records = decode_within(
+            bytes,
+            self.encoding,
+            self.schema.as_ref(),
+            self.max_decoded_bytes,
+        )
+        .map_err(|e| EventError::new(format!("not Avro: {}", e.0)))?;
         if self.encoding != Encoding::Container && records.len() == 1 {
             let fields = records.into_iter().next().expect("one");
             *event.payload_mut() = Payload::Fields(fields);
@@ -298,6 +344,7 @@ impl TypedPlugin for AvroParser {
         Ok(Box::new(ParseAvro {
             encoding: o.encoding,
             schema,
+            max_decoded_bytes: o.max_decoded_bytes,
         }))
     }
 }

@@ -23,6 +23,12 @@ use logbus_plugin_api::{Registry, Typed};
     feature = "formatter-avro",
     feature = "sink-avro"
 ))]
+pub mod bounds;
+#[cfg(any(
+    feature = "parser-avro",
+    feature = "formatter-avro",
+    feature = "sink-avro"
+))]
 pub mod codec;
 #[cfg(feature = "object-avro")]
 pub mod object;
