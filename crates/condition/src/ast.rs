@@ -63,8 +63,14 @@ impl Func {
 /// A node of a compiled condition.
 #[derive(Debug, Clone)]
 pub enum Expr {
-    Or(Box<Expr>, Box<Expr>),
-    And(Box<Expr>, Box<Expr>),
+    /// Two or more conditions joined by `||`. A chain is one node, not a
+    /// left-leaning tree: an 80,000-term `a || b || ...` is then as deep
+    /// as one term, and evaluating, printing, cloning and dropping it need
+    /// no stack proportional to its length. Only parentheses nest (and
+    /// the parser bounds those).
+    Or(Vec<Expr>),
+    /// Two or more conditions joined by `&&` (one node per chain, as `Or`).
+    And(Vec<Expr>),
     Not(Box<Expr>),
     Cmp(Box<Expr>, CmpOp, Box<Expr>),
     In(Box<Expr>, Vec<Value>),
@@ -101,6 +107,26 @@ impl Expr {
     }
 }
 
+impl Expr {
+    /// A chain's terms, left-associative: the first term may be a chain of
+    /// the same operator without parentheses, a later one keeps them.
+    fn chain(
+        &self,
+        terms: &[Expr],
+        op: &str,
+        strength: u8,
+        f: &mut fmt::Formatter<'_>,
+    ) -> fmt::Result {
+        for (i, term) in terms.iter().enumerate() {
+            if i > 0 {
+                f.write_str(op)?;
+            }
+            self.child(term, if i == 0 { strength } else { strength + 1 }, f)?;
+        }
+        Ok(())
+    }
+}
+
 /// A segment that reads as a name prints bare, any other in backticks.
 fn segment(s: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     let mut chars = s.chars();
@@ -119,16 +145,8 @@ impl fmt::Display for Expr {
         match self {
             // Left-associative: a right operand of the same strength
             // keeps its parentheses.
-            Expr::Or(a, b) => {
-                self.child(a, 1, f)?;
-                f.write_str(" || ")?;
-                self.child(b, 2, f)
-            }
-            Expr::And(a, b) => {
-                self.child(a, 2, f)?;
-                f.write_str(" && ")?;
-                self.child(b, 3, f)
-            }
+            Expr::Or(terms) => self.chain(terms, " || ", 1, f),
+            Expr::And(terms) => self.chain(terms, " && ", 2, f),
             // `!(c > 1)`, not `!c > 1` (which parses the same but reads
             // as if `!` bound to `c`).
             Expr::Not(a) if matches!(**a, Expr::Not(_)) => write!(f, "!{a}"),

@@ -68,8 +68,8 @@ fn text<'a>(v: &'a Option<Cow<'a, Value>>) -> Option<&'a str> {
 
 pub fn holds<S: FieldSource + ?Sized>(expr: &Expr, fields: &S) -> bool {
     match expr {
-        Expr::Or(a, b) => holds(a, fields) || holds(b, fields),
-        Expr::And(a, b) => holds(a, fields) && holds(b, fields),
+        Expr::Or(terms) => terms.iter().any(|t| holds(t, fields)),
+        Expr::And(terms) => terms.iter().all(|t| holds(t, fields)),
         Expr::Not(a) => !holds(a, fields),
         Expr::Cmp(a, op, b) => {
             let (a, b) = (value(a, fields), value(b, fields));

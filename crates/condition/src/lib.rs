@@ -85,8 +85,7 @@ impl Condition {
     }
 
     /// Every field the condition reads, in the order they appear, with
-    /// what it is compared with. Walks the tree without recursion (a long
-    /// `&&` chain is as deep as it is long).
+    /// what it is compared with. Walks the tree without recursion.
     pub fn field_uses(&self) -> Vec<FieldUse> {
         // (node, role, literal compared with) in text order.
         let mut found = Vec::new();
@@ -94,9 +93,10 @@ impl Condition {
             vec![(&self.expr, UseRole::Value, None)];
         while let Some((e, role, lit)) = stack.pop() {
             match e {
-                Expr::Or(a, b) | Expr::And(a, b) => {
-                    stack.push((b, UseRole::Value, None));
-                    stack.push((a, UseRole::Value, None));
+                Expr::Or(terms) | Expr::And(terms) => {
+                    for term in terms.iter().rev() {
+                        stack.push((term, UseRole::Value, None));
+                    }
                 }
                 Expr::Not(a) => stack.push((a, UseRole::Value, None)),
                 Expr::Cmp(a, _, b) => {

@@ -140,32 +140,38 @@ impl Parser {
 
     fn or(&mut self) -> Result<(Expr, Ty), ConditionError> {
         let start = self.offset();
-        let (mut left, mut ty) = self.and()?;
+        let (first, ty) = self.and()?;
+        if *self.peek() != Tok::Or {
+            return Ok((first, ty));
+        }
+        self.want_condition(ty, start, "the left side of `||`")?;
+        let mut terms = vec![first];
         while *self.peek() == Tok::Or {
-            self.want_condition(ty, start, "the left side of `||`")?;
             self.bump();
             let at = self.offset();
             let (right, rty) = self.and()?;
             self.want_condition(rty, at, "the right side of `||`")?;
-            left = Expr::Or(Box::new(left), Box::new(right));
-            ty = Ty::Bool;
+            terms.push(right);
         }
-        Ok((left, ty))
+        Ok((Expr::Or(terms), Ty::Bool))
     }
 
     fn and(&mut self) -> Result<(Expr, Ty), ConditionError> {
         let start = self.offset();
-        let (mut left, mut ty) = self.not()?;
+        let (first, ty) = self.not()?;
+        if *self.peek() != Tok::And {
+            return Ok((first, ty));
+        }
+        self.want_condition(ty, start, "the left side of `&&`")?;
+        let mut terms = vec![first];
         while *self.peek() == Tok::And {
-            self.want_condition(ty, start, "the left side of `&&`")?;
             self.bump();
             let at = self.offset();
             let (right, rty) = self.not()?;
             self.want_condition(rty, at, "the right side of `&&`")?;
-            left = Expr::And(Box::new(left), Box::new(right));
-            ty = Ty::Bool;
+            terms.push(right);
         }
-        Ok((left, ty))
+        Ok((Expr::And(terms), Ty::Bool))
     }
 
     fn not(&mut self) -> Result<(Expr, Ty), ConditionError> {

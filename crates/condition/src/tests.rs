@@ -626,3 +626,42 @@ fn field_uses_name_each_path_its_offset_role_and_literal() {
         20_000
     );
 }
+
+/// An 80,000-term `&&` or `||` chain (issue 54: it validated, then
+/// overflowed the stack on the first event) compiles, evaluates, prints,
+/// clones and drops on a thread with a 256 KiB stack, in `run` as in
+/// `logbus test`: a chain is one node, so nothing recurses along it.
+#[test]
+fn a_hostile_chain_needs_no_stack_of_its_length() {
+    let fields = json!({"a": 1, "b": 2}).as_object().unwrap().clone();
+    for (op, expected) in [(" && ", true), (" || ", true)] {
+        let text = vec!["a == 1"; 80_000].join(op);
+        let mixed = format!("{text}{op}!(b == 3){op}(a == 1 || b == 2)");
+        let fields = fields.clone();
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                for text in [text, mixed] {
+                    let condition = Condition::compile(&text).unwrap();
+                    assert_eq!(condition.matches(&fields), expected, "{op}");
+                    let printed = condition.to_string();
+                    assert_eq!(printed.len(), text.len(), "{op}");
+                    let copy = condition.clone();
+                    drop(condition);
+                    assert_eq!(
+                        copy.field_uses().len(),
+                        text.matches('a').count() + text.matches('b').count()
+                    );
+                }
+            })
+            .unwrap()
+            .join()
+            .expect("the chain needed more than 256 KiB of stack");
+    }
+    // An `&&` whose last term fails, and an `||` whose last term holds:
+    // every term is looked at, in order.
+    let last_fails = format!("{} && a == 2", vec!["a == 1"; 80_000].join(" && "));
+    assert!(!Condition::compile(&last_fails).unwrap().matches(&fields));
+    let last_holds = format!("{} || b == 2", vec!["a == 2"; 80_000].join(" || "));
+    assert!(Condition::compile(&last_holds).unwrap().matches(&fields));
+}
