@@ -105,13 +105,27 @@ where
         };
         let Some(batch) = next else { break };
         cx.metrics.add_in(batch.len() as u64);
-        for event in batch.events() {
+        // Checked after each event, not each batch: a batch of twenty
+        // 60 MiB events (a script's results) would otherwise become one
+        // 1.2 GiB buffer. A batch whose events span several buffers is
+        // settled with the buffer holding its last event; buffers are
+        // written in order, so that is when all of it is written.
+        let last = batch.len().saturating_sub(1);
+        let mut open = Some(batch);
+        for i in 0..=last {
+            let Some(batch) = open.as_ref() else { break };
+            let Some(event) = batch.events().get(i) else {
+                break;
+            };
             encode_message(event, framing, &mut buf);
+            if buf.len() >= FLUSH_BYTES {
+                if i == last {
+                    held.extend(open.take());
+                }
+                thread.hand_off(&mut buf, &mut held, cx).await?;
+            }
         }
-        held.push(batch);
-        if buf.len() >= FLUSH_BYTES {
-            thread.hand_off(&mut buf, &mut held, cx).await?;
-        }
+        held.extend(open);
     }
     thread.hand_off(&mut buf, &mut held, cx).await?;
     thread.finish(cx).await
@@ -181,6 +195,9 @@ impl<W: Write + Send + 'static> WriterThread<W> {
         };
         let (buf, result) = self.replies.recv().await.ok_or_else(|| self.stopped())?;
         result.map_err(|e| StageError::io(format!("writing {}", self.what), e))?;
+        // A buffer that grew around one huge event does not keep its size.
+        let mut buf = buf;
+        buf.shrink_to(BUFFER_CAPACITY);
         self.spare = Some(buf);
         settle(batches, cx);
         Ok(())
@@ -357,6 +374,41 @@ pub(crate) mod tests {
         let written = run.written.lock().unwrap();
         assert_eq!(written.len(), FLUSH_BYTES + 1 + 6);
         assert!(written.ends_with(b"x\nsmall\n"));
+    }
+
+    /// Issue 54: twenty 60 MiB script results in one batch were encoded
+    /// into one 1.2 GiB buffer, and the allocation aborted the process.
+    /// A buffer is handed off as soon as it passes the flush size, so no
+    /// write holds more than that plus one event; every byte still
+    /// arrives, and the batch is committed once, whole.
+    #[tokio::test]
+    async fn a_batch_of_huge_events_is_written_an_event_or_so_at_a_time() {
+        let (tx, rx) = channel(64);
+        let metrics = Arc::new(StageMetrics::default());
+        let mut cx = SinkContext::new("out", rx, metrics.clone());
+        let event_bytes = 3 * FLUSH_BYTES;
+        let huge: Vec<Event> = (0..20).map(|_| line(&"y".repeat(event_bytes))).collect();
+        tx.send(huge).await.unwrap();
+        tx.send(vec![line("tail")]).await.unwrap();
+        drop(tx);
+        let sizes = run_writer(
+            Sizes::default(),
+            "sizes",
+            Framing::Newline,
+            |_| Ok(()),
+            &mut cx,
+        )
+        .await
+        .unwrap()
+        .0;
+        assert_eq!(sizes.iter().sum::<usize>(), 20 * (event_bytes + 1) + 5);
+        let largest = sizes.iter().copied().max().unwrap();
+        assert!(
+            largest < FLUSH_BYTES + event_bytes + 1,
+            "a write of {largest} bytes: more than one buffer's worth of events was encoded at once ({sizes:?})"
+        );
+        assert!(sizes.len() >= 20, "{sizes:?}");
+        assert_eq!(metrics.snapshot().events_out, 21);
     }
 
     #[derive(Debug)]
