@@ -26,7 +26,91 @@ pub struct HttpConnections {
     pub tls: Option<logbus_tls::TlsAcceptor>,
     pub table: ConnectionTable,
     pub header_timeout: Duration,
+    /// How long a request's body may take to arrive, from the moment the
+    /// handler is called; `None` leaves it to the handler. Whatever this
+    /// says, a body still arriving when the source stops is cut off then
+    /// (see [`BodyCut`]), so a stalled upload holds neither a request
+    /// slot past its deadline nor the shutdown.
+    pub body_timeout: Option<Duration>,
     pub shutdown: CancellationToken,
+}
+
+/// Why a request body ended early: the error its reader gets, so a
+/// handler can answer for it (a timeout is the client's doing, a stop is
+/// the server's and worth retrying).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyCut {
+    /// The body did not arrive within the listener's `body_timeout`.
+    Timeout(Duration),
+    /// The source is stopping.
+    Stopping,
+}
+
+impl std::fmt::Display for BodyCut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyCut::Timeout(d) => write!(f, "the body did not arrive within {} ms", d.as_millis()),
+            BodyCut::Stopping => f.write_str("the source is stopping"),
+        }
+    }
+}
+
+impl std::error::Error for BodyCut {}
+
+impl BodyCut {
+    /// The cut behind a body-reading error, if that is what it was.
+    pub fn of(error: &(dyn std::error::Error + 'static)) -> Option<BodyCut> {
+        let mut at = Some(error);
+        while let Some(e) = at {
+            if let Some(cut) = e.downcast_ref::<BodyCut>() {
+                return Some(*cut);
+            }
+            at = e.source();
+        }
+        None
+    }
+}
+
+/// A request body that ends with a [`BodyCut`] at its deadline or when
+/// the source stops, whichever comes first.
+struct Bounded {
+    inner: Body,
+    deadline: Option<(Duration, std::pin::Pin<Box<tokio::time::Sleep>>)>,
+    stopping: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl http_body::Body for Bounded {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        if self.stopping.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(axum::Error::new(BodyCut::Stopping))));
+        }
+        if let Some((limit, sleep)) = self.deadline.as_mut()
+            && sleep.as_mut().poll(cx).is_ready()
+        {
+            let cut = BodyCut::Timeout(*limit);
+            return Poll::Ready(Some(Err(axum::Error::new(cut))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The protocol a listener speaks.
@@ -76,6 +160,7 @@ impl HttpConnections {
                 app: self.app.clone(),
                 version: self.version,
                 header_timeout: self.header_timeout,
+                body_timeout: self.body_timeout,
                 shutdown: self.shutdown.clone(),
             };
             let tls = self.tls.clone();
@@ -107,6 +192,7 @@ struct Served {
     app: axum::Router,
     version: HttpVersion,
     header_timeout: Duration,
+    body_timeout: Option<Duration>,
     shutdown: CancellationToken,
 }
 
@@ -121,6 +207,8 @@ impl Served {
         let service = Handled {
             app: self.app.clone(),
             slot: self.slot.clone(),
+            body_timeout: self.body_timeout,
+            shutdown: self.shutdown.clone(),
         };
         let io = hyper_util::rt::TokioIo::new(stream);
         match self.version {
@@ -185,6 +273,8 @@ fn closing(peer: SocketAddr, why: Closed) {
 struct Handled {
     app: axum::Router,
     slot: Arc<Connection>,
+    body_timeout: Option<Duration>,
+    shutdown: CancellationToken,
 }
 
 impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Handled {
@@ -197,8 +287,22 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Handled 
     fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         let busy = self.slot.busy();
         let mut app = self.app.clone();
+        let slot = self.slot.clone();
+        let deadline = self
+            .body_timeout
+            .map(|limit| (limit, Box::pin(tokio::time::sleep(limit))));
+        let stopping = Box::pin(self.shutdown.clone().cancelled_owned());
+        let request = request.map(|inner| {
+            Body::new(Bounded {
+                inner: Body::new(inner),
+                deadline,
+                stopping,
+            })
+        });
         Box::pin(async move {
-            let answer = tower_service::Service::call(&mut app, request.map(Body::new)).await;
+            let answer = tower_service::Service::call(&mut app, request).await;
+            // A whole request was answered: a client, not a dribbler.
+            slot.delivered();
             drop(busy);
             answer
         })
@@ -228,6 +332,17 @@ mod tests {
     }
 
     async fn server(max_connections: usize, idle: Duration, header_timeout: Duration) -> Server {
+        server_with(max_connections, idle, header_timeout, None).await
+    }
+
+    /// A server whose `POST /upload` reads the body and answers with its
+    /// length, or with what cut it off.
+    async fn server_with(
+        max_connections: usize,
+        idle: Duration,
+        header_timeout: Duration,
+        body_timeout: Option<Duration>,
+    ) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (started_tx, started) = mpsc::unbounded_channel();
@@ -245,6 +360,18 @@ mod tests {
                         "slow"
                     }
                 }),
+            )
+            .route(
+                "/upload",
+                axum::routing::post(|body: Body| async move {
+                    match axum::body::to_bytes(body, 1 << 20).await {
+                        Ok(bytes) => format!("read {}", bytes.len()),
+                        Err(e) => match BodyCut::of(&e) {
+                            Some(cut) => format!("cut: {cut}"),
+                            None => format!("failed: {e}"),
+                        },
+                    }
+                }),
             );
         let table = ConnectionTable::new(Limits {
             max_connections,
@@ -257,6 +384,7 @@ mod tests {
             tls: None,
             table: table.clone(),
             header_timeout,
+            body_timeout,
             shutdown: shutdown.clone(),
         };
         let task = tokio::spawn(served.serve(listener));
@@ -389,6 +517,63 @@ mod tests {
             "{said:?}"
         );
         assert_eq!(s.table.timed_out(), 0);
+    }
+
+    /// Half a body, then silence (issue 54: a stalled OTLP upload held its
+    /// request slot, and the shutdown, for as long as the client liked):
+    /// the body timeout cuts it off, and the handler can tell why.
+    #[tokio::test]
+    async fn a_body_that_stalls_is_cut_off_at_the_body_timeout() {
+        let s = server_with(8, LONG, LONG, Some(Duration::from_millis(200))).await;
+        let mut client = TcpStream::connect(s.addr).await.unwrap();
+        client
+            .write_all(b"POST /upload HTTP/1.1\r\nhost: test\r\ncontent-length: 10\r\n\r\nab")
+            .await
+            .unwrap();
+        let (status, body) = response(&mut client).await;
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        assert_eq!(body, "cut: the body did not arrive within 200 ms");
+        // A body that arrives whole is read as it is.
+        let mut client = TcpStream::connect(s.addr).await.unwrap();
+        client
+            .write_all(b"POST /upload HTTP/1.1\r\nhost: test\r\ncontent-length: 3\r\n\r\nabc")
+            .await
+            .unwrap();
+        assert_eq!(response(&mut client).await.1, "read 3");
+    }
+
+    /// With no body timeout, a stalled body is still cut off when the
+    /// source stops, and the accept loop returns (issue 54: one stalled
+    /// upload kept the process alive 100 s after SIGTERM).
+    #[tokio::test]
+    async fn stopping_cuts_off_a_body_that_stalls() {
+        let s = server_with(8, LONG, LONG, None).await;
+        let mut client = TcpStream::connect(s.addr).await.unwrap();
+        client
+            .write_all(b"POST /upload HTTP/1.1\r\nhost: test\r\ncontent-length: 10\r\n\r\nab")
+            .await
+            .unwrap();
+        // The handler is reading the body once the connection is busy.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while s
+            .table
+            .shared
+            .entries()
+            .values()
+            .all(|e| e.busy.load(std::sync::atomic::Ordering::Acquire) == 0)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the request never reached the handler"
+            );
+            tokio::task::yield_now().await;
+        }
+        s.shutdown.cancel();
+        assert_eq!(response(&mut client).await.1, "cut: the source is stopping");
+        tokio::time::timeout(Duration::from_secs(10), s.task)
+            .await
+            .expect("the accept loop returns once the stalled request is cut off")
+            .unwrap();
     }
 
     /// Stopping lets the request in progress finish, then the accept loop

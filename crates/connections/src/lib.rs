@@ -8,9 +8,12 @@
 //! [`ConnectionTable`]:
 //!
 //! - the table caps the number of connections, and when it is full it makes
-//!   room by closing the connection that has been idle longest, rather than
-//!   refusing the newcomer (only when every connection is busy is the
-//!   newcomer refused);
+//!   room by closing an idle connection rather than refusing the newcomer
+//!   (only when every connection is busy is the newcomer refused): first
+//!   one that has never delivered a complete message or request (a client
+//!   dribbling bytes keeps itself recently active, and 1,000 of them made
+//!   a quiet but real sender the longest idle, which lost what it wrote
+//!   next), and only when none is left, the one idle longest;
 //! - a connection ends once it has been idle for the table's timeout.
 //!
 //! *Idle* means no bytes moved either way and nothing being served: a
@@ -56,6 +59,8 @@ struct Shared {
     next_id: AtomicU64,
     entries: Mutex<HashMap<u64, Arc<Entry>>>,
     evicted: AtomicU64,
+    /// Evictions of connections that had delivered something.
+    evicted_senders: AtomicU64,
     timed_out: AtomicU64,
 }
 
@@ -65,6 +70,8 @@ struct Entry {
     last_active_us: AtomicU64,
     /// Requests (or batches) being served; not idle while above zero.
     busy: AtomicUsize,
+    /// Whether a complete message (or request) has come through it.
+    delivered: std::sync::atomic::AtomicBool,
     evict: CancellationToken,
 }
 
@@ -91,15 +98,17 @@ impl ConnectionTable {
                 next_id: AtomicU64::new(0),
                 entries: Mutex::new(HashMap::new()),
                 evicted: AtomicU64::new(0),
+                evicted_senders: AtomicU64::new(0),
                 timed_out: AtomicU64::new(0),
             }),
         }
     }
 
-    /// A slot for a new connection. When the table is full, the connection
-    /// idle longest is told to close (see [`Connection::closed`]) and its
-    /// slot goes to the newcomer; when none is idle, the newcomer is
-    /// refused.
+    /// A slot for a new connection. When the table is full, an idle
+    /// connection is told to close (see [`Connection::closed`]) and its
+    /// slot goes to the newcomer: one that never delivered anything if
+    /// there is one, else the one idle longest. When none is idle, the
+    /// newcomer is refused.
     pub fn admit(&self) -> Result<Connection, Full> {
         let shared = &self.shared;
         let now = shared.now_us();
@@ -108,17 +117,26 @@ impl ConnectionTable {
             let victim = entries
                 .values()
                 .filter(|e| e.busy.load(Ordering::Acquire) == 0)
-                .min_by_key(|e| e.last_active_us.load(Ordering::Relaxed))
+                .min_by_key(|e| {
+                    (
+                        e.delivered.load(Ordering::Relaxed),
+                        e.last_active_us.load(Ordering::Relaxed),
+                    )
+                })
                 .map(|e| e.id)
                 .ok_or(Full)?;
             let victim = entries.remove(&victim).expect("found above");
             victim.evict.cancel();
             shared.evicted.fetch_add(1, Ordering::Relaxed);
+            if victim.delivered.load(Ordering::Relaxed) {
+                shared.evicted_senders.fetch_add(1, Ordering::Relaxed);
+            }
         }
         let entry = Arc::new(Entry {
             id: shared.next_id.fetch_add(1, Ordering::Relaxed),
             last_active_us: AtomicU64::new(now),
             busy: AtomicUsize::new(0),
+            delivered: std::sync::atomic::AtomicBool::new(false),
             evict: CancellationToken::new(),
         });
         entries.insert(entry.id, entry.clone());
@@ -140,6 +158,14 @@ impl ConnectionTable {
     /// Connections closed so far to make room for a new one.
     pub fn evicted(&self) -> u64 {
         self.shared.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Of [`evicted`](Self::evicted), connections that had delivered a
+    /// complete message or request: a real sender, whose next write may
+    /// be lost (the peer learns of the close only when it writes). Raise
+    /// the connection cap when this grows.
+    pub fn evicted_senders(&self) -> u64 {
+        self.shared.evicted_senders.load(Ordering::Relaxed)
     }
 
     /// Connections closed so far for staying idle past the timeout.
@@ -169,6 +195,18 @@ impl Connection {
         self.entry
             .last_active_us
             .store(self.shared.now_us(), Ordering::Relaxed);
+    }
+
+    /// A complete message or request came through: this is a sender, and
+    /// the table evicts it only when no connection that never delivered
+    /// anything is left to evict.
+    pub fn delivered(&self) {
+        self.entry.delivered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether it was closed to make room, having delivered something.
+    pub fn was_sender(&self) -> bool {
+        self.entry.delivered.load(Ordering::Relaxed)
     }
 
     /// Held while the connection is being served (its events wait for the
@@ -344,6 +382,38 @@ mod tests {
             max_connections: max,
             idle_timeout: Duration::from_millis(idle_ms),
         })
+    }
+
+    /// Issue 54: dribbling clients keep themselves recently active; the
+    /// table evicts them, never the quiet sender that delivered messages,
+    /// until no connection that never delivered anything is left; then it
+    /// evicts the sender idle longest and counts it.
+    #[tokio::test(start_paused = true)]
+    async fn connections_that_never_delivered_go_before_a_quiet_sender() {
+        let t = table(4, 600_000);
+        let sender = t.admit().unwrap();
+        sender.delivered();
+        let mut others: Vec<Connection> = (0..3).map(|_| t.admit().unwrap()).collect();
+        for round in 0..3 {
+            tokio::time::advance(Duration::from_secs(10)).await;
+            for other in &others {
+                other.touch();
+            }
+            others.push(t.admit().unwrap());
+            assert!(
+                !sender.entry.evict.is_cancelled(),
+                "round {round}: the sender was evicted"
+            );
+        }
+        assert_eq!((t.evicted(), t.evicted_senders()), (3, 0));
+        // Only senders left: the one idle longest goes, and is counted.
+        for other in &others {
+            other.delivered();
+        }
+        let _last = t.admit().unwrap();
+        assert_eq!(sender.closed().await, Closed::Evicted);
+        assert!(sender.was_sender());
+        assert_eq!((t.evicted(), t.evicted_senders()), (4, 1));
     }
 
     #[tokio::test(start_paused = true)]

@@ -359,6 +359,8 @@ impl Source for Server {
             tls: self.tls,
             table: connections,
             header_timeout: Duration::from_millis(header_timeout_ms),
+            // The handler bounds the body itself (408 past body_timeout_ms).
+            body_timeout: None,
             shutdown: cx.shutdown.clone(),
         };
         server.serve(listener).await;
@@ -403,6 +405,19 @@ async fn ingest(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) ->
     .await;
     let raw = match raw {
         Ok(Ok(raw)) => raw,
+        Ok(Err(e))
+            if logbus_connections::http::BodyCut::of(&e)
+                == Some(logbus_connections::http::BodyCut::Stopping) =>
+        {
+            // Cut off by the stop: the client may send it again.
+            return retry_later(
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the source is stopping; retry later",
+                ),
+                o.retry_after_secs,
+            );
+        }
         Ok(Err(e)) => {
             // The length limit is the one error a well-formed request can
             // meet here; anything else is a broken upload.

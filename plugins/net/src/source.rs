@@ -340,7 +340,8 @@ impl Reader<'_> {
                 _ = shutdown.cancelled() => 0,
                 why = slot.closed() => {
                     match why {
-                        Closed::Evicted => tracing::info!(%peer, "closing the longest-idle syslog connection to admit a new one"),
+                        Closed::Evicted if slot.was_sender() => tracing::warn!(%peer, "closing an idle syslog connection that had sent messages, to admit a new one: every connection has delivered messages, so what this sender writes before it reconnects may be lost (raise max_connections)"),
+                        Closed::Evicted => tracing::info!(%peer, "closing an idle syslog connection that never sent a whole message, to admit a new one"),
                         Closed::IdleTimeout => tracing::debug!(%peer, "closing an idle syslog connection"),
                     }
                     0
@@ -367,7 +368,13 @@ impl Reader<'_> {
                 };
                 Deframer::new(framing, max)
             });
-            if let Err(e) = d.push(&buf[..n], &mut messages) {
+            let pushed = d.push(&buf[..n], &mut messages);
+            if !messages.is_empty() {
+                // A sender, not a dribbler: evicted last (see
+                // logbus-connections).
+                slot.delivered();
+            }
+            if let Err(e) = pushed {
                 tracing::warn!(%peer, "closing a syslog connection: {e}");
                 send(output, &mut messages, source).await;
                 return;

@@ -286,6 +286,78 @@ async fn a_connection_that_breaks_the_framing_is_closed_and_others_go_on() {
     s.task.await.unwrap().unwrap();
 }
 
+/// Whether the source has closed `stream` (a read sees the end).
+fn closed_by_source(stream: &mut std::net::TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let read = std::io::Read::read(stream, &mut [0u8; 1]);
+    stream.set_nonblocking(false).unwrap();
+    match read {
+        Ok(n) => n == 0,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+/// Issue 54: clients that dribble bytes and never finish a message made a
+/// quiet sender the longest idle, and it was closed to admit them; its
+/// next message was lost. Now the dribblers go first, and the sender's
+/// next message arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dribbling_connections_are_closed_before_a_quiet_sender() {
+    let port = free_port();
+    let mut s = source(
+        json!({ "address": format!("127.0.0.1:{port}"), "framing": "newline", "max_connections": 4 }),
+        100,
+    )
+    .await;
+    let mut sender = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    sender.write_all(b"first\n").unwrap();
+    assert_eq!(take_text(&mut s.rx, 1).await, ["first"]);
+    let mut dribblers: Vec<std::net::TcpStream> = Vec::new();
+    for _ in 0..3 {
+        let mut d = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        d.write_all(b"x").unwrap();
+        dribblers.push(d);
+    }
+    // Each newcomer finds the table full: one dribbler is closed for it.
+    for newcomer in 0..3 {
+        let mut d = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        d.write_all(b"x").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(i) = dribblers.iter_mut().position(closed_by_source) {
+                dribblers.remove(i);
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "newcomer {newcomer}: no dribbler was closed (the sender was, instead: {})",
+                closed_by_source(&mut sender)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        dribblers.push(d);
+    }
+    assert!(!closed_by_source(&mut sender));
+    sender.write_all(b"second\n").unwrap();
+    // A closed dribbler's unfinished message, if its byte was read, is
+    // passed on as it was (not lost either); then the sender's.
+    let mut before = Vec::new();
+    loop {
+        let got = take_text(&mut s.rx, 1).await;
+        if got == ["second"] {
+            break;
+        }
+        before.extend(got);
+        assert!(
+            before.len() <= 3 && before.iter().all(|m| m == "x"),
+            "{before:?}"
+        );
+    }
+    s.shutdown.cancel();
+    drop(dribblers);
+    s.task.await.unwrap().unwrap();
+}
+
 #[test]
 fn bad_options_name_the_key() {
     let errors = |p: &dyn Plugin, o: serde_json::Value| option_errors(p, o);

@@ -101,6 +101,20 @@ pub struct OtlpSourceOptions {
     #[serde(default = "default_header_timeout")]
     #[schemars(range(min = 1, max = 600000))]
     pub header_timeout_ms: u64,
+    /// Both transports: how long a request's body may take to arrive once
+    /// it holds a slot, ms (then UNAVAILABLE / 503: a stalled upload gives
+    /// its slot back, and a stop does not wait for it).
+    #[serde(default = "default_body_timeout")]
+    #[schemars(range(min = 1, max = 600000))]
+    pub body_timeout_ms: u64,
+    /// The most one request's events may come to, counting each record's
+    /// own copy of its resource and scope (every event carries them), as
+    /// protobuf bytes; RESOURCE_EXHAUSTED / 413 beyond, before any event
+    /// is made. A small request can name a resource of 2,000 attributes
+    /// once and 50,000 records under it.
+    #[serde(default = "default_max_decoded")]
+    #[schemars(range(min = 1))]
+    pub max_decoded_bytes: usize,
 }
 
 fn default_ack_timeout() -> u64 {
@@ -129,6 +143,12 @@ fn default_idle_timeout() -> u64 {
 }
 fn default_header_timeout() -> u64 {
     10_000
+}
+fn default_body_timeout() -> u64 {
+    10_000
+}
+fn default_max_decoded() -> usize {
+    16 << 20
 }
 
 impl CheckOptions for OtlpSourceOptions {
@@ -339,6 +359,13 @@ impl Shared {
         if n == 0 {
             return Ok(ExportLogsServiceResponse::default());
         }
+        let fanned = fanned_out_bytes(&request);
+        if fanned > o.max_decoded_bytes {
+            return Err(Refusal::TooLarge(format!(
+                "the request's {n} log records come to {fanned} bytes with each one's copy of its resource and scope, more than {} (max_decoded_bytes)",
+                o.max_decoded_bytes
+            )));
+        }
         let meta = Meta::now(self.source.clone());
         let mut events = Vec::with_capacity(n);
         for resource_logs in &request.resource_logs {
@@ -430,10 +457,11 @@ impl Source for Receiver {
             None => None,
         };
         let max_request = options.max_request_bytes;
-        let (max_connections, idle_timeout_ms, header_timeout_ms) = (
+        let (max_connections, idle_timeout_ms, header_timeout_ms, body_timeout_ms) = (
             options.max_connections,
             options.idle_timeout_ms,
             options.header_timeout_ms,
+            options.body_timeout_ms,
         );
         let shared = Arc::new(Shared {
             admission: Admission::new(
@@ -460,13 +488,14 @@ impl Source for Receiver {
                 .max_decoding_message_size(max_request);
             let app = tonic::service::Routes::new(service)
                 .into_axum_router()
-                .layer(tower::util::MapResponseLayer::new(too_large_is_exhausted));
+                .layer(tower::util::MapResponseLayer::new(otlp_status_codes));
             let server = HttpConnections {
                 app,
                 version: HttpVersion::Http2,
                 tls: grpc_tls,
                 table: table(),
                 header_timeout: Duration::from_millis(header_timeout_ms),
+                body_timeout: Some(Duration::from_millis(body_timeout_ms)),
                 shutdown: cx.shutdown.clone(),
             };
             servers.spawn(server.serve(listener));
@@ -485,6 +514,7 @@ impl Source for Receiver {
                 tls,
                 table: table(),
                 header_timeout: Duration::from_millis(header_timeout_ms),
+                body_timeout: Some(Duration::from_millis(body_timeout_ms)),
                 shutdown: cx.shutdown.clone(),
             };
             servers.spawn(server.serve(listener));
@@ -504,6 +534,67 @@ impl Source for Receiver {
             Some(e) => Err(StageError::Other(format!("an OTLP server failed: {e}"))),
         }
     }
+}
+
+/// What a request's events will carry, as protobuf bytes: each record,
+/// plus its resource and its scope once for every record under them.
+fn fanned_out_bytes(request: &ExportLogsServiceRequest) -> usize {
+    let mut total = 0usize;
+    for resource_logs in &request.resource_logs {
+        let resource = resource_logs
+            .resource
+            .as_ref()
+            .map_or(0, prost::Message::encoded_len);
+        for scope_logs in &resource_logs.scope_logs {
+            let scope = scope_logs
+                .scope
+                .as_ref()
+                .map_or(0, prost::Message::encoded_len);
+            for record in &scope_logs.log_records {
+                total = total
+                    .saturating_add(prost::Message::encoded_len(record))
+                    .saturating_add(resource)
+                    .saturating_add(scope);
+            }
+        }
+    }
+    total
+}
+
+/// The OTLP words for two answers tonic gives in its own terms: see
+/// [`too_large_is_exhausted`] and [`undecodable_is_invalid`].
+fn otlp_status_codes<B>(response: http::Response<B>) -> http::Response<B> {
+    undecodable_is_invalid(too_large_is_exhausted(response))
+}
+
+/// Whether a `grpc-message` header says `words` (tonic percent-encodes
+/// spaces).
+fn grpc_message_says(headers: &http::HeaderMap, words: &str) -> bool {
+    headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|m| m.replace("%20", " ").contains(words))
+}
+
+/// tonic answers protobuf that does not decode as INTERNAL (a server
+/// fault, in gRPC's table); OTLP and docs/plugins/otlp.md say
+/// INVALID_ARGUMENT: the request is wrong and sending it again will not
+/// help. A body cut off by `body_timeout_ms` or by the stop reaches tonic
+/// as a body error, UNKNOWN; it is UNAVAILABLE (send it again).
+fn undecodable_is_invalid<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let headers = response.headers_mut();
+    let code = headers.get("grpc-status").cloned();
+    if code.as_ref().is_some_and(|c| c == "13")
+        && grpc_message_says(headers, "failed to decode Protobuf message")
+    {
+        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+    } else if code.as_ref().is_some_and(|c| c == "2")
+        && (grpc_message_says(headers, "the source is stopping")
+            || grpc_message_says(headers, "the body did not arrive within"))
+    {
+        headers.insert("grpc-status", http::HeaderValue::from_static("14"));
+    }
+    response
 }
 
 /// tonic refuses a message over `max_decoding_message_size` itself, as
@@ -606,6 +697,9 @@ async fn http_logs(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body)
                     "the body is larger than {} bytes",
                     o.max_request_bytes
                 ))
+            } else if let Some(cut) = logbus_connections::http::BodyCut::of(&e) {
+                // Stalled or stopped: the slot goes back; send it again.
+                Refusal::Unavailable(format!("reading the body: {cut}"))
             } else {
                 Refusal::Invalid(format!("reading the body: {e}"))
             });
@@ -703,5 +797,40 @@ mod tests {
         bare.headers_mut()
             .insert("grpc-status", "11".parse().unwrap());
         assert_eq!(status(&too_large_is_exhausted(bare)), "11");
+    }
+
+    /// Issue 54: protobuf that does not decode was INTERNAL; it is
+    /// INVALID_ARGUMENT, as documented. A body cut off is UNAVAILABLE.
+    /// Other answers keep their codes.
+    #[test]
+    fn undecodable_protobuf_is_invalid_argument_and_a_cut_body_unavailable() {
+        let undecodable = "failed%20to%20decode%20Protobuf%20message:%20invalid%20wire%20type";
+        assert_eq!(status(&otlp_status_codes(answer("13", undecodable))), "3");
+        assert_eq!(
+            status(&otlp_status_codes(answer(
+                "13",
+                "failed to decode Protobuf message: x"
+            ))),
+            "3"
+        );
+        assert_eq!(status(&otlp_status_codes(answer("13", "a panic"))), "13");
+        assert_eq!(status(&otlp_status_codes(answer("2", undecodable))), "2");
+        let stopping =
+            "error%20reading%20a%20body%20from%20connection:%20the%20source%20is%20stopping";
+        assert_eq!(status(&otlp_status_codes(answer("2", stopping))), "14");
+        let slow = "the body did not arrive within 10000 ms";
+        assert_eq!(status(&otlp_status_codes(answer("2", slow))), "14");
+        assert_eq!(
+            status(&otlp_status_codes(answer("2", "something else"))),
+            "2"
+        );
+        // Still the oversized rewrite.
+        assert_eq!(
+            status(&otlp_status_codes(answer(
+                "11",
+                "decoded message length too large"
+            ))),
+            "8"
+        );
     }
 }

@@ -972,6 +972,7 @@ async fn scripted_grpc(
             idle_timeout: Duration::from_secs(60),
         }),
         header_timeout: Duration::from_secs(10),
+        body_timeout: None,
         shutdown: shutdown.clone(),
     };
     tokio::spawn(server.serve(listener));

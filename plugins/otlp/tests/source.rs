@@ -622,6 +622,105 @@ async fn a_request_at_the_record_limit_is_taken_and_one_over_it_refused() {
     r.source.stop().await.unwrap();
 }
 
+/// A resource of `attributes` attributes named once, over `records`
+/// empty records: OTLP/JSON of about 80 KB for 2,000 × 50,000 (issue 54:
+/// every event carries its resource, so this grew the process to 11 GB).
+pub fn fanned_out_request(attributes: usize, records: usize) -> Vec<u8> {
+    let attributes: Vec<Value> = (0..attributes)
+        .map(|i| json!({"key": format!("k{i}"), "value": {"stringValue": "v"}}))
+        .collect();
+    let records: Vec<Value> = (0..records).map(|_| json!({})).collect();
+    json!({"resourceLogs": [{"resource": {"attributes": attributes},
+                             "scopeLogs": [{"logRecords": records}]}]})
+    .to_string()
+    .into_bytes()
+}
+
+/// What the events would carry, resource copies counted, is refused past
+/// `max_decoded_bytes` before any event is made; under it, taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_named_once_for_many_records_is_counted_for_each() {
+    let mut r = start(json!({"max_decoded_bytes": 1_000_000}), 100).await;
+    let url = format!("http://127.0.0.1:{}/v1/logs", r.http);
+    let (status, _, body) = post(
+        url.clone(),
+        json_headers(),
+        fanned_out_request(2000, 50_000),
+    )
+    .await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("50000 log records come to"), "{body}");
+    assert!(
+        body.contains("more than 1000000 (max_decoded_bytes)"),
+        "{body}"
+    );
+    // 20 records of a 2,000-attribute resource: about 520 KB, taken.
+    let (status, _, body) = post(url, json_headers(), fanned_out_request(2000, 20)).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let events = testing::take(&mut r.source.rx, 20).await;
+    assert_eq!(
+        events[19].as_fields().unwrap()["resource"]
+            .as_object()
+            .unwrap()
+            .len(),
+        2000
+    );
+    assert!(r.source.rx.try_recv().is_none());
+    r.source.stop().await.unwrap();
+}
+
+/// A body that stalls gives its slot back at `body_timeout_ms` (503, send
+/// it again), and a body stalled when the source stops does not hold the
+/// stop (issue 54: 100 s after SIGTERM, and 70 stalled bodies kept every
+/// other client out for 68 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_gives_its_slot_back_and_does_not_hold_the_stop() {
+    use std::io::{Read, Write};
+    let r = start(
+        json!({"body_timeout_ms": 300, "max_concurrent_requests": 1}),
+        100,
+    )
+    .await;
+    let stall = |port: u16| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(
+            b"POST /v1/logs HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"resou",
+        )
+        .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s
+    };
+    let port = r.http;
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut s = stall(port);
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        String::from_utf8_lossy(&got).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.contains("the body did not arrive within 300 ms"),
+        "{answer}"
+    );
+    // The only slot is free again: a whole request is taken.
+    let url = format!("http://127.0.0.1:{}/v1/logs", r.http);
+    let (status, _, _) = post(url, json_headers(), fanned_out_request(1, 1)).await;
+    assert_eq!(status, 200);
+    r.source.stop().await.unwrap();
+    // Stalled when the stop comes, with a body timeout far away: the stop
+    // cuts it off instead of waiting.
+    let r = start(json!({"body_timeout_ms": 600000}), 100).await;
+    let stalled = stall(r.http);
+    // The request holds a slot (the body is being read) before the stop.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(5), r.source.stop()).await;
+    assert!(stopped.is_ok(), "the stop waited for a stalled body");
+    drop(stalled);
+}
+
 #[test]
 fn option_errors_name_the_option() {
     let e = |o: Value| option_errors(&Typed(logbus_otlp::source::OtlpSource), o);
