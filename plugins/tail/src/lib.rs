@@ -498,6 +498,16 @@ pub mod source {
                     if cx.shutdown.is_cancelled() {
                         break;
                     }
+                    // Under sustained load this loop does not end (there
+                    // is always more to read), so positions are saved
+                    // here too: what the sinks finished, in order, never
+                    // waiting for an idle pipeline (issue 54: a million
+                    // lines waiting meant no save at all, and a kill -9
+                    // re-read all of them).
+                    if last_save.elapsed() >= self.checkpoint_every {
+                        save(&mut state, &tailer);
+                        last_save = Instant::now();
+                    }
                 }
                 if gone {
                     break;

@@ -331,6 +331,62 @@ async fn a_saved_position_never_passes_a_batch_a_sink_still_holds() {
     run.task.await.unwrap().unwrap();
 }
 
+/// While there is always more to read (a backlog, a fast writer), the
+/// source never goes idle; positions are still saved every interval, as
+/// far as the batches the sinks finished, so a kill -9 re-reads the
+/// in-flight bound plus one interval, not the whole backlog (issue 54).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positions_advance_under_sustained_load_without_an_idle_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let log = logs.join("app.log");
+    let line = format!("{}\n", "x".repeat(99));
+    let total_lines = 200_000;
+    std::fs::write(&log, line.repeat(total_lines)).unwrap();
+    let state = dir.path().join("state/logs.tail.json");
+    let mut run = start(
+        json!({ "paths": ["logs/*.log"], "state_dir": "state",
+                "poll_interval_ms": 10, "checkpoint_interval_ms": 10 }),
+        dir.path(),
+    );
+    let mut received = 0;
+    let mut first = true;
+    let saved = loop {
+        let mut batch = run.next().await;
+        received += batch.len();
+        batch.settle(logbus_plugin_api::Outcome::Delivered);
+        drop(batch);
+        if first {
+            // Past the interval while the source waits on a full output.
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            first = false;
+        }
+        if let Some(offset) = saved_offset(&state) {
+            break offset;
+        }
+        assert!(
+            received < total_lines,
+            "the whole backlog was read before any position was saved"
+        );
+    };
+    assert!(
+        received < total_lines / 2,
+        "the first save came after {received} of {total_lines} lines"
+    );
+    // Never past what was received and settled.
+    assert!(
+        saved > 0 && saved <= (received * line.len()) as u64,
+        "{saved}"
+    );
+    assert_eq!(saved % line.len() as u64, 0, "a save between lines");
+    run.shutdown.cancel();
+    while let Some(mut batch) = run.rx.recv().await {
+        batch.settle(logbus_plugin_api::Outcome::Delivered);
+    }
+    run.task.await.unwrap().unwrap();
+}
+
 /// Positions are saved no more often than `checkpoint_interval_ms` (and
 /// always at shutdown, which is quick when nothing is in flight).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -97,11 +97,48 @@ pub enum Case {
     Lower,
 }
 
+/// The largest lookup file read: tables are held whole in memory, once
+/// per worker, and a file past this is more likely a mistake (or a device
+/// such as `/dev/zero`, which never ends) than a table.
+pub const MAX_LOOKUP_FILE_BYTES: u64 = 64 << 20;
+
+/// The text of a lookup file: a regular file of at most
+/// [`MAX_LOOKUP_FILE_BYTES`], read no further than that even if it grows.
+fn read_table_text(full: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let reading = |e: std::io::Error| format!("reading {}: {e}", full.display());
+    let file = std::fs::File::open(full).map_err(reading)?;
+    let meta = file.metadata().map_err(reading)?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{}: not a regular file (a lookup table is read whole when the pipeline is built)",
+            full.display()
+        ));
+    }
+    let too_big = || {
+        format!(
+            "{}: larger than {} MiB; a lookup table is held in memory whole",
+            full.display(),
+            MAX_LOOKUP_FILE_BYTES >> 20
+        )
+    };
+    if meta.len() > MAX_LOOKUP_FILE_BYTES {
+        return Err(too_big());
+    }
+    let mut text = String::new();
+    file.take(MAX_LOOKUP_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(reading)?;
+    if text.len() as u64 > MAX_LOOKUP_FILE_BYTES {
+        return Err(too_big());
+    }
+    Ok(text)
+}
+
 /// The table of `lookup.<target>.file`, resolved against `base`.
 fn table_file(path: &std::path::Path, base: &std::path::Path) -> Result<Fields, String> {
     let full = base.join(path);
-    let text =
-        std::fs::read_to_string(&full).map_err(|e| format!("reading {}: {e}", full.display()))?;
+    let text = read_table_text(&full)?;
     if full
         .extension()
         .is_some_and(|x| x.eq_ignore_ascii_case("csv"))
@@ -114,6 +151,16 @@ fn table_file(path: &std::path::Path, base: &std::path::Path) -> Result<Fields, 
             .from_reader(text.as_bytes());
         for (i, row) in reader.records().enumerate() {
             let row = row.map_err(|e| format!("{}: {e}", full.display()))?;
+            // A quoted value may hold a line break in CSV, but in a table
+            // of one-line keys and values it is an unclosed quote that
+            // would swallow the rows after it.
+            if row.iter().any(|field| field.contains(['\n', '\r'])) {
+                let line = row.position().map_or(0, |p| p.line());
+                return Err(format!(
+                    "{}: line {line}: a quoted value runs past the end of its line (an unclosed quote?); lookup keys and values are one line each",
+                    full.display()
+                ));
+            }
             if row.len() != 2 {
                 return Err(format!(
                     "{}: row {} has {} columns; a lookup table has two (key,value)",
@@ -878,6 +925,33 @@ mod tests {
         assert_eq!(path, "lookup.x.file");
         assert!(
             message.ends_with("bad.csv: row 1 has 3 columns; a lookup table has two (key,value)"),
+            "{message}"
+        );
+        // An unclosed quote would swallow every row after it.
+        std::fs::write(
+            dir.join("unclosed.csv"),
+            "auth,ok\nweb,\"team web\nbilling,42\nsearch,1\n",
+        )
+        .unwrap();
+        let (path, message) = err("unclosed.csv");
+        assert_eq!(path, "lookup.x.file");
+        assert!(
+            message.ends_with(
+                "unclosed.csv: line 2: a quoted value runs past the end of its line (an unclosed quote?); lookup keys and values are one line each"
+            ),
+            "{message}"
+        );
+        // A device that never ends, a folder, and a file too large to be
+        // a table are refused before they are read.
+        let message = err("/dev/zero").1;
+        assert!(message.ends_with("/dev/zero: not a regular file (a lookup table is read whole when the pipeline is built)"), "{message}");
+        assert!(err(".").1.contains("not a regular file"), "{}", err(".").1);
+        let big = std::fs::File::create(dir.join("big.csv")).unwrap();
+        big.set_len(MAX_LOOKUP_FILE_BYTES + 1).unwrap();
+        let message = err("big.csv").1;
+        assert!(
+            message
+                .ends_with("big.csv: larger than 64 MiB; a lookup table is held in memory whole"),
             "{message}"
         );
         assert!(
