@@ -639,6 +639,12 @@ fn spawn_api(
 /// The handlers are installed before this returns, so a signal that comes
 /// right after start-up is handled, not fatal.
 ///
+/// The signals are waited for on a thread of their own, with a small
+/// runtime of its own: stages run on the engine's workers, and a stage
+/// that holds one for long (a script with `timeout_ms: 60000`, every
+/// worker busy) kept a handler spawned there from running at all, so the
+/// second signal went unheard for a minute (issue 54).
+///
 /// Before exiting at the second signal, disk-assisted queues with
 /// `save_on_shutdown` write their memory backlog to disk (for at most ten
 /// seconds).
@@ -647,40 +653,60 @@ fn spawn_signal_handler(
     running: Arc<std::sync::OnceLock<logbus_core::StatsHandle>>,
 ) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        tracing::warn!("cannot start the signal thread; SIGINT/SIGTERM will kill without draining");
+        return;
+    };
+    let handlers = {
+        let _entered = runtime.enter();
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
+    };
+    let (Ok(mut term), Ok(mut int)) = handlers else {
         tracing::warn!("cannot install signal handlers; SIGINT/SIGTERM will kill without draining");
         return;
     };
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!(
-            "shutdown requested: stopping sources and draining (signal again to exit at once)"
+    let listening = std::thread::Builder::new()
+        .name("logbus-signals".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                tracing::info!(
+                    "shutdown requested: stopping sources and draining (signal again to exit at once)"
+                );
+                shutdown.cancel();
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                eprintln!("logbus: second signal, exiting without draining");
+                if let Some(stats) = running.get() {
+                    let save = stats.save_queue_backlogs();
+                    match tokio::time::timeout(std::time::Duration::from_secs(10), save).await {
+                        Ok(saved) => eprintln!(
+                            "logbus: {saved} queued events saved to disk queues for the next run"
+                        ),
+                        Err(_) => {
+                            eprintln!("logbus: saving queue backlogs took over 10 s; exiting anyway")
+                        }
+                    }
+                }
+                std::process::exit(130);
+            })
+        });
+    if let Err(e) = listening {
+        tracing::warn!(
+            "cannot start the signal thread ({e}); SIGINT/SIGTERM will kill without draining"
         );
-        shutdown.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        eprintln!("logbus: second signal, exiting without draining");
-        if let Some(stats) = running.get() {
-            let save = stats.save_queue_backlogs();
-            match tokio::time::timeout(std::time::Duration::from_secs(10), save).await {
-                Ok(saved) => {
-                    eprintln!("logbus: {saved} queued events saved to disk queues for the next run")
-                }
-                Err(_) => {
-                    eprintln!("logbus: saving queue backlogs took over 10 s; exiting anyway")
-                }
-            }
-        }
-        std::process::exit(130);
-    });
+    }
 }
 
 /// Writes to stdout; a closed pipe (`logbus plugins | head`) is not an error.

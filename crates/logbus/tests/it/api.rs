@@ -363,6 +363,19 @@ fn bearer_token_and_address_rules() {
     );
     assert_eq!(http(port, "GET", "/metrics", None).0, 401);
     assert_eq!(http(port, "GET", "/metrics", Some("wrong")).0, 401);
+    // The page alone is served without the token (docs/api.md: a browser
+    // cannot send one when it opens it, and it holds no data); what it
+    // fetches is not.
+    let (status, page) = http(port, "GET", "/", None);
+    assert_eq!(status, 200);
+    assert_eq!(
+        page,
+        include_str!("../../../api/src/ui.html"),
+        "the page is the static file"
+    );
+    for path in ["/api/stats", "/api/graph", "/api/tap?stage=a"] {
+        assert_eq!(http(port, "GET", path, None).0, 401, "{path}");
+    }
     assert_eq!(
         http(port, "GET", "/metrics", Some("s3cret-0123456789abcdef")).0,
         200
