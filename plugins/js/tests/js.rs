@@ -881,6 +881,9 @@ fn touching_endless_names_runs_out_of_memory_not_the_host() {
             catch (x) { return { n, why: String(x) }; }
         }"#,
         "memory_limit_mb": 1,
+        // Memory is what this measures, not time: the default 50 ms ran
+        // out once on a loaded CI machine (8,192 names in a debug build).
+        "timeout_ms": 20000,
     }));
     let mut e = event(json!({}));
     p.process(&mut e).unwrap();
