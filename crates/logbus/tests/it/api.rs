@@ -329,8 +329,11 @@ fn a_client_that_never_reads_does_not_slow_the_pipeline() {
         let n = s.read(&mut buf).unwrap();
         let head = String::from_utf8_lossy(&buf[..n]).into_owned();
         // The 64 take their slots as the server gets to them: under a
-        // loaded test run (two cores, the whole suite) that took over 10 s.
-        if head.starts_with("HTTP/1.1 429") || began.elapsed() > Duration::from_secs(60) {
+        // loaded test run (two cores, the whole suite, the pipeline at full
+        // speed on the same workers) that took over 10 s, once over 60 s.
+        // Waiting is not what is tested: only a server that never says
+        // 429 fails.
+        if head.starts_with("HTTP/1.1 429") || began.elapsed() > Duration::from_secs(240) {
             break head;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -340,7 +343,7 @@ fn a_client_that_never_reads_does_not_slow_the_pipeline() {
     let start = Instant::now();
     while committed(port) < before + 200_000.0 {
         assert!(
-            start.elapsed() < Duration::from_secs(60),
+            start.elapsed() < Duration::from_secs(240),
             "the pipeline stalled behind stuck clients"
         );
         std::thread::sleep(Duration::from_millis(20));
