@@ -52,20 +52,10 @@ impl Inner {
             "queue segment unreadable after {READ_RETRIES} tries, skipping the rest of it: {why}"
         );
         let start = reader.pos;
-        let next = lock(&self.segments)
-            .range(seg + 1..)
-            .next()
-            .map(|(&id, _)| id)
-            .unwrap_or(tail.active);
-        reader.pos = Position {
-            segment: next,
-            offset: record::SEGMENT_HEADER,
-        };
+        reader.start_segment(self.segment_after(seg, tail.active));
         // The next segment's start record says where numbering resumes;
         // what lies between is counted above.
         reader.seq = None;
-        reader.cursor = None;
-        reader.read_in_segment = 0;
         let mut acks = lock(&self.acks);
         acks.inflight.insert(
             start,
@@ -197,17 +187,8 @@ impl Inner {
                         break;
                     }
                     // A sealed segment is finished: on to the next present.
-                    let next = lock(&self.segments)
-                        .range(reader.pos.segment + 1..)
-                        .next()
-                        .map(|(&id, _)| id)
-                        .unwrap_or(tail.active);
-                    reader.pos = Position {
-                        segment: next,
-                        offset: record::SEGMENT_HEADER,
-                    };
-                    reader.cursor = None;
-                    reader.read_in_segment = 0;
+                    let next = self.segment_after(reader.pos.segment, tail.active);
+                    reader.start_segment(next);
                 }
             }
         }
@@ -255,19 +236,9 @@ impl Inner {
         let seg = reader.pos.segment;
         let records = lock(&self.segments).get(&seg).map_or(0, |s| s.records);
         let dropped = records.saturating_sub(reader.read_in_segment);
-        let next = lock(&self.segments)
-            .range(seg + 1..)
-            .next()
-            .map(|(&id, _)| id)
-            .unwrap_or(tail.active);
         let start = reader.pos;
-        reader.pos = Position {
-            segment: next,
-            offset: record::SEGMENT_HEADER,
-        };
+        reader.start_segment(self.segment_after(seg, tail.active));
         reader.seq = None;
-        reader.cursor = None;
-        reader.read_in_segment = 0;
         self.counters
             .dropped_oldest
             .fetch_add(dropped, Ordering::Relaxed);
@@ -285,5 +256,28 @@ impl Inner {
         drop(reader);
         self.advance(&mut acks);
         true
+    }
+}
+
+impl Inner {
+    /// The first segment present after `segment`, else the active one.
+    fn segment_after(&self, segment: u64, active: u64) -> u64 {
+        lock(&self.segments)
+            .range(segment + 1..)
+            .next()
+            .map_or(active, |(&id, _)| id)
+    }
+}
+
+impl ReadState {
+    /// Puts the reader at the start of `segment`'s records (its sequence
+    /// number is the caller's to keep or forget).
+    fn start_segment(&mut self, segment: u64) {
+        self.pos = Position {
+            segment,
+            offset: record::SEGMENT_HEADER,
+        };
+        self.cursor = None;
+        self.read_in_segment = 0;
     }
 }

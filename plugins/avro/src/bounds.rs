@@ -58,12 +58,6 @@ enum Stop {
     Malformed,
 }
 
-impl From<OverBudget> for Stop {
-    fn from(e: OverBudget) -> Stop {
-        Stop::Over(e)
-    }
-}
-
 type Step = Result<(), Stop>;
 
 /// Checks one bare datum of `schema` (a `datum` event, or the body of a

@@ -604,13 +604,7 @@ fn undecodable_is_invalid<B>(mut response: http::Response<B>) -> http::Response<
 fn too_large_is_exhausted<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers_mut();
     let out_of_range = headers.get("grpc-status").is_some_and(|s| s == "11");
-    let too_large = headers
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        .is_some_and(|m| {
-            m.contains("message%20length%20too%20large") || m.contains("message length too large")
-        });
-    if out_of_range && too_large {
+    if out_of_range && grpc_message_says(headers, "message length too large") {
         headers.insert("grpc-status", http::HeaderValue::from_static("8"));
     }
     response
