@@ -1,8 +1,9 @@
 //! The loop of every sink that delivers batches to a service: those built
 //! on `Driver::new` (http, email, syslog, kafka, opensearch, clickhouse,
-//! cloudwatch_logs, otlp). Sinks whose unit is a write or a whole object
-//! (file, stdout, blackhole, avro, parquet, and s3, whose object can
-//! outgrow memory and goes up in parts) keep loops of their own.
+//! cloudwatch_logs, otlp). S3, whose object can outgrow memory and goes up
+//! in parts, runs on [`crate::ObjectDriver`]. Sinks whose unit is a local
+//! write (file, stdout, blackhole: the writer loop of `logbus-io`; Avro
+//! and Parquet files) answer at once and have no one to retry.
 //!
 //! It reads the input into the batcher, keeps up to `in_flight` requests
 //! going, and settles each event by what the destination said about it:
@@ -21,11 +22,11 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use logbus_plugin_api::{
     CancellationToken, Event, InputBatch, Outcome, SinkContext, StageError, async_trait,
-    attach_error,
 };
 use tokio::time::Instant;
 
 use crate::batch::{Batch, BatchLimits, Batcher};
+use crate::dead::{Unread, dead_letter};
 use crate::encode::Encoder;
 use crate::retry::RetryPolicy;
 
@@ -327,39 +328,24 @@ impl<S: Service> Driver<S> {
             );
         }
         if !dead.is_empty() {
-            let n = dead.len();
-            let tags: Vec<u64> = dead.iter().map(|d| d.1).collect();
-            let first = dead[0].2.clone();
-            if cx.dead.is_connected() {
-                let events = dead
-                    .into_iter()
-                    .map(|(e, _, why)| attach_error(e, &cx.id, &why))
-                    .collect();
-                // The events keep their acknowledgements: the dead-letter
-                // path decides their outcome.
-                if cx.dead.send(events).await.is_err() {
-                    failure = Some(format!(
-                        "{n} events for {} could not go to `{}.dead`: its readers stopped",
-                        c.destination, cx.id
-                    ));
-                }
-            } else if done.gave_up.is_some() || c.on_rejected == OnRejected::Fail {
-                // Dropped unsettled: errored for their source.
-                cx.metrics.add_errored(n as u64);
-                failure = Some(format!(
-                    "{} did not take {n} events: {first}",
-                    c.destination
-                ));
+            let unread = if done.gave_up.is_some() || c.on_rejected == OnRejected::Fail {
+                Unread::Fail
             } else {
-                tracing::warn!(
-                    destination = %c.destination,
-                    "dropping {n} events the destination refused: {first}"
-                );
-                cx.metrics.add_discarded(n as u64);
-                for (mut event, _, _) in dead {
-                    event.settle(Outcome::Rejected);
-                }
+                Unread::Discard
+            };
+            let mut tags = Vec::with_capacity(dead.len());
+            let mut events = Vec::with_capacity(dead.len());
+            for (event, tag, why) in dead {
+                tags.push(tag);
+                events.push((event, why));
             }
+            let mut warned = inputs.warned_dropping;
+            if let Err(why) = dead_letter(cx, events, &c.destination, unread, &mut warned).await {
+                failure = Some(why);
+            }
+            inputs.warned_dropping = warned;
+            // Released once sent on: until then they hold their input's
+            // room in the channel.
             for tag in tags {
                 inputs.release(tag, 1);
             }
@@ -393,6 +379,8 @@ struct Inputs {
     next: u64,
     held: BTreeMap<u64, (InputBatch, usize)>,
     errored_at_stop: usize,
+    /// A drop of refused events was logged as a warning.
+    warned_dropping: bool,
 }
 
 impl Inputs {

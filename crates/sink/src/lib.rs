@@ -5,12 +5,16 @@
 //! was confirmed, dead-lettering what cannot be delivered, and stopping
 //! at a shutdown deadline without pretending. They live here once; a
 //! sink plugin supplies an [`Encoder`] (event → bytes) and a [`Service`]
-//! (bytes → one attempt, and what the destination said).
+//! (bytes → one attempt, and what the destination said), or, when its
+//! unit is an object larger than memory, an [`ObjectFormat`] and an
+//! [`ObjectStore`] (one attempt per upload call).
 
 pub mod batch;
+mod dead;
 pub mod driver;
 pub mod encode;
 pub mod object;
+pub mod object_sink;
 pub mod options;
 pub mod retry;
 pub mod template;
@@ -20,6 +24,7 @@ pub use batch::{Batch, BatchLimits, Batcher};
 pub use driver::{Driver, DriverConfig, ItemResult, OnRejected, Response, Service};
 pub use encode::{Encoder, Framing, JsonArray, JsonLines, write_json_or_raw};
 pub use object::{Misfit, ObjectFormat, ObjectWriter};
+pub use object_sink::{ObjectConfig, ObjectDriver, ObjectStore};
 pub use options::{BatchDefaults, Batching, RetryDefaults, Retrying, check_requests, error_chain};
 pub use retry::{Attempt, Retried, RetryPolicy, parse_retry_after};
 pub use template::Template;

@@ -68,9 +68,6 @@ impl RetryPolicy {
     }
 }
 
-/// Reads a `Retry-After` header value in either of its forms (RFC 9110
-/// §10.2.3): a number of seconds, or an HTTP date (a date already past
-/// means "now"). Anything else is ignored.
 /// What one attempt of a retried operation came to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Attempt<T> {
@@ -96,6 +93,28 @@ impl<T> Attempt<T> {
             retry_after: None,
         }
     }
+
+    /// The same attempt with its value mapped.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Attempt<U> {
+        self.and_then(|v| Attempt::Done(f(v)))
+    }
+
+    /// The same attempt, its value judged by `f` (an answer that arrived
+    /// but says the attempt failed).
+    pub fn and_then<U>(self, f: impl FnOnce(T) -> Attempt<U>) -> Attempt<U> {
+        match self {
+            Attempt::Done(v) => f(v),
+            Attempt::Again {
+                reason,
+                retry_after,
+            } => Attempt::Again {
+                reason,
+                retry_after,
+            },
+            Attempt::Further(reason) => Attempt::Further(reason),
+            Attempt::Fail(reason) => Attempt::Fail(reason),
+        }
+    }
 }
 
 /// How a retried operation ended.
@@ -119,7 +138,8 @@ impl RetryPolicy {
     /// while waiting for the next try. `waiting` hears of each retry
     /// before its wait (the reason and the delay), to log and count it.
     /// The one retry loop of every sink and source outside the
-    /// [`crate::Driver`] (which retries batches partly).
+    /// [`crate::Driver`] (which retries batches partly), the
+    /// [`crate::ObjectDriver`]'s among them.
     pub async fn run<T, Fut>(
         &self,
         stop: &CancellationToken,
@@ -164,6 +184,9 @@ impl RetryPolicy {
     }
 }
 
+/// Reads a `Retry-After` header value in either of its forms (RFC 9110
+/// §10.2.3): a number of seconds, or an HTTP date (a date already past
+/// means "now"). Anything else is ignored.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if let Ok(seconds) = value.parse::<u64>() {
