@@ -21,11 +21,6 @@ pub mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-/// `docs/plugins/writing-a-plugin.md`, compiled here so that its worked
-/// example is built and run as a doctest.
-#[doc = include_str!("../../../docs/plugins/writing-a-plugin.md")]
-pub mod writing_a_plugin {}
-
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use connect::{ArrivingFields, ConnectContext, FindingLevel, Probe, ServiceFinding};

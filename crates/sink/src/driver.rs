@@ -365,6 +365,14 @@ impl<S: Service> Driver<S> {
     }
 }
 
+/// A driver is the sink: a plugin's `build` returns `Box::new(driver)`.
+#[async_trait]
+impl<S: Service> logbus_plugin_api::Sink for Driver<S> {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        Driver::run(&self, cx).await
+    }
+}
+
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,

@@ -29,3 +29,9 @@ pub use options::{BatchDefaults, Batching, RetryDefaults, Retrying, check_reques
 pub use retry::{Attempt, Retried, RetryPolicy, parse_retry_after};
 pub use template::Template;
 pub use time::event_time_ms;
+
+/// `docs/plugins/writing-a-plugin.md`, compiled here (the crate its sink
+/// example builds on) so that both worked examples are built and run as
+/// doctests: `cargo test -p logbus-sink --doc`.
+#[doc = include_str!("../../../docs/plugins/writing-a-plugin.md")]
+pub mod writing_a_plugin {}

@@ -561,6 +561,14 @@ impl<S: ObjectStore> ObjectDriver<S> {
     }
 }
 
+/// A driver is the sink, for a store made at build time.
+#[async_trait]
+impl<S: ObjectStore> logbus_plugin_api::Sink for ObjectDriver<S> {
+    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
+        ObjectDriver::run(&self, cx).await
+    }
+}
+
 /// The number of the part after `done` parts, if a store taking at most
 /// `max` parts takes one more: parts are numbered from 1.
 fn next_part_number(done: usize, max: usize) -> Option<usize> {

@@ -15,8 +15,8 @@ use lettre::message::{Mailbox, Message};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use logbus_plugin_api::{
-    BuildContext, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
-    StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, StageKind,
+    TypedPlugin, async_trait,
 };
 use logbus_sink::{
     Batch, BatchDefaults, BatchLimits, Batching, Driver, DriverConfig, JsonLines, OnRejected,
@@ -307,20 +307,7 @@ impl TypedPlugin for EmailSink {
         };
         // The encoder only sizes the batch: the message is rendered from
         // the events, since a body line may name the message's `{{count}}`.
-        Ok(Box::new(EmailWriter {
-            driver: Driver::new(mailer, JsonLines, config),
-        }))
-    }
-}
-
-struct EmailWriter {
-    driver: Driver<Mailer>,
-}
-
-#[async_trait]
-impl Sink for EmailWriter {
-    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        self.driver.run(cx).await
+        Ok(Box::new(Driver::new(mailer, JsonLines, config)))
     }
 }
 

@@ -16,8 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use logbus_compress::{CompressWriter, Compression};
 use logbus_plugin_api::{
-    BuildContext, Bytes, CheckOptions, OptionError, Sink, SinkContext, StageError, StageKind,
-    TypedPlugin, async_trait,
+    BuildContext, Bytes, CheckOptions, OptionError, Sink, StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
     Batch, BatchDefaults, Batching, Driver, DriverConfig, JsonArray, JsonLines, OnRejected,
@@ -245,18 +244,7 @@ impl TypedPlugin for HttpSink {
             BodyEncoding::Ndjson => Driver::new(service, JsonLines, config),
             BodyEncoding::JsonArray => Driver::new(service, JsonArray, config),
         };
-        Ok(Box::new(HttpWriter { driver }))
-    }
-}
-
-struct HttpWriter {
-    driver: Driver<HttpService>,
-}
-
-#[async_trait]
-impl Sink for HttpWriter {
-    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        self.driver.run(cx).await
+        Ok(Box::new(driver))
     }
 }
 

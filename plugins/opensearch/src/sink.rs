@@ -25,8 +25,8 @@ use chrono::{DateTime, Utc};
 use logbus_compress::{CompressWriter, Compression};
 use logbus_plugin_api::connect::{self, ConnectContext, Probe, ServiceFinding};
 use logbus_plugin_api::{
-    BuildContext, Bytes, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, SinkContext,
-    StageError, StageKind, TypedPlugin, async_trait,
+    BuildContext, Bytes, CheckOptions, Event, FieldPath, OptionError, Payload, Sink, StageKind,
+    TypedPlugin, async_trait,
 };
 use logbus_sink::{
     Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, ItemResult, OnRejected,
@@ -347,9 +347,7 @@ impl TypedPlugin for OpenSearchSink {
             action: options.action,
             with_ids: options.id_field.is_some(),
         };
-        Ok(Box::new(OpenSearchWriter {
-            driver: Driver::new(service, encoder, config),
-        }))
+        Ok(Box::new(Driver::new(service, encoder, config)))
     }
 }
 
@@ -494,17 +492,6 @@ async fn probe(
         }
     }
     found
-}
-
-struct OpenSearchWriter {
-    driver: Driver<OpenSearchService>,
-}
-
-#[async_trait]
-impl Sink for OpenSearchWriter {
-    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        self.driver.run(cx).await
-    }
 }
 
 /// One bulk item per event: the action line, then the document.

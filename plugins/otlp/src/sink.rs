@@ -23,8 +23,8 @@ use std::time::{Duration, SystemTime};
 
 use logbus_plugin_api::connect::{self, ConnectContext, Probe, ServiceFinding};
 use logbus_plugin_api::{
-    BuildContext, Bytes, CheckOptions, Event, OptionError, Sink, SinkContext, StageError,
-    StageKind, TypedPlugin, async_trait,
+    BuildContext, Bytes, CheckOptions, Event, OptionError, Sink, StageKind, TypedPlugin,
+    async_trait,
 };
 use logbus_sink::{
     Batch, BatchDefaults, Batching, Driver, DriverConfig, Encoder, OnRejected, Response,
@@ -294,7 +294,7 @@ impl TypedPlugin for OtlpSink {
             time: options.time_field.clone(),
         });
         let driver = Driver::new(service, encoder, config).partition_by(batch_key);
-        Ok(Box::new(OtlpWriter { driver }))
+        Ok(Box::new(driver))
     }
 }
 
@@ -406,17 +406,6 @@ impl Encoder for RecordEncoder {
         let record = fields_to_record(event.as_fields(), raw, event.meta().ingest_ns, &self.0);
         prost::encoding::message::encode(2, &record, out);
         Ok(())
-    }
-}
-
-struct OtlpWriter {
-    driver: Driver<OtlpService>,
-}
-
-#[async_trait]
-impl Sink for OtlpWriter {
-    async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
-        self.driver.run(cx).await
     }
 }
 
