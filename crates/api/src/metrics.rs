@@ -4,8 +4,8 @@
 
 use logbus_core::StatsHandle;
 use logbus_core::report::process_cpu_seconds;
-use logbus_plugin_api::LocalQueueSnapshot;
-use logbus_plugin_api::durable::DurableSnapshot;
+use logbus_queue::LocalQueueSnapshot;
+use logbus_queue::durable::DurableSnapshot;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -24,7 +24,7 @@ struct Snapshot {
 /// A power-of-two histogram snapshot as a Prometheus histogram; `scale`
 /// converts recorded units to the metric's (microseconds -> seconds).
 #[derive(Debug)]
-struct Hist<'a>(&'a logbus_plugin_api::HistogramSnapshot, f64);
+struct Hist<'a>(&'a logbus_queue::HistogramSnapshot, f64);
 
 impl EncodeMetric for Hist<'_> {
     fn encode(
@@ -530,7 +530,8 @@ pub fn process_rss_bytes() -> Option<u64> {
 mod tests {
     use super::*;
     use logbus_core::report::{ChannelReport, StageReport};
-    use logbus_plugin_api::{HistogramSnapshot, StageCounts, StageKind};
+    use logbus_plugin_api::{StageCounts, StageKind};
+    use logbus_queue::HistogramSnapshot;
 
     fn stage_report(id: &str, kind: StageKind, counts: StageCounts) -> StageReport {
         StageReport {
@@ -562,7 +563,7 @@ mod tests {
         let local = LocalQueueSnapshot {
             registrations: 2,
             frontend_events: 70,
-            backend_events: logbus_plugin_api::local::BackendRouting {
+            backend_events: logbus_queue::local::BackendRouting {
                 no_fit: 11,
                 oversized: 12,
                 exhausted: 13,
@@ -574,13 +575,13 @@ mod tests {
             help_events_completed: 23,
             outstanding: 24,
             frontends: vec![
-                logbus_plugin_api::local::FrontendSnapshot {
+                logbus_queue::local::FrontendSnapshot {
                     slot: 0,
                     registered: true,
                     queued: 5,
                     ..Default::default()
                 },
-                logbus_plugin_api::local::FrontendSnapshot {
+                logbus_queue::local::FrontendSnapshot {
                     slot: 1,
                     registered: false,
                     queued: 6,

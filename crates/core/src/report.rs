@@ -13,8 +13,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use logbus_plugin_api::durable::DurableSnapshot;
-use logbus_plugin_api::{HistogramSnapshot, LocalQueueSnapshot, StageCounts, StageKind};
+use logbus_plugin_api::{StageCounts, StageKind};
+use logbus_queue::durable::DurableSnapshot;
+use logbus_queue::{HistogramSnapshot, LocalQueueSnapshot};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize)]
@@ -280,7 +281,7 @@ pub fn process_cpu_seconds() -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use logbus_plugin_api::LocalQueueSnapshot;
+    use logbus_queue::LocalQueueSnapshot;
 
     fn stage(id: &str, kind: StageKind, counts: StageCounts) -> StageReport {
         StageReport {
@@ -437,7 +438,7 @@ mod tests {
         let mut local = channel("t", 0, 0);
         local.local = Some(LocalQueueSnapshot {
             frontend_events: 20,
-            backend_events: logbus_plugin_api::local::BackendRouting {
+            backend_events: logbus_queue::local::BackendRouting {
                 no_fit: 1,
                 oversized: 2,
                 exhausted: 3,

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use logbus_plugin_api::durable::inspect::{self, Report, StateReport};
+use logbus_queue::durable::inspect::{self, Report, StateReport};
 
 fn render(report: &Report, verbose: bool) -> String {
     let mut out = String::new();
@@ -77,7 +77,7 @@ fn render(report: &Report, verbose: bool) -> String {
 /// Whether `dir` holds a queue itself: a state file or a segment.
 fn holds_queue(dir: &Path) -> bool {
     dir.join("state").is_file()
-        || logbus_plugin_api::durable::list_segments(dir).is_ok_and(|ids| !ids.is_empty())
+        || logbus_queue::durable::list_segments(dir).is_ok_and(|ids| !ids.is_empty())
 }
 
 /// The queues to look at for `dir`: itself when it holds one; else the

@@ -167,7 +167,7 @@ pub fn parse_tests(text: &str, file: &Path) -> Result<Vec<TestCase>, Vec<SpecErr
                 tests.push(t);
             }
             Err(e) => {
-                let path = logbus_plugin_api::path_segments(e.path());
+                let path = logbus_plugin_api::engine::path_segments(e.path());
                 errors.push(err(
                     item.pos_of(&path),
                     format!("invalid test: {}", e.into_inner()),

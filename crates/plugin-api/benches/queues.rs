@@ -7,10 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use logbus_plugin_api::{
-    Event, LocalConfig, Meta, Output, OutputRole, Receiver, Sender, StageMetrics,
-    channel_with_batch, local_channel,
-};
+use logbus_plugin_api::{Event, Meta, Output, OutputRole, Receiver, Sender, StageMetrics};
+use logbus_queue::{LocalConfig, channel_with_batch, local_channel};
 
 const EVENTS: usize = 64_000;
 const SUBMISSION: usize = 16;

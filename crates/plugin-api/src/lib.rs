@@ -4,10 +4,13 @@
 //! cannot reach around the wiring: it receives events, produces events, and
 //! the engine owns the channels between them. (Besides this one, a plugin
 //! crate may use the helper crates: the sink core, TLS, compression,
-//! framing, connection slots, conditions.) What a plugin author reads is
-//! here — the stage traits and their contexts (`plugin`), a stage's output
-//! (`output`), its counters (`metrics`), the registry — while the event
-//! and the queues live in their own crates and are re-exported.
+//! framing, connection slots, conditions.) The crate's root is what a
+//! plugin author reads — the stage traits and their contexts (`plugin`), a
+//! stage's output (`output`), its counters (`metrics`), option checking,
+//! flow and host statements, the registry — and every name there is used
+//! by a plugin (`tests/contract.rs` holds it to that). What only the
+//! engine uses to wire stages together sits under [`engine`]; the queues
+//! themselves are the engine's to name from `logbus-queue`.
 
 pub mod connect;
 pub mod flow;
@@ -30,25 +33,28 @@ pub use line_buffer::LineBuffer;
 /// The event and its acknowledgement (crate `logbus-event`).
 pub use logbus_event as event;
 pub use logbus_event::{
-    Ack, AckCounts, AckReceiver, BatchAck, Event, EventData, FieldPath, Fields, LazyFields, Meta,
+    Ack, AckCounts, AckReceiver, BatchAck, Event, FieldPath, Fields, LazyFields, Meta,
     OrderedCheckpoint, Outcome, Payload, now_ns,
 };
-/// The queues between stages (crate `logbus-queue`).
-pub use logbus_queue::{
-    ChannelHandle, HistogramSnapshot, InputBatch, Interrupt, LocalConfig, LocalQueueSnapshot,
-    Log2Histogram, Overflow, Receiver, Registration, SendError, Sender, WeakSender, blocking,
-    channel, channel_with_batch, channel_with_latency, durable, durable_channel, histogram, local,
-    local_channel,
-};
+/// The channel between stages, as a stage sees it (crate `logbus-queue`).
+pub use logbus_queue::{InputBatch, Receiver, Sender, blocking, channel};
 pub use metrics::{StageCounts, StageMetrics};
-pub use output::{Output, OutputRole, OutputTargets, ProducerHold, Tap};
+pub use output::{Output, OutputRole};
 pub use plugin::{
-    BuildContext, Built, BuiltAs, BuiltStage, CheckOptions, EventError, NoOptions, OptionError,
-    OutputSet, Plugin, Processor, Sink, SinkContext, Source, SourceContext, StageError, StageKind,
-    Typed, TypedPlugin, Verdict, attach_error, closest, panic_message, parse_options,
-    path_segments,
+    BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, OutputSet, Plugin,
+    Processor, Sink, SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin,
+    Verdict, attach_error, closest, panic_message,
 };
 pub use registry::Registry;
 pub use schemars;
 pub use serde_json;
 pub use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// What the engine uses to wire stages together: output targets and taps,
+/// the hold a producer keeps on its consumers, built stages as the runtime
+/// stores them, options parsed without a plugin. No plugin needs these;
+/// they change with the engine.
+pub mod engine {
+    pub use crate::output::{OutputTargets, ProducerHold, Tap};
+    pub use crate::plugin::{BuiltAs, BuiltStage, parse_options, path_segments};
+}

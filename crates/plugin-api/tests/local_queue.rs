@@ -12,10 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use logbus_plugin_api::{
-    ChannelHandle, Event, LocalConfig, Meta, Output, OutputRole, Receiver, StageMetrics,
-    local_channel,
-};
+use logbus_plugin_api::{Event, Meta, Output, OutputRole, Receiver, StageMetrics};
+use logbus_queue::{ChannelHandle, LocalConfig, local_channel};
 
 fn events(n: usize) -> Vec<Event> {
     (0..n)
@@ -426,7 +424,7 @@ async fn an_output_rewired_away_from_a_local_queue_lets_go_of_its_frontend() {
     let (old_tx, old_rx) = local_channel(100, 100, waiting, false);
     let h = old_rx.handle();
     let mut fe = old_rx.frontend(0).unwrap();
-    let targets = logbus_plugin_api::OutputTargets::new(vec![old_tx]);
+    let targets = logbus_plugin_api::engine::OutputTargets::new(vec![old_tx]);
     let out = Output::with_targets(
         targets.clone(),
         Arc::new(StageMetrics::default()),

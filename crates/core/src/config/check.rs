@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use logbus_plugin_api::engine::parse_options;
 use logbus_plugin_api::{
     ArrivingFields, BuildContext, CheckOptions, Flow, Plugin, Registry, StageKind, Step, closest,
-    parse_options,
 };
 use serde_json::Value;
 

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use logbus_plugin_api::{BuildContext, LocalConfig, Plugin, StageKind};
+use logbus_plugin_api::{BuildContext, Plugin, StageKind};
+use logbus_queue::LocalConfig;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -109,7 +110,7 @@ impl StageSpec {
     /// The durable store of a `disk` or `disk-assisted` input queue; a
     /// relative `path` is relative to `base` (the pipeline file's directory).
     pub fn durable(&self, settings: &Settings, base: &std::path::Path) -> Option<DurableQueueSpec> {
-        use logbus_plugin_api::durable::{DiskConfig, DurableKind, SyncMode, WhenFull};
+        use logbus_queue::durable::{DiskConfig, DurableKind, SyncMode, WhenFull};
         let q = self.queue.as_ref()?;
         let capacity = self.capacity(settings);
         let kind = match q.kind {

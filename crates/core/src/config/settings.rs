@@ -425,12 +425,12 @@ impl CheckOptions for QueueSpec {
                     ),
                 ));
             }
-            if !(1..=logbus_plugin_api::local::MAX_FRONTENDS).contains(&local.max_frontends) {
+            if !(1..=logbus_queue::local::MAX_FRONTENDS).contains(&local.max_frontends) {
                 errors.push(OptionError::at(
                     &["local", "max_frontends"],
                     format!(
                         "must be between 1 and {}, got {}",
-                        logbus_plugin_api::local::MAX_FRONTENDS,
+                        logbus_queue::local::MAX_FRONTENDS,
                         local.max_frontends
                     ),
                 ));
@@ -595,7 +595,7 @@ impl QueueSpec {
 /// A stage's durable queue, resolved against the settings.
 #[derive(Debug, Clone)]
 pub struct DurableQueueSpec {
-    pub config: logbus_plugin_api::durable::DiskConfig,
-    pub kind: logbus_plugin_api::durable::DurableKind,
+    pub config: logbus_queue::durable::DiskConfig,
+    pub kind: logbus_queue::durable::DurableKind,
     pub save_on_shutdown: bool,
 }

@@ -7,9 +7,8 @@
 
 use std::path::Path;
 
-use logbus_plugin_api::{
-    BuildContext, Built, LocalConfig, OptionError, Plugin, Registry, StageKind,
-};
+use logbus_plugin_api::{BuildContext, Built, OptionError, Plugin, Registry, StageKind};
+use logbus_queue::LocalConfig;
 use serde_json::{Value, json};
 
 use super::*;
@@ -887,7 +886,7 @@ fn queue_sizes_batches_and_the_in_flight_bound() {
 
 #[test]
 fn a_durable_queue_is_resolved_with_its_defaults() {
-    use logbus_plugin_api::durable::{DurableKind, SyncMode, WhenFull};
+    use logbus_queue::durable::{DurableKind, SyncMode, WhenFull};
     let base = Path::new("/base");
     let p = with_queue("{}", "{}");
     assert!(p.stages[1].durable(&p.settings, base).is_none());

@@ -32,13 +32,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use logbus_plugin_api::durable::Durable;
+use logbus_plugin_api::engine::{OutputTargets, ProducerHold};
 use logbus_plugin_api::{
-    BuildContext, Built, CancellationToken, ChannelHandle, Event, EventError, InputBatch,
-    Interrupt, Outcome, Output, OutputRole, OutputTargets, Processor, ProducerHold, Receiver,
-    Sender, Sink, SinkContext, Source, SourceContext, StageError, StageKind, StageMetrics, Verdict,
-    WeakSender, attach_error, channel_with_batch, channel_with_latency, durable_channel,
-    local_channel, panic_message,
+    BuildContext, Built, CancellationToken, Event, EventError, InputBatch, Outcome, Output,
+    OutputRole, Processor, Receiver, Sender, Sink, SinkContext, Source, SourceContext, StageError,
+    StageKind, StageMetrics, Verdict, attach_error, panic_message,
+};
+use logbus_queue::durable::Durable;
+use logbus_queue::{
+    ChannelHandle, Interrupt, WeakSender, channel_with_batch, channel_with_latency,
+    durable_channel, local_channel,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;

@@ -78,7 +78,7 @@ impl StatsHandle {
 
     /// A live sample of the events leaving `stage` (see [`Tap`]); `None`
     /// for an unknown stage or a sink (which has no output).
-    pub fn tap(&self, stage: &str, capacity: usize) -> Option<logbus_plugin_api::Tap> {
+    pub fn tap(&self, stage: &str, capacity: usize) -> Option<logbus_plugin_api::engine::Tap> {
         let inv = self.inventory.lock().expect("inventory lock");
         inv.outputs.get(stage).map(|o| o.tap(capacity))
     }
