@@ -9,8 +9,7 @@ use logbus_plugin_api::{
 };
 use serde_json::{Value, json};
 
-mod common;
-use common::{cloudwatch, logs_python, merged};
+use logbus_test_services::aws::{cloudwatch, logs_python, merged};
 
 fn now_ms() -> i64 {
     (logbus_plugin_api::now_ns() / 1_000_000) as i64

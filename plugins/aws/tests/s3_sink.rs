@@ -11,8 +11,7 @@ use logbus_plugin_api::{
 };
 use serde_json::{Value, json};
 
-mod common;
-use common::{
+use logbus_test_services::aws::{
     ACCESS_KEY, SECRET_KEY, bucket, endpoint, merged, objects, objects_meta, records,
     unfinished_uploads,
 };

@@ -8,8 +8,9 @@ use logbus_plugin_api::testing::{self, RunningSource};
 use logbus_plugin_api::{Outcome, Typed, now_ns};
 use serde_json::{Value, json};
 
-mod common;
-use common::{ACCESS_KEY, SECRET_KEY, bucket, cutting_proxy, endpoint, merged, python};
+use logbus_test_services::aws::{
+    ACCESS_KEY, SECRET_KEY, bucket, cutting_proxy, endpoint, merged, python,
+};
 
 /// Puts `lines` (joined with newlines) at `key`, compressed by the key's
 /// extension (`.gz`, `.zst`; else plain).

@@ -16,8 +16,7 @@ use logbus_plugin_api::{
 };
 use serde_json::{Value, json};
 
-mod common;
-use common::{MODERN, OLD, count, rows, server, sql, table};
+use logbus_test_services::clickhouse::{MODERN, OLD, count, rows, server, sql, table};
 
 /// The test that restarts the modern server runs alone (writing); the
 /// others share it (reading).

@@ -7,8 +7,7 @@
 
 use std::sync::Arc;
 
-mod common;
-use common::{SASL_BROKERS, brokers, python, topic};
+use logbus_test_services::kafka::{SASL_BROKERS, brokers, python, topic};
 
 use logbus_plugin_api::testing;
 use logbus_plugin_api::{

@@ -1,6 +1,6 @@
 //! `source: kafka` against a real Apache Kafka broker, with the input
 //! produced and the group's committed offsets read by kafka-python (see
-//! `common`). Process-level behaviour (kill -9, several processes in one
+//! `logbus_test_services::kafka`). Process-level behaviour (kill -9, several processes in one
 //! group) is tested with the `logbus` binary in crates/logbus/tests/it.
 
 use std::collections::BTreeSet;
@@ -10,8 +10,7 @@ use logbus_plugin_api::testing::{self, RunningSource};
 use logbus_plugin_api::{Event, InputBatch, Outcome, Typed};
 use serde_json::{Value, json};
 
-mod common;
-use common::{SASL_BROKERS, brokers, committed, produce, topic};
+use logbus_test_services::kafka::{SASL_BROKERS, brokers, committed, produce, topic};
 
 fn source(options: Value, capacity: usize) -> RunningSource {
     let source = testing::source(&Typed(logbus_kafka::source::KafkaSource), options);
@@ -51,7 +50,7 @@ async fn batches(s: &mut RunningSource, n: usize) -> Vec<InputBatch> {
 /// `g` on topic `t`, which rebalances it, then leaves, which rebalances it
 /// again.
 fn join_and_leave(brokers: &str, t: &str, g: &str) {
-    let joined = common::python(
+    let joined = logbus_test_services::kafka::python(
         brokers,
         "from kafka import KafkaConsumer\n\
          import time\n\
@@ -220,7 +219,7 @@ async fn a_topic_created_later_is_read_once_it_exists() {
         !s.task.is_finished(),
         "a missing topic does not end the source"
     );
-    common::python(
+    logbus_test_services::kafka::python(
         &brokers,
         "from kafka.admin import KafkaAdminClient, NewTopic\n\
          a = KafkaAdminClient(bootstrap_servers=BROKERS)\n\

@@ -9,8 +9,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::sync::Arc;
 
-mod common;
-use common::{documents, node, python, unique};
+use logbus_test_services::opensearch::{documents, node, python, unique};
 
 use logbus_plugin_api::testing;
 use logbus_plugin_api::{

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::support::rss;
 
-use crate::clickhouse_common::{MODERN as URL, server, sql as sql_at};
+use logbus_test_services::clickhouse::{MODERN as URL, server, sql as sql_at};
 
 /// `sql` on the modern server.
 fn sql(sql: &str) -> String {

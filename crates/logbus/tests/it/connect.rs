@@ -166,7 +166,7 @@ fn an_invalid_pipeline_is_not_probed() {
 #[cfg(feature = "sink-clickhouse")]
 mod clickhouse {
     use super::*;
-    use crate::clickhouse_common::{MODERN as URL, server, sql};
+    use logbus_test_services::clickhouse::{MODERN as URL, server, sql};
 
     /// The table described with the stage's credentials: the mapping
     /// checked as at start, a missing table or database, a refused
@@ -302,7 +302,7 @@ mod clickhouse {
 #[cfg(feature = "source-kafka")]
 mod kafka {
     use super::*;
-    use crate::kafka_common::{SASL_BROKERS, brokers, topic};
+    use logbus_test_services::kafka::{SASL_BROKERS, brokers, topic};
 
     /// The brokers reached with each stage's settings; topics looked up
     /// without creating them (the test broker creates none by itself).
@@ -403,7 +403,9 @@ mod kafka {
 ))]
 mod aws {
     use super::*;
-    use crate::s3_common::{ACCESS_KEY, SECRET_KEY, bucket, cloudwatch, endpoint, logs_python};
+    use logbus_test_services::aws::{
+        ACCESS_KEY, SECRET_KEY, bucket, cloudwatch, endpoint, logs_python,
+    };
 
     /// Buckets listed with the stage's keys (a missing one, a wrong
     /// secret); CloudWatch groups and streams looked up where the sink
@@ -520,7 +522,7 @@ mod aws {
 #[cfg(feature = "sink-opensearch")]
 mod opensearch {
     use super::*;
-    use crate::opensearch_common::node;
+    use logbus_test_services::opensearch::node;
 
     /// Every endpoint asked, a missing ingest pipeline named.
     #[ignore = "needs an OpenSearch node (.ci/services up opensearch); run with --include-ignored"]

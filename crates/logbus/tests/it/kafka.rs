@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::kafka_common::{brokers, committed, produce, python, topic};
+use logbus_test_services::kafka::{brokers, committed, produce, python, topic};
 
 /// One test at a time: the broker restart would disturb the others.
 static BROKER: Mutex<()> = Mutex::new(());

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::opensearch_common::{documents, node, python, unique};
 use crate::support::rss;
+use logbus_test_services::opensearch::{documents, node, python, unique};
 
 /// `{{seq}}` of the generator counts from 0.
 const FIRST_SEQ: u64 = 0;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::s3_common::{ACCESS_KEY, SECRET_KEY, bucket, endpoint, objects};
 use crate::support::{Spawned, free_port, rss};
+use logbus_test_services::aws::{ACCESS_KEY, SECRET_KEY, bucket, endpoint, objects};
 
 /// One test at a time: the restart would disturb the others.
 static SERVER: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -141,7 +141,7 @@ fn a_server_frozen_and_restarted_mid_upload_loses_nothing() {
     let pid = child.child.id();
     // Once a part is stored, the upload is under way.
     let began = Instant::now();
-    while crate::s3_common::uploaded_parts(&url, &b) == 0 {
+    while logbus_test_services::aws::uploaded_parts(&url, &b) == 0 {
         assert!(child.try_wait().is_none(), "{}", child.said());
         assert!(began.elapsed() < Duration::from_secs(60), "no part stored");
         std::thread::sleep(Duration::from_millis(100));
@@ -343,7 +343,7 @@ fn the_source_reads_on_across_a_server_restart_sending_each_line_once() {
     // falls in the middle of the first one's body.
     let (objects_n, per) = (2u64, 1_000_000u64);
     for k in 0..objects_n {
-        crate::s3_common::python(
+        logbus_test_services::aws::python(
             &url,
             "first, n = int(ARGS[2]), int(ARGS[3])\n\
              body = ''.join(f'{i:09} ' + 'x' * 80 + '\\n' for i in range(first, first + n)).encode()\n\

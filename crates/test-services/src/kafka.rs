@@ -4,7 +4,6 @@
 //! output. The tests that need them are ignored unless run with
 //! `--include-ignored` (CI does); then a missing broker or kafka-python
 //! fails them.
-#![allow(dead_code)]
 
 use std::process::Command;
 
@@ -47,11 +46,7 @@ pub fn python(brokers: &str, script: &str, args: &[&str]) -> String {
 
 /// A fresh topic with `partitions` partitions.
 pub fn topic(brokers: &str, name: &str, partitions: u32) -> String {
-    let name = format!(
-        "{name}-{}-{}",
-        std::process::id(),
-        logbus_plugin_api::now_ns()
-    );
+    let name = format!("{name}-{}-{}", std::process::id(), crate::now_ns());
     python(
         brokers,
         "from kafka.admin import KafkaAdminClient, NewTopic\n\

@@ -4,7 +4,6 @@
 //! what the sink wrote. The tests that need them are ignored unless run
 //! with `--include-ignored` (CI does); then a missing server or boto3 fails
 //! them.
-#![allow(dead_code)]
 
 use std::process::Command;
 
@@ -59,7 +58,7 @@ pub fn bucket(endpoint: &str, name: &str) -> String {
     let name = format!(
         "{name}-{}-{}",
         std::process::id(),
-        logbus_plugin_api::now_ns() % 1_000_000_000
+        crate::now_ns() % 1_000_000_000
     );
     python(endpoint, "s3.create_bucket(Bucket=ARGS[0])", &[&name]);
     name

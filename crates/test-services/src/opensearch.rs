@@ -4,7 +4,6 @@
 //! documents back. The tests that need them are ignored unless run with
 //! `--include-ignored` (CI does); then a missing node or opensearch-py
 //! fails them.
-#![allow(dead_code)]
 
 use std::process::Command;
 
@@ -47,11 +46,7 @@ pub fn python(url: &str, script: &str, args: &[&str]) -> String {
 
 /// A name no other test (or earlier run) uses.
 pub fn unique(name: &str) -> String {
-    format!(
-        "{name}-{}-{}",
-        std::process::id(),
-        logbus_plugin_api::now_ns()
-    )
+    format!("{name}-{}-{}", std::process::id(), crate::now_ns())
 }
 
 /// Every document under `pattern` (refreshed first): `(index, id, source)`.

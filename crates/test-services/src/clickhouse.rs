@@ -3,7 +3,6 @@
 //! Python's urllib, to make tables and read rows back. The tests that need
 //! a server are ignored unless run with `--include-ignored` (CI does); then
 //! a missing server fails them.
-#![allow(dead_code)]
 
 use std::process::Command;
 
@@ -58,9 +57,5 @@ pub fn count(url: &str, table: &str) -> u64 {
 }
 
 pub fn table(name: &str) -> String {
-    format!(
-        "{name}_{}_{}",
-        std::process::id(),
-        logbus_plugin_api::now_ns()
-    )
+    format!("{name}_{}_{}", std::process::id(), crate::now_ns())
 }
