@@ -235,6 +235,8 @@ stages:
                 .success()
         );
     };
+    // No `validate --connect` probe runs against the server while it is frozen.
+    let paused = logbus_test_services::pausing("clickhouse");
     signal("-STOP");
     let frozen = std::time::Instant::now();
     let mut peak = 0;
@@ -244,6 +246,7 @@ stages:
     }
     let still_running = child.try_wait().is_none();
     signal("-CONT");
+    drop(paused);
     assert!(
         still_running,
         "the run finished while the server was frozen"

@@ -174,6 +174,8 @@ mod clickhouse {
     #[ignore = "needs a ClickHouse server (.ci/services up clickhouse); run with --include-ignored"]
     #[test]
     fn the_table_and_its_columns_are_checked_against_what_arrives() {
+        // The probes have a timeout: no test freezes the server meanwhile.
+        let _answering = logbus_test_services::answering("clickhouse");
         server(URL);
         let dir = tempfile::tempdir().unwrap();
         let table = format!(
@@ -413,6 +415,8 @@ mod aws {
     #[ignore = "needs MinIO and moto (.ci/services up s3 cloudwatch; pip install boto3); run with --include-ignored"]
     #[test]
     fn buckets_keys_groups_and_streams_are_checked() {
+        // The probes have a timeout: no test freezes the server meanwhile.
+        let _answering = logbus_test_services::answering("s3");
         let s3 = endpoint();
         let present = bucket(&s3, "connect");
         let logs = cloudwatch();
@@ -528,6 +532,8 @@ mod opensearch {
     #[ignore = "needs an OpenSearch node (.ci/services up opensearch); run with --include-ignored"]
     #[test]
     fn endpoints_and_the_ingest_pipeline_are_checked() {
+        // The probes have a timeout: no test freezes the server meanwhile.
+        let _answering = logbus_test_services::answering("opensearch");
         let url = node();
         let dir = tempfile::tempdir().unwrap();
         let text = format!(

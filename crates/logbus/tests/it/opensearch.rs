@@ -188,6 +188,8 @@ stages:
                 .success()
         );
     };
+    // No `validate --connect` probe runs against the server while it is frozen.
+    let paused = logbus_test_services::pausing("opensearch");
     signal("-STOP");
     let frozen = Instant::now();
     let mut peak = 0;
@@ -197,6 +199,7 @@ stages:
     }
     let still_running = child.try_wait().is_none();
     signal("-CONT");
+    drop(paused);
     assert!(still_running, "the run finished while the node was frozen");
     let (status, err) = child.wait();
     assert!(status.success(), "{err}");

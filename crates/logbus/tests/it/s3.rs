@@ -12,9 +12,6 @@ use serde_json::Value;
 use crate::support::{Spawned, free_port, rss};
 use logbus_test_services::aws::{ACCESS_KEY, SECRET_KEY, bucket, endpoint, objects};
 
-/// One test at a time: the restart would disturb the others.
-static SERVER: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn logbus() -> Command {
     Command::new(env!("CARGO_BIN_EXE_logbus"))
 }
@@ -24,8 +21,8 @@ fn logbus() -> Command {
 #[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[test]
 fn an_object_much_larger_than_memory_goes_up_in_parts_with_flat_rss() {
-    // The lock first: while another test restarts the server, it is down.
-    let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    // The lock first: no test restarts the server meanwhile.
+    let _one = logbus_test_services::answering("s3");
     let url = endpoint();
     let b = bucket(&url, "big");
     let dir = tempfile::tempdir().unwrap();
@@ -105,8 +102,9 @@ fn an_object_much_larger_than_memory_goes_up_in_parts_with_flat_rss() {
 #[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[test]
 fn a_server_frozen_and_restarted_mid_upload_loses_nothing() {
-    // The lock first: while another test restarts the server, it is down.
-    let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    // The server alone: other tests' requests (in this process or
+    // another) would fail while it is down.
+    let _one = logbus_test_services::pausing("s3");
     let url = endpoint();
     let b = bucket(&url, "restart");
     let dir = tempfile::tempdir().unwrap();
@@ -291,8 +289,8 @@ fn write_lines(path: &Path, range: std::ops::Range<u64>) {
 #[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[test]
 fn the_archive_example_restarted_neither_rereads_nor_skips() {
-    // The lock first: while another test restarts the server, it is down.
-    let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    // The lock first: no test restarts the server meanwhile.
+    let _one = logbus_test_services::answering("s3");
     let url = endpoint();
     let b = bucket(&url, "archive");
     let dir = tempfile::tempdir().unwrap();
@@ -335,8 +333,9 @@ fn the_archive_example_restarted_neither_rereads_nor_skips() {
 #[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[test]
 fn the_source_reads_on_across_a_server_restart_sending_each_line_once() {
-    // The lock first: while another test restarts the server, it is down.
-    let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    // The server alone: other tests' requests (in this process or
+    // another) would fail while it is down.
+    let _one = logbus_test_services::pausing("s3");
     let url = endpoint();
     let b = bucket(&url, "src-restart");
     // Objects far larger than what the connection buffers, so the restart
@@ -442,7 +441,8 @@ fn the_source_reads_on_across_a_server_restart_sending_each_line_once() {
 #[ignore = "needs an S3 server and boto3 (.ci/services up s3; pip install boto3); run with --include-ignored"]
 #[test]
 fn credentials_come_from_a_named_profile() {
-    let _one = SERVER.lock().unwrap_or_else(|p| p.into_inner());
+    // No test restarts the server meanwhile.
+    let _one = logbus_test_services::answering("s3");
     let url = endpoint();
     let b = bucket(&url, "profile");
     let dir = tempfile::tempdir().unwrap();
