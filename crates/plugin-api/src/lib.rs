@@ -17,6 +17,7 @@ pub mod flow;
 pub mod host;
 pub mod line_buffer;
 pub mod metrics;
+pub mod options;
 pub mod output;
 pub mod plugin;
 pub mod registry;
@@ -39,11 +40,11 @@ pub use logbus_event::{
 /// The channel between stages, as a stage sees it (crate `logbus-queue`).
 pub use logbus_queue::{InputBatch, Receiver, Sender, blocking, channel};
 pub use metrics::{StageCounts, StageMetrics};
+pub use options::{CheckOptions, NoOptions, OptionError, closest};
 pub use output::{Output, OutputRole};
 pub use plugin::{
-    BuildContext, Built, CheckOptions, EventError, NoOptions, OptionError, OutputSet, Plugin,
-    Processor, Sink, SinkContext, Source, SourceContext, StageError, StageKind, Typed, TypedPlugin,
-    Verdict, attach_error, closest, panic_message,
+    BuildContext, Built, EventError, OutputSet, Plugin, Processor, Sink, SinkContext, Source,
+    SourceContext, StageError, StageKind, Typed, TypedPlugin, Verdict, attach_error, panic_message,
 };
 pub use registry::Registry;
 pub use schemars;
@@ -55,6 +56,7 @@ pub use tokio_util::sync::{CancellationToken, DropGuard};
 /// stores them, options parsed without a plugin. No plugin needs these;
 /// they change with the engine.
 pub mod engine {
+    pub use crate::options::{parse_options, path_segments};
     pub use crate::output::{OutputTargets, ProducerHold, Tap};
-    pub use crate::plugin::{BuiltAs, BuiltStage, parse_options, path_segments};
+    pub use crate::plugin::{BuiltAs, BuiltStage};
 }

@@ -68,7 +68,8 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::{BuildContext, Built, OptionError};
+    use crate::options::OptionError;
+    use crate::plugin::{BuildContext, Built};
 
     struct Named(StageKind, &'static str);
 

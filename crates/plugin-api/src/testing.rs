@@ -714,7 +714,8 @@ fn table_cells(line: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::{CheckOptions, OptionError, StageKind, Typed, TypedPlugin};
+    use crate::options::{CheckOptions, OptionError};
+    use crate::plugin::{StageKind, Typed, TypedPlugin};
 
     #[derive(serde::Deserialize, schemars::JsonSchema)]
     #[allow(dead_code)]
