@@ -18,6 +18,10 @@
 //! S3 lists keys in UTF-8 binary order: a key that appears later but sorts
 //! before `after` is not read (name objects so that new ones sort last, as
 //! dated prefixes do).
+//!
+//! Why one module: the listing, the concurrent reads and the checkpoint
+//! (`after`, `done`, `partial`) change together, since what is finished
+//! is decided by all three.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;

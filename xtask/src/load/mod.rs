@@ -13,6 +13,12 @@
 //! Threads per run: the feeder (writes the schedule), the collector (reads
 //! the output, charges latency), the sampler (RSS, CPU, queue depth ten
 //! times a second) and the controller (this module, choosing dwells).
+//!
+//! Why this module is long: the controller is one state machine (hold a
+//! rate for a dwell, judge the dwell, bisect, stop on overload, recover)
+//! whose steps read each other's measurements; feeding, collecting,
+//! sampling, reporting and the peers' targets are already modules of
+//! their own.
 
 mod collector;
 mod feeder;

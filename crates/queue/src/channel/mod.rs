@@ -20,6 +20,14 @@
 //! is where a consumer reads, fixed when the consumer is made ([`End`]): the
 //! shared memory queue (this module), one frontend ring of a local-scope
 //! queue ([`frontend`]), or a durable queue's log ([`log`]).
+//!
+//! # Why one module of this size
+//! The sender, the receiver, the handle and `Shared` keep one invariant
+//! between them: a permit per event is taken at send and returned when
+//! the batch is dropped, and each side's wakeup follows from the other's
+//! change. Split across files, that invariant could not be read in one
+//! place; the kinds that differ (a frontend ring, a durable log) already
+//! live in their own modules.
 
 mod frontend;
 mod log;
