@@ -5,8 +5,6 @@
 //! with `--include-ignored` (CI does); then a missing server or boto3 fails
 //! them.
 
-use std::process::Command;
-
 use serde_json::Value;
 
 pub const ACCESS_KEY: &str = "logbus";
@@ -17,40 +15,26 @@ pub const SECRET_KEY: &str = "logbus-secret";
 pub fn endpoint() -> String {
     let url =
         std::env::var("LOGBUS_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9002".into());
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
-    assert!(
-        std::net::TcpStream::connect(&addr).is_ok(),
-        "an S3 server at {url} is required (.ci/services up s3, or set LOGBUS_S3_ENDPOINT)"
+    crate::require_listening(
+        url.trim_start_matches("http://").trim_end_matches('/'),
+        "an S3 server (.ci/services up s3, or set LOGBUS_S3_ENDPOINT)",
     );
-    assert!(
-        Command::new("python3")
-            .args(["-c", "import boto3"])
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "python3 with boto3 is required (pip install boto3)"
-    );
+    crate::require_python("boto3", "pip install boto3");
     url
 }
 
 /// Runs a boto3 snippet with `s3` (a client of the test server) and
 /// `ARGS` set; returns its stdout.
 pub fn python(endpoint: &str, script: &str, args: &[&str]) -> String {
-    let o = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sys, json, base64, boto3\n\
+    crate::python(
+        &format!(
+            "import base64, boto3\n\
              s3 = boto3.client('s3', endpoint_url={endpoint:?}, region_name='us-east-1',\n\
-             \x20   aws_access_key_id={ACCESS_KEY:?}, aws_secret_access_key={SECRET_KEY:?})\n\
-             ARGS = sys.argv[1:]\n{script}"
-        ))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
+             \x20   aws_access_key_id={ACCESS_KEY:?}, aws_secret_access_key={SECRET_KEY:?})"
+        ),
+        script,
+        args,
+    )
 }
 
 /// A fresh, empty bucket.
@@ -141,13 +125,9 @@ pub fn uploaded_parts(endpoint: &str, bucket: &str) -> usize {
 pub fn cloudwatch() -> String {
     let url = std::env::var("LOGBUS_CLOUDWATCH_ENDPOINT")
         .unwrap_or_else(|_| "http://127.0.0.1:4566".into());
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
-    assert!(
-        std::net::TcpStream::connect(&addr).is_ok(),
-        "a CloudWatch Logs server at {url} is required (pip install 'moto[server]'; .ci/services up cloudwatch)"
+    crate::require_listening(
+        url.trim_start_matches("http://").trim_end_matches('/'),
+        "a CloudWatch Logs server (pip install 'moto[server]'; .ci/services up cloudwatch)",
     );
     url
 }
@@ -155,19 +135,15 @@ pub fn cloudwatch() -> String {
 /// Runs a boto3 snippet with `logs` (a CloudWatch Logs client of the
 /// test server) and `ARGS` set; returns its stdout.
 pub fn logs_python(endpoint: &str, script: &str, args: &[&str]) -> String {
-    let o = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sys, json, boto3\n\
+    crate::python(
+        &format!(
+            "import boto3\n\
              logs = boto3.client('logs', endpoint_url={endpoint:?}, region_name='us-east-1',\n\
-             \x20   aws_access_key_id='test', aws_secret_access_key='test')\n\
-             ARGS = sys.argv[1:]\n{script}"
-        ))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
+             \x20   aws_access_key_id='test', aws_secret_access_key='test')"
+        ),
+        script,
+        args,
+    )
 }
 
 /// The records of every Parquet (`.parquet`, by pyarrow) or Avro container

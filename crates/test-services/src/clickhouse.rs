@@ -13,9 +13,9 @@ pub const OLD: &str = "http://127.0.0.1:8124";
 
 /// `url`, owned; fails the test unless a server answers there.
 pub fn server(url: &str) -> String {
-    assert!(
-        std::net::TcpStream::connect(url.trim_start_matches("http://")).is_ok(),
-        "a ClickHouse server at {url} is required (.ci/services up clickhouse clickhouse-old)"
+    crate::require_listening(
+        url.trim_start_matches("http://"),
+        "a ClickHouse server (.ci/services up clickhouse clickhouse-old)",
     );
     url.to_string()
 }

@@ -5,8 +5,6 @@
 //! `--include-ignored` (CI does); then a missing broker or kafka-python
 //! fails them.
 
-use std::process::Command;
-
 /// The SASL listener `.ci/services` opens beside the plain one.
 pub const SASL_BROKERS: &str = "127.0.0.1:9094";
 
@@ -15,33 +13,18 @@ pub const SASL_BROKERS: &str = "127.0.0.1:9094";
 pub fn brokers() -> String {
     let brokers = std::env::var("LOGBUS_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let first = brokers.split(',').next().unwrap_or_default().to_string();
-    assert!(
-        std::net::TcpStream::connect(&first).is_ok(),
-        "a Kafka broker at {first} is required (.ci/services up kafka, or set LOGBUS_KAFKA_BROKERS)"
+    crate::require_listening(
+        &first,
+        "a Kafka broker (.ci/services up kafka, or set LOGBUS_KAFKA_BROKERS)",
     );
-    assert!(
-        Command::new("python3")
-            .args(["-c", "import kafka"])
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "python3 with kafka-python is required (pip install kafka-python)"
-    );
+    crate::require_python("kafka", "pip install kafka-python");
     brokers
 }
 
 /// Runs a kafka-python snippet with `BROKERS` and the arguments set;
 /// returns its stdout.
 pub fn python(brokers: &str, script: &str, args: &[&str]) -> String {
-    let o = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sys, json\nBROKERS = {brokers:?}\nARGS = sys.argv[1:]\n{script}"
-        ))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
+    crate::python(&format!("BROKERS = {brokers:?}"), script, args)
 }
 
 /// A fresh topic with `partitions` partitions.

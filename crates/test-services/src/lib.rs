@@ -12,6 +12,43 @@ pub mod clickhouse;
 pub mod kafka;
 pub mod opensearch;
 
+/// Fails the test, saying how to start it, unless something listens at
+/// `addr` (`host:port`).
+pub(crate) fn require_listening(addr: &str, what: &str) {
+    assert!(
+        std::net::TcpStream::connect(addr).is_ok(),
+        "{what} at {addr} is required"
+    );
+}
+
+/// Fails the test, saying what to install, unless python3 can import
+/// `module`.
+pub(crate) fn require_python(module: &str, install: &str) {
+    assert!(
+        std::process::Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "python3 with {module} is required ({install})"
+    );
+}
+
+/// Runs `prelude` then `script` in python3 with `sys`, `json` and `ARGS`
+/// (the arguments) set; fails the test with python's stderr unless it
+/// succeeds; returns its stdout.
+pub(crate) fn python(prelude: &str, script: &str, args: &[&str]) -> String {
+    let o = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sys, json\nARGS = sys.argv[1:]\n{prelude}\n{script}"
+        ))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
 /// A hold on a shared server. Tests that freeze a server (SIGSTOP, to
 /// check that a stalled destination holds the pipeline back) take it
 /// alone with [`pausing`]; tests whose assertions need the server to
@@ -56,4 +93,18 @@ fn now_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The prelude runs before the script, with `ARGS` and `json` set.
+    #[test]
+    fn python_runs_the_prelude_then_the_script_with_the_arguments() {
+        let out = super::python(
+            "X = 40",
+            "print(json.dumps([X + len(ARGS), ARGS]))",
+            &["a", "b"],
+        );
+        assert_eq!(out.trim(), r#"[42, ["a", "b"]]"#);
+    }
 }

@@ -5,8 +5,6 @@
 //! `--include-ignored` (CI does); then a missing node or opensearch-py
 //! fails them.
 
-use std::process::Command;
-
 use serde_json::{Value, json};
 
 /// The node's URL; fails the test unless the node answers and
@@ -15,33 +13,22 @@ pub fn node() -> String {
     let url =
         std::env::var("LOGBUS_OPENSEARCH_URL").unwrap_or_else(|_| "http://127.0.0.1:9200".into());
     let hostport = url.trim_start_matches("http://").trim_end_matches('/');
-    assert!(
-        std::net::TcpStream::connect(hostport).is_ok(),
-        "an OpenSearch node at {url} is required (.ci/services up opensearch, or set LOGBUS_OPENSEARCH_URL)"
+    crate::require_listening(
+        hostport,
+        "an OpenSearch node (.ci/services up opensearch, or set LOGBUS_OPENSEARCH_URL)",
     );
-    assert!(
-        Command::new("python3")
-            .args(["-c", "import opensearchpy"])
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "python3 with opensearch-py is required (pip install opensearch-py)"
-    );
+    crate::require_python("opensearchpy", "pip install opensearch-py");
     url
 }
 
 /// Runs an opensearch-py snippet with `os` (a client), `json` and `ARGS`;
 /// returns its stdout.
 pub fn python(url: &str, script: &str, args: &[&str]) -> String {
-    let o = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import sys, json\nfrom opensearchpy import OpenSearch\nos = OpenSearch([{url:?}], timeout=60)\nARGS = sys.argv[1:]\n{script}"
-        ))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
+    crate::python(
+        &format!("from opensearchpy import OpenSearch\nos = OpenSearch([{url:?}], timeout=60)"),
+        script,
+        args,
+    )
 }
 
 /// A name no other test (or earlier run) uses.
