@@ -3,7 +3,6 @@
 //! error routing, shutdown, and the `logbus` command itself.
 
 mod api;
-mod attached;
 mod cli;
 #[cfg(feature = "sink-clickhouse")]
 mod clickhouse;
@@ -13,7 +12,6 @@ mod crash;
 mod durable;
 mod edge_agent;
 mod flow;
-mod fuse;
 mod hostile;
 mod js;
 #[cfg(feature = "source-kafka")]
@@ -21,9 +19,6 @@ mod kafka;
 #[cfg(feature = "sink-opensearch")]
 mod opensearch;
 mod preflight;
-mod reload;
-mod route;
-mod runtime;
 #[cfg(feature = "sink-s3")]
 mod s3;
 mod schema;
@@ -31,4 +26,3 @@ mod support;
 mod tail;
 mod ui;
 mod validate;
-mod workers;

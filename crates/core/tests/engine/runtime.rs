@@ -214,46 +214,6 @@ stages:
     }
 }
 
-/// A flood of bad events does not flood the log: per stage, the first 5
-/// errors of a 10-second window are logged, then how many were kept quiet
-/// (here at exit); a stage with no quiet errors says nothing more.
-#[test]
-fn event_errors_are_logged_five_per_window_then_counted() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("p.yml");
-    std::fs::write(
-        &p,
-        "stages:
-  bad: { source: generator, count: 20, template: 'not json {{seq}}' }
-  few: { source: generator, count: 3, template: 'nor this {{seq}}' }
-  json: { parser: json, inputs: [bad], on_error: drop }
-  other: { parser: json, inputs: [few], on_error: drop }
-  out: { sink: blackhole, inputs: [json, other] }
-",
-    )
-    .unwrap();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_logbus"))
-        .arg("run")
-        .arg(&p)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{said}");
-    let lines = |stage: &str, what: &str| {
-        said.lines()
-            .filter(|l| l.contains(&format!("stage=\"{stage}\"")) && l.contains(what))
-            .count()
-    };
-    assert_eq!(lines("json", "dropped an event"), 5, "{said}");
-    assert_eq!(
-        lines("json", "15 more dropped events were not logged"),
-        1,
-        "{said}"
-    );
-    assert_eq!(lines("other", "dropped an event"), 3, "{said}");
-    assert_eq!(lines("other", "were not logged"), 0, "{said}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_json_is_dropped_and_counted() {
     let plugins = TestPlugins::default();
