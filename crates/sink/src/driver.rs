@@ -339,11 +339,10 @@ impl<S: Service> Driver<S> {
                 tags.push(tag);
                 events.push((event, why));
             }
-            let mut warned = inputs.warned_dropping;
-            if let Err(why) = dead_letter(cx, events, &c.destination, unread, &mut warned).await {
+            let warned = &mut inputs.warned_dropping;
+            if let Err(why) = dead_letter(cx, events, &c.destination, unread, warned).await {
                 failure = Some(why);
             }
-            inputs.warned_dropping = warned;
             // Released once sent on: until then they hold their input's
             // room in the channel.
             for tag in tags {
@@ -373,7 +372,9 @@ impl<S: Service> logbus_plugin_api::Sink for Driver<S> {
     }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
+/// Sleeps until `deadline`, or for ever when there is none (a `select!`
+/// branch that never fires).
+pub(crate) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,

@@ -31,7 +31,7 @@ use logbus_plugin_api::{
 use tokio::time::Instant;
 
 use crate::dead::{Unread, dead_letter};
-use crate::driver::PartitionKey;
+use crate::driver::{PartitionKey, sleep_until};
 use crate::object::{Misfit, ObjectFormat, ObjectWriter};
 use crate::retry::{Attempt, Retried, RetryPolicy};
 
@@ -573,13 +573,6 @@ impl<S: ObjectStore> logbus_plugin_api::Sink for ObjectDriver<S> {
 /// `max` parts takes one more: parts are numbered from 1.
 fn next_part_number(done: usize, max: usize) -> Option<usize> {
     done.checked_add(1).filter(|n| *n <= max)
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]
