@@ -22,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
             ingest_ns: 0,
             origin: None,
             attributes: None,
+            position: None,
         },
     );
     match parser.process(&mut event) {
@@ -35,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
                     ingest_ns: 0,
                     origin: None,
                     attributes: None,
+                    position: None,
                 },
             );
             assert!(matches!(parser.process(&mut again), Ok(Verdict::Keep)));

@@ -89,6 +89,14 @@ pub struct Shape {
     /// The first stage after which any other field may be there too
     /// (`None`: exactly the known fields).
     pub open_after: Option<String>,
+    /// By source stage id, how many ways its events come here (saturating):
+    /// more than one, and one source event can arrive twice, as copies
+    /// that share its position.
+    #[serde(skip)]
+    pub paths: imbl::OrdMap<Arc<str>, u32>,
+    /// Sources whose events come here without a source position.
+    #[serde(skip)]
+    pub unplaced: imbl::OrdSet<Arc<str>>,
 }
 
 impl Shape {
@@ -102,6 +110,19 @@ impl Shape {
         }
         if self.open_after.is_none() {
             self.open_after.clone_from(&other.open_after);
+        }
+        if self.unplaced.is_empty() {
+            self.unplaced = other.unplaced.clone();
+        } else {
+            self.unplaced.extend(other.unplaced.iter().cloned());
+        }
+        if self.paths.is_empty() {
+            self.paths = other.paths.clone();
+        } else {
+            for (source, n) in &other.paths {
+                let mine = self.paths.entry(source.clone()).or_default();
+                *mine = mine.saturating_add(*n);
+            }
         }
     }
 
@@ -497,12 +518,77 @@ fn run_stage(
                     ..Shape::default()
                 }
             }
+            Step::Positions => {}
+            Step::NamesByPosition { option } => {
+                check_single_paths(s, input, option, at, report);
+            }
         }
     }
     if s.kind == StageKind::Sink {
         return Shape::default();
     }
+    // The data may be replaced; where it came from is not.
+    if s.inputs.is_empty() {
+        cur.paths = imbl::OrdMap::unit(Arc::from(s.id), 1);
+        cur.unplaced = if s.flow.steps.contains(&Step::Positions) {
+            imbl::OrdSet::new()
+        } else {
+            imbl::OrdSet::unit(Arc::from(s.id))
+        };
+    } else {
+        cur.paths = input.paths.clone();
+        cur.unplaced = input.unplaced.clone();
+    }
     cur
+}
+
+/// A stage that names events by their source position needs each source
+/// to reach it one way only: two copies of one event would get one name,
+/// and the destination would keep one of them.
+fn check_single_paths(
+    s: &FlowStage<'_>,
+    input: &Shape,
+    option: &[String],
+    at: Pos,
+    report: &mut FlowReport,
+) {
+    let twice: Vec<String> = input
+        .paths
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(source, n)| format!("`{source}` ({n} ways)"))
+        .collect();
+    if !input.unplaced.is_empty() {
+        let names: Vec<String> = input.unplaced.iter().map(|s| format!("`{s}`")).collect();
+        report.diagnostics.push(
+            Diagnostic::warning(
+                "position-missing",
+                format!(
+                    "`{}` names each event by its source position, but {} gives its events none: those get ids from the destination, and a crash repeats or loses them as it would without positions",
+                    s.id,
+                    names.join(", ")
+                ),
+            )
+            .stage(s.id)
+            .at(at),
+        );
+    }
+    if twice.is_empty() {
+        return;
+    }
+    report.diagnostics.push(
+        Diagnostic::error(
+            "position-names-twice",
+            format!(
+                "`{}` names each event by its source position, but events of {} can reach it more than one way (fan-out that joins again, a route to several outputs it reads): two copies of one event would share a name and one would replace the other. Read each source through one path, or turn `{}` off",
+                s.id,
+                twice.join(", "),
+                option.join(".")
+            ),
+        )
+        .stage(s.id)
+        .at(at),
+    );
 }
 
 /// A read uses the field, what it holds and what holds it.

@@ -18,6 +18,7 @@ pub mod ack;
 pub mod checkpoint;
 pub mod lazy;
 pub mod path;
+pub mod position;
 pub mod spelling;
 
 use std::borrow::Cow;
@@ -31,6 +32,7 @@ pub use ack::{Ack, AckReceiver, BatchAck, Outcome};
 pub use checkpoint::{AckCounts, OrderedCheckpoint};
 pub use lazy::LazyFields;
 pub use path::FieldPath;
+pub use position::Position;
 pub use spelling::closest;
 
 /// Structured fields of an event: a JSON object that keeps insertion order.
@@ -111,6 +113,11 @@ pub struct Meta {
     /// `transform: fields` (`from_meta`) and the JS transform, and kept
     /// by a durable queue.
     pub attributes: Option<Arc<Fields>>,
+    /// Where a replaying source found the event ([`position`]): the same
+    /// input read again after a crash has the same position, which lets
+    /// a sink give a destination an id that makes the redelivery harmless.
+    /// `None` from sources that cannot read anything twice.
+    pub position: Option<Position>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -201,6 +208,12 @@ impl Event {
 
     pub fn meta(&self) -> &Meta {
         &self.data.meta
+    }
+
+    /// The metadata to change; copies the data first if another clone
+    /// shares it.
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        &mut self.data_mut().meta
     }
 
     /// Mutable access; copies the data first if another clone shares it.
@@ -349,6 +362,7 @@ impl Meta {
             ingest_ns,
             origin: None,
             attributes: None,
+            position: None,
         }
     }
 }

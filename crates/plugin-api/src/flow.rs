@@ -172,6 +172,15 @@ pub enum Step {
     RawAsMessage,
     /// Raw or parsed events of unknown fields (a plugin that says nothing).
     EmitAny,
+    /// A source's events leave with positions ([`crate::Position`]) that a
+    /// re-read after a crash repeats.
+    Positions,
+    /// The stage gives its destination each event's source position
+    /// ([`crate::Position`]) as its name, as `option` asks: validation
+    /// refuses a pipeline where one source reaches it by two paths.
+    NamesByPosition {
+        option: Vec<String>,
+    },
 }
 
 /// A stage's statement: what it accepts and what it does, step by step.

@@ -35,7 +35,7 @@ pub use line_buffer::LineBuffer;
 pub use logbus_event as event;
 pub use logbus_event::{
     Ack, AckCounts, AckReceiver, BatchAck, Event, FieldPath, Fields, LazyFields, Meta,
-    OrderedCheckpoint, Outcome, Payload, now_ns,
+    OrderedCheckpoint, Outcome, Payload, Position, now_ns,
 };
 /// The channel between stages, as a stage sees it (crate `logbus-queue`).
 pub use logbus_queue::{InputBatch, Receiver, Sender, blocking, channel};

@@ -26,7 +26,7 @@ pub use logbus_diskq::{
 };
 pub use logbus_diskq::{inspect, list_segments};
 
-use logbus_event::{Event, Fields, Meta, Outcome, Payload};
+use logbus_event::{Event, Fields, Meta, Outcome, Payload, Position};
 
 const TAG_RAW: u8 = 1;
 const TAG_FIELDS: u8 = 2;
@@ -39,6 +39,12 @@ const TAG_FIELDS_ORIGIN: u8 = 4;
 /// `attributes length (u32) | attributes as JSON` after the source name.
 const TAG_RAW_ATTRIBUTES: u8 = 5;
 const TAG_FIELDS_ATTRIBUTES: u8 = 6;
+/// With a source position ([`logbus_event::Position`]): the origin and the
+/// attributes are always there (empty: none), then the position's three
+/// numbers, so a record replayed after a crash keeps the id a sink gives
+/// its destination.
+const TAG_RAW_POSITION: u8 = 7;
+const TAG_FIELDS_POSITION: u8 = 8;
 
 /// Which durable mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,8 +264,16 @@ pub fn encode_event(event: &Event, out: &mut Vec<u8>) {
     let source = clip(meta.source.as_bytes());
     let origin = meta.origin.as_deref().map(|o| clip(o.as_bytes()));
     let fields = event.is_parsed();
+    let position = meta.position;
     out.push(
         match (fields, origin.is_some(), meta.attributes.is_some()) {
+            _ if position.is_some() => {
+                if fields {
+                    TAG_FIELDS_POSITION
+                } else {
+                    TAG_RAW_POSITION
+                }
+            }
             (false, _, true) => TAG_RAW_ATTRIBUTES,
             (true, _, true) => TAG_FIELDS_ATTRIBUTES,
             (false, false, false) => TAG_RAW,
@@ -271,17 +285,28 @@ pub fn encode_event(event: &Event, out: &mut Vec<u8>) {
     out.extend_from_slice(&meta.ingest_ns.to_le_bytes());
     out.extend_from_slice(&(source.len() as u16).to_le_bytes());
     out.extend_from_slice(source);
-    if origin.is_some() || meta.attributes.is_some() {
+    if origin.is_some() || meta.attributes.is_some() || position.is_some() {
         let origin = origin.unwrap_or_default();
         out.extend_from_slice(&(origin.len() as u16).to_le_bytes());
         out.extend_from_slice(origin);
     }
-    if let Some(attributes) = &meta.attributes {
-        let at = out.len();
-        out.extend_from_slice(&[0; 4]);
-        serde_json::to_writer(&mut *out, &**attributes).expect("writing JSON to a Vec cannot fail");
-        let len = (out.len() - at - 4) as u32;
-        out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    match &meta.attributes {
+        Some(attributes) => {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            serde_json::to_writer(&mut *out, &**attributes)
+                .expect("writing JSON to a Vec cannot fail");
+            let len = (out.len() - at - 4) as u32;
+            out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        }
+        // Under the position tags a length of 0 says "no attributes".
+        None if position.is_some() => out.extend_from_slice(&[0; 4]),
+        None => {}
+    }
+    if let Some(p) = position {
+        for n in [p.stream, p.offset, p.part] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
     }
     match event.payload() {
         Payload::Raw(bytes) => out.extend_from_slice(bytes),
@@ -320,13 +345,15 @@ pub fn decode_event(
             s
         }
     };
-    let (raw, with_origin, with_attributes) = match tag {
-        TAG_RAW => (true, false, false),
-        TAG_FIELDS => (false, false, false),
-        TAG_RAW_ORIGIN => (true, true, false),
-        TAG_FIELDS_ORIGIN => (false, true, false),
-        TAG_RAW_ATTRIBUTES => (true, true, true),
-        TAG_FIELDS_ATTRIBUTES => (false, true, true),
+    let (raw, with_origin, with_attributes, with_position) = match tag {
+        TAG_RAW => (true, false, false, false),
+        TAG_FIELDS => (false, false, false, false),
+        TAG_RAW_ORIGIN => (true, true, false, false),
+        TAG_FIELDS_ORIGIN => (false, true, false, false),
+        TAG_RAW_ATTRIBUTES => (true, true, true, false),
+        TAG_FIELDS_ATTRIBUTES => (false, true, true, false),
+        TAG_RAW_POSITION => (true, true, true, true),
+        TAG_FIELDS_POSITION => (false, true, true, true),
         other => return Err(format!("unknown event tag {other}")),
     };
     let (origin, payload_at) = if with_origin {
@@ -357,9 +384,27 @@ pub fn decode_event(
         if b.len() < end {
             return Err("record ends inside the attributes".into());
         }
-        let attributes = serde_json::from_slice::<Fields>(&b[payload_at + 4..end])
-            .map_err(|e| format!("attributes do not decode: {e}"))?;
-        (Some(Arc::new(attributes)), end)
+        if len == 0 && with_position {
+            (None, end)
+        } else {
+            let attributes = serde_json::from_slice::<Fields>(&b[payload_at + 4..end])
+                .map_err(|e| format!("attributes do not decode: {e}"))?;
+            (Some(Arc::new(attributes)), end)
+        }
+    } else {
+        (None, payload_at)
+    };
+    let (position, payload_at) = if with_position {
+        let Some(bytes) = b.get(payload_at..payload_at + 24) else {
+            return Err("record ends inside the position".into());
+        };
+        let n = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let position = Position {
+            stream: n(0),
+            offset: n(8),
+            part: n(16),
+        };
+        (Some(position), payload_at + 24)
     } else {
         (None, payload_at)
     };
@@ -368,6 +413,7 @@ pub fn decode_event(
         ingest_ns,
         origin,
         attributes,
+        position,
     };
     let payload = &b[payload_at..];
     if raw {
@@ -446,6 +492,16 @@ mod tests {
                 ..with_attributes
             },
         );
+        let placed = |meta: &Meta| Meta {
+            position: Some(Position::new(u64::MAX, 1 << 40).part(3)),
+            ..meta.clone()
+        };
+        let raw_placed = Event::raw(&b"at a position"[..], placed(&meta));
+        let fields_placed = Event::fields(
+            serde_json::from_value(json!({"msg": "placed"})).unwrap(),
+            placed(&from_file),
+        );
+        let raw_placed_everything = Event::raw(&b""[..], placed(fields_from_both.meta()));
         let back = round_trip(&[
             &raw,
             &fields,
@@ -453,6 +509,9 @@ mod tests {
             &fields_from_file,
             &raw_from_kafka,
             &fields_from_both,
+            &raw_placed,
+            &fields_placed,
+            &raw_placed_everything,
         ]);
         assert_eq!(
             back,
@@ -462,8 +521,17 @@ mod tests {
                 raw_from_file,
                 fields_from_file,
                 raw_from_kafka,
-                fields_from_both
+                fields_from_both,
+                raw_placed,
+                fields_placed,
+                raw_placed_everything,
             ]
+        );
+        assert_eq!(back[6].meta().origin, None);
+        assert_eq!(back[6].meta().attributes, None);
+        assert_eq!(
+            back[8].meta().position,
+            Some(Position::new(u64::MAX, 1 << 40).part(3))
         );
         assert_eq!(back[2].meta().origin.as_deref(), Some("/var/log/app/é.log"));
         assert_eq!(back[4].meta().origin, None);
@@ -472,6 +540,37 @@ mod tests {
         // Field order survives.
         let keys: Vec<&String> = back[1].as_fields().unwrap().keys().collect();
         assert_eq!(keys, ["z", "a"]);
+    }
+
+    /// A record cut anywhere before its payload (a damaged segment that
+    /// still passed its checksum, a format bug) is an error naming the
+    /// part it ends in, never a panic or a wrong event.
+    #[test]
+    fn a_record_cut_before_its_payload_is_an_error() {
+        let attributes: Fields = serde_json::from_value(json!({"partition": 1})).unwrap();
+        let event = Event::raw(
+            &b""[..],
+            Meta {
+                origin: Some("/var/log/a.log".into()),
+                attributes: Some(Arc::new(attributes)),
+                position: Some(Position::new(1, 2)),
+                ..Meta::at("src", 5)
+            },
+        );
+        let mut whole = Vec::new();
+        encode_event(&event, &mut whole);
+        let mut cache = None;
+        for len in 0..whole.len() {
+            let data = Bytes::copy_from_slice(&whole[..len]);
+            let err = decode_event(&data, 0..len, &mut cache).unwrap_err();
+            assert!(
+                err.contains("short") || err.contains("ends"),
+                "cut at {len}: {err}"
+            );
+        }
+        let data = Bytes::from(whole);
+        let back = decode_event(&data, 0..data.len(), &mut cache).unwrap();
+        assert_eq!(back, event);
     }
 
     /// Records that end exactly where their source name, origin or
@@ -483,6 +582,7 @@ mod tests {
             ingest_ns: 9,
             origin: origin.map(Arc::from),
             attributes: attributes.then(|| Arc::new(Fields::default())),
+            position: None,
         };
         let events = [
             Event::raw(&b""[..], meta("", None, false)),

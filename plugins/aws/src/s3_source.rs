@@ -724,6 +724,7 @@ impl Source for S3Reader {
                             ingest_ns: 0,
                             origin: Some(Arc::from(what.as_str())),
                             attributes: None,
+                            position: None,
                         };
                         let retried = this
                             .retry_policy()

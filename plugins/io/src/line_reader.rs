@@ -205,6 +205,7 @@ async fn read_all<R: Read + Send + 'static>(
                     ingest_ns: 0,
                     origin,
                     attributes: None,
+                    position: None,
                 },
                 &tx,
                 &thread_stop,

@@ -657,6 +657,7 @@ fn a_third_parameter_receives_the_event_metadata() {
             ingest_ns: 5_000_000,
             origin: None,
             attributes: Some(std::sync::Arc::new(attributes.as_object().unwrap().clone())),
+            position: None,
         },
     );
     assert!(matches!(p.process(&mut e).unwrap(), Verdict::Keep));

@@ -110,6 +110,16 @@ async fn messages_arrive_with_their_attributes_and_finished_offsets_are_committe
         let ts = a["timestamp"].as_i64().expect("a timestamp");
         assert!(ts > 1_600_000_000_000, "{ts} is ms since the epoch");
         assert_eq!(&*e.meta().source, "s");
+        // The position names the partition and offset, so a sink can
+        // recognise the message when a restart reads it again.
+        let partition = (i % 2) as i32;
+        assert_eq!(
+            e.meta().position,
+            Some(logbus_plugin_api::Position::new(
+                logbus_plugin_api::Position::stream_of(&[t.as_bytes(), &partition.to_le_bytes()]),
+                i / 2
+            ))
+        );
     }
     assert_eq!(ids, (0..20).collect());
     assert_eq!(

@@ -92,6 +92,16 @@ pub struct OpenSearchSinkOptions {
     /// ids, and a bulk retried after a lost answer can store twice.
     #[serde(default)]
     pub id_field: Option<String>,
+    /// Name each document by where its source read the event (a tailed
+    /// file and byte offset, a Kafka partition and offset), so what a
+    /// crash makes a checkpointing source read again replaces (with
+    /// `create`: is skipped as) the document already stored: each event
+    /// once in the index across kill -9 (docs/reliability.md). Every
+    /// source must reach this sink one way only (`validate` checks).
+    /// Events from sources that cannot read again (stdin, syslog) get ids
+    /// from OpenSearch. Not with `id_field`.
+    #[serde(default)]
+    pub id_from_position: bool,
     /// Field whose value is the shard routing key.
     #[serde(default)]
     pub routing_field: Option<String>,
@@ -192,6 +202,12 @@ impl CheckOptions for OpenSearchSinkOptions {
                 errors.push(OptionError::at(&[key], e.to_string()));
             }
         }
+        if self.id_from_position && self.id_field.is_some() {
+            errors.push(OptionError::at(
+                &["id_from_position"],
+                "choose ids from a field (`id_field`) or from positions, not both",
+            ));
+        }
         if self.password_env.is_some() && self.username.is_none() {
             errors.push(OptionError::at(
                 &["password_env"],
@@ -264,7 +280,14 @@ impl TypedPlugin for OpenSearchSink {
                 .iter()
                 .map(|f| FieldRead::new(f.clone(), &["id_field"], ReadRole::Required)),
         );
-        reads.into_iter().fold(Flow::pass(), Flow::read)
+        let flow = reads.into_iter().fold(Flow::pass(), Flow::read);
+        if o.id_from_position {
+            flow.then(logbus_plugin_api::Step::NamesByPosition {
+                option: vec!["id_from_position".into()],
+            })
+        } else {
+            flow
+        }
     }
 
     fn connect(&self, options: &Self::Options, cx: ConnectContext) -> Option<Probe> {
@@ -306,6 +329,7 @@ impl TypedPlugin for OpenSearchSink {
                 .as_deref()
                 .map(|f| field("id_field", f))
                 .transpose()?,
+            position_ids: options.id_from_position,
             routing: options
                 .routing_field
                 .as_deref()
@@ -345,7 +369,7 @@ impl TypedPlugin for OpenSearchSink {
             auth,
             compression: options.compression,
             action: options.action,
-            with_ids: options.id_field.is_some(),
+            with_ids: options.id_field.is_some() || options.id_from_position,
         };
         Ok(Box::new(Driver::new(service, encoder, config)))
     }
@@ -499,6 +523,8 @@ struct BulkEncoder {
     action: Action,
     index: Template,
     id: Option<FieldPath>,
+    /// Without `id`: the event's source position names the document.
+    position_ids: bool,
     routing: Option<FieldPath>,
     pipeline: Option<Template>,
     time: FieldPath,
@@ -535,6 +561,11 @@ impl Encoder for BulkEncoder {
         if let Some(id) = self.id.as_ref().and_then(|p| key_of(event, p)) {
             out.extend_from_slice(b",\"_id\":");
             write_str(out, &id);
+        } else if self.position_ids
+            && let Some(position) = event.meta().position
+        {
+            let id = position.id(&event.meta().source);
+            write!(out, ",\"_id\":\"{id:032x}\"").expect("writing to a Vec cannot fail");
         }
         if let Some(routing) = self.routing.as_ref().and_then(|p| key_of(event, p)) {
             out.extend_from_slice(b",\"routing\":");
@@ -801,10 +832,67 @@ mod tests {
             action,
             index: Template::parse_timed("logs-{{service}}-%Y.%m.%d").unwrap(),
             id: id.map(|f| FieldPath::parse(f).unwrap()),
+            position_ids: false,
             routing: None,
             pipeline: None,
             time: FieldPath::parse("@timestamp").unwrap(),
         }
+    }
+
+    /// With `id_from_position`, an event's id is its position's, the same
+    /// every time the event is read again; an event without a position
+    /// gets none (OpenSearch picks one) and `id_field` comes first.
+    #[test]
+    fn position_ids_name_an_event_read_again_alike() {
+        use logbus_plugin_api::Position;
+        let e = BulkEncoder {
+            position_ids: true,
+            ..encoder(Action::Create, None)
+        };
+        let placed = |offset: u64, ingest_ns: u64| {
+            Event::fields(
+                json!({"@timestamp": "2026-03-04T00:00:00Z", "service": "api"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+                Meta {
+                    position: Some(Position::new(7, offset)),
+                    ..Meta::at("logs", ingest_ns)
+                },
+            )
+        };
+        let id = |e: &BulkEncoder, event: &Event| {
+            let mut out = Vec::new();
+            e.encode(event, &mut out).unwrap();
+            lines(&out)[0]["create"].get("_id").cloned()
+        };
+        let first = id(&e, &placed(100, 1)).unwrap();
+        assert_eq!(first, json!(Position::new(7, 100).id_hex("logs")));
+        assert_eq!(id(&e, &placed(100, 2)).unwrap(), first, "read again later");
+        assert_ne!(id(&e, &placed(101, 1)).unwrap(), first);
+        assert_eq!(id(&e, &event(json!({"service": "api"}))), None);
+        let by_field = BulkEncoder {
+            position_ids: true,
+            ..encoder(Action::Create, Some("uid"))
+        };
+        let mut with_uid = placed(100, 1);
+        with_uid.set_field(&FieldPath::parse("uid").unwrap(), json!("u-1"));
+        assert_eq!(id(&by_field, &with_uid), Some(json!("u-1")));
+    }
+
+    #[test]
+    fn ids_come_from_a_field_or_from_positions_not_both() {
+        let errors = logbus_plugin_api::testing::option_errors(
+            &logbus_plugin_api::Typed(OpenSearchSink),
+            serde_json::json!({
+                "endpoints": ["http://h:9200"], "index": "i",
+                "id_field": "uid", "id_from_position": true,
+            }),
+        );
+        assert_eq!(
+            errors,
+            "id_from_position: choose ids from a field (`id_field`) or from positions, not both"
+        );
     }
 
     fn lines(out: &[u8]) -> Vec<Value> {

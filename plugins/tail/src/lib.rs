@@ -30,7 +30,7 @@ pub mod source {
 
     use logbus_plugin_api::{
         BatchAck, BuildContext, Bytes, CheckOptions, Event, Meta, OptionError, OrderedCheckpoint,
-        Output, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
+        Output, Position, Source, SourceContext, StageError, StageKind, TypedPlugin, async_trait,
     };
     use serde::Deserialize;
 
@@ -274,8 +274,9 @@ pub mod source {
         }
 
         /// Raw events (one per line or message); a `codec:` parses them.
+        /// Raw lines, each with its file and offset as its position.
         fn flow(&self, _options: &TailOptions) -> logbus_plugin_api::Flow {
-            logbus_plugin_api::Flow::raw()
+            logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Positions)
         }
 
         fn build(&self, o: TailOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
@@ -468,6 +469,7 @@ pub mod source {
                             Bytes::from(l.bytes),
                             Meta {
                                 origin: Some(path),
+                                position: Some(Position::new(l.stream, l.offset)),
                                 ..Meta::now(source.clone())
                             },
                         );

@@ -50,11 +50,21 @@ pub struct TailConfig {
 pub struct Line {
     pub path: PathBuf,
     pub bytes: Vec<u8>,
+    /// Where in the file the event starts (its first line's first byte).
+    pub offset: u64,
+    /// Which file, for the event's position: its device, inode and first
+    /// bytes (up to `fingerprint_bytes`, and never past the event's end,
+    /// so the same event read again names the same file).
+    pub stream: u64,
 }
 
 struct Tracked {
+    key: FileKey,
     path: PathBuf,
     file: File,
+    /// The stream id once the file holds `fingerprint_bytes` (every later
+    /// event has the same).
+    full_stream: Option<u64>,
     /// Next byte to read.
     offset: u64,
     /// Hash of the first `fingerprint_len` bytes (0: not taken yet).
@@ -76,6 +86,45 @@ impl Tracked {
     /// resumes.
     fn safe_offset(&self) -> u64 {
         self.offset - self.partial.len() as u64 - self.joiner.pending_bytes
+    }
+
+    /// The event of `bytes` that covers the file from `start` to `end`.
+    fn line(&mut self, bytes: Vec<u8>, start: u64, end: u64, fingerprint_bytes: u64) -> Line {
+        Line {
+            path: self.path.clone(),
+            bytes,
+            offset: start,
+            stream: self.stream(end, fingerprint_bytes),
+        }
+    }
+
+    /// The file's name in events' positions: device, inode and the first
+    /// bytes up to `fingerprint_bytes` or `end`, whichever comes first —
+    /// bytes that are in the file whenever an event ending at `end` is
+    /// read, so a re-read names it alike, while a file that reuses the
+    /// inode with other contents does not.
+    fn stream(&mut self, end: u64, fingerprint_bytes: u64) -> u64 {
+        let window = fingerprint_bytes.min(end);
+        if window == fingerprint_bytes
+            && let Some(stream) = self.full_stream
+        {
+            return stream;
+        }
+        let mut first = vec![0u8; window as usize];
+        if self.file.read_exact_at(&mut first, 0).is_err() {
+            // Gone shorter (truncated under us): the scan that notices
+            // starts the file over.
+            first.clear();
+        }
+        let stream = logbus_plugin_api::Position::stream_of(&[
+            &self.key.dev.to_le_bytes(),
+            &self.key.ino.to_le_bytes(),
+            &first,
+        ]);
+        if window == fingerprint_bytes && first.len() as u64 == window {
+            self.full_stream = Some(stream);
+        }
+        stream
     }
 }
 
@@ -176,8 +225,10 @@ impl Tailer {
             self.files.insert(
                 key,
                 Tracked {
+                    key,
                     path,
                     file,
+                    full_stream: None,
                     offset,
                     fingerprint: 0,
                     fingerprint_len: 0,
@@ -218,6 +269,7 @@ impl Tailer {
                     if truncated { "truncated" } else { "rewritten in place" }
                 );
                 t.offset = 0;
+                t.full_stream = None;
                 t.partial.clear();
                 t.cut = false;
                 t.joiner.take();
@@ -278,7 +330,10 @@ impl Tailer {
             if n > 0 {
                 t.last_data = now;
             }
+            // Where the next line starts: after what became lines.
+            let mut at = t.offset - t.partial.len() as u64;
             t.offset += n as u64;
+            let fp = self.config.fingerprint_bytes as u64;
             let mut rest = &buf[..];
             while let Some(i) = memchr::memchr(b'\n', rest) {
                 let mut line = std::mem::take(&mut t.partial);
@@ -294,14 +349,23 @@ impl Tailer {
                         &self.config,
                         t,
                         line[..max].to_vec(),
-                        max as u64,
+                        (at, max as u64),
                         now,
                         &mut out,
                     );
+                    at += max as u64;
                     line = &line[max..];
                 }
                 let consumed = line.len() as u64 + 1;
-                emit(&self.config, t, line.to_vec(), consumed, now, &mut out);
+                emit(
+                    &self.config,
+                    t,
+                    line.to_vec(),
+                    (at, consumed),
+                    now,
+                    &mut out,
+                );
+                at += consumed;
             }
             t.partial.extend_from_slice(rest);
             // A line longer than the limit is emitted in pieces.
@@ -310,15 +374,14 @@ impl Tailer {
                 self.stats.lines_cut += 1;
                 t.cut = true;
                 let consumed = piece.len() as u64;
-                emit(&self.config, t, piece, consumed, now, &mut out);
+                emit(&self.config, t, piece, (at, consumed), now, &mut out);
+                at += consumed;
             }
-            if let Some(m) = &self.config.multiline
-                && let Some(event) = t.joiner.flush_stale(m, now)
-            {
-                out.push(Line {
-                    path: t.path.clone(),
-                    bytes: event,
-                });
+            if let Some(m) = &self.config.multiline {
+                let start = at - t.joiner.pending_bytes;
+                if let Some(event) = t.joiner.flush_stale(m, now) {
+                    out.push(t.line(event, start, at, fp));
+                }
             }
         }
         out
@@ -341,18 +404,16 @@ impl Tailer {
             .collect();
         for key in done {
             if let Some(mut t) = self.files.remove(&key) {
+                let fp = self.config.fingerprint_bytes as u64;
+                let lines_end = t.offset - t.partial.len() as u64;
+                let start = lines_end - t.joiner.pending_bytes;
                 if let Some(event) = t.joiner.take() {
-                    out.push(Line {
-                        path: t.path.clone(),
-                        bytes: event,
-                    });
+                    out.push(t.line(event, start, lines_end, fp));
                 }
                 if !t.partial.is_empty() {
                     // An unterminated last line of a file that is gone.
-                    out.push(Line {
-                        path: t.path.clone(),
-                        bytes: std::mem::take(&mut t.partial),
-                    });
+                    let bytes = std::mem::take(&mut t.partial);
+                    out.push(t.line(bytes, lines_end, t.offset, fp));
                 }
                 self.checkpoints.remove(key);
                 self.stats.files_closed += 1;
@@ -365,12 +426,12 @@ impl Tailer {
     /// Emits every event waiting in a multi-line joiner (at shutdown).
     pub fn flush_joined(&mut self) -> Vec<Line> {
         let mut out = Vec::new();
+        let fp = self.config.fingerprint_bytes as u64;
         for t in self.files.values_mut() {
+            let lines_end = t.offset - t.partial.len() as u64;
+            let start = lines_end - t.joiner.pending_bytes;
             if let Some(event) = t.joiner.take() {
-                out.push(Line {
-                    path: t.path.clone(),
-                    bytes: event,
-                });
+                out.push(t.line(event, start, lines_end, fp));
             }
         }
         out
@@ -400,26 +461,25 @@ impl Tailer {
     }
 }
 
+/// Hands on one line (or piece) that took the file's bytes from `start`
+/// on, `consumed` of them; with multi-line joining, the event it
+/// completes, which started where the joiner's first line did.
 fn emit(
     config: &TailConfig,
     t: &mut Tracked,
     line: Vec<u8>,
-    consumed: u64,
+    (start, consumed): (u64, u64),
     now: Instant,
     out: &mut Vec<Line>,
 ) {
+    let fp = config.fingerprint_bytes as u64;
     match &config.multiline {
         Some(m) => {
+            let group_start = start - t.joiner.pending_bytes;
             if let Some(event) = t.joiner.push(m, &line, consumed, now) {
-                out.push(Line {
-                    path: t.path.clone(),
-                    bytes: event,
-                });
+                out.push(t.line(event, group_start, start, fp));
             }
         }
-        None => out.push(Line {
-            path: t.path.clone(),
-            bytes: line,
-        }),
+        None => out.push(t.line(line, start, start + consumed, fp)),
     }
 }

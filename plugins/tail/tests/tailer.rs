@@ -406,3 +406,121 @@ fn a_rotated_file_is_kept_until_quiet_for_rotate_wait_since_its_last_data() {
     t.close_finished(t0 + s(8));
     assert_eq!(t.followed(), 0);
 }
+
+/// Every line read, with the file identity and offset it had (`step`
+/// keeps only the text).
+fn step_placed(t: &mut Tailer, now: Instant) -> Vec<(String, u64, u64)> {
+    t.scan(now);
+    let mut out = Vec::new();
+    loop {
+        let lines = t.read(now);
+        if lines.is_empty() {
+            break;
+        }
+        out.extend(
+            lines
+                .into_iter()
+                .map(|l| (String::from_utf8(l.bytes).unwrap(), l.stream, l.offset)),
+        );
+    }
+    out
+}
+
+/// An event's position is its first byte's offset in its file and a name
+/// for the file that a restart gives it again (lines early in the file,
+/// before `fingerprint_bytes` exist, included), while the same inode
+/// holding other text after a copy-truncate gets another name.
+#[test]
+fn positions_name_each_line_alike_when_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let a = logs.join("a.log");
+    // fingerprint_bytes is 16: "1\n" and "22\n" end before it.
+    append(&a, "1\n22\n");
+    let mut t = Tailer::new(config(&logs, ReadFrom::Beginning), Checkpoints::default());
+    let first = step_placed(&mut t, Instant::now());
+    append(&a, "333\n4444444444444\n55555\n");
+    let mut all = first.clone();
+    all.extend(step_placed(&mut t, Instant::now()));
+    let texts: Vec<&str> = all.iter().map(|(l, ..)| l.as_str()).collect();
+    assert_eq!(texts, ["1", "22", "333", "4444444444444", "55555"]);
+    let offsets: Vec<u64> = all.iter().map(|(_, _, o)| *o).collect();
+    assert_eq!(offsets, [0, 2, 5, 9, 23]);
+    // Past the fingerprint's bytes every line names the file alike.
+    assert_eq!(all[3].1, all[4].1);
+    // A fresh tailer (a restart that lost its state) reads the same
+    // lines with the same names.
+    let mut again = Tailer::new(config(&logs, ReadFrom::Beginning), Checkpoints::default());
+    assert_eq!(step_placed(&mut again, Instant::now()), all);
+    // Resumed from a saved position: the lines after it, named alike.
+    let mut state = StateFile::new(dir.path(), "src");
+    let mut partway = Tailer::new(config(&logs, ReadFrom::Beginning), Checkpoints::default());
+    partway.scan(Instant::now());
+    state.save(partway.positions()).unwrap();
+    drop(partway);
+    let mut saved = Tailer::new(config(&logs, ReadFrom::Beginning), Checkpoints::default());
+    assert_eq!(step_placed(&mut saved, Instant::now()), all);
+    state.save(saved.positions()).unwrap();
+    append(&a, "666\n");
+    let (cps, _) = StateFile::new(dir.path(), "src").load();
+    let mut resumed = Tailer::new(config(&logs, ReadFrom::Beginning), cps);
+    let after = step_placed(&mut resumed, Instant::now());
+    assert_eq!(after, [("666".to_string(), all[4].1, 29)]);
+    // Copy-truncate, then other text: same inode, another name.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&a)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    append(&a, "other text, long enough\n");
+    let rewritten = step_placed(&mut resumed, Instant::now());
+    assert_eq!(rewritten.len(), 1);
+    assert_eq!(rewritten[0].2, 0);
+    assert_ne!(rewritten[0].1, all[0].1);
+    assert_ne!(rewritten[0].1, all[4].1);
+}
+
+/// A joined event starts where its first line does; a line cut into
+/// pieces gives each piece its own offset.
+#[test]
+fn joined_events_and_cut_pieces_have_their_own_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.log");
+    let mut cfg = config(dir.path(), ReadFrom::Beginning);
+    cfg.max_line_bytes = 4096;
+    cfg.multiline = Some(MultilineConfig {
+        rule: Rule::Start(regex::bytes::Regex::new(r"^\[").unwrap()),
+        timeout: Duration::from_secs(1),
+        max_lines: 100,
+        max_bytes: 4096,
+    });
+    append(&a, "[1] boom\n  at a\n[2] next\n  at b\n[3] x\n");
+    let mut t = Tailer::new(cfg, Checkpoints::default());
+    let t0 = Instant::now();
+    let joined = step_placed(&mut t, t0);
+    let offsets: Vec<(&str, u64)> = joined.iter().map(|(l, _, o)| (l.as_str(), *o)).collect();
+    assert_eq!(offsets, [("[1] boom\n  at a", 0), ("[2] next\n  at b", 16)]);
+    t.scan(t0);
+    let late = t.read(t0 + Duration::from_secs(1));
+    assert_eq!(
+        (late[0].bytes.as_slice(), late[0].offset),
+        (&b"[3] x"[..], 32)
+    );
+
+    let b = dir.path().join("b.log");
+    append(&b, &format!("{}\nend\n", "x".repeat(150)));
+    let mut t = Tailer::new(
+        config(dir.path(), ReadFrom::Beginning),
+        Checkpoints::default(),
+    );
+    let pieces = step_placed(&mut t, t0);
+    let offsets: Vec<(usize, u64)> = pieces
+        .iter()
+        .filter(|(l, ..)| l.starts_with('x') || l == "end")
+        .map(|(l, _, o)| (l.len(), *o))
+        .collect();
+    // max_line_bytes is 64.
+    assert_eq!(offsets, [(64, 0), (64, 64), (22, 128), (3, 151)]);
+}

@@ -744,6 +744,7 @@ mod tests {
                     ingest_ns: 0,
                     origin: origin.map(Into::into),
                     attributes: None,
+                    position: None,
                 },
             )
         };
@@ -1181,6 +1182,7 @@ mod tests {
             ingest_ns: 0,
             origin: Some("/var/log/a".into()),
             attributes: None,
+            position: None,
         };
         for (options, stays_lazy) in [
             (

@@ -390,3 +390,59 @@ fn a_cycle_leaves_its_stages_out_instead_of_looping() {
     ]);
     assert!(r.outputs.is_empty());
 }
+
+/// A sink that names events by their source position is refused where a
+/// source reaches it two ways (a fan-out that joins again, a route's two
+/// outputs), and accepted where each source has one way, however many
+/// sources there are or stages between.
+#[test]
+fn naming_by_position_needs_one_way_from_each_source() {
+    let placed = || Flow::raw().then(Step::Positions);
+    let names = || {
+        Flow::pass().then(Step::NamesByPosition {
+            option: vec!["id_from_position".into()],
+        })
+    };
+    let one_way = run(&[
+        stage("a", StageKind::Source, &[], placed()),
+        stage("b", StageKind::Source, &[], placed()),
+        stage(
+            "parse",
+            StageKind::Parser,
+            &["a"],
+            Flow::pass().then(Step::EmitAny),
+        ),
+        stage("out", StageKind::Sink, &["parse", "b"], names()),
+        stage("copy", StageKind::Sink, &["a"], Flow::pass()),
+    ]);
+    assert_eq!(codes(&one_way), []);
+
+    let mut routed = stage("route", StageKind::Transform, &["a"], Flow::pass());
+    routed.outputs = vec!["x".into(), "y".into()];
+    let two_ways = run(&[
+        stage("a", StageKind::Source, &[], placed()),
+        stage("b", StageKind::Source, &[], placed()),
+        routed,
+        stage("left", StageKind::Parser, &["route.x"], Flow::pass()),
+        stage("out", StageKind::Sink, &["left", "route.y", "b"], names()),
+    ]);
+    assert_eq!(
+        codes(&two_ways),
+        [("position-names-twice", "out".to_string())]
+    );
+    let message = &two_ways.diagnostics[0].message;
+    assert!(message.contains("`a` (2 ways)"), "{message}");
+    assert!(!message.contains("`b`"), "{message}");
+    assert!(message.contains("`id_from_position`"), "{message}");
+    assert_eq!(two_ways.diagnostics[0].line, Some(1), "at the option");
+    // A source that gives no positions: a warning naming it.
+    let unplaced = run(&[
+        stage("a", StageKind::Source, &[], placed()),
+        stage("gen", StageKind::Source, &[], Flow::raw()),
+        stage("out", StageKind::Sink, &["a", "gen"], names()),
+    ]);
+    assert_eq!(codes(&unplaced), [("position-missing", "out".to_string())]);
+    let message = &unplaced.diagnostics[0].message;
+    assert!(message.contains("`gen` gives its events none"), "{message}");
+    assert!(!message.contains("`a`"), "{message}");
+}

@@ -319,6 +319,25 @@ pub(super) struct Processed {
     pub(super) failure: Option<EventError>,
 }
 
+/// Gives the events a processor made from `parent` their source position:
+/// the parent's for a one-for-one replacement, a distinct part of it each
+/// when one event became several (a sink naming events by position must
+/// not see two share a name).
+fn place_children(parent: &Event, children: &mut [Event]) {
+    let Some(position) = parent.meta().position else {
+        return;
+    };
+    if let [child] = children {
+        if child.meta().position != Some(position) {
+            child.meta_mut().position = Some(position);
+        }
+        return;
+    }
+    for (i, child) in children.iter_mut().enumerate() {
+        child.meta_mut().position = Some(position.part(i));
+    }
+}
+
 impl Member {
     /// Runs the plugin over a batch and sorts the events by where they go.
     pub(super) fn process(&mut self, events: Vec<Event>) -> Processed {
@@ -356,6 +375,7 @@ impl Member {
                     for child in &mut replacement {
                         child.inherit_ack(event.ack());
                     }
+                    place_children(&event, &mut replacement);
                     event.settle(Outcome::Delivered);
                     match replacement.len() {
                         0 => self.metrics.add_discarded(1),
@@ -588,5 +608,45 @@ impl Drop for CrewPlace {
                 metrics.add_errored(held as u64);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logbus_plugin_api::{Meta, Position};
+
+    fn placed(position: Option<Position>) -> Event {
+        Event::raw(
+            &b"x"[..],
+            Meta {
+                position,
+                ..Meta::at("src", 1)
+            },
+        )
+    }
+
+    /// One for one, the child takes the parent's position (whatever the
+    /// plugin gave it); one into several, each child a distinct part; a
+    /// parent without a position leaves the children as they are.
+    #[test]
+    fn children_take_their_parents_position_and_splits_get_parts() {
+        let at = Position::new(3, 40);
+        let mut one = vec![placed(None)];
+        place_children(&placed(Some(at)), &mut one);
+        assert_eq!(one[0].meta().position, Some(at));
+
+        let mut three = vec![placed(Some(at)), placed(None), placed(Some(at))];
+        place_children(&placed(Some(at)), &mut three);
+        let parts: Vec<Option<Position>> = three.iter().map(|e| e.meta().position).collect();
+        assert_eq!(
+            parts,
+            [Some(at.part(0)), Some(at.part(1)), Some(at.part(2))]
+        );
+
+        let mut unplaced = vec![placed(None), placed(Some(at))];
+        place_children(&placed(None), &mut unplaced);
+        assert_eq!(unplaced[0].meta().position, None);
+        assert_eq!(unplaced[1].meta().position, Some(at));
     }
 }

@@ -742,3 +742,35 @@ fn a_missing_lookup_file_is_named() {
     );
     assert_eq!(d.line, Some(7));
 }
+
+/// A sink naming documents by source position, fed one tailed file two
+/// ways (a route's two outputs): refused at the option, naming the source;
+/// fed one way, accepted.
+#[test]
+fn position_ids_need_each_source_to_arrive_one_way() {
+    let two_ways = "\
+stages:
+  logs: { source: tail, paths: [a.log], state_dir: state }
+  json: { parser: json, inputs: [logs] }
+  split: { transform: route, inputs: [json], routes: { slow: 'ms > 100' } }
+  ship:
+    sink: opensearch
+    inputs: [split.slow, split._unmatched]
+    endpoints: ['http://127.0.0.1:9200']
+    index: logs
+    id_from_position: true
+";
+    let d = one(two_ways, "position-names-twice");
+    assert_eq!(d.severity, Severity::Error);
+    assert_eq!(d.stage.as_deref(), Some("ship"));
+    assert_eq!(at(&d), (10, 5), "at `id_from_position`");
+    assert!(d.message.contains("`logs` (2 ways)"), "{}", d.message);
+    let one_way = two_ways.replace("[split.slow, split._unmatched]", "[split.slow]");
+    assert!(
+        diags(&one_way)
+            .iter()
+            .all(|d| d.code != "position-names-twice"),
+        "{:#?}",
+        diags(&one_way)
+    );
+}

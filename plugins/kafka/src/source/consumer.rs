@@ -34,8 +34,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use logbus_plugin_api::{
-    AckReceiver, BatchAck, Bytes, Event, Fields, Meta, OrderedCheckpoint, Outcome, Output, Source,
-    SourceContext, StageError, async_trait,
+    AckReceiver, BatchAck, Bytes, Event, Fields, Meta, OrderedCheckpoint, Outcome, Output,
+    Position, Source, SourceContext, StageError, async_trait,
 };
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -533,23 +533,31 @@ impl Reader<'_> {
                 (key.clone(), BatchAck::new(receiver, token))
             })
             .collect();
+        // A partition's events are named by (topic, partition) and offset:
+        // what the consumer reads again after a crash names itself alike.
+        let streams: Vec<u64> = acks
+            .iter()
+            .map(|((topic, partition), _)| {
+                Position::stream_of(&[topic.as_bytes(), &partition.to_le_bytes()])
+            })
+            .collect();
         let meta = Meta::now(self.id.clone());
         let events: Vec<Event> = kept
             .into_iter()
             .map(|p| {
-                let ack = &acks
+                let at = acks
                     .iter()
-                    .find(|(k, _)| *k == p.key)
-                    .expect("begun above")
-                    .1;
+                    .position(|(k, _)| *k == p.key)
+                    .expect("begun above");
                 Event::raw(
                     p.payload,
                     Meta {
                         attributes: Some(p.attributes),
+                        position: Some(Position::new(streams[at], p.offset as u64)),
                         ..meta.clone()
                     },
                 )
-                .with_ack(ack.handle())
+                .with_ack(acks[at].1.handle())
             })
             .collect();
         drop(acks);

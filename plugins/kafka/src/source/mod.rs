@@ -233,8 +233,9 @@ impl TypedPlugin for KafkaSource {
         Some(crate::probe::probe(spec, &cx.build_context(), cx.timeout))
     }
 
+    /// Raw messages, each with its partition and offset as its position.
     fn flow(&self, _options: &KafkaSourceOptions) -> logbus_plugin_api::Flow {
-        logbus_plugin_api::Flow::raw()
+        logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Positions)
     }
 
     fn build(

@@ -726,7 +726,8 @@ fn place_steps(flow: &Flow, node: Option<&Node>, fallback: Pos) -> Vec<Pos> {
                 Step::Set { option, .. }
                 | Step::Delete { option, .. }
                 | Step::Copy { option, .. }
-                | Step::Rename { option, .. } => (option, None),
+                | Step::Rename { option, .. }
+                | Step::NamesByPosition { option } => (option, None),
                 _ => return fallback,
             };
             match node {
