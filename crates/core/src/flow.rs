@@ -20,7 +20,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use logbus_plugin_api::{FieldRead, FieldType, Flow, Needs, ReadRole, StageKind, Step, closest};
+use logbus_plugin_api::{
+    FieldRead, FieldType, Flow, Needs, ReadRole, Replay, StageKind, Step, closest,
+};
 use serde::Serialize;
 
 use crate::config::{DEAD_SUFFIX, ERRORS_SUFFIX};
@@ -89,14 +91,19 @@ pub struct Shape {
     /// The first stage after which any other field may be there too
     /// (`None`: exactly the known fields).
     pub open_after: Option<String>,
-    /// By source stage id, how many ways its events come here (saturating):
-    /// more than one, and one source event can arrive twice, as copies
-    /// that share its position.
+    /// The sources whose events come here, by stage id.
     #[serde(skip)]
-    pub paths: imbl::OrdMap<Arc<str>, u32>,
-    /// Sources whose events come here without a source position.
-    #[serde(skip)]
-    pub unplaced: imbl::OrdSet<Arc<str>>,
+    pub sources: imbl::OrdMap<Arc<str>, Reach>,
+}
+
+/// How one source's events reach a point of the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    /// How many ways (saturating): more than one, and one source event
+    /// can arrive twice, as copies that share its position.
+    pub ways: u32,
+    /// What the source states about a crash (nothing: no re-read).
+    pub replay: Replay,
 }
 
 impl Shape {
@@ -111,17 +118,16 @@ impl Shape {
         if self.open_after.is_none() {
             self.open_after.clone_from(&other.open_after);
         }
-        if self.unplaced.is_empty() {
-            self.unplaced = other.unplaced.clone();
+        if self.sources.is_empty() {
+            self.sources = other.sources.clone();
         } else {
-            self.unplaced.extend(other.unplaced.iter().cloned());
-        }
-        if self.paths.is_empty() {
-            self.paths = other.paths.clone();
-        } else {
-            for (source, n) in &other.paths {
-                let mine = self.paths.entry(source.clone()).or_default();
-                *mine = mine.saturating_add(*n);
+            for (source, reach) in &other.sources {
+                match self.sources.get_mut(source) {
+                    Some(mine) => mine.ways = mine.ways.saturating_add(reach.ways),
+                    None => {
+                        self.sources.insert(source.clone(), *reach);
+                    }
+                }
             }
         }
     }
@@ -252,6 +258,42 @@ pub struct FlowReport {
     pub outputs: Vec<(String, Shape)>,
     /// What arrives at each stage, by stage id, when recording.
     pub inputs: Vec<(String, Shape)>,
+    /// Per sink, the sources that reach it: what a crash costs there.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// The sources that reach one sink, and whether it names events by
+/// their source position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    pub sink: String,
+    pub names_by_position: bool,
+    pub sources: Vec<(String, Reach)>,
+}
+
+/// What a crash costs between one source and one sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Guarantee {
+    /// What the source had in flight is lost.
+    AtMostOnce,
+    /// Re-read: duplicates, never gaps.
+    AtLeastOnce,
+    /// Re-read, and the sink's destination recognises what it holds.
+    EffectivelyOnce,
+}
+
+impl Delivery {
+    /// The guarantee from one source.
+    pub fn guarantee(&self, reach: &Reach) -> Guarantee {
+        match (
+            reach.replay.rereads,
+            reach.replay.positions && self.names_by_position,
+        ) {
+            (false, _) => Guarantee::AtMostOnce,
+            (true, false) => Guarantee::AtLeastOnce,
+            (true, true) => Guarantee::EffectivelyOnce,
+        }
+    }
 }
 
 /// The stage that produces output `name`, by index.
@@ -518,27 +560,46 @@ fn run_stage(
                     ..Shape::default()
                 }
             }
-            Step::Positions => {}
+            Step::Replay(_) => {}
             Step::NamesByPosition { option } => {
                 check_single_paths(s, input, option, at, report);
             }
         }
     }
     if s.kind == StageKind::Sink {
+        report.deliveries.push(Delivery {
+            sink: s.id.to_string(),
+            names_by_position: s
+                .flow
+                .steps
+                .iter()
+                .any(|step| matches!(step, Step::NamesByPosition { .. })),
+            sources: input
+                .sources
+                .iter()
+                .map(|(id, reach)| (id.to_string(), *reach))
+                .collect(),
+        });
         return Shape::default();
     }
     // The data may be replaced; where it came from is not.
-    if s.inputs.is_empty() {
-        cur.paths = imbl::OrdMap::unit(Arc::from(s.id), 1);
-        cur.unplaced = if s.flow.steps.contains(&Step::Positions) {
-            imbl::OrdSet::new()
-        } else {
-            imbl::OrdSet::unit(Arc::from(s.id))
-        };
+    cur.sources = if s.inputs.is_empty() {
+        let replay = s
+            .flow
+            .steps
+            .iter()
+            .find_map(|step| match step {
+                Step::Replay(r) => Some(*r),
+                _ => None,
+            })
+            .unwrap_or(Replay {
+                rereads: false,
+                positions: false,
+            });
+        imbl::OrdMap::unit(Arc::from(s.id), Reach { ways: 1, replay })
     } else {
-        cur.paths = input.paths.clone();
-        cur.unplaced = input.unplaced.clone();
-    }
+        input.sources.clone()
+    };
     cur
 }
 
@@ -553,19 +614,24 @@ fn check_single_paths(
     report: &mut FlowReport,
 ) {
     let twice: Vec<String> = input
-        .paths
+        .sources
         .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(source, n)| format!("`{source}` ({n} ways)"))
+        .filter(|(_, r)| r.ways > 1)
+        .map(|(source, r)| format!("`{source}` ({} ways)", r.ways))
         .collect();
-    if !input.unplaced.is_empty() {
-        let names: Vec<String> = input.unplaced.iter().map(|s| format!("`{s}`")).collect();
+    let unplaced: Vec<String> = input
+        .sources
+        .iter()
+        .filter(|(_, r)| !r.replay.positions)
+        .map(|(source, _)| format!("`{source}`"))
+        .collect();
+    if !unplaced.is_empty() {
+        let names = unplaced;
         report.diagnostics.push(
             Diagnostic::warning(
                 "position-missing",
                 format!(
-                    "`{}` names each event by its source position, but {} gives its events none: those get ids from the destination, and a crash repeats or loses them as it would without positions",
-                    s.id,
+                    "names each event by its source position, but {} gives its events none: those get ids from the destination, and a crash repeats or loses them as it would without positions",
                     names.join(", ")
                 ),
             )
@@ -580,8 +646,7 @@ fn check_single_paths(
         Diagnostic::error(
             "position-names-twice",
             format!(
-                "`{}` names each event by its source position, but events of {} can reach it more than one way (fan-out that joins again, a route to several outputs it reads): two copies of one event would share a name and one would replace the other. Read each source through one path, or turn `{}` off",
-                s.id,
+                "names each event by its source position, but events of {} can reach it more than one way (fan-out that joins again, a route to several outputs it reads): two copies of one event would share a name and one would replace the other. Read each source through one path, or turn `{}` off",
                 twice.join(", "),
                 option.join(".")
             ),

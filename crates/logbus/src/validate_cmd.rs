@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use logbus_core::flow::Shape;
+use logbus_core::flow::{Delivery, Guarantee, Shape};
 use logbus_core::{Diagnostic, Loaded, Severity};
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq)]
@@ -207,6 +207,23 @@ fn json_report(
         "stages": loaded.pipeline.as_ref().map(|p| p.stages.len()),
         "fused_chains": loaded.pipeline.as_ref().map(crate::fused_chains),
     });
+    if loaded.pipeline.is_some() {
+        let deliveries: serde_json::Map<String, serde_json::Value> = loaded
+            .deliveries
+            .iter()
+            .map(|d| {
+                let sources: serde_json::Map<String, serde_json::Value> = d
+                    .sources
+                    .iter()
+                    .map(|(source, reach)| {
+                        (source.clone(), guarantee_name(d.guarantee(reach)).into())
+                    })
+                    .collect();
+                (d.sink.clone(), sources.into())
+            })
+            .collect();
+        out["deliveries"] = deliveries.into();
+    }
     if args.fields {
         let fields: serde_json::Map<String, serde_json::Value> = loaded
             .fields
@@ -253,6 +270,9 @@ fn text_report(
                     chain.join(" → ")
                 ));
             }
+            for d in &loaded.deliveries {
+                text.push_str(&delivery_text(name, d));
+            }
         }
         _ => text.push_str(&format!(
             "{name}: invalid: {} error(s)\n",
@@ -260,6 +280,61 @@ fn text_report(
         )),
     }
     text
+}
+
+fn guarantee_name(g: Guarantee) -> &'static str {
+    match g {
+        Guarantee::AtMostOnce => "at most once",
+        Guarantee::AtLeastOnce => "at least once",
+        Guarantee::EffectivelyOnce => "effectively once",
+    }
+}
+
+/// What a crash costs into one sink, per source (docs/reliability.md):
+/// `p.yml: delivery into `ship`: effectively once from `logs`; at most
+/// once from `gen``, and how to do better where the sources allow it.
+fn delivery_text(name: &str, d: &Delivery) -> String {
+    let mut parts = Vec::new();
+    for g in [
+        Guarantee::EffectivelyOnce,
+        Guarantee::AtLeastOnce,
+        Guarantee::AtMostOnce,
+    ] {
+        let sources: Vec<String> = d
+            .sources
+            .iter()
+            .filter(|(_, reach)| d.guarantee(reach) == g)
+            .map(|(source, _)| format!("`{source}`"))
+            .collect();
+        if !sources.is_empty() {
+            parts.push(format!("{} from {}", guarantee_name(g), sources.join(", ")));
+        }
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    // Sources that would be effectively once into a sink naming events
+    // by position.
+    let placed: Vec<String> = d
+        .sources
+        .iter()
+        .filter(|(_, r)| !d.names_by_position && r.replay.rereads && r.replay.positions)
+        .map(|(source, _)| format!("`{source}`"))
+        .collect();
+    let hint = match placed.len() {
+        0 => String::new(),
+        _ => format!(
+            " ({} {} positions: a sink that names events by them, such as opensearch with `id_from_position`, is effectively once from {})",
+            placed.join(", "),
+            if placed.len() == 1 { "gives" } else { "give" },
+            if placed.len() == 1 { "it" } else { "them" },
+        ),
+    };
+    format!(
+        "{name}: delivery into `{}`: {}{hint}\n",
+        d.sink,
+        parts.join("; ")
+    )
 }
 
 /// `--fields`: what each output carries.

@@ -172,15 +172,27 @@ pub enum Step {
     RawAsMessage,
     /// Raw or parsed events of unknown fields (a plugin that says nothing).
     EmitAny,
-    /// A source's events leave with positions ([`crate::Position`]) that a
-    /// re-read after a crash repeats.
-    Positions,
+    /// What a source's events survive ([`Replay`]). A source that states
+    /// nothing reads nothing again: a crash loses what it had in flight.
+    Replay(Replay),
     /// The stage gives its destination each event's source position
     /// ([`crate::Position`]) as its name, as `option` asks: validation
     /// refuses a pipeline where one source reaches it by two paths.
     NamesByPosition {
         option: Vec<String>,
     },
+}
+
+/// What a source does about a crash, as its options say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replay {
+    /// What was in flight at a crash is read again after the restart
+    /// (the source acknowledges, or its client resends): duplicates,
+    /// never gaps.
+    pub rereads: bool,
+    /// Each event carries a position that reading it again repeats
+    /// ([`crate::Position`]).
+    pub positions: bool,
 }
 
 /// A stage's statement: what it accepts and what it does, step by step.

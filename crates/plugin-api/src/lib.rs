@@ -28,7 +28,7 @@ pub mod testing;
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use connect::{ArrivingFields, ConnectContext, FindingLevel, Probe, ServiceFinding};
-pub use flow::{FieldRead, FieldType, Flow, Needs, ReadRole, Step};
+pub use flow::{FieldRead, FieldType, Flow, Needs, ReadRole, Replay, Step};
 pub use host::{HostNeed, StatedNeed};
 pub use line_buffer::LineBuffer;
 /// The event and its acknowledgement (crate `logbus-event`).

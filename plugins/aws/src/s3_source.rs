@@ -208,8 +208,15 @@ impl TypedPlugin for S3Source {
     }
 
     /// Raw events (one per line or message); a `codec:` parses them.
+    /// An object's records are re-read after a crash until the
+    /// checkpoint passes them.
     fn flow(&self, _options: &Self::Options) -> logbus_plugin_api::Flow {
-        logbus_plugin_api::Flow::raw()
+        logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Replay(
+            logbus_plugin_api::Replay {
+                rereads: true,
+                positions: false,
+            },
+        ))
     }
 
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError> {

@@ -177,8 +177,14 @@ impl TypedPlugin for Journald {
     }
 
     /// Journal entries: parsed, with whatever fields each entry has.
+    /// The saved cursor never passes an unfinished entry: a crash re-reads.
     fn flow(&self, _o: &JournaldOptions) -> logbus_plugin_api::Flow {
-        logbus_plugin_api::Flow::open_fields(&[])
+        logbus_plugin_api::Flow::open_fields(&[]).then(logbus_plugin_api::Step::Replay(
+            logbus_plugin_api::Replay {
+                rereads: true,
+                positions: false,
+            },
+        ))
     }
 
     fn build(&self, o: JournaldOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {

@@ -279,8 +279,15 @@ impl TypedPlugin for HttpSource {
     }
 
     /// Raw events (one per line or message); a `codec:` parses them.
-    fn flow(&self, _options: &HttpSourceOptions) -> logbus_plugin_api::Flow {
-        logbus_plugin_api::Flow::raw()
+    /// With `ack: sink` a client that resends what got no 200 loses
+    /// nothing.
+    fn flow(&self, o: &HttpSourceOptions) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Replay(
+            logbus_plugin_api::Replay {
+                rereads: o.ack == AckMode::Sink,
+                positions: false,
+            },
+        ))
     }
 
     fn build(

@@ -115,8 +115,15 @@ impl TypedPlugin for FileSource {
     }
 
     /// Raw events (one per line or message); a `codec:` parses them.
+    /// A crash re-reads: from the saved position with `state_dir`, the
+    /// whole file without.
     fn flow(&self, _options: &FileSourceOptions) -> logbus_plugin_api::Flow {
-        logbus_plugin_api::Flow::raw()
+        logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Replay(
+            logbus_plugin_api::Replay {
+                rereads: true,
+                positions: false,
+            },
+        ))
     }
 
     fn build(

@@ -236,8 +236,15 @@ impl TypedPlugin for OtlpSource {
 
     /// Log records as parsed events (model.rs); which fields a record
     /// has depends on what its sender set, so the set is open.
-    fn flow(&self, _o: &Self::Options) -> logbus_plugin_api::Flow {
-        logbus_plugin_api::Flow::open_fields(&[])
+    /// With `ack: sink` a client that resends what got no success loses
+    /// nothing.
+    fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {
+        logbus_plugin_api::Flow::open_fields(&[]).then(logbus_plugin_api::Step::Replay(
+            logbus_plugin_api::Replay {
+                rereads: o.ack == AckMode::Sink,
+                positions: false,
+            },
+        ))
     }
 
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError> {

@@ -274,9 +274,15 @@ pub mod source {
         }
 
         /// Raw events (one per line or message); a `codec:` parses them.
-        /// Raw lines, each with its file and offset as its position.
-        fn flow(&self, _options: &TailOptions) -> logbus_plugin_api::Flow {
-            logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Positions)
+        /// Raw lines, each with its file and offset as its position;
+        /// re-read after a crash when acknowledging.
+        fn flow(&self, o: &TailOptions) -> logbus_plugin_api::Flow {
+            logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Replay(
+                logbus_plugin_api::Replay {
+                    rereads: o.acknowledgements,
+                    positions: true,
+                },
+            ))
         }
 
         fn build(&self, o: TailOptions, cx: &BuildContext) -> Result<Self::Stage, OptionError> {

@@ -397,7 +397,12 @@ fn a_cycle_leaves_its_stages_out_instead_of_looping() {
 /// sources there are or stages between.
 #[test]
 fn naming_by_position_needs_one_way_from_each_source() {
-    let placed = || Flow::raw().then(Step::Positions);
+    let placed = || {
+        Flow::raw().then(Step::Replay(Replay {
+            rereads: true,
+            positions: true,
+        }))
+    };
     let names = || {
         Flow::pass().then(Step::NamesByPosition {
             option: vec!["id_from_position".into()],
@@ -445,4 +450,45 @@ fn naming_by_position_needs_one_way_from_each_source() {
     let message = &unplaced.diagnostics[0].message;
     assert!(message.contains("`gen` gives its events none"), "{message}");
     assert!(!message.contains("`a`"), "{message}");
+    // What validate prints per sink: effectively once from a source
+    // with positions, at least once from one that re-reads without them,
+    // at most once from one that cannot.
+    let rereads = || {
+        Flow::raw().then(Step::Replay(Replay {
+            rereads: true,
+            positions: false,
+        }))
+    };
+    let r = run(&[
+        stage("tail", StageKind::Source, &[], placed()),
+        stage("journal", StageKind::Source, &[], rereads()),
+        stage("gen", StageKind::Source, &[], Flow::raw()),
+        stage(
+            "named",
+            StageKind::Sink,
+            &["tail", "journal", "gen"],
+            names(),
+        ),
+        stage("plain", StageKind::Sink, &["tail"], Flow::pass()),
+    ]);
+    let mut guarantees: Vec<(String, String, Guarantee)> = r
+        .deliveries
+        .iter()
+        .flat_map(|d| {
+            d.sources
+                .iter()
+                .map(|(source, reach)| (d.sink.clone(), source.clone(), d.guarantee(reach)))
+        })
+        .collect();
+    guarantees.sort();
+    let g = |sink: &str, source: &str, guarantee| (sink.to_string(), source.to_string(), guarantee);
+    assert_eq!(
+        guarantees,
+        [
+            g("named", "gen", Guarantee::AtMostOnce),
+            g("named", "journal", Guarantee::AtLeastOnce),
+            g("named", "tail", Guarantee::EffectivelyOnce),
+            g("plain", "tail", Guarantee::AtLeastOnce),
+        ]
+    );
 }

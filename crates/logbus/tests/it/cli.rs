@@ -1279,3 +1279,62 @@ fn event_errors_are_logged_five_per_window_then_counted() {
     assert_eq!(lines("other", "dropped an event"), 3, "{said}");
     assert_eq!(lines("other", "were not logged"), 0, "{said}");
 }
+
+/// `validate` says, per sink and source, what a crash costs: effectively
+/// once where the sink names events by positions the source gives, at
+/// least once where the source reads again (with the way to do better
+/// where it gives positions), at most once where it cannot; the same in
+/// the JSON report.
+#[test]
+fn validate_says_what_a_crash_costs_per_sink_and_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "p.yml",
+        "\
+stages:
+  logs: { source: tail, paths: [a.log], state_dir: state }
+  j: { source: journald, state_dir: state }
+  gen: { source: generator }
+  json: { parser: json, inputs: [logs, gen] }
+  ship:
+    sink: opensearch
+    inputs: [json]
+    endpoints: ['http://127.0.0.1:9200']
+    index: logs
+    id_from_position: true
+  keep: { sink: file, inputs: [json, j], path: out.ndjson }
+",
+    );
+    let o = logbus().arg("validate").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "delivery into `ship`: effectively once from `logs`; at most once from `gen`\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("delivery into `keep`: at least once from `j`, `logs`; at most once from `gen` (`logs` gives positions: a sink that names events by them"),
+        "{text}"
+    );
+    // The generator gives no positions: `ship` is warned.
+    assert!(text.contains("warning[position-missing]"), "{text}");
+    let o = logbus()
+        .args(["validate", "--format", "json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let report = if report.is_array() {
+        report[0].clone()
+    } else {
+        report
+    };
+    assert_eq!(
+        report["deliveries"]["ship"],
+        serde_json::json!({"logs": "effectively once", "gen": "at most once"})
+    );
+    assert_eq!(report["deliveries"]["keep"]["j"], "at least once");
+}

@@ -233,9 +233,15 @@ impl TypedPlugin for KafkaSource {
         Some(crate::probe::probe(spec, &cx.build_context(), cx.timeout))
     }
 
-    /// Raw messages, each with its partition and offset as its position.
+    /// Raw messages, each with its partition and offset as its position;
+    /// offsets are committed once finished, so a crash re-reads.
     fn flow(&self, _options: &KafkaSourceOptions) -> logbus_plugin_api::Flow {
-        logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Positions)
+        logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Replay(
+            logbus_plugin_api::Replay {
+                rereads: true,
+                positions: true,
+            },
+        ))
     }
 
     fn build(

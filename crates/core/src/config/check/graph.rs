@@ -260,6 +260,7 @@ impl Checker<'_> {
             self.flow_outputs = report.outputs;
         }
         self.arriving = report.inputs;
+        self.deliveries = report.deliveries;
     }
 
     pub(super) fn check_plugin_limits(&mut self, stages: &[RawStage]) {

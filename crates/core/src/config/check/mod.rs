@@ -37,6 +37,9 @@ pub struct Loaded {
     /// The stages as `validate --connect` probes them, when
     /// [`LoadOptions::connect`] asked for them.
     pub services: Vec<PlacedService>,
+    /// Per sink, the sources that reach it and what a crash costs
+    /// between them (`validate` prints it).
+    pub deliveries: Vec<crate::flow::Delivery>,
 }
 
 impl Loaded {
@@ -140,6 +143,7 @@ pub fn load_str_with(
         diags: Vec::new(),
         undeclared: Vec::new(),
         flow_outputs: Vec::new(),
+        deliveries: Vec::new(),
         host_needs: Vec::new(),
         services: Vec::new(),
         arriving: Vec::new(),
@@ -162,6 +166,7 @@ pub fn load_str_with(
         fields: cx.flow_outputs,
         host_needs: cx.host_needs,
         services: crate::connect::with_arriving(cx.services, &cx.arriving),
+        deliveries: cx.deliveries,
     }
 }
 
@@ -172,6 +177,7 @@ struct Checker<'a> {
     diags: Vec<Diagnostic>,
     undeclared: Vec<Diagnostic>,
     flow_outputs: Vec<(String, Shape)>,
+    deliveries: Vec<crate::flow::Delivery>,
     host_needs: Vec<PlacedNeed>,
     services: Vec<PlacedService>,
     arriving: Vec<(String, Shape)>,
