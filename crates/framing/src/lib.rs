@@ -67,6 +67,9 @@ pub struct Deframer {
     /// Newline framing: messages over the limit are cut (and counted), as
     /// line-oriented tools do; the other framings refuse them.
     pub cut: u64,
+    /// With [`Deframer::push_placed`]: the stream offset where each message
+    /// handed out starts, in step with the messages.
+    starts: Option<Vec<u64>>,
 }
 
 impl Deframer {
@@ -77,6 +80,7 @@ impl Deframer {
             pending: BytesMut::new(),
             consumed: 0,
             cut: 0,
+            starts: None,
         }
     }
 
@@ -84,6 +88,31 @@ impl Deframer {
     /// that resumes must start so as to neither repeat nor skip a message.
     pub fn consumed(&self) -> u64 {
         self.consumed
+    }
+
+    /// [`Deframer::push`], and the stream offset where each message starts
+    /// appended to `starts` (a reader that names events by position).
+    pub fn push_placed(
+        &mut self,
+        data: &[u8],
+        out: &mut Vec<Bytes>,
+        starts: &mut Vec<u64>,
+    ) -> Result<(), FrameError> {
+        let mut mine = std::mem::take(starts);
+        mine.clear();
+        self.starts = Some(mine);
+        let result = self.push(data, out);
+        *starts = self.starts.take().unwrap_or_default();
+        result
+    }
+
+    /// Where a message that starts `at` bytes into what is taken next
+    /// begins in the stream, when offsets are asked for.
+    fn started(&mut self, at: u64) {
+        let consumed = self.consumed;
+        if let Some(starts) = &mut self.starts {
+            starts.push(consumed + at);
+        }
     }
 
     /// Adds bytes read from the stream; appends every complete message to
@@ -119,6 +148,13 @@ impl Deframer {
         }
     }
 
+    /// [`Deframer::finish`], with the stream offset the last message
+    /// starts at.
+    pub fn finish_placed(&mut self) -> Result<Option<(u64, Bytes)>, FrameError> {
+        let at = self.consumed;
+        Ok(self.finish()?.map(|last| (at, last)))
+    }
+
     fn error(&self, at: usize, message: impl Into<String>) -> FrameError {
         FrameError {
             offset: self.consumed + at as u64,
@@ -133,20 +169,30 @@ impl Deframer {
 
     fn newline(&mut self, out: &mut Vec<Bytes>) -> Result<(), FrameError> {
         if let Some(last) = memchr::memrchr(b'\n', &self.pending) {
+            let base = self.consumed;
             let complete = self.take(last + 1);
             let mut start = 0;
             for nl in memchr::memchr_iter(b'\n', &complete) {
                 let mut line = complete.slice(start..nl);
+                let mut at = start;
                 start = nl + 1;
                 while line.len() > self.max_message {
                     self.cut += 1;
+                    if let Some(starts) = &mut self.starts {
+                        starts.push(base + at as u64);
+                    }
+                    at += self.max_message;
                     out.push(line.split_to(self.max_message));
+                }
+                if let Some(starts) = &mut self.starts {
+                    starts.push(base + at as u64);
                 }
                 out.push(line);
             }
         }
         while self.pending.len() > self.max_message {
             self.cut += 1;
+            self.started(0);
             let piece = self.take(self.max_message);
             out.push(piece);
         }
@@ -197,6 +243,7 @@ impl Deframer {
                 return Ok(());
             }
             self.take(digits + 1);
+            self.started(0);
             out.push(self.take(len as usize));
         }
     }
@@ -217,6 +264,7 @@ impl Deframer {
                 return Ok(());
             }
             self.take(4);
+            self.started(0);
             out.push(self.take(len));
         }
         Ok(())

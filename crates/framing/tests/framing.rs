@@ -266,3 +266,69 @@ fn octet_counting_reads_lengths_of_up_to_ten_digits() {
         "a message length of more than 10 digits (at byte 0 of the stream)"
     );
 }
+
+/// Every message with the stream offset `push_placed` and
+/// `finish_placed` give it.
+fn deframe_placed(
+    framing: Framing,
+    stream: &[u8],
+    cuts: &[usize],
+    max: usize,
+) -> Vec<(u64, Vec<u8>)> {
+    let mut d = Deframer::new(framing, max);
+    let (mut out, mut placed) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    for &cut in cuts.iter().chain(std::iter::once(&stream.len())) {
+        let cut = cut.clamp(at, stream.len());
+        let mut messages = Vec::new();
+        let mut starts = Vec::new();
+        d.push_placed(&stream[at..cut], &mut messages, &mut starts)
+            .unwrap();
+        assert_eq!(messages.len(), starts.len(), "one start per message");
+        out.extend(messages);
+        placed.extend(starts);
+        at = cut;
+    }
+    if let Some((start, last)) = d.finish_placed().unwrap() {
+        out.push(last);
+        placed.push(start);
+    }
+    placed
+        .into_iter()
+        .zip(out)
+        .map(|(s, m)| (s, m.to_vec()))
+        .collect()
+}
+
+proptest! {
+    /// Each message is found in the stream at the offset given, offsets
+    /// rise, and how the stream was split into reads changes none of them
+    /// (a reader resuming at a saved offset names messages alike).
+    #[test]
+    fn each_message_starts_where_it_says_whatever_the_reads(
+        messages in prop::collection::vec("[^\n]{0,100}", 1..10),
+        mut cuts in prop::collection::vec(0usize..2000, 0..8),
+    ) {
+        cuts.sort_unstable();
+        for (framing, max) in [
+            (Framing::Newline, 1 << 20),
+            (Framing::Newline, 16),
+            (Framing::OctetCounting, 1 << 20),
+            (Framing::LengthPrefixed, 1 << 20),
+        ] {
+            let mut stream = Vec::new();
+            for m in &messages {
+                encode(framing, m.as_bytes(), &mut stream);
+            }
+            let placed = deframe_placed(framing, &stream, &cuts, max);
+            prop_assert_eq!(&placed, &deframe_placed(framing, &stream, &[], max));
+            let mut last = None;
+            for (start, message) in &placed {
+                let start = *start as usize;
+                prop_assert_eq!(&stream[start..start + message.len()], &message[..]);
+                prop_assert!(last < Some(start) || message.is_empty() && last == Some(start));
+                last = Some(start);
+            }
+        }
+    }
+}

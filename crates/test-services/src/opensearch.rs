@@ -57,3 +57,18 @@ pub fn documents(url: &str, pattern: &str) -> Vec<(String, String, Value)> {
         })
         .collect()
 }
+
+/// Sends `signal` (`-STOP`, `-CONT`) to the node `.ci/services` started
+/// (its pid file under `LOGBUS_SERVICES`, default `/var/tmp/logbus-services`).
+/// Hold [`crate::pausing`] while it is stopped.
+pub fn signal_node(signal: &str) {
+    let services =
+        std::env::var("LOGBUS_SERVICES").unwrap_or_else(|_| "/var/tmp/logbus-services".into());
+    let pid = std::fs::read_to_string(format!("{services}/run/opensearch/pid"))
+        .expect("the node's pid file (.ci/services up opensearch)");
+    let status = std::process::Command::new("kill")
+        .args([signal, pid.trim()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {}", pid.trim());
+}

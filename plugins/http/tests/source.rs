@@ -364,3 +364,39 @@ fn the_address_connections_and_tls_files_are_stated() {
         ]
     );
 }
+
+/// What validate says a crash costs follows `ack`: with `ack: sink` a
+/// client that resends what got no 200 loses nothing; with `ack: queued`
+/// what was in memory is lost. No positions either way.
+#[test]
+fn only_ack_sink_reads_again_what_a_crash_took() {
+    use logbus_plugin_api::{Plugin, Replay, Step};
+    let replay = |options: serde_json::Value| {
+        Typed(logbus_http::source::HttpSource)
+            .flow(&options)
+            .steps
+            .into_iter()
+            .find_map(|s| match s {
+                Step::Replay(r) => Some(r),
+                _ => None,
+            })
+    };
+    let replay_of = |rereads| {
+        Some(Replay {
+            rereads,
+            positions: false,
+        })
+    };
+    assert_eq!(
+        replay(json!({ "address": "127.0.0.1:1", "ack": "sink" })),
+        replay_of(true)
+    );
+    assert_eq!(
+        replay(json!({ "address": "127.0.0.1:1", "ack": "queued" })),
+        replay_of(false)
+    );
+    assert_eq!(
+        replay(json!({ "address": "127.0.0.1:1" })),
+        replay_of(false)
+    );
+}

@@ -116,12 +116,13 @@ impl TypedPlugin for FileSource {
 
     /// Raw events (one per line or message); a `codec:` parses them.
     /// A crash re-reads: from the saved position with `state_dir`, the
-    /// whole file without.
+    /// whole file without; each message's offset in the (decompressed)
+    /// stream is its position.
     fn flow(&self, _options: &FileSourceOptions) -> logbus_plugin_api::Flow {
         logbus_plugin_api::Flow::raw().then(logbus_plugin_api::Step::Replay(
             logbus_plugin_api::Replay {
                 rereads: true,
-                positions: false,
+                positions: true,
             },
         ))
     }
@@ -165,8 +166,15 @@ impl Source for FileReader {
             max_line_bytes: self.max_line_bytes,
             framing: self.framing,
             origin: Some(Arc::from(what.as_str())),
+            stream: None,
         };
         let Some(dir) = &self.state_dir else {
+            // Every run reads the whole file: the file as it is now names
+            // the events (unreadable here: the open below says why).
+            let opts = LineReaderOptions {
+                stream: FileIdentity::of(&self.path).ok().map(|f| f.stream()),
+                ..opts
+            };
             return run_line_source(open()?, what, opts, cx, None).await;
         };
         let identity = FileIdentity::of(&self.path)
@@ -176,8 +184,14 @@ impl Source for FileReader {
         // whole file again.
         std::fs::create_dir_all(dir)
             .map_err(|e| StageError::io(format!("creating state_dir {}", dir.display()), e))?;
-        let state = ReadPosition::new(dir, &cx.id, identity, &what);
+        let mut state = ReadPosition::new(dir, &cx.id, identity, &what);
         let saved = state.load();
+        // The identity the file was first seen with names its events in
+        // every run (it is saved at once, before a crash can come).
+        let opts = LineReaderOptions {
+            stream: Some(state.file.stream()),
+            ..opts
+        };
         let mut reader = open()?;
         let mut start = 0;
         if saved > 0 {
@@ -197,6 +211,9 @@ impl Source for FileReader {
                 );
                 reader = open()?;
             }
+        }
+        if let Err(e) = state.save(start) {
+            tracing::warn!(stage = %cx.id, "saving the read position to {}: {e}", state.describe());
         }
         let positions = Positions {
             start,
@@ -238,6 +255,16 @@ impl FileIdentity {
             fingerprint: h.finish(),
             fingerprint_len: len,
         })
+    }
+
+    /// The file's name in its events' positions.
+    fn stream(&self) -> u64 {
+        logbus_plugin_api::Position::stream_of(&[
+            &self.dev.to_le_bytes(),
+            &self.ino.to_le_bytes(),
+            &self.fingerprint.to_le_bytes(),
+            &self.fingerprint_len.to_le_bytes(),
+        ])
     }
 
     /// Whether `saved` (taken earlier) is this file: same inode and the
@@ -297,7 +324,10 @@ impl ReadPosition {
     /// The saved offset if it belongs to this file; 0 otherwise. A missing
     /// state file is a first start; an unreadable or damaged one is
     /// reported and read as a first start (duplicates, never gaps).
-    fn load(&self) -> u64 {
+    /// The saved offset, if it was saved for this file (0 otherwise); the
+    /// file keeps the identity it was first saved with, which names its
+    /// events in every run however it grows.
+    fn load(&mut self) -> u64 {
         let text = match std::fs::read(&self.state) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return 0,
@@ -312,6 +342,7 @@ impl ReadPosition {
         };
         match serde_json::from_slice::<SavedPosition>(&text) {
             Ok(saved) if self.file.is(&saved.file, std::path::Path::new(&self.path)) => {
+                self.file = saved.file;
                 saved.offset
             }
             Ok(saved) => {
@@ -887,6 +918,65 @@ mod tests {
         std::fs::write(&path, lines[..150].concat()).unwrap();
         let again = text(&read_file(options, 150).await);
         assert_eq!((again[0].as_str(), again.len()), ("line-000", 150));
+    }
+
+    /// Each event's position is its offset in the (decompressed) stream,
+    /// in a stream named by the file: a rerun without state reads the
+    /// same names, one resumed from a saved position names what it reads
+    /// alike, and a gzip file counts offsets of what it holds.
+    #[tokio::test]
+    async fn positions_are_stream_offsets_named_alike_by_every_run() {
+        let placed = |events: &[logbus_plugin_api::Event]| -> Vec<(String, u64, u64)> {
+            events
+                .iter()
+                .map(|e| {
+                    let p = e.meta().position.expect("a position");
+                    assert_eq!(p.part, 0);
+                    (
+                        String::from_utf8_lossy(e.as_raw().unwrap()).into_owned(),
+                        p.stream,
+                        p.offset,
+                    )
+                })
+                .collect()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.log");
+        std::fs::write(&path, "one\ntwo\nthree\n").unwrap();
+        let plain = serde_json::json!({ "path": path });
+        let first = placed(&read_file(plain.clone(), 3).await);
+        let offsets: Vec<(&str, u64)> = first.iter().map(|(t, _, o)| (t.as_str(), *o)).collect();
+        assert_eq!(offsets, [("one", 0), ("two", 4), ("three", 8)]);
+        assert!(first.iter().all(|(_, s, _)| *s == first[0].1));
+        assert_eq!(placed(&read_file(plain, 3).await), first, "read again");
+
+        let stateful = serde_json::json!({ "path": path, "state_dir": dir.path().join("state") });
+        assert_eq!(placed(&read_file(stateful.clone(), 3).await), first);
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut file, b"four\nfive\n").unwrap();
+        let resumed = placed(&read_file(stateful, 2).await);
+        assert_eq!(
+            resumed,
+            [
+                ("four".to_string(), first[0].1, 14),
+                ("five".to_string(), first[0].1, 19)
+            ]
+        );
+
+        let gz = dir.path().join("in.log.gz");
+        write_lines(
+            serde_json::json!({ "path": gz, "compression": "gzip" }),
+            &["alpha", "beta"],
+        )
+        .await
+        .unwrap();
+        let zipped = placed(&read_file(serde_json::json!({ "path": gz }), 2).await);
+        let offsets: Vec<u64> = zipped.iter().map(|(_, _, o)| *o).collect();
+        assert_eq!(offsets, [0, 6]);
+        assert_ne!(zipped[0].1, first[0].1, "another file, another name");
     }
 
     /// A `state_dir` that cannot be made (a file is in the way) is an

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use logbus_framing::{Deframer, Framing};
 use logbus_plugin_api::{
-    BatchAck, Event, Meta, OrderedCheckpoint, SourceContext, StageError, now_ns,
+    BatchAck, Event, Meta, OrderedCheckpoint, Position, SourceContext, StageError, now_ns,
 };
 use tokio::sync::mpsc;
 
@@ -63,6 +63,11 @@ pub struct LineReaderOptions {
     pub framing: Framing,
     /// Every event's `Meta::origin` (a file's path; none for stdin).
     pub origin: Option<Arc<str>>,
+    /// For a reader that reads the same bytes again after a restart (a
+    /// file): the input's name in each event's `Meta::position`, whose
+    /// offset is where the message starts in the (decompressed) stream.
+    /// `None` (stdin): no positions.
+    pub stream: Option<u64>,
 }
 
 enum Chunk {
@@ -155,7 +160,8 @@ pub async fn run_line_source<R: Read + Send + 'static>(
         last_save: Instant::now(),
         metrics: cx.output.metrics().clone(),
     });
-    let result = read_all(reader, what, opts, &cx, &mut tracker).await;
+    let start = tracker.as_ref().map_or(0, |t| t.positions.start);
+    let result = read_all(reader, what, opts, start, &cx, &mut tracker).await;
     // Let downstream drain (its input ends once this output is gone), then
     // save what it finished — also after a read error.
     let SourceContext { id, output, .. } = cx;
@@ -170,6 +176,8 @@ async fn read_all<R: Read + Send + 'static>(
     reader: R,
     what: String,
     opts: LineReaderOptions,
+    // Stream offset of the reader's first byte.
+    start: u64,
     cx: &SourceContext,
     tracker: &mut Option<Tracker>,
 ) -> Result<(), StageError> {
@@ -192,6 +200,10 @@ async fn read_all<R: Read + Send + 'static>(
     let thread_what = what.clone();
     let framing = opts.framing;
     let origin = opts.origin;
+    // Named events: the stream, and the offset of the reader's first byte
+    // (each event adds where it starts).
+    let position = opts.stream.map(|stream| Position::new(stream, start));
+
     std::thread::Builder::new()
         .name(format!("logbus-read-{}", cx.id))
         .spawn(move || {
@@ -205,7 +217,7 @@ async fn read_all<R: Read + Send + 'static>(
                     ingest_ns: 0,
                     origin,
                     attributes: None,
-                    position: None,
+                    position,
                 },
                 &tx,
                 &thread_stop,
@@ -240,7 +252,9 @@ fn read_lines<R: Read>(
     what: &str,
     framing: Framing,
     max_line: usize,
-    // Source and origin of every event; the read time is set per read.
+    // Source and origin of every event; the read time is set per read. Its
+    // position, if any, names the stream and holds the offset of the
+    // reader's first byte: each event's is that plus where it starts.
     template: Meta,
     tx: &mpsc::Sender<Chunk>,
     stop: &AtomicBool,
@@ -249,15 +263,28 @@ fn read_lines<R: Read>(
     let mut deframer = Deframer::new(framing, max_line);
     let mut warned_long = false;
     let mut messages = Vec::new();
+    let mut starts = Vec::new();
+    let placed = template.position;
+    // The event of a message that starts `at` into what this reader read.
+    let event = |message, meta: &Meta, at: u64| match placed {
+        Some(base) => Event::raw(
+            message,
+            Meta {
+                position: Some(Position::new(base.stream, base.offset + at)),
+                ..meta.clone()
+            },
+        ),
+        None => Event::raw(message, meta.clone()),
+    };
     let finish = |deframer: &mut Deframer, template: &Meta| -> Option<Chunk> {
         let meta = Meta {
             ingest_ns: now_ns(),
             ..template.clone()
         };
-        match deframer.finish() {
+        match deframer.finish_placed() {
             // Bytes already read belong to an event, even without their newline.
-            Ok(Some(last)) => Some(Chunk::Lines(
-                vec![Event::raw(last, meta)],
+            Ok(Some((at, last))) => Some(Chunk::Lines(
+                vec![event(last, &meta, at)],
                 deframer.consumed(),
             )),
             Ok(None) => None,
@@ -290,12 +317,18 @@ fn read_lines<R: Read>(
             ..template.clone()
         };
         let cut_before = deframer.cut;
-        if let Err(e) = deframer.push(&scratch[..n], &mut messages) {
+        let pushed = match placed {
+            Some(_) => deframer.push_placed(&scratch[..n], &mut messages, &mut starts),
+            None => deframer.push(&scratch[..n], &mut messages),
+        };
+        let at = |i: usize| starts.get(i).copied().unwrap_or(0);
+        if let Err(e) = pushed {
             // Send what was complete, then stop: past a framing error the
             // stream cannot be trusted to be in step.
             let events = messages
                 .drain(..)
-                .map(|m| Event::raw(m, meta.clone()))
+                .enumerate()
+                .map(|(i, m)| event(m, &meta, at(i)))
                 .collect();
             let _ = tx.blocking_send(Chunk::Lines(events, deframer.consumed()));
             let _ = tx.blocking_send(Chunk::Failed(std::io::Error::other(e)));
@@ -309,7 +342,8 @@ fn read_lines<R: Read>(
         }
         let events: Vec<Event> = messages
             .drain(..)
-            .map(|m| Event::raw(m, meta.clone()))
+            .enumerate()
+            .map(|(i, m)| event(m, &meta, at(i)))
             .collect();
         if tx
             .blocking_send(Chunk::Lines(events, deframer.consumed()))
@@ -371,6 +405,7 @@ mod tests {
             max_line_bytes: 100,
             framing: Framing::Newline,
             origin: None,
+            stream: None,
         }
     }
 

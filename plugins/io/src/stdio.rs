@@ -65,6 +65,7 @@ impl Source for Stdin {
             max_line_bytes: self.options.max_line_bytes,
             framing: self.options.framing,
             origin: None,
+            stream: None,
         };
         run_line_source(std::io::stdin(), "standard input".into(), opts, cx, None).await
     }

@@ -762,3 +762,35 @@ fn the_addresses_connections_and_tls_files_are_stated() {
         ]
     );
 }
+
+/// What validate says a crash costs follows `ack`, as for `source: http`.
+#[test]
+fn only_ack_sink_reads_again_what_a_crash_took() {
+    use logbus_plugin_api::{Plugin, Replay, Step};
+    let replay = |options: Value| {
+        Typed(logbus_otlp::source::OtlpSource)
+            .flow(&options)
+            .steps
+            .into_iter()
+            .find_map(|s| match s {
+                Step::Replay(r) => Some(r),
+                _ => None,
+            })
+    };
+    let replay_of = |rereads| {
+        Some(Replay {
+            rereads,
+            positions: false,
+        })
+    };
+    let at = "127.0.0.1:1";
+    assert_eq!(
+        replay(json!({ "http_address": at, "ack": "sink" })),
+        replay_of(true)
+    );
+    assert_eq!(
+        replay(json!({ "http_address": at, "ack": "queued" })),
+        replay_of(false)
+    );
+    assert_eq!(replay(json!({ "grpc_address": at })), replay_of(false));
+}

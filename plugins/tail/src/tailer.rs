@@ -89,12 +89,18 @@ impl Tracked {
     }
 
     /// The event of `bytes` that covers the file from `start` to `end`.
-    fn line(&mut self, bytes: Vec<u8>, start: u64, end: u64, fingerprint_bytes: u64) -> Line {
+    fn line(
+        &mut self,
+        bytes: Vec<u8>,
+        (start, end): (u64, u64),
+        fingerprint_bytes: u64,
+        stats: &mut TailStats,
+    ) -> Line {
         Line {
             path: self.path.clone(),
             bytes,
             offset: start,
-            stream: self.stream(end, fingerprint_bytes),
+            stream: self.stream(end, fingerprint_bytes, stats),
         }
     }
 
@@ -103,13 +109,14 @@ impl Tracked {
     /// bytes that are in the file whenever an event ending at `end` is
     /// read, so a re-read names it alike, while a file that reuses the
     /// inode with other contents does not.
-    fn stream(&mut self, end: u64, fingerprint_bytes: u64) -> u64 {
+    fn stream(&mut self, end: u64, fingerprint_bytes: u64, stats: &mut TailStats) -> u64 {
         let window = fingerprint_bytes.min(end);
         if window == fingerprint_bytes
             && let Some(stream) = self.full_stream
         {
             return stream;
         }
+        stats.head_reads += 1;
         let mut first = vec![0u8; window as usize];
         if self.file.read_exact_at(&mut first, 0).is_err() {
             // Gone shorter (truncated under us): the scan that notices
@@ -138,6 +145,9 @@ pub struct TailStats {
     pub lines_cut: u64,
     pub resumed: u64,
     pub errors: u64,
+    /// Reads of a file's first bytes to name its events: one per event
+    /// early in a file, then one per file.
+    pub head_reads: u64,
 }
 
 pub struct Tailer {
@@ -347,6 +357,7 @@ impl Tailer {
                     self.stats.lines_cut += 1;
                     emit(
                         &self.config,
+                        &mut self.stats,
                         t,
                         line[..max].to_vec(),
                         (at, max as u64),
@@ -359,6 +370,7 @@ impl Tailer {
                 let consumed = line.len() as u64 + 1;
                 emit(
                     &self.config,
+                    &mut self.stats,
                     t,
                     line.to_vec(),
                     (at, consumed),
@@ -374,13 +386,21 @@ impl Tailer {
                 self.stats.lines_cut += 1;
                 t.cut = true;
                 let consumed = piece.len() as u64;
-                emit(&self.config, t, piece, (at, consumed), now, &mut out);
+                emit(
+                    &self.config,
+                    &mut self.stats,
+                    t,
+                    piece,
+                    (at, consumed),
+                    now,
+                    &mut out,
+                );
                 at += consumed;
             }
             if let Some(m) = &self.config.multiline {
                 let start = at - t.joiner.pending_bytes;
                 if let Some(event) = t.joiner.flush_stale(m, now) {
-                    out.push(t.line(event, start, at, fp));
+                    out.push(t.line(event, (start, at), fp, &mut self.stats));
                 }
             }
         }
@@ -408,12 +428,12 @@ impl Tailer {
                 let lines_end = t.offset - t.partial.len() as u64;
                 let start = lines_end - t.joiner.pending_bytes;
                 if let Some(event) = t.joiner.take() {
-                    out.push(t.line(event, start, lines_end, fp));
+                    out.push(t.line(event, (start, lines_end), fp, &mut self.stats));
                 }
                 if !t.partial.is_empty() {
                     // An unterminated last line of a file that is gone.
                     let bytes = std::mem::take(&mut t.partial);
-                    out.push(t.line(bytes, lines_end, t.offset, fp));
+                    out.push(t.line(bytes, (lines_end, t.offset), fp, &mut self.stats));
                 }
                 self.checkpoints.remove(key);
                 self.stats.files_closed += 1;
@@ -431,7 +451,7 @@ impl Tailer {
             let lines_end = t.offset - t.partial.len() as u64;
             let start = lines_end - t.joiner.pending_bytes;
             if let Some(event) = t.joiner.take() {
-                out.push(t.line(event, start, lines_end, fp));
+                out.push(t.line(event, (start, lines_end), fp, &mut self.stats));
             }
         }
         out
@@ -466,6 +486,7 @@ impl Tailer {
 /// completes, which started where the joiner's first line did.
 fn emit(
     config: &TailConfig,
+    stats: &mut TailStats,
     t: &mut Tracked,
     line: Vec<u8>,
     (start, consumed): (u64, u64),
@@ -477,9 +498,9 @@ fn emit(
         Some(m) => {
             let group_start = start - t.joiner.pending_bytes;
             if let Some(event) = t.joiner.push(m, &line, consumed, now) {
-                out.push(t.line(event, group_start, start, fp));
+                out.push(t.line(event, (group_start, start), fp, stats));
             }
         }
-        None => out.push(t.line(line, start, start + consumed, fp)),
+        None => out.push(t.line(line, (start, start + consumed), fp, stats)),
     }
 }

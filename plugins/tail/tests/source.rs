@@ -116,6 +116,35 @@ async fn every_event_says_which_file_it_came_from() {
         .filter(|o| o.ends_with("a.log"))
         .collect();
     assert!(a.len() == 2 && Arc::ptr_eq(&a[0], &a[1]), "{a:?}");
+    // And where in it: the tailer's offset, in a stream named per file.
+    let mut placed: Vec<(String, u64)> = events
+        .iter()
+        .map(|e| {
+            let p = e.meta().position.expect("a position");
+            (
+                String::from_utf8_lossy(e.as_raw().unwrap()).into_owned(),
+                p.offset,
+            )
+        })
+        .collect();
+    placed.sort();
+    assert_eq!(
+        placed,
+        [
+            ("a1".to_string(), 0),
+            ("a2".to_string(), 3),
+            ("b1".to_string(), 0)
+        ]
+    );
+    let streams: std::collections::HashSet<u64> = events
+        .iter()
+        .map(|e| e.meta().position.unwrap().stream)
+        .collect();
+    assert_eq!(
+        streams.len(),
+        3,
+        "a line that ends before the fingerprint's bytes names the file by the bytes up to its end"
+    );
     let mut got: Vec<(String, String)> = events
         .iter()
         .map(|e| {

@@ -447,8 +447,17 @@ fn positions_name_each_line_alike_when_read_again() {
     assert_eq!(texts, ["1", "22", "333", "4444444444444", "55555"]);
     let offsets: Vec<u64> = all.iter().map(|(_, _, o)| *o).collect();
     assert_eq!(offsets, [0, 2, 5, 9, 23]);
-    // Past the fingerprint's bytes every line names the file alike.
+    // Past the fingerprint's bytes every line names the file alike, and
+    // the file's first bytes are read once more for all of them (the
+    // three lines before read them each).
     assert_eq!(all[3].1, all[4].1);
+    assert_eq!(t.stats.head_reads, 4);
+    append(&a, &"more\n".repeat(100));
+    let more = step_placed(&mut t, Instant::now());
+    assert_eq!(more.len(), 100);
+    assert_eq!(t.stats.head_reads, 4);
+    assert!(more.iter().all(|(_, stream, _)| *stream == all[4].1));
+    all.extend(more);
     // A fresh tailer (a restart that lost its state) reads the same
     // lines with the same names.
     let mut again = Tailer::new(config(&logs, ReadFrom::Beginning), Checkpoints::default());
@@ -466,7 +475,7 @@ fn positions_name_each_line_alike_when_read_again() {
     let (cps, _) = StateFile::new(dir.path(), "src").load();
     let mut resumed = Tailer::new(config(&logs, ReadFrom::Beginning), cps);
     let after = step_placed(&mut resumed, Instant::now());
-    assert_eq!(after, [("666".to_string(), all[4].1, 29)]);
+    assert_eq!(after, [("666".to_string(), all[4].1, 29 + 500)]);
     // Copy-truncate, then other text: same inode, another name.
     std::fs::OpenOptions::new()
         .write(true)

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -121,12 +121,6 @@ fn the_example_ships_a_file_into_daily_indices_and_files_the_refusals() {
 #[test]
 fn a_frozen_node_holds_the_pipeline_back_within_its_memory_bound() {
     let url = node();
-    let services = std::env::var("LOGBUS_SERVICES").unwrap_or("/var/tmp/logbus-services".into());
-    let node_pid: i32 = std::fs::read_to_string(format!("{services}/run/opensearch/pid"))
-        .expect("the node's pid file (.ci/services up opensearch)")
-        .trim()
-        .parse()
-        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let index = unique("frozen");
     let n = 200_000u64;
@@ -179,15 +173,7 @@ stages:
         }
         assert!(began.elapsed() < Duration::from_secs(60), "nothing stored");
     }
-    let signal = |sig: &str| {
-        assert!(
-            Command::new("kill")
-                .args([sig, &node_pid.to_string()])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
+    let signal = logbus_test_services::opensearch::signal_node;
     // No `validate --connect` probe runs against the server while it is frozen.
     let paused = logbus_test_services::pausing("opensearch");
     signal("-STOP");
