@@ -302,14 +302,7 @@ fn a_client_that_never_reads_does_not_slow_the_pipeline() {
     // asks, and then never reads another byte.
     let stuck: Vec<TcpStream> = (0..64)
         .map(|_| {
-            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-            write!(
-                s,
-                "GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-            )
-            .unwrap();
-            let head = read_head(&mut s);
+            let (s, head) = open_stats_stream(port);
             assert!(head.starts_with("HTTP/1.1 200"), "{head}");
             s
         })
@@ -320,14 +313,7 @@ fn a_client_that_never_reads_does_not_slow_the_pipeline() {
     };
     let before = committed(port);
     // One more is told to come back later: every slot is held.
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    )
-    .unwrap();
-    let head = read_head(&mut s);
+    let (_refused, head) = open_stats_stream(port);
     assert!(head.starts_with("HTTP/1.1 429"), "{head}");
     assert!(head.contains("retry-after: 1"), "{head}");
     let start = Instant::now();
@@ -341,6 +327,20 @@ fn a_client_that_never_reads_does_not_slow_the_pipeline() {
     drop(stuck);
     let err = stop(child);
     assert!(err.contains("lost=0"), "{err}");
+}
+
+/// Asks for the stats stream and reads the answer's head (the body of a
+/// stream that got a slot never ends), keeping the connection open.
+fn open_stats_stream(port: u16) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )
+    .unwrap();
+    let head = read_head(&mut s);
+    (s, head)
 }
 
 /// Reads until the end of a response's head (a stream's body never ends).
