@@ -40,6 +40,19 @@ pub fn build_errors(plugin: &dyn Plugin, options: Value) -> String {
     }
 }
 
+/// What a source states about a crash with these options
+/// ([`crate::Step::Replay`]); `None` when it states nothing.
+pub fn replay(plugin: &dyn Plugin, options: Value) -> Option<crate::Replay> {
+    plugin
+        .flow(&options)
+        .steps
+        .into_iter()
+        .find_map(|step| match step {
+            crate::Step::Replay(r) => Some(r),
+            _ => None,
+        })
+}
+
 /// What the stage states it needs from the host (`validate --preflight`),
 /// one `option: need` line each, paths relative to the current directory:
 /// `tls.ca_file: Pem ca.pem`, `password_env: EnvVar P`, `address: Listen

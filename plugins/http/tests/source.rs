@@ -370,16 +370,9 @@ fn the_address_connections_and_tls_files_are_stated() {
 /// what was in memory is lost. No positions either way.
 #[test]
 fn only_ack_sink_reads_again_what_a_crash_took() {
-    use logbus_plugin_api::{Plugin, Replay, Step};
+    use logbus_plugin_api::Replay;
     let replay = |options: serde_json::Value| {
-        Typed(logbus_http::source::HttpSource)
-            .flow(&options)
-            .steps
-            .into_iter()
-            .find_map(|s| match s {
-                Step::Replay(r) => Some(r),
-                _ => None,
-            })
+        testing::replay(&Typed(logbus_http::source::HttpSource), options)
     };
     let replay_of = |rereads| {
         Some(Replay {

@@ -766,17 +766,8 @@ fn the_addresses_connections_and_tls_files_are_stated() {
 /// What validate says a crash costs follows `ack`, as for `source: http`.
 #[test]
 fn only_ack_sink_reads_again_what_a_crash_took() {
-    use logbus_plugin_api::{Plugin, Replay, Step};
-    let replay = |options: Value| {
-        Typed(logbus_otlp::source::OtlpSource)
-            .flow(&options)
-            .steps
-            .into_iter()
-            .find_map(|s| match s {
-                Step::Replay(r) => Some(r),
-                _ => None,
-            })
-    };
+    use logbus_plugin_api::Replay;
+    let replay = |options: Value| testing::replay(&Typed(logbus_otlp::source::OtlpSource), options);
     let replay_of = |rereads| {
         Some(Replay {
             rereads,
