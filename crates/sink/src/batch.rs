@@ -12,6 +12,7 @@ use logbus_plugin_api::Event;
 use tokio::time::Instant;
 
 use crate::encode::{Encoder, Framing};
+use crate::journal::BatchId;
 
 /// When an open batch is closed and sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct Batch {
     events: Vec<Event>,
     tags: Vec<u64>,
     opened: Instant,
+    /// The name a batch journal gave it, when the driver keeps one.
+    identity: Option<BatchId>,
 }
 
 impl Batch {
@@ -64,7 +67,24 @@ impl Batch {
             events: Vec::new(),
             tags: Vec::new(),
             opened,
+            identity: None,
         }
+    }
+
+    /// The batch's name when the sink keeps a batch journal and every
+    /// event came from a replaying source: the same after a crash and a
+    /// re-read, so a destination may drop a request it already holds.
+    /// What is left after a partial failure has a name of its own.
+    pub fn identity(&self) -> Option<BatchId> {
+        self.identity
+    }
+
+    pub(crate) fn set_identity(&mut self, id: Option<BatchId>) {
+        self.identity = id;
+    }
+
+    pub(crate) fn set_key(&mut self, key: Arc<str>) {
+        self.key = key;
     }
 
     /// The partition key ("" when the sink does not partition).
@@ -122,6 +142,7 @@ impl Batch {
     /// their index before the split.
     pub fn retain(&mut self, keep: &[bool]) -> Vec<(usize, Event, u64)> {
         assert_eq!(keep.len(), self.len(), "one flag per item");
+        self.identity = self.identity.map(|id| id.narrowed(keep));
         let old_body = std::mem::take(&mut self.body);
         let old_items = std::mem::take(&mut self.items);
         let events = std::mem::take(&mut self.events);
@@ -220,6 +241,11 @@ impl Batcher {
             sealed.extend(self.open.remove(key));
         }
         Ok(())
+    }
+
+    /// Closes the open batch of `key`, if there is one.
+    pub fn close(&mut self, key: &str) -> Option<Batch> {
+        self.open.remove(key)
     }
 
     /// When the oldest open batch is due.

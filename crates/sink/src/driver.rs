@@ -16,6 +16,7 @@
 //! `(in_flight + 1) × max_events` plus the open partitions.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 use crate::batch::{Batch, BatchLimits, Batcher};
 use crate::dead::{Unread, dead_letter};
 use crate::encode::Encoder;
+use crate::journal::{BatchId, BatchJournal, Claim, JOURNAL_BATCHES};
 use crate::retry::RetryPolicy;
 
 /// The destination's answer to one request.
@@ -119,6 +121,9 @@ pub struct Driver<S: Service> {
     encoder: Box<dyn Encoder>,
     partition: Option<Box<PartitionKey>>,
     config: DriverConfig,
+    /// Where the batch journal is kept, when batches are to be made
+    /// again alike after a crash.
+    journal_dir: Option<PathBuf>,
 }
 
 /// How one batch ended: its events sorted by outcome, with their tags.
@@ -134,6 +139,17 @@ struct Finished {
     gave_up: Option<String>,
     /// Still held when the drain deadline passed.
     held: Vec<(Event, u64)>,
+    /// The batch's journal name, when it has one.
+    id: Option<BatchId>,
+}
+
+/// The batch journal and the batches being gathered again from re-read
+/// events (keyed by their name in hex).
+struct Journalled {
+    journal: BatchJournal,
+    gathering: Batcher,
+    /// Re-read events of batches the destination had already taken.
+    already_delivered: u64,
 }
 
 impl<S: Service> Driver<S> {
@@ -143,7 +159,18 @@ impl<S: Service> Driver<S> {
             encoder: Box::new(encoder),
             partition: None,
             config,
+            journal_dir: None,
         }
+    }
+
+    /// Keeps a batch journal in `dir` (`<stage id>.batches`): batches are
+    /// named by the source positions they cover, written down before they
+    /// are sent, and made again alike from the events a checkpointing
+    /// source re-reads after a crash ([`crate::journal`]). A service reads
+    /// the name with [`Batch::identity`].
+    pub fn journal_in(mut self, dir: Option<PathBuf>) -> Self {
+        self.journal_dir = dir;
+        self
     }
 
     /// Batches by `key(event)`: events with different keys never share a
@@ -177,6 +204,37 @@ impl<S: Service> Driver<S> {
             limits.max_events = capped;
         }
         let mut batcher = Batcher::new(limits, self.encoder.framing());
+        let mut journalled = match &self.journal_dir {
+            None => None,
+            Some(dir) => {
+                let path = dir.join(format!("{}.batches", cx.id));
+                let journal = std::fs::create_dir_all(dir)
+                    .and_then(|()| BatchJournal::open(&path, JOURNAL_BATCHES))
+                    .map_err(|e| {
+                        StageError::Other(format!("batch journal {}: {e}", path.display()))
+                    })?;
+                if journal.awaiting() > 0 {
+                    tracing::info!(
+                        stage = %cx.id,
+                        "{} batches of an earlier run are made again from what the sources re-read",
+                        journal.awaiting()
+                    );
+                }
+                // Gathered batches are as large as they were; one that
+                // waits long for its last events is sent as it is.
+                let gathering = BatchLimits {
+                    max_events: usize::MAX,
+                    max_bytes: usize::MAX,
+                    max_age: (limits.max_age * 4).max(Duration::from_secs(5)),
+                    max_partitions: usize::MAX,
+                };
+                Some(Journalled {
+                    journal,
+                    gathering: Batcher::new(gathering, self.encoder.framing()),
+                    already_delivered: 0,
+                })
+            }
+        };
         let mut sealed: VecDeque<Batch> = VecDeque::new();
         let mut in_flight = FuturesUnordered::new();
         let mut inputs = Inputs::default();
@@ -185,9 +243,22 @@ impl<S: Service> Driver<S> {
         let stop = cx.stop.clone();
         loop {
             while failure.is_none() && in_flight.len() < c.in_flight.max(1) {
-                let Some(batch) = sealed.pop_front() else {
+                let Some(mut batch) = sealed.pop_front() else {
                     break;
                 };
+                if let Some(j) = journalled.as_mut()
+                    && batch.identity().is_none()
+                {
+                    match j.journal.seal(&batch) {
+                        Ok(id) => batch.set_identity(id),
+                        Err(e) => {
+                            failure =
+                                Some(format!("batch journal {}: {e}", j.journal.path().display()));
+                            sealed.push_front(batch);
+                            break;
+                        }
+                    }
+                }
                 in_flight.push(deliver(
                     self.service.clone(),
                     c.retry,
@@ -200,32 +271,54 @@ impl<S: Service> Driver<S> {
             if in_flight.is_empty() && (failure.is_some() || stop.is_cancelled()) {
                 break;
             }
-            if ended && in_flight.is_empty() && sealed.is_empty() && batcher.is_empty() {
+            let gathering = journalled.as_ref().is_some_and(|j| !j.gathering.is_empty());
+            if ended
+                && in_flight.is_empty()
+                && sealed.is_empty()
+                && batcher.is_empty()
+                && !gathering
+            {
                 break;
             }
             let reading = !ended && sealed.is_empty() && failure.is_none() && !stop.is_cancelled();
-            let deadline = batcher.next_deadline();
+            let deadline = match journalled
+                .as_ref()
+                .and_then(|j| j.gathering.next_deadline())
+            {
+                Some(g) => Some(batcher.next_deadline().map_or(g, |d| d.min(g))),
+                None => batcher.next_deadline(),
+            };
             tokio::select! {
                 biased;
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Err(why) = self.settle(done, cx, &mut inputs).await {
+                    if let Err(why) = self.settle(done, cx, &mut inputs, &mut journalled).await {
                         failure.get_or_insert(why);
                     }
                 }
                 _ = stop.cancelled(), if !stop.is_cancelled() => {}
                 _ = sleep_until(deadline), if deadline.is_some() && !ended => {
                     batcher.seal_due(Instant::now(), &mut sealed);
+                    if let Some(j) = journalled.as_mut() {
+                        let mut due = VecDeque::new();
+                        j.gathering.seal_due(Instant::now(), &mut due);
+                        self.regathered_incomplete(due, &mut sealed, cx);
+                    }
                 }
                 next = cx.input.recv(), if reading => match next {
                     None => {
                         ended = true;
                         batcher.seal_all(&mut sealed);
+                        if let Some(j) = journalled.as_mut() {
+                            let mut left = VecDeque::new();
+                            j.gathering.seal_all(&mut left);
+                            self.regathered_incomplete(left, &mut sealed, cx);
+                        }
                     }
                     Some(batch) => {
-                        let rejected = self.take(batch, &mut batcher, &mut sealed, &mut inputs, cx);
+                        let rejected = self.take(batch, &mut batcher, &mut sealed, &mut inputs, &mut journalled, cx);
                         if !rejected.is_empty() {
                             let done = Finished { rejected, ..Finished::default() };
-                            if let Err(why) = self.settle(done, cx, &mut inputs).await {
+                            if let Err(why) = self.settle(done, cx, &mut inputs, &mut journalled).await {
                                 failure.get_or_insert(why);
                             }
                         }
@@ -236,6 +329,16 @@ impl<S: Service> Driver<S> {
         // Whatever was not sent is errored: the stage failed, or the drain
         // deadline passed.
         batcher.seal_all(&mut sealed);
+        if let Some(j) = journalled.as_mut() {
+            j.gathering.seal_all(&mut sealed);
+            if j.already_delivered > 0 {
+                tracing::info!(
+                    stage = %cx.id,
+                    "{} events read again after a restart were in batches already delivered: not sent again",
+                    j.already_delivered
+                );
+            }
+        }
         let mut held = 0usize;
         for mut batch in sealed.drain(..) {
             for (mut event, tag) in batch.drain() {
@@ -266,6 +369,7 @@ impl<S: Service> Driver<S> {
         batcher: &mut Batcher,
         sealed: &mut VecDeque<Batch>,
         inputs: &mut Inputs,
+        journalled: &mut Option<Journalled>,
         cx: &SinkContext,
     ) -> Vec<(Event, u64, String)> {
         cx.metrics.add_in(batch.len() as u64);
@@ -279,13 +383,75 @@ impl<S: Service> Driver<S> {
                 .as_ref()
                 .map(|f| f(&event))
                 .unwrap_or_default();
-            if let Err((event, tag, why)) =
-                batcher.push(&key, event, tag, self.encoder.as_ref(), now, sealed)
-            {
+            let claim = match journalled.as_mut() {
+                Some(j) => j.journal.claim(&key, &event),
+                None => Claim::Fresh,
+            };
+            let pushed = match claim {
+                Claim::Fresh => batcher.push(&key, event, tag, self.encoder.as_ref(), now, sealed),
+                Claim::Delivered => {
+                    let mut event = event;
+                    event.settle(Outcome::Delivered);
+                    inputs.release(tag, 1);
+                    cx.committed(1);
+                    if let Some(j) = journalled.as_mut() {
+                        j.already_delivered += 1;
+                    }
+                    Ok(())
+                }
+                Claim::Regather { id, complete, same } => {
+                    let j = journalled.as_mut().expect("claimed by the journal");
+                    let name = id.hex();
+                    let pushed =
+                        j.gathering
+                            .push(&name, event, tag, self.encoder.as_ref(), now, sealed);
+                    if complete && let Some(mut batch) = j.gathering.close(&name) {
+                        batch.set_key(key.as_str().into());
+                        if !same {
+                            tracing::warn!(
+                                stage = %cx.id,
+                                "batch {name} was made again from other events than before (the pipeline changed, or a transform is not deterministic): sent under a new name"
+                            );
+                        }
+                        batch.set_identity(same.then_some(id));
+                        sealed.push_back(batch);
+                    }
+                    pushed
+                }
+            };
+            if let Err((event, tag, why)) = pushed {
                 rejected.push((event, tag, format!("cannot encode the event: {why}")));
             }
         }
         rejected
+    }
+
+    /// Queues gathered batches that did not get all their events (they
+    /// waited too long, or the input ended) under their earlier names:
+    /// the events missing were not read again because the source's
+    /// checkpoint had passed them, so the destination holds the batch.
+    fn regathered_incomplete(
+        &self,
+        batches: VecDeque<Batch>,
+        sealed: &mut VecDeque<Batch>,
+        cx: &SinkContext,
+    ) {
+        for mut batch in batches {
+            let id = u128::from_str_radix(batch.key(), 16).ok().map(BatchId);
+            let key = match (&self.partition, batch.events().first()) {
+                (Some(f), Some(event)) => f(event),
+                _ => String::new(),
+            };
+            tracing::warn!(
+                stage = %cx.id,
+                "batch {} made again with {} events only: sent under its name",
+                batch.key(),
+                batch.len()
+            );
+            batch.set_key(key.into());
+            batch.set_identity(id);
+            sealed.push_back(batch);
+        }
     }
 
     /// Commits, dead-letters or drops a finished batch's events. An error
@@ -295,9 +461,24 @@ impl<S: Service> Driver<S> {
         done: Finished,
         cx: &SinkContext,
         inputs: &mut Inputs,
+        journalled: &mut Option<Journalled>,
     ) -> Result<(), String> {
         let c = &self.config;
         let mut failure = None;
+        if let (Some(j), Some(id)) = (journalled.as_mut(), done.id)
+            && done.rejected.is_empty()
+            && done.discarded.is_empty()
+            && done.exhausted.is_empty()
+            && done.held.is_empty()
+            && let Err(e) = j.journal.delivered(id)
+        {
+            // Costs only a resend under the same name after a crash.
+            tracing::warn!(
+                stage = %cx.id,
+                "batch journal {}: {e}",
+                j.journal.path().display()
+            );
+        }
         if !done.delivered.is_empty() {
             cx.committed(done.delivered.len());
             for (mut event, tag) in done.delivered {
@@ -422,7 +603,10 @@ async fn deliver<S: Service>(
     destination: String,
     metrics: Arc<logbus_plugin_api::StageMetrics>,
 ) -> Finished {
-    let mut done = Finished::default();
+    let mut done = Finished {
+        id: batch.identity(),
+        ..Finished::default()
+    };
     let started = Instant::now();
     let mut request = match service.prepare(&batch) {
         Ok(r) => r,

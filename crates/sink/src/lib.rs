@@ -13,6 +13,7 @@ pub mod batch;
 mod dead;
 pub mod driver;
 pub mod encode;
+pub mod journal;
 pub mod object;
 pub mod object_sink;
 pub mod options;
@@ -23,9 +24,12 @@ pub mod time;
 pub use batch::{Batch, BatchLimits, Batcher};
 pub use driver::{Driver, DriverConfig, ItemResult, OnRejected, Response, Service};
 pub use encode::{Encoder, Framing, JsonArray, JsonLines, write_json_or_raw};
+pub use journal::{BatchId, BatchJournal, Claim, JOURNAL_BATCHES};
 pub use object::{Misfit, ObjectFormat, ObjectWriter};
 pub use object_sink::{ObjectConfig, ObjectDriver, ObjectStore};
-pub use options::{BatchDefaults, Batching, RetryDefaults, Retrying, check_requests, error_chain};
+pub use options::{
+    BatchDefaults, Batching, Journaling, RetryDefaults, Retrying, check_requests, error_chain,
+};
 pub use retry::{Attempt, Retried, RetryPolicy, parse_retry_after};
 pub use template::Template;
 pub use time::event_time_ms;

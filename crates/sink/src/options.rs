@@ -122,6 +122,49 @@ impl<D: BatchDefaults> std::fmt::Debug for Batching<D> {
     }
 }
 
+/// Where a sink keeps its batch journal ([`crate::journal`]): with it,
+/// the batches a crash left unconfirmed are made again alike from what a
+/// checkpointing source re-reads, and sent under the same names.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+pub struct Journaling {
+    /// Directory of the batch journal (`<stage id>.batches`, made at
+    /// start): batches are named by the source positions they cover and
+    /// written down before they are sent, so that after a crash the same
+    /// positions make the same batches. Unset: no journal.
+    #[serde(default)]
+    pub batch_journal_dir: Option<std::path::PathBuf>,
+}
+
+impl Journaling {
+    pub fn check(&self) -> Vec<OptionError> {
+        match &self.batch_journal_dir {
+            Some(dir) if dir.as_os_str().is_empty() => {
+                vec![OptionError::at(&["batch_journal_dir"], "must not be empty")]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The directory, resolved against the pipeline file's.
+    pub fn dir(&self, cx: &logbus_plugin_api::BuildContext) -> Option<std::path::PathBuf> {
+        self.batch_journal_dir.as_deref().map(|d| cx.resolve(d))
+    }
+
+    /// What `validate --preflight` checks: a directory the stage may
+    /// create and write.
+    pub fn host_need(
+        &self,
+        cx: &logbus_plugin_api::BuildContext,
+    ) -> Option<logbus_plugin_api::StatedNeed> {
+        self.dir(cx).map(|path| {
+            logbus_plugin_api::StatedNeed::new(
+                logbus_plugin_api::HostNeed::WriteDir { path, create: true },
+                &["batch_journal_dir"],
+            )
+        })
+    }
+}
+
 /// How a sink (or a source reading a service) retries what failed.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(bound = "")]

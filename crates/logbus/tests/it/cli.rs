@@ -1303,6 +1303,13 @@ stages:
     endpoints: ['http://127.0.0.1:9200']
     index: logs
     id_from_position: true
+  store:
+    sink: clickhouse
+    inputs: [json]
+    url: 'http://127.0.0.1:8123'
+    table: logs
+    deduplicate: true
+    batch_journal_dir: journal
   keep: { sink: file, inputs: [json, j], path: out.ndjson }
 ",
     );
@@ -1312,6 +1319,12 @@ stages:
     assert!(
         text.contains(
             "delivery into `ship`: effectively once from `logs`; at most once from `gen`\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "delivery into `store`: effectively once from `logs`; at most once from `gen`\n"
         ),
         "{text}"
     );

@@ -126,9 +126,13 @@ impl Service for ClickHouseService {
         Ok(RowsRequest {
             body: Bytes::copy_from_slice(batch.body()),
             rows: batch.items().to_vec(),
-            token: self
-                .deduplicate
-                .then(|| format!("logbus-{:032x}", fastrand::u128(..))),
+            // The batch's journal name, the same after a crash; without a
+            // journal, a name of this request's own (kept across its
+            // retries).
+            token: self.deduplicate.then(|| match batch.identity() {
+                Some(id) => format!("logbus-{}", id.hex()),
+                None => format!("logbus-{:032x}", fastrand::u128(..)),
+            }),
         })
     }
 

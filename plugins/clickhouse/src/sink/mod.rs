@@ -23,8 +23,8 @@ use logbus_plugin_api::{
     TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Attempt, BatchDefaults, Batching, Driver, DriverConfig, OnRejected, Retried, RetryDefaults,
-    Retrying, check_requests, error_chain,
+    Attempt, BatchDefaults, Batching, Driver, DriverConfig, Journaling, OnRejected, Retried,
+    RetryDefaults, Retrying, check_requests, error_chain,
 };
 use serde::Deserialize;
 
@@ -101,12 +101,16 @@ pub struct ClickHouseSinkOptions {
     pub on_rejected: OnRejected,
     /// Send an `insert_deduplication_token` with each insert, the same on
     /// every retry of it: an insert the server stored but whose answer
-    /// was lost is not stored twice when it is sent again. Needs a
-    /// `Replicated*MergeTree` table or a `MergeTree` with
-    /// `non_replicated_deduplication_window`, and a server of 22.2 or
-    /// later.
+    /// was lost is not stored twice when it is sent again. With
+    /// `batch_journal_dir` the token is the batch's name, the same after
+    /// a crash: effectively once from a source that names its events by
+    /// position. Needs a `Replicated*MergeTree` table or a `MergeTree`
+    /// with `non_replicated_deduplication_window` (checked at start), and
+    /// a server of 22.2 or later.
     #[serde(default)]
     pub deduplicate: bool,
+    #[serde(flatten)]
+    pub journaling: Journaling,
 }
 
 fn default_database() -> String {
@@ -179,6 +183,13 @@ impl CheckOptions for ClickHouseSinkOptions {
         }
         errors.extend(self.batching.check());
         errors.extend(self.retrying.check());
+        errors.extend(self.journaling.check());
+        if self.journaling.batch_journal_dir.is_some() && !self.deduplicate {
+            errors.push(OptionError::at(
+                &["batch_journal_dir"],
+                "names batches for `deduplicate: true`, which is not set",
+            ));
+        }
         errors.extend(check_requests(self.request_timeout_ms, self.in_flight, 64));
         errors
     }
@@ -194,7 +205,8 @@ impl TypedPlugin for ClickHouseSink {
     type Stage = Box<dyn Sink>;
     const DESCRIPTION: &'static str = "ClickHouse: batched RowBinary inserts (LZ4) with a column mapping checked against DESCRIBE TABLE at start; values that do not fit and rows the server refuses (found by splitting the batch) to <id>.dead, the rest stored.";
 
-    /// The CA file, and the variable the password comes from.
+    /// The CA file, the variable the password comes from, the journal's
+    /// directory.
     fn host_needs(
         &self,
         o: &Self::Options,
@@ -208,7 +220,22 @@ impl TypedPlugin for ClickHouseSink {
                 o.password_env.as_deref(),
                 "password_env",
             ))
+            .chain(o.journaling.host_need(cx))
             .collect()
+    }
+
+    /// Events pass through untouched; with `deduplicate` and a batch
+    /// journal, a re-sent batch carries the token it had, so the server
+    /// drops it.
+    fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {
+        let flow = logbus_plugin_api::Flow::pass();
+        if o.deduplicate && o.journaling.batch_journal_dir.is_some() {
+            flow.then(logbus_plugin_api::Step::NamesByPosition {
+                option: vec!["deduplicate".into(), "batch_journal_dir".into()],
+            })
+        } else {
+            flow
+        }
     }
 
     fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
@@ -301,6 +328,7 @@ fn writer(
         mapping: (!mapping.is_empty()).then_some(mapping),
         timeout: Duration::from_millis(options.request_timeout_ms),
         deduplicate: options.deduplicate,
+        journal_dir: options.journaling.dir(cx),
         config,
     })
 }
@@ -338,6 +366,7 @@ struct ClickHouseWriter {
     mapping: Option<Vec<Mapped>>,
     timeout: Duration,
     deduplicate: bool,
+    journal_dir: Option<std::path::PathBuf>,
     config: DriverConfig,
 }
 
@@ -569,6 +598,58 @@ impl ClickHouseWriter {
         found
     }
 
+    /// With `deduplicate`: the table's engine, from `system.tables`, must
+    /// keep insert tokens. A plain MergeTree without a deduplication
+    /// window fails the stage (the server would store every re-sent batch
+    /// again); an engine whose deduplication is elsewhere (Distributed,
+    /// Buffer) is only warned about, as is a server that cannot be asked.
+    async fn check_deduplication(&self, cx: &SinkContext, at: &str) -> Result<(), StageError> {
+        let fetched = async {
+            let mut cursor = self
+                .client
+                .query(
+                    "SELECT engine, engine_full FROM system.tables WHERE database = ? AND name = ?",
+                )
+                .bind(self.database.as_str())
+                .bind(self.table.as_str())
+                .fetch_bytes("JSONEachRow")?;
+            cursor.collect().await
+        };
+        let answer = match tokio::time::timeout(self.timeout, fetched).await {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(e)) => {
+                tracing::warn!(stage = %cx.id, "{at}: cannot tell whether the table keeps deduplication tokens: {}", error_chain(&e));
+                return Ok(());
+            }
+            Err(_) => {
+                tracing::warn!(stage = %cx.id, "{at}: cannot tell whether the table keeps deduplication tokens: no answer within {:?}", self.timeout);
+                return Ok(());
+            }
+        };
+        #[derive(Deserialize)]
+        struct Engine {
+            engine: String,
+            engine_full: String,
+        }
+        let engine: Option<Engine> = std::str::from_utf8(&answer)
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| serde_json::from_str(l).ok()));
+        let Some(engine) = engine else {
+            tracing::warn!(stage = %cx.id, "{at}: cannot tell whether the table keeps deduplication tokens: system.tables has no row for it");
+            return Ok(());
+        };
+        match deduplication(&engine.engine, &engine.engine_full) {
+            Deduplication::Kept => Ok(()),
+            Deduplication::Unknown(why) => {
+                tracing::warn!(stage = %cx.id, "{at}: {why}");
+                Ok(())
+            }
+            Deduplication::Ignored(why) => {
+                Err(StageError::Other(format!("{at}: deduplicate: {why}")))
+            }
+        }
+    }
+
     /// Where a column's finding belongs: its mapping entry, or the table
     /// when every column is taken by name.
     fn option_of<'a>(&'a self, column: &'a str) -> Vec<&'a str> {
@@ -577,6 +658,47 @@ impl ClickHouseWriter {
             _ => vec!["table"],
         }
     }
+}
+
+/// Whether a table's engine keeps `insert_deduplication_token`s.
+#[derive(Debug, PartialEq, Eq)]
+enum Deduplication {
+    Kept,
+    /// The server stores every insert, token or not: why, and the fix.
+    Ignored(String),
+    /// Decided elsewhere (the tables under a Distributed one).
+    Unknown(String),
+}
+
+/// Replicated (and ClickHouse Cloud's Shared) MergeTree tables keep the
+/// last tokens by default; a plain MergeTree only with a positive
+/// `non_replicated_deduplication_window`.
+fn deduplication(engine: &str, engine_full: &str) -> Deduplication {
+    if engine.starts_with("Replicated") || engine.starts_with("Shared") {
+        return Deduplication::Kept;
+    }
+    if !engine.ends_with("MergeTree") {
+        return Deduplication::Unknown(format!(
+            "a {engine} table: whether re-sent inserts are dropped depends on the tables it writes to (they need replication or `non_replicated_deduplication_window`)"
+        ));
+    }
+    let window = engine_full
+        .split("non_replicated_deduplication_window")
+        .nth(1)
+        .and_then(|rest| rest.trim_start().strip_prefix('='))
+        .and_then(|rest| {
+            rest.trim_start()
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    if window > 0 {
+        return Deduplication::Kept;
+    }
+    Deduplication::Ignored(format!(
+        "the table is a {engine} without `non_replicated_deduplication_window`, so the server stores a re-sent insert again; set it (`ALTER TABLE … MODIFY SETTING non_replicated_deduplication_window = 1000`) or use a Replicated table"
+    ))
 }
 
 /// A type with its spaces dropped, so `Map(String,UInt8)` equals
@@ -609,7 +731,11 @@ impl Sink for ClickHouseWriter {
             timeout: self.timeout,
             deduplicate: self.deduplicate,
         };
-        let driver = Driver::new(service, RowEncoder { columns }, self.config.clone());
+        if self.deduplicate {
+            self.check_deduplication(cx, &at).await?;
+        }
+        let driver = Driver::new(service, RowEncoder { columns }, self.config.clone())
+            .journal_in(self.journal_dir.clone());
         driver.run(cx).await
     }
 }
@@ -738,6 +864,75 @@ mod tests {
             Some(469)
         );
         assert_eq!(error_code("connection refused"), None);
+    }
+
+    /// Which engines keep insert tokens: replicated ones, a MergeTree with
+    /// a window; a plain MergeTree is refused naming the setting, an
+    /// engine that writes elsewhere is only warned about.
+    #[test]
+    fn the_table_engine_says_whether_tokens_are_kept() {
+        assert_eq!(
+            deduplication(
+                "ReplicatedMergeTree",
+                "ReplicatedMergeTree('/t', 'r') ORDER BY id"
+            ),
+            Deduplication::Kept
+        );
+        assert_eq!(
+            deduplication(
+                "MergeTree",
+                "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 100, index_granularity = 8192"
+            ),
+            Deduplication::Kept
+        );
+        for plain in [
+            "MergeTree ORDER BY id SETTINGS index_granularity = 8192",
+            "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 0",
+        ] {
+            let Deduplication::Ignored(why) = deduplication("MergeTree", plain) else {
+                panic!("{plain}");
+            };
+            assert!(why.contains("non_replicated_deduplication_window"), "{why}");
+        }
+        assert!(matches!(
+            deduplication("Distributed", "Distributed(c, db, t)"),
+            Deduplication::Unknown(_)
+        ));
+    }
+
+    /// The journal names batches for the token: alone it is a mistake;
+    /// with it the flow says the sink names by position.
+    #[test]
+    fn a_batch_journal_needs_deduplicate_and_then_names_by_position() {
+        let check = |o: serde_json::Value| {
+            let o: ClickHouseSinkOptions = serde_json::from_value(o).unwrap();
+            o.check()
+                .into_iter()
+                .map(|e| format!("{}: {}", e.path.join("."), e.message))
+                .collect::<Vec<_>>()
+        };
+        let base =
+            serde_json::json!({ "url": "http://h:8123", "table": "t", "batch_journal_dir": "j" });
+        assert_eq!(
+            check(base.clone()),
+            ["batch_journal_dir: names batches for `deduplicate: true`, which is not set"]
+        );
+        let mut with = base.clone();
+        with["deduplicate"] = true.into();
+        assert!(check(with.clone()).is_empty());
+        with["batch_journal_dir"] = "".into();
+        assert_eq!(check(with), ["batch_journal_dir: must not be empty"]);
+        let flow = |o: serde_json::Value| {
+            let o: ClickHouseSinkOptions = serde_json::from_value(o).unwrap();
+            format!("{:?}", ClickHouseSink.flow(&o))
+        };
+        let mut named = base.clone();
+        named["deduplicate"] = true.into();
+        assert!(flow(named).contains("NamesByPosition"));
+        let mut unnamed = serde_json::json!({ "url": "http://h:8123", "table": "t" });
+        assert!(!flow(unnamed.clone()).contains("NamesByPosition"));
+        unnamed["deduplicate"] = true.into();
+        assert!(!flow(unnamed).contains("NamesByPosition"));
     }
 
     #[test]
