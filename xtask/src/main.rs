@@ -19,11 +19,14 @@
 //!   (`.ci/services up kafka`): events/s, peak RSS, LogBus's and the
 //!   broker's CPU time, per run and the median.
 //! - `sink-bench [--targets opensearch,clickhouse] [--events N] [--reps N]
-//!   [--batches 500,2000] [--in-flight 2,4] [--sink-options "k: v"] [--raw]
-//!   [--binary PATH]`: file → json →
+//!   [--batches 500,2000] [--in-flight 2,4] [--sink-options "k: v"]
+//!   [--compare-options "k: v"]... [--raw] [--binary PATH]`: file → json →
 //!   OpenSearch / ClickHouse against the real servers (`.ci/services up
 //!   opensearch clickhouse`), sweeping batch size and requests in flight:
-//!   events/s, peak RSS, LogBus's and the server's CPU time, medians.
+//!   events/s, peak RSS, LogBus's and the server's CPU time, medians; each
+//!   `--compare-options` adds a variant run alternately with the plain one
+//!   in every round (`{run}` in it becomes a directory of that run's own),
+//!   and its median ratio to the plain one is printed.
 //! - `load profile|quick [--pipeline FILE] [--reps N] [--out DIR]
 //!   [--peer NAME[@tcp]=COMMAND]... [--quorum Q] [--start-rate R]`: the
 //!   open-loop load profile (docs/load-testing.md); `load sweep
@@ -140,6 +143,11 @@ fn main() -> anyhow::Result<()> {
                 &list("--batches", "500,2000")?,
                 &list("--in-flight", "2,4")?,
                 &opt("--sink-options").unwrap_or_default(),
+                &args
+                    .windows(2)
+                    .filter(|w| w[0] == "--compare-options")
+                    .map(|w| w[1].clone())
+                    .collect::<Vec<_>>(),
                 !args.iter().any(|a| a == "--raw"),
             )?;
         }

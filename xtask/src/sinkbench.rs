@@ -98,6 +98,7 @@ pub fn sink_bench(
     batches: &[usize],
     in_flights: &[usize],
     extra: &str,
+    compare: &[String],
     parse: bool,
 ) -> anyhow::Result<()> {
     let binary = match binary {
@@ -126,27 +127,39 @@ pub fn sink_bench(
         "sink-bench: {events} events of the corpus (sha256 {sha}), {reps} rounds, binary {}",
         binary.display()
     );
+    // The plain run, then each variant: alternating within every round.
+    let variants: Vec<&str> = std::iter::once("")
+        .chain(compare.iter().map(String::as_str))
+        .collect();
     let mut configs = Vec::new();
     for target in targets {
         for &batch in batches {
             for &in_flight in in_flights {
-                configs.push((target.clone(), batch, in_flight));
+                for &variant in &variants {
+                    configs.push((target.clone(), batch, in_flight, variant));
+                }
             }
         }
     }
+    // The table is the same for every variant: with a deduplication
+    // window when any variant sends tokens.
+    let window = std::iter::once(extra)
+        .chain(compare.iter().map(String::as_str))
+        .any(|o| o.contains("deduplicate"));
     let mut results: Vec<Vec<Run>> = configs.iter().map(|_| Vec::new()).collect();
     for round in 0..reps {
-        for (i, (target, batch, in_flight)) in configs.iter().enumerate() {
+        for (i, (target, batch, in_flight, variant)) in configs.iter().enumerate() {
             let tag = format!("bench_{}_{round}_{i}", std::process::id());
             let corpus_path = corpus.display().to_string();
             // Extra sink options (`compression: none`), and whether the
             // lines are parsed (a raw JSON line is an OpenSearch document
             // as it is; ClickHouse needs fields).
-            let extra = if extra.is_empty() {
-                String::new()
-            } else {
-                format!(", {extra}")
-            };
+            let run_dir = dir.join(&tag);
+            let extra = [extra, variant]
+                .iter()
+                .filter(|o| !o.is_empty())
+                .map(|o| format!(", {}", o.replace("{run}", &run_dir.display().to_string())))
+                .collect::<String>();
             let codec = if parse || target == "clickhouse" {
                 ", codec: json"
             } else {
@@ -167,7 +180,12 @@ pub fn sink_bench(
                     http(
                         "http://127.0.0.1:8123/",
                         &format!(
-                            "CREATE TABLE {tag} (seq UInt64, ts DateTime64(6), level LowCardinality(String), service LowCardinality(String), host String, path String, status UInt16, latency_ms Float64, user Map(String, String), debug_id String, tags Array(String), msg String) ENGINE = MergeTree ORDER BY tuple()"
+                            "CREATE TABLE {tag} (seq UInt64, ts DateTime64(6), level LowCardinality(String), service LowCardinality(String), host String, path String, status UInt16, latency_ms Float64, user Map(String, String), debug_id String, tags Array(String), msg String) ENGINE = MergeTree ORDER BY tuple(){}",
+                            if window {
+                                " SETTINGS non_replicated_deduplication_window = 1000"
+                            } else {
+                                ""
+                            }
                         ),
                     )?;
                     (
@@ -183,8 +201,9 @@ pub fn sink_bench(
                 other => bail!("unknown target `{other}`: opensearch or clickhouse"),
             };
             let r = run_pipeline(&binary, &dir, &yml, events, &pid_file)?;
+            let _ = std::fs::remove_dir_all(&run_dir);
             println!(
-                "round {round}: {target:<10} batch {batch:>5} in_flight {in_flight:>2}: {:>9.0} events/s, peak RSS {:>6.1} MiB, logbus CPU {:>5.1} s, server CPU {:>5.1} s",
+                "round {round}: {target:<10} batch {batch:>5} in_flight {in_flight:>2} {variant:?}: {:>9.0} events/s, peak RSS {:>6.1} MiB, logbus CPU {:>5.1} s, server CPU {:>5.1} s",
                 r.rate, r.peak_rss_mib, r.logbus_cpu_s, r.server_cpu_s
             );
             results[i].push(r);
@@ -207,15 +226,25 @@ pub fn sink_bench(
         }
     }
     println!(
-        "| sink | batch_max_events | in_flight | events/s, median (range) | peak RSS | LogBus CPU | server CPU |"
+        "| sink | batch_max_events | in_flight | options | events/s, median (range) | × plain, median of rounds | peak RSS | LogBus CPU | server CPU |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    for ((target, batch, in_flight), runs) in configs.iter().zip(&results) {
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (i, ((target, batch, in_flight, variant), runs)) in configs.iter().zip(&results).enumerate()
+    {
         let m = |f: &dyn Fn(&Run) -> f64| crate::median(runs.iter().map(f).collect());
         let lo = runs.iter().map(|r| r.rate).fold(f64::INFINITY, f64::min);
         let hi = runs.iter().map(|r| r.rate).fold(0.0, f64::max);
+        // The plain run of the same configuration, in the same rounds.
+        let plain = &results[i - variants.iter().position(|v| v == variant).unwrap_or(0)];
+        let ratio = crate::median(
+            runs.iter()
+                .zip(plain)
+                .map(|(r, p)| r.rate / p.rate)
+                .collect(),
+        );
         println!(
-            "| {target} | {batch} | {in_flight} | {:.0} ({lo:.0}–{hi:.0}) | {:.0} MiB | {:.1} s | {:.1} s |",
+            "| {target} | {batch} | {in_flight} | {} | {:.0} ({lo:.0}–{hi:.0}) | {ratio:.2} | {:.0} MiB | {:.1} s | {:.1} s |",
+            if variant.is_empty() { "—" } else { variant },
             m(&|r| r.rate),
             m(&|r| r.peak_rss_mib),
             m(&|r| r.logbus_cpu_s),

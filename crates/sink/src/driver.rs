@@ -301,7 +301,7 @@ impl<S: Service> Driver<S> {
                     if let Some(j) = journalled.as_mut() {
                         let mut due = VecDeque::new();
                         j.gathering.seal_due(Instant::now(), &mut due);
-                        self.regathered_incomplete(due, &mut sealed, cx);
+                        self.regathered_incomplete(due, &mut sealed, &mut j.journal, cx);
                     }
                 }
                 next = cx.input.recv(), if reading => match next {
@@ -311,7 +311,7 @@ impl<S: Service> Driver<S> {
                         if let Some(j) = journalled.as_mut() {
                             let mut left = VecDeque::new();
                             j.gathering.seal_all(&mut left);
-                            self.regathered_incomplete(left, &mut sealed, cx);
+                            self.regathered_incomplete(left, &mut sealed, &mut j.journal, cx);
                         }
                     }
                     Some(batch) => {
@@ -430,14 +430,19 @@ impl<S: Service> Driver<S> {
     /// waited too long, or the input ended) under their earlier names:
     /// the events missing were not read again because the source's
     /// checkpoint had passed them, so the destination holds the batch.
+    /// Events of their extents that come later are batched anew.
     fn regathered_incomplete(
         &self,
         batches: VecDeque<Batch>,
         sealed: &mut VecDeque<Batch>,
+        journal: &mut BatchJournal,
         cx: &SinkContext,
     ) {
         for mut batch in batches {
             let id = u128::from_str_radix(batch.key(), 16).ok().map(BatchId);
+            if let Some(id) = id {
+                journal.forget(id);
+            }
             let key = match (&self.partition, batch.events().first()) {
                 (Some(f), Some(event)) => f(event),
                 _ => String::new(),

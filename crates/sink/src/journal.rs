@@ -60,6 +60,14 @@ impl BatchId {
         format!("{:032x}", self.0)
     }
 
+    /// The name of a batch the destination knows by `name` (an object
+    /// key chosen before the batch's extent was known).
+    pub fn named(name: &str) -> BatchId {
+        let mut h = hasher(0x6e61_6d65);
+        h.write(name.as_bytes());
+        BatchId(h.finish128().as_u128())
+    }
+
     fn parse(hex: &str) -> Option<BatchId> {
         u128::from_str_radix(hex, 16).ok().map(BatchId)
     }
@@ -103,6 +111,11 @@ enum Record {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Sealed {
     id: String,
+    /// The destination's name for the batch, when the sink chose it
+    /// before it knew the extent (an object key): a batch made again
+    /// takes it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
     /// Hash of the partition key: batches of different partitions never
     /// share an event, though their extents may overlap.
     key: u64,
@@ -112,9 +125,81 @@ struct Sealed {
     spans: Vec<Span>,
 }
 
+/// The positions a batch covers, gathered event by event.
+#[derive(Debug, Default, Clone)]
+pub struct Extent {
+    spans: Vec<Span>,
+    sum: u128,
+    count: u64,
+    /// An event without a position was added: the batch cannot be made
+    /// again.
+    unplaced: bool,
+}
+
+impl Extent {
+    pub fn of<'a>(events: impl IntoIterator<Item = &'a Event>) -> Extent {
+        let mut extent = Extent::default();
+        for event in events {
+            extent.add(event);
+        }
+        extent
+    }
+
+    pub fn add(&mut self, event: &Event) {
+        self.count += 1;
+        let meta = event.meta();
+        let Some(position) = meta.position else {
+            self.unplaced = true;
+            return;
+        };
+        self.sum = self.sum.wrapping_add(position.id(&meta.source));
+        let offset = position.offset;
+        match self
+            .spans
+            .iter_mut()
+            .find(|s| s.stream == position.stream && s.source == *meta.source)
+        {
+            Some(s) => {
+                s.first = s.first.min(offset);
+                s.last = s.last.max(offset);
+                s.count += 1;
+            }
+            None => self.spans.push(Span {
+                source: meta.source.to_string(),
+                stream: position.stream,
+                first: offset,
+                last: offset,
+                count: 1,
+            }),
+        }
+    }
+
+    /// Whether a restart can make the batch again: it has events, each
+    /// with a position.
+    pub fn is_replayable(&self) -> bool {
+        self.count > 0 && !self.unplaced
+    }
+
+    /// The name of a batch of partition `key` covering this extent.
+    fn id(&self, key: u64) -> BatchId {
+        let mut h = hasher(0x0062_6174_6368);
+        h.write_u64(key);
+        for s in &self.spans {
+            h.write_u64(s.source.len() as u64);
+            h.write(s.source.as_bytes());
+            for n in [s.stream, s.first, s.last, s.count] {
+                h.write_u64(n);
+            }
+        }
+        h.write_u128(self.sum);
+        BatchId(h.finish128().as_u128())
+    }
+}
+
 /// A journalled batch, as a restart matches re-read events against it.
 struct Expected {
     id: BatchId,
+    name: Option<String>,
     key: u64,
     delivered: bool,
     /// Events still to come, per span (same order as `spans`).
@@ -228,6 +313,7 @@ impl BatchJournal {
         }
         self.expected.push(Expected {
             id,
+            name: sealed.name.clone(),
             key: sealed.key,
             delivered,
             spans: sealed.spans.iter().map(|s| (s.clone(), s.count)).collect(),
@@ -291,60 +377,63 @@ impl BatchJournal {
     /// (synced) before it is sent. `None`, and nothing written, when an
     /// event has no position: such a batch cannot be made again.
     pub fn seal(&mut self, batch: &Batch) -> std::io::Result<Option<BatchId>> {
-        let mut spans: Vec<Span> = Vec::new();
-        let mut sum = 0u128;
-        for event in batch.events() {
-            let meta = event.meta();
-            let Some(Position { stream, offset, .. }) = meta.position else {
-                return Ok(None);
-            };
-            sum = sum.wrapping_add(meta.position.map_or(0, |p| p.id(&meta.source)));
-            match spans
-                .iter_mut()
-                .find(|s| s.stream == stream && s.source == *meta.source)
-            {
-                Some(s) => {
-                    s.first = s.first.min(offset);
-                    s.last = s.last.max(offset);
-                    s.count += 1;
-                }
-                None => spans.push(Span {
-                    source: meta.source.to_string(),
-                    stream,
-                    first: offset,
-                    last: offset,
-                    count: 1,
-                }),
-            }
-        }
-        if spans.is_empty() {
+        let extent = Extent::of(batch.events());
+        if !extent.is_replayable() {
             return Ok(None);
         }
-        let key = key_hash(batch.key());
-        let mut h = hasher(0x0062_6174_6368);
-        h.write_u64(key);
-        for s in &spans {
-            h.write_u64(s.source.len() as u64);
-            h.write(s.source.as_bytes());
-            for n in [s.stream, s.first, s.last, s.count] {
-                h.write_u64(n);
-            }
+        let id = extent.id(key_hash(batch.key()));
+        self.record(id, batch.key(), &extent, None)?;
+        Ok(Some(id))
+    }
+
+    /// Writes down (synced) that batch `id` of partition `key`, called
+    /// `name` at the destination, covers `extent`: to be done before the
+    /// batch can reach the destination. Nothing is written for an extent
+    /// that cannot be made again.
+    pub fn record(
+        &mut self,
+        id: BatchId,
+        key: &str,
+        extent: &Extent,
+        name: Option<&str>,
+    ) -> std::io::Result<()> {
+        if !extent.is_replayable() {
+            return Ok(());
         }
-        h.write_u128(sum);
-        let id = BatchId(h.finish128().as_u128());
         let sealed = Sealed {
             id: id.hex(),
-            key,
-            count: batch.len() as u64,
-            sum: format!("{sum:x}"),
-            spans,
+            name: name.map(str::to_string),
+            key: key_hash(key),
+            count: extent.count,
+            sum: format!("{:x}", extent.sum),
+            spans: extent.spans.clone(),
         };
         self.append(&Record::Sealed(sealed.clone()), true)?;
         self.kept.push_back((sealed, false));
         if self.kept.len() > self.capacity {
             self.kept.pop_front();
         }
-        Ok(Some(id))
+        Ok(())
+    }
+
+    /// The destination's name for journalled batch `id`, if it had one.
+    pub fn name_of(&self, id: BatchId) -> Option<&str> {
+        self.expected
+            .iter()
+            .find(|e| e.id == id)
+            .and_then(|e| e.name.as_deref())
+    }
+
+    /// Stops matching events to batch `id`: it was made again with fewer
+    /// events than before, and a later event of its extent must not make
+    /// it a second time (under its name, that would replace the first).
+    pub fn forget(&mut self, id: BatchId) {
+        for e in self.expected.iter_mut().filter(|e| e.id == id) {
+            e.left = 0;
+            for span in &mut e.spans {
+                span.1 = 0;
+            }
+        }
     }
 
     /// Writes down that the destination took every event of batch `id`.
@@ -651,6 +740,43 @@ mod tests {
     fn a_journal_in_a_missing_directory_cannot_be_opened() {
         let dir = tempfile::tempdir().unwrap();
         assert!(BatchJournal::open(&dir.path().join("no/such/j"), 8).is_err());
+    }
+
+    /// An object keyed before its extent was known: the key comes back
+    /// with the batch; once forgotten (made again short), its extent's
+    /// later events are new.
+    #[test]
+    fn a_recorded_name_comes_back_and_a_forgotten_batch_claims_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut journal = BatchJournal::open(&path, 8).unwrap();
+        let extent = Extent::of(&(0..3).map(|o| event("logs", 1, o)).collect::<Vec<_>>());
+        assert!(extent.is_replayable());
+        let id = BatchId::named("p/2026/obj-1.log.gz");
+        assert_ne!(id, BatchId::named("p/2026/obj-2.log.gz"));
+        journal
+            .record(id, "p/2026/", &extent, Some("p/2026/obj-1.log.gz"))
+            .unwrap();
+        // Nothing to make again: not written.
+        journal
+            .record(BatchId(1), "p", &Extent::default(), None)
+            .unwrap();
+        assert_eq!(lines(&path).len(), 1);
+        drop(journal);
+        let mut journal = BatchJournal::open(&path, 8).unwrap();
+        assert_eq!(journal.name_of(id), Some("p/2026/obj-1.log.gz"));
+        assert_eq!(journal.name_of(BatchId(1)), None);
+        assert_eq!(
+            journal.claim("p/2026/", &event("logs", 1, 0)),
+            Claim::Regather {
+                id,
+                complete: false,
+                same: false
+            }
+        );
+        journal.forget(id);
+        assert_eq!(journal.awaiting(), 0);
+        assert_eq!(journal.claim("p/2026/", &event("logs", 1, 1)), Claim::Fresh);
     }
 
     #[test]

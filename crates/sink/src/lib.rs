@@ -24,7 +24,7 @@ pub mod time;
 pub use batch::{Batch, BatchLimits, Batcher};
 pub use driver::{Driver, DriverConfig, ItemResult, OnRejected, Response, Service};
 pub use encode::{Encoder, Framing, JsonArray, JsonLines, write_json_or_raw};
-pub use journal::{BatchId, BatchJournal, Claim, JOURNAL_BATCHES};
+pub use journal::{BatchId, BatchJournal, Claim, Extent, JOURNAL_BATCHES};
 pub use object::{Misfit, ObjectFormat, ObjectWriter};
 pub use object_sink::{ObjectConfig, ObjectDriver, ObjectStore};
 pub use options::{

@@ -18,10 +18,17 @@
 //! Memory: at most `max_open_objects` × `part_size_bytes` of encoded
 //! bytes, plus the formats' own buffers (compressor windows, a Parquet
 //! row group).
+//!
+//! With a batch journal ([`crate::journal`]) an object's key and extent
+//! are written down before the object is made to exist; after a crash the
+//! events re-read from that extent are written into an object of the same
+//! key again, which replaces the first, and those of objects known to
+//! exist are settled without being written.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,6 +39,7 @@ use tokio::time::Instant;
 
 use crate::dead::{Unread, dead_letter};
 use crate::driver::{PartitionKey, sleep_until};
+use crate::journal::{BatchId, BatchJournal, Claim, Extent, JOURNAL_BATCHES};
 use crate::object::{Misfit, ObjectFormat, ObjectWriter};
 use crate::retry::{Attempt, Retried, RetryPolicy};
 
@@ -101,11 +109,20 @@ pub struct ObjectDriver<S: ObjectStore> {
     format: Box<dyn ObjectFormat>,
     prefix: Box<PartitionKey>,
     config: ObjectConfig,
+    journal_dir: Option<PathBuf>,
+    /// Open while the stage runs with a journal; locked only between
+    /// awaits.
+    journal: Mutex<Option<BatchJournal>>,
 }
 
 /// An object being written.
 struct OpenObject<S: ObjectStore> {
     key: String,
+    prefix: String,
+    /// The positions its events came from.
+    extent: Extent,
+    /// Made again from a journalled object's re-read events: its name.
+    regathered: Option<BatchId>,
     opened: Instant,
     events: u64,
     /// The format's writer; its ready bytes are not yet stored.
@@ -159,7 +176,19 @@ impl<S: ObjectStore> ObjectDriver<S> {
             format,
             prefix: Box::new(prefix),
             config,
+            journal_dir: None,
+            journal: Mutex::new(None),
         }
+    }
+
+    /// Keeps a batch journal of objects in `dir` (`<stage id>.batches`).
+    pub fn journal_in(mut self, dir: Option<PathBuf>) -> Self {
+        self.journal_dir = dir;
+        self
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Option<BatchJournal>> {
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn store(&self) -> &S {
@@ -175,6 +204,15 @@ impl<S: ObjectStore> ObjectDriver<S> {
             metrics: cx.metrics.clone(),
             stop: cx.stop.clone(),
         };
+        if let Some(dir) = &self.journal_dir {
+            let path = dir.join(format!("{}.batches", cx.id));
+            let journal = std::fs::create_dir_all(dir)
+                .and_then(|()| BatchJournal::open(&path, JOURNAL_BATCHES))
+                .map_err(|e| StageError::Other(format!("batch journal {}: {e}", path.display())))?;
+            *self.journal() = Some(journal);
+        }
+        // Objects by prefix; those being made again by "\0" and their
+        // name.
         let mut open: HashMap<String, OpenObject<S>> = HashMap::new();
         let mut warned = false;
         // Once a shutdown is requested, every object is finished as soon
@@ -294,17 +332,100 @@ impl<S: ObjectStore> ObjectDriver<S> {
     ) -> Result<Option<(Event, String)>, String> {
         let c = &self.config;
         let prefix = (self.prefix)(&event);
+        let claim = match self.journal().as_mut() {
+            Some(j) => j.claim(&prefix, &event),
+            None => Claim::Fresh,
+        };
+        match claim {
+            Claim::Fresh => {}
+            Claim::Delivered => {
+                event.settle(Outcome::Delivered);
+                cx.committed(1);
+                return Ok(None);
+            }
+            Claim::Regather { id, complete, .. } => {
+                let slot = format!("\0{}", id.hex());
+                if !open.contains_key(&slot) {
+                    let name = self
+                        .journal()
+                        .as_ref()
+                        .and_then(|j| j.name_of(id).map(str::to_string));
+                    let key = name.unwrap_or_else(|| self.store.key(&prefix));
+                    open.insert(
+                        slot.clone(),
+                        self.open_object(key, prefix.clone(), Some(id))?,
+                    );
+                }
+                let object = open.get_mut(&slot).expect("opened above");
+                match object.body.write(&event) {
+                    Ok(()) => {}
+                    Err(Misfit::Never(why)) => return Ok(Some((event, why))),
+                    // Not as it was: written as a new event below.
+                    Err(Misfit::NextObject(_)) => {
+                        return self.write_fresh(event, prefix, open, scope, cx).await;
+                    }
+                }
+                object.events += 1;
+                object.acks.hold(event.take_ack());
+                if complete {
+                    let object = open.remove(&slot).expect("just written");
+                    let n = self.finish(object, scope).await?;
+                    cx.committed(n as usize);
+                } else if object.body.ready().len() >= c.part_size_bytes {
+                    self.flush_part(object, scope).await?;
+                }
+                return Ok(None);
+            }
+        }
+        self.write_fresh(event, prefix, open, scope, cx).await
+    }
+
+    fn open_object(
+        &self,
+        key: String,
+        prefix: String,
+        regathered: Option<BatchId>,
+    ) -> Result<OpenObject<S>, String> {
+        Ok(OpenObject {
+            key,
+            prefix,
+            extent: Extent::default(),
+            regathered,
+            opened: Instant::now(),
+            events: 0,
+            body: self.format.open()?,
+            upload: None,
+            parts: Vec::new(),
+            acks: HeldAcks::default(),
+        })
+    }
+
+    /// [`ObjectDriver::write`] for an event no journalled object claims.
+    async fn write_fresh(
+        &self,
+        mut event: Event,
+        prefix: String,
+        open: &mut HashMap<String, OpenObject<S>>,
+        scope: &Scope,
+        cx: &SinkContext,
+    ) -> Result<Option<(Event, String)>, String> {
+        let c = &self.config;
         // At most twice: an event that does not fit its prefix's open
         // object (a Parquet schema) finishes it and starts the next.
         let mut tries = 0;
         loop {
             tries += 1;
-            if !open.contains_key(&prefix) && open.len() >= c.max_open_objects {
-                let oldest = open
-                    .iter()
-                    .min_by_key(|(_, x)| x.opened)
-                    .map(|(k, _)| k.clone())
-                    .expect("not empty");
+            // Objects being made again are not finished early: they close
+            // when their last event comes.
+            let oldest = open
+                .iter()
+                .filter(|(_, x)| x.regathered.is_none())
+                .min_by_key(|(_, x)| x.opened)
+                .map(|(k, _)| k.clone());
+            if !open.contains_key(&prefix)
+                && open.len() >= c.max_open_objects
+                && let Some(oldest) = oldest
+            {
                 let object = open.remove(&oldest).expect("listed");
                 match self.finish(object, scope).await {
                     Ok(n) => cx.committed(n as usize),
@@ -318,16 +439,7 @@ impl<S: ObjectStore> ObjectDriver<S> {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let key = self.store.key(e.key());
-                    let body = self.format.open()?;
-                    e.insert(OpenObject {
-                        key,
-                        opened: Instant::now(),
-                        events: 0,
-                        body,
-                        upload: None,
-                        parts: Vec::new(),
-                        acks: HeldAcks::default(),
-                    })
+                    e.insert(self.open_object(key, prefix.clone(), None)?)
                 }
             };
             match object.body.write(&event) {
@@ -348,6 +460,7 @@ impl<S: ObjectStore> ObjectDriver<S> {
                 }
             }
             object.events += 1;
+            object.extent.add(&event);
             object.acks.hold(event.take_ack());
             let full = object.body.size() >= c.max_object_bytes
                 || c.max_object_events.is_some_and(|m| object.events >= m);
@@ -474,8 +587,27 @@ impl<S: ObjectStore> ObjectDriver<S> {
             // Every event was refused: no object.
             return Ok(0);
         }
+        // A journal forgets an object made again once it is finished, so
+        // that no later event of its extent makes it a third time (under
+        // its key, that would replace this one).
+        let id = match object.regathered {
+            Some(id) => {
+                if let Some(j) = self.journal().as_mut() {
+                    j.forget(id);
+                }
+                id
+            }
+            None => BatchId::named(&object.key),
+        };
+        let recorded = match self.journal().as_mut() {
+            Some(j) if object.regathered.is_none() => j
+                .record(id, &object.prefix, &object.extent, Some(&object.key))
+                .map_err(|e| format!("batch journal {}: {e}", j.path().display())),
+            _ => Ok(()),
+        };
         let result = match object.body.finish() {
             Err(e) => Err(format!("encoding {}: {e}", self.name(&object.key))),
+            Ok(_) if recorded.is_err() => recorded,
             Ok(body) => {
                 self.store_last(
                     &object.key,
@@ -489,6 +621,12 @@ impl<S: ObjectStore> ObjectDriver<S> {
         };
         match result {
             Ok(()) => {
+                if let Some(j) = self.journal().as_mut()
+                    && (object.extent.is_replayable() || object.regathered.is_some())
+                    && let Err(e) = j.delivered(id)
+                {
+                    tracing::warn!(stage = %scope.id, "batch journal {}: {e}", j.path().display());
+                }
                 object.acks.settle(Outcome::Delivered);
                 tracing::debug!(stage = %scope.id, key = %object.key, events = object.events, "object written");
                 Ok(object.events)

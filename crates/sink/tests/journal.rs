@@ -246,3 +246,209 @@ async fn a_batch_read_again_in_part_goes_under_its_name_when_the_input_ends() {
     assert_eq!(outcomes.len(), 2);
     assert!(outcomes.values().all(|o| *o == Outcome::Delivered));
 }
+
+mod objects {
+    //! The object driver with a journal: objects are keyed and journalled
+    //! before they are stored; after a crash the re-read events make the
+    //! journalled objects again under their keys (replacing them), and
+    //! those of objects known stored are not written again.
+
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use logbus_plugin_api::{
+        Event, Meta, Outcome, Position, SinkContext, StageMetrics, async_trait, channel,
+    };
+    use logbus_sink::{
+        Attempt, Misfit, ObjectConfig, ObjectDriver, ObjectFormat, ObjectStore, ObjectWriter,
+        RetryPolicy,
+    };
+
+    use super::{BatchAck, Heard};
+
+    struct Lines;
+    struct LinesObject(Vec<u8>);
+    impl ObjectFormat for Lines {
+        fn open(&self) -> Result<Box<dyn ObjectWriter>, String> {
+            Ok(Box::new(LinesObject(Vec::new())))
+        }
+    }
+    impl ObjectWriter for LinesObject {
+        fn write(&mut self, event: &Event) -> Result<(), Misfit> {
+            self.0.extend_from_slice(event.as_raw().expect("raw"));
+            self.0.push(b'\n');
+            Ok(())
+        }
+        fn ready(&mut self) -> &mut Vec<u8> {
+            &mut self.0
+        }
+        fn size(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn finish(self: Box<Self>) -> Result<Vec<u8>, String> {
+            Ok(self.0)
+        }
+    }
+
+    /// Whole objects in a map that outlives a run; keys numbered across
+    /// runs. The `hang_at`th put of a run stores its object and then never
+    /// answers (the process dies before it hears the answer).
+    #[derive(Clone, Default)]
+    struct Shelf {
+        objects: Arc<Mutex<BTreeMap<String, String>>>,
+        next: Arc<AtomicUsize>,
+    }
+
+    struct Store {
+        shelf: Shelf,
+        puts: AtomicUsize,
+        hang_at: Option<usize>,
+    }
+
+    #[async_trait]
+    impl ObjectStore for Store {
+        type Upload = ();
+        type Part = ();
+        const MAX_PARTS: usize = 1;
+
+        fn key(&self, prefix: &str) -> String {
+            format!(
+                "{prefix}/{}",
+                self.shelf.next.fetch_add(1, Ordering::SeqCst)
+            )
+        }
+        async fn put(&self, key: &str, body: &Bytes) -> Attempt<()> {
+            let n = self.puts.fetch_add(1, Ordering::SeqCst) + 1;
+            self.shelf
+                .objects
+                .lock()
+                .unwrap()
+                .insert(key.to_string(), String::from_utf8(body.to_vec()).unwrap());
+            if self.hang_at == Some(n) {
+                std::future::pending::<()>().await;
+            }
+            Attempt::Done(())
+        }
+        async fn start(&self, _: &str) -> Attempt<()> {
+            Attempt::Fail("whole objects only".into())
+        }
+        async fn put_part(&self, _: &str, _: &(), _: usize, _: &Bytes) -> Attempt<()> {
+            Attempt::Fail("whole objects only".into())
+        }
+        async fn complete(&self, _: &str, _: &(), _: &[()]) -> Attempt<()> {
+            Attempt::Fail("whole objects only".into())
+        }
+        async fn abort(&self, _: &str, _: &()) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// Events `ids` (offset `10 × i` of one stream) into objects of
+    /// `per_object` events; returns the puts made and each event's outcome.
+    async fn run(
+        dir: &Path,
+        shelf: &Shelf,
+        per_object: u64,
+        hang_at: Option<usize>,
+        ids: std::ops::Range<u64>,
+    ) -> (usize, BTreeMap<u64, Outcome>) {
+        let heard = Arc::new(Heard::default());
+        let (tx, rx) = channel(256);
+        let mut cx = SinkContext::new("archive", rx, Arc::new(StageMetrics::default()));
+        let stop = cx.stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            stop.cancel();
+        });
+        let events: Vec<Event> = ids
+            .map(|i| {
+                let mut meta = Meta::at("logs", 0);
+                meta.position = Some(Position::new(1, i * 10));
+                Event::raw(i.to_string(), meta).with_ack(BatchAck::new(heard.clone(), i).handle())
+            })
+            .collect();
+        tokio::spawn(async move {
+            let mut events = events.into_iter();
+            loop {
+                let chunk: Vec<Event> = events.by_ref().take(3).collect();
+                if chunk.is_empty() || tx.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let config = ObjectConfig {
+            max_object_bytes: 1 << 30,
+            max_object_age: Duration::from_secs(10),
+            max_object_events: Some(per_object),
+            part_size_bytes: 1 << 30,
+            max_open_objects: 4,
+            retry: RetryPolicy {
+                initial_backoff: Duration::from_millis(10),
+                max_backoff: Duration::from_secs(1),
+                max_attempts: None,
+                max_elapsed: None,
+            },
+            request_timeout: Duration::from_secs(60),
+            destination: "the shelf".into(),
+        };
+        let store = Store {
+            shelf: shelf.clone(),
+            puts: AtomicUsize::new(0),
+            hang_at,
+        };
+        let driver = ObjectDriver::new(store, Box::new(Lines), |_| "p".to_string(), config)
+            .journal_in(Some(dir.into()));
+        let _ = driver.run(&mut cx).await;
+        let puts = driver.store().puts.load(Ordering::SeqCst);
+        let outcomes = heard.0.lock().unwrap().clone();
+        (puts, outcomes)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_object_stored_as_the_process_died_is_made_again_under_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let shelf = Shelf::default();
+        // The third object is stored, but its answer never comes.
+        let (puts, outcomes) = run(dir.path(), &shelf, 4, Some(3), 0..12).await;
+        assert_eq!(puts, 3);
+        let delivered = outcomes
+            .values()
+            .filter(|o| **o == Outcome::Delivered)
+            .count();
+        assert_eq!(delivered, 8, "{outcomes:?}");
+        let before = shelf.objects.lock().unwrap().clone();
+        assert_eq!(before.len(), 3, "{before:?}");
+
+        // Restart: everything read again, objects of 5 now, 3 new events.
+        let (puts, outcomes) = run(dir.path(), &shelf, 5, None, 0..15).await;
+        assert_eq!(outcomes.len(), 15);
+        assert!(
+            outcomes.values().all(|o| *o == Outcome::Delivered),
+            "{outcomes:?}"
+        );
+        // The third object again under its key (as it was), one new one:
+        // the two confirmed objects are not written again.
+        assert_eq!(puts, 2);
+        let after = shelf.objects.lock().unwrap().clone();
+        assert_eq!(after.len(), 4, "{after:?}");
+        for (key, body) in &before {
+            assert_eq!(after.get(key), Some(body), "{key}");
+        }
+        let mut seen: Vec<u64> = after
+            .values()
+            .flat_map(|b| b.lines().map(|l| l.parse::<u64>().unwrap()))
+            .collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            (0..15).collect::<Vec<_>>(),
+            "each event in one object"
+        );
+        let unique: BTreeSet<u64> = seen.iter().copied().collect();
+        assert_eq!(unique.len(), 15);
+    }
+}

@@ -22,8 +22,8 @@ use logbus_plugin_api::{
     StageKind, TypedPlugin, async_trait,
 };
 use logbus_sink::{
-    Attempt, Misfit, ObjectConfig, ObjectDriver, ObjectFormat, ObjectStore, ObjectWriter,
-    RetryDefaults, Retrying, Template,
+    Attempt, Journaling, Misfit, ObjectConfig, ObjectDriver, ObjectFormat, ObjectStore,
+    ObjectWriter, RetryDefaults, Retrying, Template,
 };
 use serde::Deserialize;
 
@@ -114,6 +114,8 @@ pub struct S3SinkOptions {
     pub request_timeout_ms: u64,
     #[serde(flatten)]
     pub retrying: Retrying<S3SinkDefaults>,
+    #[serde(flatten)]
+    pub journaling: Journaling,
 }
 
 /// `sink: s3`'s own retry defaults.
@@ -175,6 +177,7 @@ impl CheckOptions for S3SinkOptions {
             ));
         }
         errors.extend(self.retrying.check());
+        errors.extend(self.journaling.check());
         if self.ssekms_key_id.is_some() && self.server_side_encryption.as_deref() != Some("aws:kms")
         {
             errors.push(OptionError::at(
@@ -412,26 +415,40 @@ impl TypedPlugin for S3Sink {
         }))
     }
 
-    /// The key prefix template's fields.
+    /// The journal's directory.
+    fn host_needs(
+        &self,
+        o: &Self::Options,
+        cx: &BuildContext,
+    ) -> Vec<logbus_plugin_api::StatedNeed> {
+        o.journaling.host_need(cx).into_iter().collect()
+    }
+
+    /// The key prefix template's fields; with a batch journal, an object
+    /// made again after a crash takes its key back (named by position).
     fn flow(&self, o: &Self::Options) -> logbus_plugin_api::Flow {
-        logbus_plugin_api::flow::template_reads(&o.key_prefix, &["key_prefix"])
+        let flow = logbus_plugin_api::flow::template_reads(&o.key_prefix, &["key_prefix"])
             .into_iter()
             .fold(
                 logbus_plugin_api::Flow::pass(),
                 logbus_plugin_api::Flow::read,
-            )
+            );
+        if o.journaling.batch_journal_dir.is_some() {
+            flow.then(logbus_plugin_api::Step::NamesByPosition {
+                option: vec!["batch_journal_dir".into()],
+            })
+        } else {
+            flow
+        }
     }
 
-    fn build(
-        &self,
-        options: Self::Options,
-        _cx: &BuildContext,
-    ) -> Result<Self::Stage, OptionError> {
+    fn build(&self, options: Self::Options, cx: &BuildContext) -> Result<Self::Stage, OptionError> {
         let prefix = Template::parse_timed(&options.key_prefix)
             .map_err(|e| OptionError::at(&["key_prefix"], e))?;
         let format = options.make_format()?;
         Ok(Box::new(S3Writer {
             prefix,
+            journal_dir: options.journaling.dir(cx),
             options,
             format,
         }))
@@ -440,6 +457,7 @@ impl TypedPlugin for S3Sink {
 
 struct S3Writer {
     prefix: Template,
+    journal_dir: Option<std::path::PathBuf>,
     options: S3SinkOptions,
     format: Box<dyn ObjectFormat>,
 }
@@ -626,6 +644,7 @@ impl Sink for S3Writer {
     async fn run(self: Box<Self>, cx: &mut SinkContext) -> Result<(), StageError> {
         let S3Writer {
             prefix,
+            journal_dir,
             options: o,
             format,
         } = *self;
@@ -644,6 +663,7 @@ impl Sink for S3Writer {
             options: o,
         };
         ObjectDriver::new(bucket, format, move |e| prefix.render(e), config)
+            .journal_in(journal_dir)
             .run(cx)
             .await
     }

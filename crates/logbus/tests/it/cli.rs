@@ -1310,6 +1310,7 @@ stages:
     table: logs
     deduplicate: true
     batch_journal_dir: journal
+  archive: { sink: s3, inputs: [json], bucket: b, batch_journal_dir: journal }
   keep: { sink: file, inputs: [json, j], path: out.ndjson }
 ",
     );
@@ -1325,6 +1326,12 @@ stages:
     assert!(
         text.contains(
             "delivery into `store`: effectively once from `logs`; at most once from `gen`\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "delivery into `archive`: effectively once from `logs`; at most once from `gen`\n"
         ),
         "{text}"
     );
