@@ -324,7 +324,7 @@ fn delivery_text(name: &str, d: &Delivery) -> String {
     let hint = match placed.len() {
         0 => String::new(),
         _ => format!(
-            " ({} {} positions: a sink that names events by them, such as opensearch with `id_from_position`, is effectively once from {})",
+            " ({} {} positions: a sink that names events by them, such as opensearch with `id_from_position` or clickhouse and s3 with a `batch_journal_dir`, is effectively once from {})",
             placed.join(", "),
             if placed.len() == 1 { "gives" } else { "give" },
             if placed.len() == 1 { "it" } else { "them" },

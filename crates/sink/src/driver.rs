@@ -143,13 +143,16 @@ struct Finished {
     id: Option<BatchId>,
 }
 
+/// How long a batch being made again waits for its last events (at least
+/// the batch age): re-read events come at reading speed once the first
+/// is back.
+const REGATHER_WAIT: Duration = Duration::from_secs(10);
+
 /// The batch journal and the batches being gathered again from re-read
 /// events (keyed by their name in hex).
 struct Journalled {
     journal: BatchJournal,
     gathering: Batcher,
-    /// Re-read events of batches the destination had already taken.
-    already_delivered: u64,
 }
 
 impl<S: Service> Driver<S> {
@@ -213,11 +216,10 @@ impl<S: Service> Driver<S> {
                     .map_err(|e| {
                         StageError::Other(format!("batch journal {}: {e}", path.display()))
                     })?;
-                if journal.awaiting() > 0 {
+                if let awaiting @ 1.. = journal.awaiting() {
                     tracing::info!(
                         stage = %cx.id,
-                        "{} batches of an earlier run are made again from what the sources re-read",
-                        journal.awaiting()
+                        "{awaiting} batches of an earlier run are made again from what the sources re-read"
                     );
                 }
                 // Gathered batches are as large as they were; one that
@@ -225,13 +227,12 @@ impl<S: Service> Driver<S> {
                 let gathering = BatchLimits {
                     max_events: usize::MAX,
                     max_bytes: usize::MAX,
-                    max_age: (limits.max_age * 4).max(Duration::from_secs(5)),
+                    max_age: limits.max_age.max(REGATHER_WAIT),
                     max_partitions: usize::MAX,
                 };
                 Some(Journalled {
                     journal,
                     gathering: Batcher::new(gathering, self.encoder.framing()),
-                    already_delivered: 0,
                 })
             }
         };
@@ -331,11 +332,10 @@ impl<S: Service> Driver<S> {
         batcher.seal_all(&mut sealed);
         if let Some(j) = journalled.as_mut() {
             j.gathering.seal_all(&mut sealed);
-            if j.already_delivered > 0 {
+            if let skipped @ 1.. = j.journal.already_delivered() {
                 tracing::info!(
                     stage = %cx.id,
-                    "{} events read again after a restart were in batches already delivered: not sent again",
-                    j.already_delivered
+                    "{skipped} events read again after a restart were in batches already delivered: not sent again"
                 );
             }
         }
@@ -394,9 +394,6 @@ impl<S: Service> Driver<S> {
                     event.settle(Outcome::Delivered);
                     inputs.release(tag, 1);
                     cx.committed(1);
-                    if let Some(j) = journalled.as_mut() {
-                        j.already_delivered += 1;
-                    }
                     Ok(())
                 }
                 Claim::Regather { id, complete, same } => {
@@ -407,13 +404,17 @@ impl<S: Service> Driver<S> {
                             .push(&name, event, tag, self.encoder.as_ref(), now, sealed);
                     if complete && let Some(mut batch) = j.gathering.close(&name) {
                         batch.set_key(key.as_str().into());
-                        if !same {
-                            tracing::warn!(
-                                stage = %cx.id,
-                                "batch {name} was made again from other events than before (the pipeline changed, or a transform is not deterministic): sent under a new name"
-                            );
-                        }
-                        batch.set_identity(same.then_some(id));
+                        let identity = match same {
+                            true => Some(id),
+                            false => {
+                                tracing::warn!(
+                                    stage = %cx.id,
+                                    "batch {name} was made again from other events than before (the pipeline changed, or a transform is not deterministic): sent under a new name"
+                                );
+                                None
+                            }
+                        };
+                        batch.set_identity(identity);
                         sealed.push_back(batch);
                     }
                     pushed

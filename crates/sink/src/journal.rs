@@ -238,6 +238,8 @@ pub struct BatchJournal {
     expected: Vec<Expected>,
     /// Per (source, stream): indexes into `expected`, by first offset.
     index: HashMap<(String, u64), Vec<(u64, usize)>>,
+    /// Events claimed as already delivered.
+    already_delivered: u64,
 }
 
 impl BatchJournal {
@@ -277,6 +279,7 @@ impl BatchJournal {
             written: 0,
             expected: Vec::new(),
             index: HashMap::new(),
+            already_delivered: 0,
         };
         journal.written = records(&kept);
         for (sealed, delivered) in &kept {
@@ -288,6 +291,11 @@ impl BatchJournal {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Events read again that were claimed as delivered already.
+    pub fn already_delivered(&self) -> u64 {
+        self.already_delivered
     }
 
     /// Batches of an earlier run whose events have not all been read again.
@@ -364,6 +372,7 @@ impl BatchJournal {
         e.left -= 1;
         e.seen = e.seen.wrapping_add(position.id(&meta.source));
         if e.delivered {
+            self.already_delivered += 1;
             return Claim::Delivered;
         }
         Claim::Regather {
@@ -563,6 +572,7 @@ mod tests {
             claims.push(journal.claim("", &event("logs", 7, o * 10)));
         }
         assert!(claims[..4].iter().all(|c| *c == Claim::Delivered));
+        assert_eq!(journal.already_delivered(), 4);
         let regather = |id, complete| Claim::Regather {
             id,
             complete,

@@ -330,7 +330,6 @@ impl<S: ObjectStore> ObjectDriver<S> {
         scope: &Scope,
         cx: &SinkContext,
     ) -> Result<Option<(Event, String)>, String> {
-        let c = &self.config;
         let prefix = (self.prefix)(&event);
         let claim = match self.journal().as_mut() {
             Some(j) => j.claim(&prefix, &event),
@@ -365,19 +364,40 @@ impl<S: ObjectStore> ObjectDriver<S> {
                         return self.write_fresh(event, prefix, open, scope, cx).await;
                     }
                 }
-                object.events += 1;
-                object.acks.hold(event.take_ack());
-                if complete {
-                    let object = open.remove(&slot).expect("just written");
-                    let n = self.finish(object, scope).await?;
-                    cx.committed(n as usize);
-                } else if object.body.ready().len() >= c.part_size_bytes {
-                    self.flush_part(object, scope).await?;
-                }
+                self.written(&mut event, &slot, open, scope, cx, |_| complete)
+                    .await?;
                 return Ok(None);
             }
         }
         self.write_fresh(event, prefix, open, scope, cx).await
+    }
+
+    /// Counts `event`, just written into the object at `slot`, and holds
+    /// its acknowledgement; then finishes the object when `full` says so,
+    /// or stores a part when one is ready.
+    async fn written(
+        &self,
+        event: &mut Event,
+        slot: &str,
+        open: &mut HashMap<String, OpenObject<S>>,
+        scope: &Scope,
+        cx: &SinkContext,
+        full: impl FnOnce(&OpenObject<S>) -> bool,
+    ) -> Result<(), String> {
+        let object = open.get_mut(slot).expect("just written");
+        object.events += 1;
+        if object.regathered.is_none() {
+            object.extent.add(event);
+        }
+        object.acks.hold(event.take_ack());
+        if full(object) {
+            let object = open.remove(slot).expect("just written");
+            let n = self.finish(object, scope).await?;
+            cx.committed(n as usize);
+        } else if object.body.ready().len() >= self.config.part_size_bytes {
+            self.flush_part(object, scope).await?;
+        }
+        Ok(())
     }
 
     fn open_object(
@@ -459,18 +479,11 @@ impl<S: ObjectStore> ObjectDriver<S> {
                     return Ok(Some((event, why)));
                 }
             }
-            object.events += 1;
-            object.extent.add(&event);
-            object.acks.hold(event.take_ack());
-            let full = object.body.size() >= c.max_object_bytes
-                || c.max_object_events.is_some_and(|m| object.events >= m);
-            if full {
-                let object = open.remove(&prefix).expect("just written");
-                let n = self.finish(object, scope).await?;
-                cx.committed(n as usize);
-            } else if object.body.ready().len() >= c.part_size_bytes {
-                self.flush_part(object, scope).await?;
-            }
+            self.written(&mut event, &prefix, open, scope, cx, |object| {
+                object.body.size() >= c.max_object_bytes
+                    || c.max_object_events.is_some_and(|m| object.events >= m)
+            })
+            .await?;
             return Ok(None);
         }
     }
@@ -599,11 +612,12 @@ impl<S: ObjectStore> ObjectDriver<S> {
             }
             None => BatchId::named(&object.key),
         };
+        // (An object made again has an empty extent: nothing is written.)
         let recorded = match self.journal().as_mut() {
-            Some(j) if object.regathered.is_none() => j
+            Some(j) => j
                 .record(id, &object.prefix, &object.extent, Some(&object.key))
                 .map_err(|e| format!("batch journal {}: {e}", j.path().display())),
-            _ => Ok(()),
+            None => Ok(()),
         };
         let result = match object.body.finish() {
             Err(e) => Err(format!("encoding {}: {e}", self.name(&object.key))),

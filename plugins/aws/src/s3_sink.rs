@@ -668,3 +668,28 @@ impl Sink for S3Writer {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With a batch journal: `validate --preflight` learns of its
+    /// directory, and the flow says objects are named by position.
+    #[test]
+    fn a_batch_journal_is_a_directory_to_write_and_names_objects_by_position() {
+        let plugin = logbus_plugin_api::Typed(S3Sink);
+        let with = serde_json::json!({ "bucket": "b", "batch_journal_dir": "journal" });
+        assert_eq!(
+            logbus_plugin_api::testing::host_needs(&plugin, with.clone()),
+            ["batch_journal_dir: WriteDir ./journal create=true"]
+        );
+        let without = serde_json::json!({ "bucket": "b" });
+        assert!(logbus_plugin_api::testing::host_needs(&plugin, without.clone()).is_empty());
+        let flow = |o: serde_json::Value| {
+            let o: S3SinkOptions = serde_json::from_value(o).unwrap();
+            format!("{:?}", S3Sink.flow(&o))
+        };
+        assert!(flow(with).contains("NamesByPosition"));
+        assert!(!flow(without).contains("NamesByPosition"));
+    }
+}

@@ -523,6 +523,48 @@ async fn a_lost_answer_duplicates_unless_inserts_carry_a_deduplication_token() {
     }
 }
 
+/// `deduplicate` on a table that keeps no tokens (a plain MergeTree
+/// without `non_replicated_deduplication_window`) fails the stage at start
+/// naming the setting, before a row is written; with the window it runs.
+#[ignore = "needs a ClickHouse server (.ci/services up clickhouse); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deduplicate_on_a_table_that_keeps_no_tokens_is_refused_at_start() {
+    let url = server(MODERN);
+    let _shared = SERVER.read().await;
+    let t = table("no_window");
+    sql(
+        &url,
+        &format!("CREATE TABLE {t} (id UInt64) ENGINE = MergeTree ORDER BY id"),
+    );
+    let batch: Vec<Event> = (0..10).map(|i| event(json!({"id": i}))).collect();
+    let (result, metrics, _) = run(
+        json!({"url": url, "table": t, "deduplicate": true}),
+        vec![batch.clone()],
+        false,
+    )
+    .await;
+    let err = result.unwrap_err();
+    assert!(
+        err.contains("non_replicated_deduplication_window") && err.contains(&t),
+        "{err}"
+    );
+    assert_eq!(metrics.snapshot().events_out, 0);
+    assert_eq!(count(&url, &t), 0);
+    sql(
+        &url,
+        &format!("ALTER TABLE {t} MODIFY SETTING non_replicated_deduplication_window = 100"),
+    );
+    let (result, metrics, _) = run(
+        json!({"url": url, "table": t, "deduplicate": true}),
+        vec![batch],
+        false,
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(metrics.snapshot().events_out, 10);
+    assert_eq!(count(&url, &t), 10);
+}
+
 /// `https://` to the server's TLS port (a private CA made by
 /// `.ci/services up clickhouse`): rows land with `tls.ca_file`; without
 /// it the certificate is refused and the stage fails saying so.

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use logbus_plugin_api::{
     BatchAck, BuildContext, CheckOptions, Event, Fields, Meta, OptionError, OrderedCheckpoint,
-    Output, Source, SourceContext, StageError, StageKind, StageMetrics, TypedPlugin, async_trait,
+    Output, Position, Source, SourceContext, StageError, StageKind, StageMetrics, TypedPlugin,
+    async_trait,
 };
 
 /// Batches sent and not yet finished, by the cursor of their last entry.
@@ -182,7 +183,7 @@ impl TypedPlugin for Journald {
         logbus_plugin_api::Flow::open_fields(&[]).then(logbus_plugin_api::Step::Replay(
             logbus_plugin_api::Replay {
                 rereads: true,
-                positions: false,
+                positions: true,
             },
         ))
     }
@@ -362,10 +363,37 @@ async fn send(
     let ack = BatchAck::new(acks.clone(), token);
     let events = batch
         .into_iter()
-        .map(|f| Event::fields(f, meta.clone()).with_ack(ack.handle()))
+        .map(|f| {
+            let mut meta = meta.clone();
+            meta.position = f
+                .get("__CURSOR")
+                .and_then(|c| c.as_str())
+                .and_then(position_of);
+            Event::fields(f, meta).with_ack(ack.handle())
+        })
         .collect();
     drop(ack);
     output.send(events).await.is_ok()
+}
+
+/// An entry's position, from its cursor (`s=<seqnum id>;i=<seqnum>;…`):
+/// the journal's sequence-number id names the stream (the numbering a
+/// journald instance keeps across its files), the entry's sequence number
+/// (hex in the cursor) is the offset. Reading the same journal again gives
+/// the same cursors, so the same positions.
+fn position_of(cursor: &str) -> Option<Position> {
+    let (mut seqnum_id, mut seqnum) = (None, None);
+    for part in cursor.split(';') {
+        if let Some(id) = part.strip_prefix("s=") {
+            seqnum_id = Some(id);
+        } else if let Some(n) = part.strip_prefix("i=") {
+            seqnum = u64::from_str_radix(n, 16).ok();
+        }
+    }
+    Some(Position::new(
+        Position::stream_of(&[b"journald", seqnum_id?.as_bytes()]),
+        seqnum?,
+    ))
 }
 
 impl Reader {
@@ -466,6 +494,24 @@ mod tests {
 
     fn message(f: &Fields) -> &str {
         f["MESSAGE"].as_str().unwrap()
+    }
+
+    /// A cursor as journalctl writes it names the entry: its numbering
+    /// (the `s=` id) and its sequence number (`i=`, hex); a cursor
+    /// without either names nothing.
+    #[test]
+    fn an_entry_is_placed_by_its_cursor() {
+        let cursor = "s=8a9d3d7b0a5c4b8e9f1e2d3c4b5a6978;i=1f4;b=0c3f1a2b3c4d5e6f708192a3b4c5d6e7;m=5f5e100;t=5f7a1c2d3e4f5;x=6c1f2e3d4c5b6a79";
+        let p = position_of(cursor).unwrap();
+        assert_eq!(p.offset, 0x1f4);
+        assert_eq!(p.part, 0);
+        let other_numbering = cursor.replace("s=8a9d", "s=0000");
+        assert_ne!(position_of(&other_numbering).unwrap().stream, p.stream);
+        let next = cursor.replace("i=1f4", "i=1f5");
+        assert_eq!(position_of(&next).unwrap(), Position { offset: 0x1f5, ..p });
+        assert_eq!(position_of("i=1f4;b=x"), None);
+        assert_eq!(position_of("s=ab;b=x"), None);
+        assert_eq!(position_of("s=ab;i=zz"), None);
     }
 
     #[tokio::test]

@@ -223,6 +223,43 @@ async fn entries_the_sinks_did_not_finish_are_read_again() {
     task.await.unwrap().unwrap();
 }
 
+/// Each entry's position (from its cursor) until the source ends, the
+/// acknowledgements dropped unsettled (errored).
+async fn positions_unsettled(rx: &mut Receiver) -> Vec<logbus_plugin_api::Position> {
+    let mut out = Vec::new();
+    while let Some(mut b) = rx.recv().await {
+        for e in b.take() {
+            out.push(e.meta().position.expect("every entry is placed"));
+        }
+    }
+    out
+}
+
+/// An entry read again after a crash has the position it had (a sink
+/// names it alike); entries have distinct positions, in reading order.
+#[ignore = "needs journalctl and systemd-journal-remote (apt install systemd systemd-journal-remote); run with --include-ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_read_again_have_the_positions_they_had() {
+    require_journal_tools();
+    let dir = tempfile::tempdir().unwrap();
+    let journals = dir.path().join("journals");
+    std::fs::create_dir(&journals).unwrap();
+    journal(&journals, "one", 1_700_000_000_000_000, &entries(0, 20));
+    let all = json!({ "directory": "journals", "state_dir": "state", "follow": false });
+    let (mut rx, _s, task) = start(all.clone(), dir.path());
+    let first = positions_unsettled(&mut rx).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(first.len(), 20);
+    assert!(
+        first
+            .windows(2)
+            .all(|w| w[0].stream == w[1].stream && w[0].offset < w[1].offset)
+    );
+    let (mut rx, _s, task) = start(all, dir.path());
+    assert_eq!(positions_unsettled(&mut rx).await, first);
+    task.await.unwrap().unwrap();
+}
+
 #[ignore = "needs journalctl and systemd-journal-remote (apt install systemd systemd-journal-remote); run with --include-ignored"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follows_until_stopped() {

@@ -1336,7 +1336,7 @@ stages:
         "{text}"
     );
     assert!(
-        text.contains("delivery into `keep`: at least once from `j`, `logs`; at most once from `gen` (`logs` gives positions: a sink that names events by them"),
+        text.contains("delivery into `keep`: at least once from `j`, `logs`; at most once from `gen` (`j`, `logs` give positions: a sink that names events by them"),
         "{text}"
     );
     // The generator gives no positions: `ship` is warned.

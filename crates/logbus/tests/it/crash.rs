@@ -888,8 +888,8 @@ stages:
     assert_eq!(again, duplicates, "the appended run re-sent old lines");
 }
 
-/// tail → json → OpenSearch, each document named by its source position.
-const TAIL_TO_OPENSEARCH: &str = r#"
+/// The tail crash tests' source: `${CRASH_DIR}/in/app.log*`, parsed.
+const TAIL_JSON: &str = r#"
 settings:
   channel_capacity: 512
 stages:
@@ -900,7 +900,18 @@ stages:
     checkpoint_interval_ms: 100
     rotate_wait_ms: 200
   json: { parser: json, inputs: [logs] }
-  ship:
+"#;
+
+/// The options the crash tests' sinks share: small batches, quick retries.
+const QUICK_BATCHES: &str = "    batch_max_events: 200
+    batch_timeout_ms: 50
+    request_timeout_ms: 2000
+    retry_initial_backoff_ms: 50
+    retry_max_backoff_ms: 500
+";
+
+/// tail → json → OpenSearch, each document named by its source position.
+const TAIL_TO_OPENSEARCH: &str = r#"  ship:
     sink: opensearch
     inputs: [json]
     endpoints: ["${OPENSEARCH_URL}"]
@@ -908,11 +919,6 @@ stages:
     action: create
     id_from_position: ${POSITION_IDS}
     # QUEUE
-    batch_max_events: 200
-    batch_timeout_ms: 50
-    request_timeout_ms: 2000
-    retry_initial_backoff_ms: 50
-    retry_max_backoff_ms: 500
 "#;
 
 /// How many documents of `index` hold each input id.
@@ -959,72 +965,142 @@ fn tail_through_a_disk_queue_to_opensearch_with_position_ids_stores_each_line_on
 
 fn tail_to_opensearch_across_sigkills(disk_queue: bool) {
     let url = logbus_test_services::opensearch::node();
-    let position_ids = std::env::var("LOGBUS_CRASH_POSITION_IDS").as_deref() != Ok("false");
-    let (kills, seed) = (kills(50) / 5, seed());
-    let kills = kills.max(10);
-    eprintln!(
-        "crash test: {kills} kills, LOGBUS_CRASH_SEED={seed}, id_from_position: {position_ids}, disk queue: {disk_queue}"
+    let named = std::env::var("LOGBUS_CRASH_POSITION_IDS").as_deref() != Ok("false");
+    let index = logbus_test_services::opensearch::unique("crash");
+    let queue = match disk_queue {
+        true => {
+            "queue: { type: disk, path: \"${CRASH_DIR}/queue\", segment_bytes: 256KiB, dequeue_batch: 100 }"
+        }
+        false => "",
+    };
+    let crash = tail_across_sigkills(
+        &format!("tail to OpenSearch, id_from_position {named}, disk queue {disk_queue}"),
+        &format!(
+            "{TAIL_JSON}{}{QUICK_BATCHES}",
+            TAIL_TO_OPENSEARCH.replace("# QUEUE", queue)
+        ),
+        &[
+            ("OPENSEARCH_URL", &url),
+            ("CRASH_INDEX", &index),
+            ("POSITION_IDS", &named.to_string()),
+        ],
+        Disturbance::Freeze("opensearch", logbus_test_services::opensearch::signal_node),
+        || stored_ids(&url, &index),
     );
+    crash.check(named);
+}
+
+/// What a tail crash test does to the destination in its middle run while
+/// lines keep coming.
+enum Disturbance {
+    /// Frozen for 3 s (SIGSTOP, then SIGCONT, through the function).
+    Freeze(&'static str, fn(&str)),
+    /// `.ci/services restart <service>`.
+    Restart(&'static str),
+}
+
+/// What a crash test counted.
+struct Crash {
+    missing: usize,
+    duplicates: u64,
+    seed: u64,
+}
+
+impl Crash {
+    /// Nothing missing, and with events named by position nothing twice.
+    fn check(&self, named: bool) {
+        assert_eq!(self.missing, 0, "seed {}", self.seed);
+        if named {
+            assert_eq!(self.duplicates, 0, "seed {}", self.seed);
+        }
+    }
+}
+
+/// `pipeline` tails `${CRASH_DIR}/in/app.log*` (with `env` set besides)
+/// and is stopped `kills` times while lines are appended — by SIGKILL, but
+/// every fifth by SIGTERM — the log renamed away every fourth run and the
+/// destination disturbed once, in the middle run; then a run to the end.
+/// `stored` says how many times the destination holds each id.
+fn tail_across_sigkills(
+    what: &str,
+    pipeline: &str,
+    env: &[(&str, &str)],
+    disturbance: Disturbance,
+    stored: impl Fn() -> HashMap<u64, u32>,
+) -> Crash {
+    let (kills, seed) = ((kills(50) / 5).max(10), seed());
+    eprintln!("crash test ({what}): {kills} kills, LOGBUS_CRASH_SEED={seed}");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("in")).unwrap();
-    let pipeline = dir.path().join("pipeline.yml");
-    let index = logbus_test_services::opensearch::unique("crash");
-    let queue = match disk_queue {
-        true => format!(
-            "queue: {{ type: disk, path: {:?}, segment_bytes: 256KiB, dequeue_batch: 100 }}",
-            dir.path().join("queue")
-        ),
-        false => String::new(),
-    };
-    std::fs::write(&pipeline, TAIL_TO_OPENSEARCH.replace("# QUEUE", &queue)).unwrap();
+    let file = dir.path().join("pipeline.yml");
+    std::fs::write(&file, pipeline).unwrap();
     let start = || {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_logbus"));
-        command
+        Command::new(env!("CARGO_BIN_EXE_logbus"))
             .env("LOGBUS_LOG", "error")
             .env("CRASH_DIR", dir.path())
-            .env("OPENSEARCH_URL", &url)
-            .env("CRASH_INDEX", &index)
-            .env("POSITION_IDS", position_ids.to_string())
+            .envs(env.iter().copied())
             .arg("run")
-            .arg(&pipeline)
+            .arg(&file)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        command.spawn().unwrap()
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     };
-    let signal_node = logbus_test_services::opensearch::signal_node;
+    let service = match disturbance {
+        Disturbance::Freeze(service, _) | Disturbance::Restart(service) => service,
+    };
     let log = dir.path().join("in/app.log");
     let mut next_id = 0u64;
     let (mut rotations, mut terms) = (0, 0);
     for kill in 0..kills {
         let mut child = start();
-        let run_for = Duration::from_millis(rng.between(100, 900));
+        let run_for = Duration::from_millis(rng.between(200, 1200));
         let began = Instant::now();
-        let freeze = (kill == kills / 2).then(|| {
-            let hold = logbus_test_services::pausing("opensearch");
-            signal_node("-STOP");
-            (hold, Instant::now())
-        });
-        while began.elapsed() < run_for
-            || freeze
-                .as_ref()
-                .is_some_and(|(_, at)| at.elapsed() < Duration::from_secs(3))
-        {
+        // In the middle run: when the destination is disturbed, and until
+        // when it stays so.
+        let mut due = (kill == kills / 2).then(|| began + run_for / 2);
+        let mut frozen: Option<(logbus_test_services::ServiceHold, Instant)> = None;
+        while began.elapsed() < run_for || frozen.is_some() {
             let n = rng.between(1, 60);
             append_lines(&log, next_id..next_id + n);
             next_id += n;
             std::thread::sleep(Duration::from_millis(rng.between(1, 30)));
-        }
-        if let Some((hold, _)) = freeze {
-            signal_node("-CONT");
-            drop(hold);
+            if due.is_some_and(|at| Instant::now() >= at) {
+                due = None;
+                let hold = logbus_test_services::pausing(service);
+                match disturbance {
+                    Disturbance::Freeze(_, signal) => {
+                        signal("-STOP");
+                        frozen = Some((hold, Instant::now() + Duration::from_secs(3)));
+                    }
+                    Disturbance::Restart(service) => {
+                        let services =
+                            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/services");
+                        let o = Command::new(services)
+                            .args(["restart", service])
+                            .output()
+                            .unwrap();
+                        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                    }
+                }
+            }
+            if frozen
+                .as_ref()
+                .is_some_and(|(_, until)| Instant::now() >= *until)
+            {
+                if let Disturbance::Freeze(_, signal) = disturbance {
+                    signal("-CONT");
+                }
+                frozen = None;
+            }
         }
         if kill % 4 == 3 {
             rotations += 1;
             let _ = std::fs::rename(&log, dir.path().join(format!("in/app.log.{rotations}")));
         }
         if kill % 5 == 2 {
-            stop_cleanly(child, "tail to OpenSearch");
+            stop_cleanly(child, what);
             terms += 1;
         } else {
             child.kill().unwrap(); // SIGKILL
@@ -1033,9 +1109,9 @@ fn tail_to_opensearch_across_sigkills(disk_queue: bool) {
     }
     append_lines(&log, next_id..next_id + 500);
     next_id += 500;
-    let _answering = logbus_test_services::answering("opensearch");
+    let _answering = logbus_test_services::answering(service);
     let child = start();
-    let child = await_every_id(child, next_id, seed, || stored_ids(&url, &index));
+    let child = await_every_id(child, next_id, seed, &stored);
     let o = terminate(child);
     assert_eq!(
         o.status.code(),
@@ -1043,20 +1119,25 @@ fn tail_to_opensearch_across_sigkills(disk_queue: bool) {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let seen = stored_ids(&url, &index);
+    let seen = stored();
     let missing = (0..next_id).filter(|id| !seen.contains_key(id)).count();
     let duplicates: u64 = seen.values().map(|&n| u64::from(n - 1)).sum();
+    let disturbed = match disturbance {
+        Disturbance::Freeze(..) => "frozen 3 s",
+        Disturbance::Restart(_) => "restarted",
+    };
     eprintln!(
-        "crash test: {next_id} lines, {kills} stops ({terms} of them SIGTERM), {rotations} rotations, \
-         the node frozen 3 s once, id_from_position {position_ids}, disk queue {disk_queue}: missing {missing}, duplicates {duplicates}"
+        "crash test ({what}): {next_id} lines, {kills} stops ({terms} of them SIGTERM), {rotations} rotations, \
+         {service} {disturbed} once, seed {seed}: missing {missing}, duplicates {duplicates}"
     );
-    assert_eq!(missing, 0, "seed {seed}");
     assert!(
         seen.keys().all(|&id| id < next_id),
         "ids nobody wrote came out"
     );
-    if position_ids {
-        assert_eq!(duplicates, 0, "seed {seed}");
+    Crash {
+        missing,
+        duplicates,
+        seed,
     }
 }
 
@@ -1135,29 +1216,13 @@ stages:
     }
 }
 
-const TAIL_TO_CLICKHOUSE: &str = r#"
-settings:
-  channel_capacity: 512
-stages:
-  logs:
-    source: tail
-    paths: ["${CRASH_DIR}/in/app.log*"]
-    state_dir: "${CRASH_DIR}/state"
-    checkpoint_interval_ms: 100
-    rotate_wait_ms: 200
-  json: { parser: json, inputs: [logs] }
-  store:
+const TAIL_TO_CLICKHOUSE: &str = r#"  store:
     sink: clickhouse
     inputs: [json]
     url: "${CLICKHOUSE_URL}"
     table: "${CRASH_TABLE}"
     deduplicate: ${DEDUPLICATE}
     # JOURNAL
-    batch_max_events: 200
-    batch_timeout_ms: 50
-    request_timeout_ms: 2000
-    retry_initial_backoff_ms: 50
-    retry_max_backoff_ms: 500
 "#;
 
 /// How many rows of `table` hold each id.
@@ -1186,16 +1251,16 @@ fn stored_rows(url: &str, table: &str) -> HashMap<u64, u32> {
 fn tail_to_clickhouse_with_a_batch_journal_stores_each_line_once_across_sigkills() {
     use logbus_test_services::clickhouse;
     let url = clickhouse::server(clickhouse::MODERN);
-    let journal = std::env::var("LOGBUS_CRASH_POSITION_IDS").as_deref() != Ok("false");
-    let (kills, seed) = ((kills(50) / 5).max(10), seed());
-    eprintln!("crash test: {kills} kills, LOGBUS_CRASH_SEED={seed}, batch journal: {journal}");
-    let mut rng = Rng(seed);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("in")).unwrap();
+    let named = std::env::var("LOGBUS_CRASH_POSITION_IDS").as_deref() != Ok("false");
     let table = clickhouse::table("crash");
-    let window = match journal {
-        true => " SETTINGS non_replicated_deduplication_window = 1000",
-        false => "",
+    // Without naming, no window either: it would drop a re-sent batch
+    // that happens to match one stored (by checksum).
+    let (window, journal) = match named {
+        true => (
+            " SETTINGS non_replicated_deduplication_window = 1000",
+            "batch_journal_dir: \"${CRASH_DIR}/journal\"",
+        ),
+        false => ("", ""),
     };
     clickhouse::sql(
         &url,
@@ -1203,115 +1268,26 @@ fn tail_to_clickhouse_with_a_batch_journal_stores_each_line_once_across_sigkills
             "CREATE TABLE {table} (id UInt64, msg String) ENGINE = MergeTree ORDER BY id{window}"
         ),
     );
-    let pipeline = dir.path().join("pipeline.yml");
-    let journal_option = match journal {
-        true => "batch_journal_dir: \"${CRASH_DIR}/journal\"",
-        false => "",
-    };
-    std::fs::write(
-        &pipeline,
-        TAIL_TO_CLICKHOUSE.replace("# JOURNAL", journal_option),
-    )
-    .unwrap();
-    let start = || {
-        Command::new(env!("CARGO_BIN_EXE_logbus"))
-            .env("LOGBUS_LOG", "error")
-            .env("CRASH_DIR", dir.path())
-            .env("CLICKHOUSE_URL", &url)
-            .env("CRASH_TABLE", &table)
-            .env("DEDUPLICATE", journal.to_string())
-            .arg("run")
-            .arg(&pipeline)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let log = dir.path().join("in/app.log");
-    let mut next_id = 0u64;
-    let (mut rotations, mut terms) = (0, 0);
-    for kill in 0..kills {
-        let mut child = start();
-        let run_for = Duration::from_millis(rng.between(100, 900));
-        let began = Instant::now();
-        let mut restart = (kill == kills / 2).then(|| {
-            (
-                logbus_test_services::pausing("clickhouse"),
-                began + run_for / 2,
-            )
-        });
-        while began.elapsed() < run_for {
-            let n = rng.between(1, 60);
-            append_lines(&log, next_id..next_id + n);
-            next_id += n;
-            std::thread::sleep(Duration::from_millis(rng.between(1, 30)));
-            if restart
-                .as_ref()
-                .is_some_and(|(_, at)| Instant::now() >= *at)
-            {
-                let services = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/services");
-                let o = Command::new(services)
-                    .args(["restart", "clickhouse"])
-                    .output()
-                    .unwrap();
-                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-                restart = None;
-            }
-        }
-        if kill % 4 == 3 {
-            rotations += 1;
-            let _ = std::fs::rename(&log, dir.path().join(format!("in/app.log.{rotations}")));
-        }
-        if kill % 5 == 2 {
-            stop_cleanly(child, "tail to ClickHouse");
-            terms += 1;
-        } else {
-            child.kill().unwrap(); // SIGKILL
-            child.wait().unwrap();
-        }
-    }
-    append_lines(&log, next_id..next_id + 500);
-    next_id += 500;
-    let _answering = logbus_test_services::answering("clickhouse");
-    let child = start();
-    let child = await_every_id(child, next_id, seed, || stored_rows(&url, &table));
-    let o = terminate(child);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+    let crash = tail_across_sigkills(
+        &format!("tail to ClickHouse, batch journal {named}"),
+        &format!(
+            "{TAIL_JSON}{}{QUICK_BATCHES}",
+            TAIL_TO_CLICKHOUSE.replace("# JOURNAL", journal)
+        ),
+        &[
+            ("CLICKHOUSE_URL", &url),
+            ("CRASH_TABLE", &table),
+            ("DEDUPLICATE", &named.to_string()),
+        ],
+        Disturbance::Restart("clickhouse"),
+        || stored_rows(&url, &table),
     );
-    let seen = stored_rows(&url, &table);
-    let missing = (0..next_id).filter(|id| !seen.contains_key(id)).count();
-    let duplicates: u64 = seen.values().map(|&n| u64::from(n - 1)).sum();
-    eprintln!(
-        "crash test: {next_id} lines, {kills} stops ({terms} of them SIGTERM), {rotations} rotations, \
-         the server restarted once, batch journal {journal}: missing {missing}, duplicates {duplicates}"
-    );
-    assert_eq!(missing, 0, "seed {seed}");
-    assert!(
-        seen.keys().all(|&id| id < next_id),
-        "ids nobody wrote came out"
-    );
-    if journal {
-        assert_eq!(duplicates, 0, "seed {seed}");
-    }
+    crash.check(named);
 }
 
-const TAIL_TO_S3: &str = r#"
-settings:
-  channel_capacity: 512
-stages:
-  logs:
-    source: tail
-    paths: ["${CRASH_DIR}/in/app.log*"]
-    state_dir: "${CRASH_DIR}/state"
-    checkpoint_interval_ms: 100
-    rotate_wait_ms: 200
-  archive:
+const TAIL_TO_S3: &str = r#"  archive:
     sink: s3
-    inputs: [logs]
+    inputs: [json]
     bucket: "${CRASH_BUCKET}"
     endpoint: "${S3_URL}"
     force_path_style: true
@@ -1353,96 +1329,25 @@ fn stored_lines(url: &str, bucket: &str) -> HashMap<u64, u32> {
 fn tail_to_s3_with_a_batch_journal_stores_each_line_once_across_sigkills() {
     use logbus_test_services::aws;
     let url = aws::endpoint();
-    let journal = std::env::var("LOGBUS_CRASH_POSITION_IDS").as_deref() != Ok("false");
-    let (kills, seed) = ((kills(50) / 5).max(10), seed());
-    eprintln!("crash test: {kills} kills, LOGBUS_CRASH_SEED={seed}, batch journal: {journal}");
-    let mut rng = Rng(seed);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("in")).unwrap();
+    let named = std::env::var("LOGBUS_CRASH_POSITION_IDS").as_deref() != Ok("false");
     let bucket = aws::bucket(&url, "crash");
-    let pipeline = dir.path().join("pipeline.yml");
-    let journal_option = match journal {
+    let journal = match named {
         true => "batch_journal_dir: \"${CRASH_DIR}/journal\"",
         false => "",
     };
-    std::fs::write(&pipeline, TAIL_TO_S3.replace("# JOURNAL", journal_option)).unwrap();
-    let start = || {
-        Command::new(env!("CARGO_BIN_EXE_logbus"))
-            .env("LOGBUS_LOG", "error")
-            .env("CRASH_DIR", dir.path())
-            .env("S3_URL", &url)
-            .env("S3_KEY", aws::ACCESS_KEY)
-            .env("S3_SECRET", aws::SECRET_KEY)
-            .env("CRASH_BUCKET", &bucket)
-            .arg("run")
-            .arg(&pipeline)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let log = dir.path().join("in/app.log");
-    let mut next_id = 0u64;
-    let (mut rotations, mut terms) = (0, 0);
-    for kill in 0..kills {
-        let mut child = start();
-        let run_for = Duration::from_millis(rng.between(200, 1200));
-        let began = Instant::now();
-        let mut restart = (kill == kills / 2).then(|| began + run_for / 2);
-        while began.elapsed() < run_for {
-            let n = rng.between(1, 60);
-            append_lines(&log, next_id..next_id + n);
-            next_id += n;
-            std::thread::sleep(Duration::from_millis(rng.between(1, 30)));
-            if restart.is_some_and(|at| Instant::now() >= at) {
-                let _alone = logbus_test_services::pausing("s3");
-                let services = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/services");
-                let o = Command::new(services)
-                    .args(["restart", "s3"])
-                    .output()
-                    .unwrap();
-                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-                restart = None;
-            }
-        }
-        if kill % 4 == 3 {
-            rotations += 1;
-            let _ = std::fs::rename(&log, dir.path().join(format!("in/app.log.{rotations}")));
-        }
-        if kill % 5 == 2 {
-            stop_cleanly(child, "tail to S3");
-            terms += 1;
-        } else {
-            child.kill().unwrap(); // SIGKILL
-            child.wait().unwrap();
-        }
-    }
-    append_lines(&log, next_id..next_id + 500);
-    next_id += 500;
-    let child = start();
-    let child = await_every_id(child, next_id, seed, || stored_lines(&url, &bucket));
-    let o = terminate(child);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
+    let crash = tail_across_sigkills(
+        &format!("tail to S3, batch journal {named}"),
+        &format!("{TAIL_JSON}{}", TAIL_TO_S3.replace("# JOURNAL", journal)),
+        &[
+            ("S3_URL", &url),
+            ("S3_KEY", aws::ACCESS_KEY),
+            ("S3_SECRET", aws::SECRET_KEY),
+            ("CRASH_BUCKET", &bucket),
+        ],
+        Disturbance::Restart("s3"),
+        || stored_lines(&url, &bucket),
     );
-    let seen = stored_lines(&url, &bucket);
-    let missing = (0..next_id).filter(|id| !seen.contains_key(id)).count();
-    let duplicates: u64 = seen.values().map(|&n| u64::from(n - 1)).sum();
-    eprintln!(
-        "crash test: {next_id} lines, {kills} stops ({terms} of them SIGTERM), {rotations} rotations, \
-         the server restarted once, batch journal {journal}: missing {missing}, duplicates {duplicates}"
-    );
-    assert_eq!(missing, 0, "seed {seed}");
-    assert!(
-        seen.keys().all(|&id| id < next_id),
-        "ids nobody wrote came out"
-    );
-    if journal {
-        assert_eq!(duplicates, 0, "seed {seed}");
-    }
+    crash.check(named);
 }
 
 /// Kafka into the sinks that name events by position; built with the
@@ -1453,35 +1358,35 @@ mod kafka {
     use super::*;
 
     const KAFKA_TO_SINK: &str = r#"
-    settings:
-      channel_capacity: 512
-    stages:
-      logs:
-        source: kafka
-        brokers: "${KAFKA_BROKERS}"
-        group_id: "${CRASH_GROUP}"
-        topics: ["${CRASH_TOPIC}"]
-        batch_max_events: 200
-        commit_interval_ms: 100
-        session_timeout_ms: 6000
-      json: { parser: json, inputs: [logs] }
-      slow:
-        transform: js
-        inputs: [json]
-        script: |
-          function process(event, ctx) {
-            let x = 0;
-            for (let i = 0; i < 8000; i++) { x = (x + i * 7) % 1000003; }
-            return event;
-          }
-    "#;
+settings:
+  channel_capacity: 512
+stages:
+  logs:
+    source: kafka
+    brokers: "${KAFKA_BROKERS}"
+    group_id: "${CRASH_GROUP}"
+    topics: ["${CRASH_TOPIC}"]
+    batch_max_events: 200
+    commit_interval_ms: 100
+    session_timeout_ms: 6000
+  json: { parser: json, inputs: [logs] }
+  slow:
+    transform: js
+    inputs: [json]
+    script: |
+      function process(event, ctx) {
+        let x = 0;
+        for (let i = 0; i < 8000; i++) { x = (x + i * 7) % 1000003; }
+        return event;
+      }
+"#;
 
     /// A Kafka topic of 3 partitions read by `source: kafka` through a
-    /// slow script into `sink` (YAML of one stage reading `slow`): before each run 4,000 messages
-    /// more are produced, and the run is killed with SIGKILL (every fifth
+    /// slow script into `sink` (YAML of one stage reading `slow`, given
+    /// [`QUICK_BATCHES`]): before each run 4,000 messages more are produced, and the run is killed with SIGKILL (every fifth
     /// stopped with SIGTERM) up to 400 ms after it stored its first
-    /// message; `disturb` runs once, in the middle run. Then a last run reads to the end. Returns (messages,
-    /// missing, duplicates) as `stored` counts them, and whether the
+    /// message; `disturb` runs once, in the middle run. Then a last run
+    /// reads to the end. Returns what `stored` counted, and whether the
     /// sink named events by position (`LOGBUS_CRASH_POSITION_IDS=false`
     /// takes the naming out of `sink`, to see the duplicates without).
     fn kafka_across_sigkills(
@@ -1490,7 +1395,7 @@ mod kafka {
         env: &[(&str, &str)],
         disturb: impl Fn(),
         stored: impl Fn() -> HashMap<u64, u32>,
-    ) -> (u64, usize, u64, bool) {
+    ) -> (Crash, bool) {
         let named = std::env::var("LOGBUS_CRASH_POSITION_IDS").as_deref() != Ok("false");
         let sink = match named {
             true => sink.to_string(),
@@ -1507,7 +1412,7 @@ mod kafka {
         let dir = tempfile::tempdir().unwrap();
         let topic = logbus_test_services::kafka::topic(&brokers, "crash", 3);
         let pipeline = dir.path().join("pipeline.yml");
-        std::fs::write(&pipeline, format!("{KAFKA_TO_SINK}{sink}")).unwrap();
+        std::fs::write(&pipeline, format!("{KAFKA_TO_SINK}{sink}{QUICK_BATCHES}")).unwrap();
         let start = || {
             let mut command = Command::new(env!("CARGO_BIN_EXE_logbus"));
             command
@@ -1581,7 +1486,14 @@ mod kafka {
             seen.keys().all(|&id| id < produced as u64),
             "ids nobody wrote came out"
         );
-        (produced as u64, missing, duplicates, named)
+        (
+            Crash {
+                missing,
+                duplicates,
+                seed,
+            },
+            named,
+        )
     }
 
     /// Effectively once from Kafka into OpenSearch: documents named by
@@ -1592,29 +1504,21 @@ mod kafka {
         let url = logbus_test_services::opensearch::node();
         let index = logbus_test_services::opensearch::unique("kafka-crash");
         let _answering = logbus_test_services::answering("opensearch");
-        let (_, missing, duplicates, named) = kafka_across_sigkills(
+        let (crash, named) = kafka_across_sigkills(
             "kafka to OpenSearch",
             r#"  ship:
-        sink: opensearch
-        inputs: [slow]
-        endpoints: ["${OPENSEARCH_URL}"]
-        index: "${CRASH_INDEX}"
-        action: create
-        id_from_position: true
-        batch_max_events: 200
-        batch_timeout_ms: 50
-        request_timeout_ms: 2000
-        retry_initial_backoff_ms: 50
-        retry_max_backoff_ms: 500
-    "#,
+    sink: opensearch
+    inputs: [slow]
+    endpoints: ["${OPENSEARCH_URL}"]
+    index: "${CRASH_INDEX}"
+    action: create
+    id_from_position: true
+"#,
             &[("OPENSEARCH_URL", &url), ("CRASH_INDEX", &index)],
             || {},
             || stored_ids(&url, &index),
         );
-        assert_eq!(missing, 0);
-        if named {
-            assert_eq!(duplicates, 0);
-        }
+        crash.check(named);
     }
 
     /// Effectively once from Kafka into ClickHouse: the batch journal and
@@ -1635,21 +1539,16 @@ mod kafka {
             &url,
             &format!("CREATE TABLE {table} (id UInt64) ENGINE = MergeTree ORDER BY id{window}"),
         );
-        let (_, missing, duplicates, named) = kafka_across_sigkills(
+        let (crash, named) = kafka_across_sigkills(
             "kafka to ClickHouse",
             r#"  store:
-        sink: clickhouse
-        inputs: [slow]
-        url: "${CLICKHOUSE_URL}"
-        table: "${CRASH_TABLE}"
-        deduplicate: true
-        batch_journal_dir: "${CRASH_DIR}/journal"
-        batch_max_events: 200
-        batch_timeout_ms: 50
-        request_timeout_ms: 2000
-        retry_initial_backoff_ms: 50
-        retry_max_backoff_ms: 500
-    "#,
+    sink: clickhouse
+    inputs: [slow]
+    url: "${CLICKHOUSE_URL}"
+    table: "${CRASH_TABLE}"
+    deduplicate: true
+    batch_journal_dir: "${CRASH_DIR}/journal"
+"#,
             &[("CLICKHOUSE_URL", &url), ("CRASH_TABLE", &table)],
             || {
                 let _alone = logbus_test_services::pausing("clickhouse");
@@ -1662,9 +1561,6 @@ mod kafka {
             },
             || stored_rows(&url, &table),
         );
-        assert_eq!(missing, 0);
-        if named {
-            assert_eq!(duplicates, 0);
-        }
+        crash.check(named);
     }
 }
