@@ -119,8 +119,9 @@ pub struct ObjectDriver<S: ObjectStore> {
 struct OpenObject<S: ObjectStore> {
     key: String,
     prefix: String,
-    /// The positions its events came from.
-    extent: Extent,
+    /// The positions its events came from: kept only for a new object
+    /// of a journalled sink (no per-event work otherwise).
+    extent: Option<Extent>,
     /// Made again from a journalled object's re-read events: its name.
     regathered: Option<BatchId>,
     opened: Instant,
@@ -386,8 +387,8 @@ impl<S: ObjectStore> ObjectDriver<S> {
     ) -> Result<(), String> {
         let object = open.get_mut(slot).expect("just written");
         object.events += 1;
-        if object.regathered.is_none() {
-            object.extent.add(event);
+        if let Some(extent) = &mut object.extent {
+            extent.add(event);
         }
         object.acks.hold(event.take_ack());
         if full(object) {
@@ -409,7 +410,10 @@ impl<S: ObjectStore> ObjectDriver<S> {
         Ok(OpenObject {
             key,
             prefix,
-            extent: Extent::default(),
+            extent: match (&self.journal_dir, regathered) {
+                (Some(_), None) => Some(Extent::default()),
+                _ => None,
+            },
             regathered,
             opened: Instant::now(),
             events: 0,
@@ -612,12 +616,12 @@ impl<S: ObjectStore> ObjectDriver<S> {
             }
             None => BatchId::named(&object.key),
         };
-        // (An object made again has an empty extent: nothing is written.)
-        let recorded = match self.journal().as_mut() {
-            Some(j) => j
-                .record(id, &object.prefix, &object.extent, Some(&object.key))
+        // (An object made again keeps no extent: it is journalled already.)
+        let recorded = match (self.journal().as_mut(), &object.extent) {
+            (Some(j), Some(extent)) => j
+                .record(id, &object.prefix, extent, Some(&object.key))
                 .map_err(|e| format!("batch journal {}: {e}", j.path().display())),
-            None => Ok(()),
+            _ => Ok(()),
         };
         let result = match object.body.finish() {
             Err(e) => Err(format!("encoding {}: {e}", self.name(&object.key))),
@@ -636,7 +640,8 @@ impl<S: ObjectStore> ObjectDriver<S> {
         match result {
             Ok(()) => {
                 if let Some(j) = self.journal().as_mut()
-                    && (object.extent.is_replayable() || object.regathered.is_some())
+                    && (object.extent.as_ref().is_some_and(Extent::is_replayable)
+                        || object.regathered.is_some())
                     && let Err(e) = j.delivered(id)
                 {
                     tracing::warn!(stage = %scope.id, "batch journal {}: {e}", j.path().display());
